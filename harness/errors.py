@@ -1,0 +1,67 @@
+"""Exception family for the kvgraft harness.
+
+Every error the harness raises on purpose derives from :class:`HarnessError`, so callers (the CLI, tests)
+can catch the whole family in one place and report a clean message instead of a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AnswerError",
+    "ConfigError",
+    "HarnessError",
+    "LibraryError",
+    "ManifestError",
+    "ProblemError",
+    "TrackingError",
+]
+
+
+class HarnessError(Exception):
+    """Base class of all deliberate harness errors; the message says what was wrong and how to fix it."""
+
+
+class ProblemError(HarnessError):
+    """A problem file, row or field is malformed or missing.
+
+    Raised while loading problem sets. Fix the named file/row/field (or point the run at another
+    problem set); the run cannot continue with partial problem data.
+    """
+
+
+class AnswerError(HarnessError):
+    """A gold answer is not a valid AIME answer (an integer 0..999).
+
+    Raised by gold-answer parsing. Correct the gold value in the problem data; model outputs never
+    raise this (an unparsable model answer just scores as incorrect).
+    """
+
+
+class ConfigError(HarnessError):
+    """The experiment configuration is invalid or inconsistent.
+
+    Raised before any model work starts. Fix the named config key or override and rerun.
+    """
+
+
+class ManifestError(HarnessError):
+    """A run's recorded hashes do not match the current inputs (problems, config, code or outputs).
+
+    Raised when resuming or verifying a run. Start a fresh run directory, or restore the inputs the
+    manifest was written for; do not mix outputs from different inputs.
+    """
+
+
+class TrackingError(HarnessError):
+    """Experiment tracking (MLflow) is unavailable or failed.
+
+    Raised when tracking was requested but cannot be used. Install/configure MLflow, fix the tracking
+    URI, or disable tracking for the run.
+    """
+
+
+class LibraryError(HarnessError):
+    """The solution library is missing, corrupt or inconsistent.
+
+    Raised when reading or writing the library. Rebuild the library or point the run at a valid one.
+    """

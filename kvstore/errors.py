@@ -1,0 +1,42 @@
+"""The kvstore exception family.
+
+Every error raised by kvstore derives from `KVStoreError`; each subclass says when it is raised and what
+the caller should do. Messages name the artifact, file or field that was wrong and the fix.
+"""
+
+from __future__ import annotations
+
+
+class KVStoreError(Exception):
+    """Base class of every kvstore error."""
+
+
+class NotFoundError(KVStoreError, KeyError):
+    """An artifact id (or token-prefix hash) is not in the store. List what exists with `kvstore ls`."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class InvalidIdError(KVStoreError, ValueError):
+    """A string is not a valid artifact id (64 lowercase hex digits) or a path does not map to one."""
+
+
+class IntegrityError(KVStoreError):
+    """Stored bytes do not hash to their id or to a tensor's recorded SHA-256 (corrupted or truncated).
+
+    The artifact must not be used: delete it (`kvstore rm ID`) and deposit it again.
+    """
+
+
+class FormatError(KVStoreError):
+    """The bytes are not a kvgraft KV artifact, or declare a format version this code does not read."""
+
+
+class IncompatibleError(KVStoreError):
+    """An artifact does not match the model, tokenizer, dtype, layer layout, tokens or position it is
+    grafted into. Deposit it again with the model you are using, or use the model it was made with."""
+
+
+class ModelLoadError(KVStoreError):
+    """A model source could not be loaded (missing folder, no offline copy, unknown name)."""

@@ -1,0 +1,103 @@
+"""Re-check a run folder without loading any model: every hash, every score, the summary.
+
+Run from the repository root::
+
+    python scripts/rescore.py runs/baseline/2025-01-01_12-00-00_ab12cd      # or:
+    make rescore RUN=runs/baseline/2025-01-01_12-00-00_ab12cd
+    python scripts/rescore.py RUN_DIR --json                                # machine-readable result
+
+It re-hashes ``manifest.json``, ``outputs.jsonl`` (file and every row), ``summary.json`` and
+``problems.jsonl``, re-scores every completion with ``harness.answers.score`` and recomputes the
+summary scores (``harness.manifest.verify_run``), then prints recorded vs recomputed scores.
+
+Exit status: 0 when everything matches, 1 on any mismatch (tampering, edited rows, changed scorer),
+2 when the folder or a required file is missing or unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+if importlib.util.find_spec("harness") is None:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.errors import ManifestError  # noqa: E402
+from harness.manifest import RunCheck, diff_values, verify_run  # noqa: E402
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _print_report(run_dir: Path, check: RunCheck) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title=f"scores of {run_dir}")
+    table.add_column("metric")
+    table.add_column("recorded (summary.json)", justify="right")
+    table.add_column("recomputed (outputs.jsonl)", justify="right")
+    table.add_column("match", justify="center")
+    for key in sorted(set(check.recorded_scores) | set(check.scores)):
+        recorded = check.recorded_scores.get(key)
+        recomputed = check.scores.get(key)
+        same = (
+            key in check.recorded_scores
+            and key in check.scores
+            and not diff_values(recorded, recomputed, key)
+        )
+        table.add_row(key, _fmt(recorded), _fmt(recomputed), "[green]yes[/]" if same else "[red]NO[/]")
+    console.print(table)
+    if check.ok:
+        console.print(f"[green]OK[/]: {check.n_rows} rows re-scored, all hashes match")
+    else:
+        console.print(f"[red]FAILED[/]: {len(check.problems)} problem(s) in {run_dir}:")
+        for problem in check.problems:
+            console.print(f"  - {problem}", markup=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, verify the run folder, print the result; return the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="run folder (contains manifest.json)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    args = parser.parse_args(argv)
+    try:
+        check = verify_run(args.run_dir)
+    except ManifestError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ok": check.ok,
+                    "n_rows": check.n_rows,
+                    "problems": check.problems,
+                    "scores": check.scores,
+                    "recorded_scores": check.recorded_scores,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
+    else:
+        _print_report(args.run_dir, check)
+    return 0 if check.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
