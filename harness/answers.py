@@ -30,7 +30,7 @@ AIME_MAX = 999
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOXED_BARE = re.compile(r"\\boxed[ \t]+([^\s${}]+)")  # \boxed 42
-_ANSWER_IS = re.compile(r"(?:final\s+answer|the\s+answer)[\s*_]*(?:is\b|:|=)[\s*_:]*(?P<ans>[^\n]*)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"(?:final|the)\s+answer[\s*_]*(?:is\b|:|=)[\s*_:]*(?P<ans>[^\n]*)", re.IGNORECASE)
 _ANSWER_COLON = re.compile(r"\banswer[\s*_]*:[\s*_:]*(?P<ans>[^\n]*)", re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\w)}\]])[-\u2212]?(?:\d{1,3}(?:,\d{3})+(?![\d,])|\d+)(?:\.\d+)?")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
@@ -80,12 +80,13 @@ def extract_answer(text: str) -> str | None:
 
 # --- normalisation ----------------------------------------------------------------------------------
 
-_MINUS = str.maketrans({"\u2212": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-", "\ufe63": "-", "\uff0d": "-"})
+_MINUS = str.maketrans(dict.fromkeys("\u2212\u2012\u2013\u2014\ufe63\uff0d", "-"))
 _REMOVE = re.compile(
     r"\\[,;:! ]|\\q?quad\b|~|\\displaystyle|\\left\b|\\right\b|\\\$|\\%|%"
     r"|\^\s*\{?\s*\\circ\s*\}?|\\circ\b|\\degree\b|°|\{,\}"
 )
-_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
+_WRAPPER_NAMES = "text|textbf|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname"
+_WRAPPER = re.compile(rf"\\(?:{_WRAPPER_NAMES})\s*\{{([^{{}}]*)\}}")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _SQRT = re.compile(r"\\sqrt\s*\{([^{}]*)\}")
@@ -99,7 +100,13 @@ _IMPLICIT_CALL = re.compile(r"[\d.)](?:\(|sqrt)")  # "2(3)" would be compiled as
 _SAFE_EXPONENT = re.compile(r"(?>\(?\d{1,2}\)?)(?!\d|\*\*)")
 _MAX_EXPR_LEN = 100
 _SYMPIFY_ERRORS = (
-    sympy.SympifyError, SyntaxError, TypeError, ValueError, AttributeError, ZeroDivisionError, RecursionError,
+    sympy.SympifyError,
+    SyntaxError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    ZeroDivisionError,
+    RecursionError,
     tokenize.TokenError,
 )
 
@@ -139,11 +146,13 @@ def _sub_until_stable(pattern: re.Pattern[str], repl: str, s: str) -> str:
 
 def _to_number(s: str) -> Fraction | None:
     """Exact value of a cleaned answer string, or None when it is not a plain number/arithmetic."""
+    if len(s) > _MAX_EXPR_LEN:  # also keeps int() below Python's digit-count limit
+        return None
     if _INTEGER.match(s):
         return Fraction(int(s))
     if _DECIMAL.match(s) and any(ch.isdigit() for ch in s):
         return Fraction(s)
-    if len(s) > _MAX_EXPR_LEN or not _WHITELIST.match(s) or _IMPLICIT_CALL.search(s) or not _safe_powers(s):
+    if not _WHITELIST.match(s) or _IMPLICIT_CALL.search(s) or not _safe_powers(s):
         return None
     try:
         value = sympy.sympify(_LEADING_ZEROS.sub("", s), rational=True)

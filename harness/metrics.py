@@ -96,7 +96,7 @@ def summarize_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | int
     n_samples = min(counts)
     n_rows = sum(counts)
     n_correct = sum(corrects)
-    fractions = [c / n for c, n in zip(corrects, counts)]
+    fractions = [c / n for c, n in zip(corrects, counts, strict=True)]
     accuracy = math.fsum(fractions) / len(fractions)
     if max(counts) == 1:
         ci_low, ci_high = wilson_interval(n_correct, n_rows)
@@ -113,7 +113,7 @@ def summarize_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | int
         "accuracy_ci_high": ci_high,
     }
     for k in sorted({1, n_samples}):
-        estimates = [pass_at_k(n, c, k) for c, n in zip(corrects, counts)]
+        estimates = [pass_at_k(n, c, k) for c, n in zip(corrects, counts, strict=True)]
         summary[f"pass@{k}"] = math.fsum(estimates) / len(estimates)
     summary[f"avg@{n_samples}"] = accuracy
     return summary

@@ -129,17 +129,50 @@ def _retry(fn: Callable[[], T], what: str) -> T:
     raise AssertionError(f"unreachable: {what}")
 
 
-def _artifact_location(tracking_uri: str, experiment: str) -> str | None:
-    """For a local SQLite store, ``<db folder>/mlartifacts/<experiment>`` (else MLflow's default).
-
-    Without this MLflow puts artifacts in ``./mlruns`` relative to whatever the working directory is.
-    """
+def _sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, or None for other stores (and in-memory SQLite)."""
     if not tracking_uri.startswith("sqlite:"):
         return None
     db_path = unquote(urlparse(tracking_uri).path)
     if not db_path or db_path == "/:memory:":
         return None
-    return (Path(db_path).parent / "mlartifacts" / _mlflow_name(experiment)).resolve().as_uri()
+    return Path(db_path)
+
+
+def _artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """For a local SQLite store, ``<db folder>/mlartifacts/<experiment>`` (else MLflow's default).
+
+    Without this MLflow puts artifacts in ``./mlruns`` relative to whatever the working directory is.
+    """
+    db_path = _sqlite_path(tracking_uri)
+    if db_path is None:
+        return None
+    return (db_path.parent / "mlartifacts" / _mlflow_name(experiment)).resolve().as_uri()
+
+
+@contextlib.contextmanager
+def _store_init_lock(tracking_uri: str) -> Iterator[None]:
+    """Serialise opening a local SQLite store across processes (``<db>.lock``, ``flock``).
+
+    MLflow creates and migrates the schema on first open; two jobs doing that at once fail with
+    "duplicate column name" errors that no retry fixes. Other stores need no lock.
+    """
+    db_path = _sqlite_path(tracking_uri)
+    if db_path is None:
+        yield
+        return
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; parallel first-time creation is then the caller's risk
+        yield
+        return
+    with open(db_path.with_name(db_path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
 def _get_or_create_experiment(client: MlflowClient, tracking_uri: str, name: str) -> str:
@@ -250,8 +283,9 @@ def log_run_dir(
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
+    with _store_init_lock(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri)
+        experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
     tags = _tags(run_dir, config, summary, manifest)
     tags.update({k: _scalar_text(v) for k, v in (extra_tags or {}).items() if v is not None})
     name = run_name or run_dir.name

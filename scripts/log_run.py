@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run folder(s) to log")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite store in <repo>/runs)")
-    parser.add_argument("--experiment", help="experiment name (default: config tracking.experiment or kvgraft)")
+    parser.add_argument(
+        "--experiment", help="experiment name (default: config tracking.experiment or kvgraft)"
+    )
     parser.add_argument("--force", action="store_true", help="log again even if tracking.json has a run id")
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -78,6 +78,8 @@ def test_extract_answer_raw(text: str, extracted: str | None) -> None:
         ("x + 1", None),
         ("9^{99^{99}}", None),
         ("2^{1000}", None),
+        ("9" * 10_000, None),
+        ("0" * 10_000 + "7", None),
     ],
 )
 def test_normalize_answer(raw: str | None, expected: int | None) -> None:

@@ -55,7 +55,7 @@ def _heron_area(a: int, b: int, c: int) -> int:
 
 def _shoelace(points: list[tuple]) -> object:
     """Absolute polygon area from vertices in order (works for Fractions and sympy numbers)."""
-    twice = sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(points, points[1:] + points[:1]))
+    twice = sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(points, points[1:] + points[:1], strict=True))
     return abs(twice) / 2
 
 
@@ -76,11 +76,8 @@ def p002() -> int:
 
 
 def p003() -> int:
-    return sum(
-        1
-        for n in range(1000, 10000)
-        if _digits(n) == sorted(set(_digits(n))) and sum(_digits(n)) == 20
-    )
+    digit_lists = (_digits(n) for n in range(1000, 10000))
+    return sum(1 for d in digit_lists if d == sorted(set(d)) and sum(d) == 20)
 
 
 def p004() -> int:
@@ -144,12 +141,8 @@ def p011() -> int:
 
 
 def p012() -> int:
-    chosen = (
-        [k + 1 for k in range(12) if mask >> k & 1] for mask in range(1 << 12)
-    )
-    return sum(
-        1 for s in chosen if len(s) >= 3 and all(b - a > 1 for a, b in zip(s, s[1:]))
-    )
+    chosen = ([k + 1 for k in range(12) if mask >> k & 1] for mask in range(1 << 12))
+    return sum(1 for s in chosen if len(s) >= 3 and all(b - a > 1 for a, b in itertools.pairwise(s)))
 
 
 def p013() -> int:
@@ -260,9 +253,8 @@ def p025() -> int:
 
 
 def p026() -> int:
-    return sum(
-        1 for perm in itertools.permutations(range(7)) if sum(1 for i, v in enumerate(perm) if i == v) == 2
-    )
+    fixed_counts = (sum(1 for i, v in enumerate(perm) if i == v) for perm in itertools.permutations(range(7)))
+    return sum(1 for fixed in fixed_counts if fixed == 2)
 
 
 def p027() -> int:
@@ -286,7 +278,7 @@ def p029() -> int:
     return sum(
         1
         for s in itertools.product("ABCD", repeat=5)
-        if all(a != b for a, b in zip(s, s[1:])) and s[0] != s[-1]
+        if all(a != b for a, b in itertools.pairwise(s)) and s[0] != s[-1]
     )
 
 
@@ -320,7 +312,7 @@ def p034() -> int:
 
 def p035() -> int:
     perms = list(itertools.permutations(range(1, 6)))
-    good = sum(1 for p in perms if all(abs(a - b) != 1 for a, b in zip(p, p[1:])))
+    good = sum(1 for p in perms if all(abs(a - b) != 1 for a, b in itertools.pairwise(p)))
     return _m_plus_n(Fraction(good, len(perms)))
 
 
@@ -348,11 +340,8 @@ def p037() -> int:
 
 def p038() -> int:
     ax, ay = sp.symbols("ax ay", real=True)
-    (sol,) = [
-        s
-        for s in sp.solve([ax**2 + ay**2 - 12**2, (ax - 25) ** 2 + ay**2 - 18**2], [ax, ay], dict=True)
-        if s[ay] > 0
-    ]
+    equations = [ax**2 + ay**2 - 12**2, (ax - 25) ** 2 + ay**2 - 18**2]  # AB = 12, AC = 18
+    (sol,) = [s for s in sp.solve(equations, [ax, ay], dict=True) if s[ay] > 0]
     a = sp.Matrix([sol[ax], sol[ay]])
     b, c = sp.Matrix([0, 0]), sp.Matrix([25, 0])
     direction = (b - a) / 12 + (c - a) / 18  # sum of unit vectors along AB and AC bisects angle A

@@ -51,8 +51,9 @@ def _exact_pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-@pytest.mark.parametrize(("n", "c", "k"), [(n, c, k) for n in (1, 2, 5, 10, 16) for c in range(n + 1) for k in (1, 2, n)
-                                           if k <= n])
+@pytest.mark.parametrize(
+    ("n", "c", "k"), [(n, c, k) for n in (1, 2, 5, 10, 16) for c in range(n + 1) for k in (1, 2, n) if k <= n]
+)
 def test_pass_at_k_matches_combinatorial_formula(n: int, c: int, k: int) -> None:
     assert pass_at_k(n, c, k) == pytest.approx(_exact_pass_at_k(n, c, k), abs=1e-12)
 
@@ -92,18 +93,27 @@ def test_summary_single_sample() -> None:
         "avg@1": pytest.approx(0.6),
     }
     assert list(summary) == [
-        "n_problems", "n_samples", "n_rows", "correct", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
-        "pass@1", "avg@1",
+        "n_problems",
+        "n_samples",
+        "n_rows",
+        "correct",
+        "accuracy",
+        "accuracy_ci_low",
+        "accuracy_ci_high",
+        "pass@1",
+        "avg@1",
     ]
 
 
 def test_summary_three_samples() -> None:
-    rows = _rows({
-        "p1": [True, True, True],
-        "p2": [True, False, False],
-        "p3": [False, False, False],
-        "p4": [False, True, True],
-    })
+    rows = _rows(
+        {
+            "p1": [True, True, True],
+            "p2": [True, False, False],
+            "p3": [False, False, False],
+            "p4": [False, True, True],
+        }
+    )
     summary = summarize_scores(rows)
     assert summary["n_problems"] == 4
     assert summary["n_samples"] == 3
@@ -114,8 +124,16 @@ def test_summary_three_samples() -> None:
     assert summary["pass@1"] == pytest.approx(0.5)
     assert summary["pass@3"] == pytest.approx(0.75)  # three of four problems solved at least once
     assert set(summary) == {
-        "n_problems", "n_samples", "n_rows", "correct", "accuracy", "accuracy_ci_low", "accuracy_ci_high",
-        "pass@1", "pass@3", "avg@3",
+        "n_problems",
+        "n_samples",
+        "n_rows",
+        "correct",
+        "accuracy",
+        "accuracy_ci_low",
+        "accuracy_ci_high",
+        "pass@1",
+        "pass@3",
+        "avg@3",
     }
     assert 0.0 <= summary["accuracy_ci_low"] < 0.5 < summary["accuracy_ci_high"] <= 1.0
 
@@ -159,7 +177,10 @@ def test_summary_unequal_sample_counts() -> None:
         [{"problem_id": "a", "sample": 0}],
         [{"problem_id": "a", "sample": 0, "correct": "False"}],
         [{"problem_id": "a", "sample": -1, "correct": True}],
-        [{"problem_id": "a", "sample": 0, "correct": True}, {"problem_id": "a", "sample": 0, "correct": False}],
+        [
+            {"problem_id": "a", "sample": 0, "correct": True},
+            {"problem_id": "a", "sample": 0, "correct": False},
+        ],
     ],
 )
 def test_summary_rejects_bad_rows(rows: list[dict]) -> None:

@@ -1,0 +1,1 @@
+"""kvgraft benchmark harness."""

@@ -1,0 +1,89 @@
+"""Batch-size-1 decoding on a frozen model: prefill what the cache has not seen, then greedy or seeded
+sampling up to a token budget, stopping at EOS or a stop string.
+
+The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` counts only what was.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvstore import FrozenModel, forward, new_cache, prefill
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # generated tokens, up to and including a stop, excluding EOS
+    text: str  # decoded text, cut before the first stop string
+    prefill_tokens: int
+    decode_tokens: int  # forward passes after prefill that produced a token (= tokens sampled)
+    stop_reason: str  # "eos" | "stop" | "length"
+    prefill_s: float
+    decode_s: float
+
+
+def _pick(logits: torch.Tensor, strategy: str, temperature: float, top_p: float,
+          generator: torch.Generator | None) -> int:
+    if strategy == "greedy":
+        return int(torch.argmax(logits, dim=-1))
+    probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, -1) - sorted_p < top_p
+        probs = torch.zeros_like(probs).scatter(-1, idx[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def generate(fm: FrozenModel, prompt_ids: list[int], *, max_new_tokens: int, stop: list[str] = (),
+             strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95, seed: int | None = None,
+             cache=None) -> Generation:
+    """Continue `prompt_ids`. `cache` may already hold a prefix of them (a graft); the rest is prefilled."""
+    if strategy not in ("greedy", "sample"):
+        raise ValueError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
+    cache = cache if cache is not None else new_cache(fm)
+    seen = cache.get_seq_length()
+    if seen >= len(prompt_ids):
+        raise ValueError(f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill")
+    gen = None
+    if strategy == "sample":
+        gen = torch.Generator(device="cpu").manual_seed(int(seed or 0))
+    eos = eos_ids(fm)
+    t0 = time.perf_counter()
+    cache, logits = prefill(fm, prompt_ids[seen:], cache)
+    t1 = time.perf_counter()
+    out: list[int] = []
+    text, reason = "", "length"
+    for step in range(max_new_tokens):
+        tok = _pick(logits[0].cpu(), strategy, temperature, top_p, gen)
+        if tok in eos:
+            reason = "eos"
+            break
+        out.append(tok)
+        text = fm.decode(out)
+        hit = _first_stop(text, stop)
+        if hit is not None:
+            text, reason = text[:hit], "stop"
+            break
+        if step + 1 < max_new_tokens:
+            logits = forward(fm, [tok], cache)[:, -1, :]
+    t2 = time.perf_counter()
+    return Generation(out, text, len(prompt_ids) - seen, len(out) + (reason == "eos"), reason, t1 - t0, t2 - t1)
+
+
+def eos_ids(fm: FrozenModel) -> set[int]:
+    """Token ids that end generation: the config's eos_token_id (int or list) and the tokenizer's."""
+    ids: set[int] = set()
+    for v in (getattr(fm.config, "eos_token_id", None), fm.tokenizer.eos_token_id):
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    return ids
+
+
+def _first_stop(text: str, stop: list[str]) -> int | None:
+    hits = [text.find(s) for s in stop if s and s in text]
+    return min(hits) if hits else None

@@ -1,0 +1,237 @@
+"""The solution library: verified solutions, each deposited once as a KV artifact, with an index from
+problem fingerprint to artifact and the text used for retrieval.
+
+Nothing enters unverified: `harness.answers.score` checks each solution's final answer against the ground
+truth and that record stays with the entry. A library lives in `<root>/<name>-v<version>-<model fp[:12]>/`:
+    index.jsonl    one entry per line (canonical JSON): entry_id, problem_id, problem_fingerprint, problem,
+                   answer, artifact_id, tokens, origin, verification
+    manifest.json  name, version, fingerprints, template hash, entry hashes, skipped rows, manifest_sha256
+Artifacts live in the shared content-addressed store (`library.store`) and are read one at a time, so a
+library of any size is served without holding its artifacts in memory.
+
+    python -m harness.library                       # build the default library (make library)
+    python -m harness.library library=harvest library.harvest_run=runs/baseline/<run>
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from harness.answers import score
+from harness.errors import LibraryError
+from harness.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
+from harness.problems import Problem, load_problems, problem_fingerprint
+from harness.prompts import render
+from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, tokens_sha256
+
+LIBRARY_FORMAT = "kvgraft-library/1"
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class Entry:
+    entry_id: str
+    problem_id: str
+    problem_fingerprint: str
+    problem: str
+    answer: str
+    artifact_id: str
+    tokens: int
+    origin: str
+    verification: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: dict) -> Entry:
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+
+    def to_row(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Match:
+    entry: Entry
+    similarity: float  # 1.0 for an exact fingerprint match; the BM25 score otherwise
+    kind: str  # "exact" | "bm25"
+
+
+def library_dir(root: str | Path, name: str, version: int, model_fingerprint: str) -> Path:
+    return Path(root) / f"{name}-v{version}-{model_fingerprint[:12]}"
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+class Library:
+    """A built library opened for lookups. Entries are small index rows; artifacts stay in the store."""
+
+    def __init__(self, path: Path, store: LocalStore) -> None:
+        self.path = Path(path)
+        self.store = store
+        try:
+            self.manifest = json.loads((self.path / "manifest.json").read_text())
+            data = (self.path / "index.jsonl").read_bytes()
+        except (OSError, ValueError) as e:
+            raise LibraryError(f"library {self.path} is missing or unreadable ({e}); build it with `make library`") from e
+        rows = [json.loads(line) for line in data.splitlines() if line.strip()]
+        recorded = self.manifest.get("entries", {})
+        for i, row in enumerate(rows, start=1):
+            if recorded.get(row.get("entry_id")) != sha256_json(row):
+                raise LibraryError(
+                    f"{self.path / 'index.jsonl'}, row {i} (entry {row.get('entry_id')}): does not match the hash "
+                    "in manifest.json; the library was modified. Rebuild it with `make library`."
+                )
+        if len(rows) != len(recorded):
+            raise LibraryError(f"{self.path}: index has {len(rows)} entries, manifest lists {len(recorded)}")
+        self.entries = [Entry.from_row(r) for r in rows]
+        self._by_fp = {e.problem_fingerprint: e for e in self.entries}
+        self._bm25 = None
+
+    @property
+    def manifest_sha256(self) -> str:
+        return self.manifest["manifest_sha256"]
+
+    def describe(self) -> dict:
+        return {"name": self.manifest["name"], "version": self.manifest["version"], "path": str(self.path),
+                "entries": len(self.entries), "manifest_sha256": self.manifest_sha256}
+
+    def retrieve(self, problem: Problem, exclude_self: bool = False, retrieval: str = "bm25") -> Match | None:
+        """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
+        otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded."""
+        fp = problem.fingerprint
+        if not exclude_self and fp in self._by_fp:
+            return Match(self._by_fp[fp], 1.0, "exact")
+        if retrieval == "none":
+            return None
+        if retrieval != "bm25":
+            raise LibraryError(f"library.retrieval={retrieval!r}: use 'bm25' or 'none'")
+        if self._bm25 is None:
+            from rank_bm25 import BM25Okapi
+
+            self._bm25 = BM25Okapi([_words(e.problem) for e in self.entries])
+        scores = self._bm25.get_scores(_words(problem.problem))
+        best, best_score = None, float("-inf")
+        for e, s in zip(self.entries, scores):
+            if exclude_self and (e.problem_fingerprint == fp or e.problem_id == problem.id):
+                continue
+            if s > best_score:
+                best, best_score = e, float(s)
+        return Match(best, best_score, "bm25") if best is not None else None
+
+
+def _candidates(lib_cfg, fm: FrozenModel, project_root: Path) -> tuple[list[tuple[Problem, str]], str]:
+    """(problem, solution text) pairs and the origin label."""
+    if lib_cfg.source == "dataset":
+        d = lib_cfg.dataset
+        path = str(project_root / d.path) if d.path else None
+        problems = load_problems(path, d.hub_id, d.subset, d.split, dict(d.columns), d.limit)
+        return [(p, p.solution) for p in problems if p.solution], f"dataset:{d.name}"
+    if lib_cfg.source == "harvest":
+        if not lib_cfg.harvest_run:
+            raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
+        run = project_root / lib_cfg.harvest_run
+        try:
+            probs = {r["id"]: r for r in map(json.loads, (run / "problems.jsonl").read_text().splitlines())}
+            rows = [json.loads(x) for x in (run / "outputs.jsonl").read_text().splitlines() if x.strip()]
+        except OSError as e:
+            raise LibraryError(f"harvest run {run}: {e}; give a run folder with problems.jsonl and outputs.jsonl") from e
+        out, seen = [], set()
+        for r in rows:
+            if r["correct"] and r["problem_id"] not in seen and r["problem_id"] in probs:
+                seen.add(r["problem_id"])
+                pr = probs[r["problem_id"]]
+                p = Problem(pr["id"], pr["problem"], pr["answer"], r["completion"], pr.get("source") or {})
+                out.append((p, r["completion"]))
+        return out, f"harvest:{run.name}"
+    raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
+
+
+def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> Path:
+    """Verify, deposit and index every candidate solution. Resumable: an entry whose tokens are already in
+    the store for this model is not recomputed. Returns the library folder."""
+    store = LocalStore(project_root / lib_cfg.store)
+    out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
+    candidates, origin = _candidates(lib_cfg, fm, project_root)
+    tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
+    entries: dict[str, dict] = {}
+    skipped = []
+    for p, solution in tqdm(candidates, desc=f"library {lib_cfg.name}", unit="entry", disable=not progress):
+        check = score(solution, p.answer)
+        verification = {"scorer": "harness.answers.score", "extracted": check.extracted, "answer": check.answer,
+                        "gold": check.gold, "correct": check.correct}
+        if not check.correct:
+            skipped.append({"problem_id": p.id, "reason": f"solution's final answer {check.extracted!r} does not "
+                            f"score correct against {p.answer}", "verification": verification})
+            continue
+        text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
+        ids = fm.encode(text)
+        existing = [a for a in store.find_tokens(tokens_sha256(ids))
+                    if store.info(a).model_fingerprint == fm.fingerprint]
+        if existing:
+            aid = existing[0]
+            store.put_bytes(store.get_bytes(aid), tags=[tag]) if tag not in store.info(aid).tags else None
+        else:
+            try:
+                aid = store.put(deposit_tokens(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag])
+            except KVStoreError as e:
+                raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
+        fp = problem_fingerprint(p.problem)
+        entry = Entry(entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16], problem_id=p.id, problem_fingerprint=fp,
+                      problem=p.problem, answer=p.answer, artifact_id=str(aid), tokens=len(ids), origin=origin,
+                      verification=verification)
+        entries.setdefault(entry.entry_id, entry.to_row())
+    if not entries:
+        raise LibraryError(f"library {lib_cfg.name}: no verified solution to deposit ({len(skipped)} skipped)")
+    rows = list(entries.values())
+    manifest = {
+        "format": LIBRARY_FORMAT, "name": lib_cfg.name, "version": lib_cfg.version, "origin": origin,
+        "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+        "model_name": fm.name, "determinism": fm.determinism.to_dict(),
+        "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()), "store": str(store.root),
+        "n_entries": len(rows), "entries": {r["entry_id"]: sha256_json(r) for r in rows},
+        "index_sha256": sha256_hex(jsonl_bytes(rows)), "skipped": skipped,
+        "tokens_total": sum(r["tokens"] for r in rows),
+    }
+    manifest["manifest_sha256"] = sha256_json(manifest)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out_dir / "index.jsonl", rows)
+    write_json(out_dir / "manifest.json", manifest)  # written last: a library without it is incomplete
+    return out_dir
+
+
+def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build_if_missing: bool = False) -> Library:
+    path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
+    if not (path / "manifest.json").exists():
+        if not build_if_missing:
+            raise LibraryError(
+                f"no library {lib_cfg.name} v{lib_cfg.version} for model {fm.fingerprint[:12]} at {path}; "
+                "build it with `make library` (or run `make aime-graft`, which builds it)"
+            )
+        build_library(lib_cfg, fm, project_root)
+    return Library(path, LocalStore(project_root / lib_cfg.store))
+
+
+def _main(argv: list[str] | None = None) -> None:
+    import sys
+
+    from harness.config import compose_config
+    from harness.run import load_model
+
+    cfg = compose_config(sys.argv[1:] if argv is None else argv)
+    root = Path(cfg.project_root)
+    fm = load_model(cfg)
+    path = build_library(cfg.library, fm, root)
+    m = Library(path, LocalStore(root / cfg.library.store)).manifest
+    print(f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "
+          f"{m['tokens_total']} tokens deposited -> {path} (manifest {m['manifest_sha256'][:12]})")
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,262 @@
+"""The `kvstore` command: deposit, list, inspect, verify and remove KV artifacts in a local store.
+
+    kvstore [--store DIR] [--model SOURCE] deposit --text "..." [--tag T ...]   # prints the artifact id
+    kvstore ls [--tag T] [--json]
+    kvstore show ID [--json]
+    kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged
+    kvstore rm ID
+    kvstore gc
+
+The store defaults to $KVGRAFT_STORE or runs/store; the model to the bundled Gemma 3 270M. Ids may be
+abbreviated to a unique prefix of at least 8 hex digits. Errors print `kvstore: error: ...` and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from kvstore.errors import InvalidIdError, KVStoreError, NotFoundError
+from kvstore.format import read_metadata
+from kvstore.model import BUNDLED
+from kvstore.store import ArtifactId, LocalStore
+
+MIN_PREFIX = 8
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 verification failed, 2 error)."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (KVStoreError, OSError) as e:
+        print(f"kvstore: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    default_store = os.environ.get("KVGRAFT_STORE", "runs/store")
+    # The global options are accepted before or after the subcommand; SUPPRESS keeps a subcommand's
+    # unset copy from overwriting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", default=argparse.SUPPRESS, metavar="DIR",
+                        help=f"store directory (default: $KVGRAFT_STORE or runs/store; now {default_store})")
+    common.add_argument("--model", default=argparse.SUPPRESS, metavar="SOURCE",
+                        help=f"model for deposit: {BUNDLED} (default), tiny-gemma3, tiny-llama or a local HF folder")
+
+    p = argparse.ArgumentParser(prog="kvstore", parents=[common],
+                                description="Byte-exact KV-cache artifacts in a content-addressed store.")
+    p.set_defaults(store=default_store, model=BUNDLED)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("deposit", parents=[common], help="prefill a token sequence and store its KV cache")
+    src = d.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text to encode with the model's tokenizer (a BOS token is prepended)")
+    src.add_argument("--text-file", type=Path, metavar="F", help="read the text from a UTF-8 file")
+    src.add_argument("--token-ids", metavar="1,2,3", help="comma-separated token ids, used as given")
+    src.add_argument("--token-ids-file", type=Path, metavar="F.json", help="a JSON list of token ids")
+    d.add_argument("--tag", action="append", default=[], metavar="T", help="tag the artifact (repeatable)")
+    d.set_defaults(run=_deposit)
+
+    ls = sub.add_parser("ls", parents=[common], help="list artifacts")
+    ls.add_argument("--tag", metavar="T", help="only artifacts with this tag")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(run=_ls)
+
+    sh = sub.add_parser("show", parents=[common], help="print an artifact's metadata")
+    sh.add_argument("id", metavar="ID")
+    sh.add_argument("--json", action="store_true", help="print JSON")
+    sh.set_defaults(run=_show)
+
+    v = sub.add_parser("verify", parents=[common], help="re-hash artifacts' bytes and tensors")
+    v.add_argument("ids", nargs="*", metavar="ID", help="artifacts to check (default: all)")
+    v.set_defaults(run=_verify)
+
+    rm = sub.add_parser("rm", parents=[common], help="remove an artifact")
+    rm.add_argument("id", metavar="ID")
+    rm.set_defaults(run=_rm)
+
+    gc = sub.add_parser("gc", parents=[common], help="drop temp files and stale index rows, index stray objects")
+    gc.set_defaults(run=_gc)
+    return p
+
+
+def resolve_id(store: LocalStore, given: str) -> ArtifactId:
+    """A full id as is; a prefix of >= 8 hex digits resolved against the store's index."""
+    text = given.strip().lower()
+    if len(text) == 64:
+        return ArtifactId(text)
+    if len(text) < MIN_PREFIX or not set(text) <= set("0123456789abcdef"):
+        raise InvalidIdError(f"{given!r} is not an artifact id or a prefix of at least {MIN_PREFIX} hex digits")
+    matches = [i.id for i in store.list() if i.id.startswith(text)]
+    if not matches:
+        raise NotFoundError(f"no artifact id starts with {text} in store {store.root} (see `kvstore ls`)")
+    if len(matches) > 1:
+        shown = ", ".join(m[:16] for m in matches[:5])
+        raise InvalidIdError(f"prefix {text} is ambiguous: {len(matches)} artifacts match ({shown}); give more digits")
+    return ArtifactId(matches[0])
+
+
+def _store(args) -> LocalStore:
+    return LocalStore(args.store)
+
+
+def _token_ids(args, fm) -> tuple[list[int], dict]:
+    """The tokens to deposit and the caller-owned `extra` metadata recording where they came from."""
+    if args.text is not None or args.text_file is not None:
+        text = args.text if args.text is not None else args.text_file.read_text(encoding="utf-8")
+        return fm.encode(text), {"text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+    if args.token_ids is not None:
+        try:
+            ids = [int(x) for x in args.token_ids.split(",") if x.strip()]
+        except ValueError:
+            raise KVStoreError(f"--token-ids {args.token_ids!r}: give comma-separated integers, e.g. 2,105,106") from None
+    else:
+        try:
+            ids = json.loads(args.token_ids_file.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise KVStoreError(f"{args.token_ids_file}: not JSON ({e}); give a JSON list of token ids") from None
+        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+            raise KVStoreError(f"{args.token_ids_file}: expected a JSON list of integers, e.g. [2, 105, 106]")
+    vocab = fm.config.get_text_config(decoder=True).vocab_size
+    bad = [x for x in ids if not 0 <= x < vocab]
+    if bad:
+        raise KVStoreError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}); check the ids")
+    return ids, {}
+
+
+def _deposit(args) -> int:
+    from kvstore.capture import deposit_tokens
+    from kvstore.model import load_frozen_model
+
+    store = _store(args)
+    fm = load_frozen_model(args.model)
+    ids, extra = _token_ids(args, fm)
+    if not ids:
+        raise KVStoreError("nothing to deposit: the token sequence is empty")
+    aid = store.put(deposit_tokens(fm, ids, extra), tags=args.tag)
+    print(f"deposited {len(ids)} tokens with {fm.name} into {store.root}", file=sys.stderr)
+    print(aid)
+    return 0
+
+
+def _ls(args) -> int:
+    rows = _store(args).list(args.tag)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no artifacts" + (f" tagged {args.tag!r}" if args.tag else ""), file=sys.stderr)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "tokens", "size", "model", "tags")
+    for r in rows:
+        model = f"{r.model_fingerprint[:12]} {r.model_name}".strip()
+        table.add_row(r.id[:16], str(r.token_count), _human(r.size), model, ", ".join(r.tags))
+    Console(soft_wrap=False).print(table)
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _show(args) -> int:
+    store = _store(args)
+    aid = resolve_id(store, args.id)
+    data = store.get_bytes(aid)  # re-hashes the whole file
+    meta = read_metadata(data)
+    try:
+        tags = list(store.info(aid).tags)
+    except NotFoundError:  # object on disk without an index row (`kvstore gc` indexes it)
+        tags = []
+    if args.json:
+        print(json.dumps({"id": aid, "size": len(data), "tags": tags, "metadata": meta}, indent=2, sort_keys=True))
+        return 0
+    layers = meta["layers"]
+    kinds = "".join("S" if x["kind"] == "sliding" else "F" for x in layers)
+    windows = sorted({x["window"] for x in layers if x["window"]})
+    cached = [x["shape"][-2] for x in layers]
+    shape = layers[0]["shape"] if layers else []
+    lines = [
+        ("id", aid),
+        ("format", meta["format"]),
+        ("size", f"{len(data)} bytes"),
+        ("tags", ", ".join(tags) or "-"),
+        ("model", meta.get("model_name") or "-"),
+        ("tokens", str(meta["token_count"])),
+        ("start position", str(meta["start_position"])),
+        ("tokens sha256", meta["tokens_sha256"]),
+        ("dtype", meta["dtype"]),
+        ("layers", f"{len(layers)} ({kinds}; F full, S sliding"
+                   + (f" window {', '.join(map(str, windows))}" if windows else "") + ")"),
+        ("kv shape", f"(batch, kv_heads, cached, head_dim) = {tuple(shape)}; cached per layer {cached}"),
+        ("model fingerprint", meta["model_fingerprint"]),
+        ("tokenizer fingerprint", meta["tokenizer_fingerprint"]),
+        ("environment", _kv(meta["environment"])),
+        ("determinism", _kv(meta["determinism"])),
+    ]
+    if meta.get("extra"):
+        lines.append(("extra", _kv(meta["extra"])))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def _kv(d: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(d.items()))
+
+
+def _verify(args) -> int:
+    store = _store(args)
+    ids = [resolve_id(store, i) for i in args.ids] if args.ids else [ArtifactId(i.id) for i in store.list()]
+    if not ids:
+        print(f"nothing to verify: store {store.root} is empty", file=sys.stderr)
+        return 0
+    failed = 0
+    for aid in ids:
+        try:
+            store.verify(aid)
+            print(f"OK      {aid}")
+        except KVStoreError as e:
+            failed += 1
+            print(f"FAILED  {aid}: {e}")
+    if failed:
+        print(f"{failed} of {len(ids)} artifacts failed verification; remove them (`kvstore rm ID`) "
+              "and deposit them again", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _rm(args) -> int:
+    store = _store(args)
+    aid = resolve_id(store, args.id)
+    store.remove(aid)
+    print(f"removed {aid}")
+    return 0
+
+
+def _gc(args) -> int:
+    report = _store(args).gc()
+    print(f"temp files removed  {report['temp_removed']}")
+    print(f"index rows dropped  {report['rows_dropped']}")
+    print(f"objects indexed     {report['objects_indexed']}")
+    print(f"damaged             {len(report['damaged'])}")
+    for d in report["damaged"]:
+        print(f"  {d}")
+    return 1 if report["damaged"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
