@@ -419,14 +419,8 @@ def _check_config(run_dir: Path, inputs: dict[str, Any], probs: _Problems) -> No
         )
 
 
-def _check_row(
-    line_no: int,
-    row: dict[str, Any],
-    entry: Any,
-    problems_by_id: dict[str, dict[str, Any]],
-    artifacts: set[str],
-    probs: _Problems,
-) -> None:
+def _check_row_hashes(line_no: int, row: dict[str, Any], entry: Any, probs: _Problems) -> None:
+    """Compare the row with its manifest entry: identity, row, completion and token-id hashes."""
     label = _row_label(line_no, row)
     if not isinstance(entry, dict):
         probs.add_row(
@@ -448,7 +442,6 @@ def _check_row(
     completion = row.get("completion")
     if not isinstance(completion, str):
         probs.add_row("completion", f"{label}: field 'completion' missing or not a string")
-        completion = None
     elif completion_sha256(completion) != entry.get("completion_sha256"):
         probs.add_row(
             "completion_sha256",
@@ -463,6 +456,16 @@ def _check_row(
             f"{label}: token_ids_sha256 does not match the manifest; completion_token_ids were changed",
         )
 
+
+def _check_row_inputs(
+    line_no: int,
+    row: dict[str, Any],
+    problems_by_id: dict[str, dict[str, Any]],
+    artifacts: set[str],
+    probs: _Problems,
+) -> None:
+    """The row's gold answer is its problem's answer; its artifact is one the manifest lists."""
+    label = _row_label(line_no, row)
     gold = row.get("gold_answer")
     pid = row.get("problem_id")
     problem = problems_by_id.get(str(pid))
@@ -478,28 +481,35 @@ def _check_row(
     if artifact_id is not None and str(artifact_id) not in artifacts:
         probs.add_row("artifact", f"{label}: artifact_id {artifact_id!r} is not in manifest inputs.artifacts")
 
-    if completion is None or gold is None:
-        return
+
+def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, probs: _Problems) -> dict[str, Any]:
+    """Re-score the row's completion, report disagreements with the row and manifest; return the
+    row with the fresh ``extracted``/``answer``/``correct`` (unchanged if it cannot be scored)."""
+    label = _row_label(line_no, row)
+    completion, gold = row.get("completion"), row.get("gold_answer")
+    if not isinstance(completion, str) or gold is None:
+        return row  # reported by _check_row_hashes / the gold check
     try:
         fresh = score(completion, gold)
     except Exception as exc:  # noqa: BLE001 - any scorer failure is a finding about this row
         probs.add_row("score", f"{label}: re-scoring failed ({type(exc).__name__}: {exc}); check gold_answer")
-        return
+        return row
+    entry = entry if isinstance(entry, dict) else {}
     for name in _SCORE_FIELDS:
         value = getattr(fresh, name)
         if row.get(name) != value or type(row.get(name)) is not type(value):
             probs.add_row(
                 f"row {name}",
                 f"{label}: field '{name}' is {row.get(name)!r} but re-scoring the completion gives "
-                f"{value!r}; "
-                "the recorded score was edited or the scorer changed (re-run to re-score)",
+                f"{value!r}; the recorded score was edited or the scorer changed (re-run to re-score)",
             )
-        if entry.get(name) != value or type(entry.get(name)) is not type(value):
+        if entry and (entry.get(name) != value or type(entry.get(name)) is not type(value)):
             probs.add_row(
                 f"manifest {name}",
-                f"manifest.json outputs.rows[{line_no - 1}] ({pid!r}, sample {row.get('sample')!r}): "
-                f"'{name}' is {entry.get(name)!r} but re-scoring gives {value!r}",
+                f"manifest.json outputs.rows[{line_no - 1}] ({row.get('problem_id')!r}, sample "
+                f"{row.get('sample')!r}): '{name}' is {entry.get(name)!r} but re-scoring gives {value!r}",
             )
+    return {**row, **{name: getattr(fresh, name) for name in _SCORE_FIELDS}}
 
 
 def _check_energy(name: str, status: Any, joules: Any, probs: _Problems, check: str | None = None) -> None:
@@ -597,12 +607,15 @@ def verify_run(run_dir: Path) -> RunCheck:
         )
     artifacts = {str(a) for a in inputs.get("artifacts") or []}
     rows: list[dict[str, Any]] = []
+    rescored: list[dict[str, Any]] = []
     for line_no, row in parsed:
         if row is None:
             continue
         rows.append(row)
         entry = entries[line_no - 1] if line_no - 1 < len(entries) else None
-        _check_row(line_no, row, entry, problems_by_id, artifacts, probs)
+        _check_row_hashes(line_no, row, entry, probs)
+        _check_row_inputs(line_no, row, problems_by_id, artifacts, probs)
+        rescored.append(_rescore_row(line_no, row, entry, probs))
         _check_energy(
             _row_label(line_no, row), row.get("energy_status"), row.get("energy_j"), probs, "energy"
         )
@@ -616,14 +629,6 @@ def verify_run(run_dir: Path) -> RunCheck:
             "after the run: restore it or re-run"
         )
     recorded_scores = summary.get("scores") if isinstance(summary.get("scores"), dict) else {}
-    rescored = []
-    for row in rows:
-        try:
-            fresh = score(row.get("completion") or "", row.get("gold_answer"))
-        except Exception:  # noqa: BLE001 - already reported per row
-            rescored.append(row)
-            continue
-        rescored.append({**row, **{name: getattr(fresh, name) for name in _SCORE_FIELDS}})
     try:
         scores = _jsonable(summarize_scores(rescored))
     except Exception as exc:  # noqa: BLE001 - report, do not crash the check

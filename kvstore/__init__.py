@@ -5,6 +5,7 @@ Public API (everything else is private):
     prefill, capture, deposit_tokens, new_cache, forward   compute a prefix and snapshot its cache
     Snapshot, to_bytes, from_bytes, tokens_sha256       the artifact format (kvstore/FORMAT.md)
     LocalStore, MemoryStore, ArtifactId, ArtifactInfo   content-addressed storage
+    CachedStore                                         bounded LRU host-memory tier in front of a store
     graft, check_compatible, graft_repositioned         rebuild a cache from a snapshot
     compare_logits, logits_sha256                       the exactness check
     KVStoreError and subclasses                         kvstore.errors
@@ -25,6 +26,7 @@ from kvstore.format import FORMAT, Snapshot, from_bytes, read_metadata, to_bytes
 from kvstore.graft import check_compatible, graft, graft_repositioned
 from kvstore.model import BUNDLED, FrozenModel, environment_fingerprint, load_frozen_model
 from kvstore.store import ArtifactId, ArtifactInfo, LocalStore, MemoryStore, Store, atomic_write
+from kvstore.tier import CachedStore
 from kvstore.verify import Comparison, compare_logits, logits_sha256
 
 __all__ = [
@@ -34,4 +36,5 @@ __all__ = [
     "compare_logits", "deposit_tokens", "environment_fingerprint", "forward", "from_bytes", "graft",
     "graft_repositioned", "load_frozen_model", "logits_sha256", "new_cache", "prefill", "read_metadata",
     "to_bytes", "tokens_sha256",
+    "CachedStore",
 ]

@@ -27,6 +27,8 @@ from kvstore.model import BUNDLED
 from kvstore.store import ArtifactId, LocalStore
 
 MIN_PREFIX = 8
+_EPILOG = (f"Ids may be abbreviated to a unique prefix of at least {MIN_PREFIX} hex digits.\nExit status: 0 ok, "
+           "1 an artifact failed verification (verify, gc), 2 error.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,21 +42,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    default_store = os.environ.get("KVGRAFT_STORE", "runs/store")
-    # The global options are accepted before or after the subcommand; SUPPRESS keeps a subcommand's
-    # unset copy from overwriting a value given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=argparse.SUPPRESS, metavar="DIR",
-                        help=f"store directory (default: $KVGRAFT_STORE or runs/store; now {default_store})")
-    common.add_argument("--model", default=argparse.SUPPRESS, metavar="SOURCE",
-                        help=f"model for deposit: {BUNDLED} (default), tiny-gemma3, tiny-llama or a local HF folder")
-
-    p = argparse.ArgumentParser(prog="kvstore", parents=[common],
-                                description="Byte-exact KV-cache artifacts in a content-addressed store.")
-    p.set_defaults(store=default_store, model=BUNDLED)
+    p = argparse.ArgumentParser(prog="kvstore", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG)
+    _global_options(p, top=True)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("deposit", parents=[common], help="prefill a token sequence and store its KV cache")
+    d = _command(sub, "deposit", "prefill a token sequence and store its KV cache")
     src = d.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to encode with the model's tokenizer (a BOS token is prepended)")
     src.add_argument("--text-file", type=Path, metavar="F", help="read the text from a UTF-8 file")
@@ -63,27 +56,43 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--tag", action="append", default=[], metavar="T", help="tag the artifact (repeatable)")
     d.set_defaults(run=_deposit)
 
-    ls = sub.add_parser("ls", parents=[common], help="list artifacts")
+    ls = _command(sub, "ls", "list artifacts")
     ls.add_argument("--tag", metavar="T", help="only artifacts with this tag")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(run=_ls)
 
-    sh = sub.add_parser("show", parents=[common], help="print an artifact's metadata")
+    sh = _command(sub, "show", "print an artifact's metadata")
     sh.add_argument("id", metavar="ID")
     sh.add_argument("--json", action="store_true", help="print JSON")
     sh.set_defaults(run=_show)
 
-    v = sub.add_parser("verify", parents=[common], help="re-hash artifacts' bytes and tensors")
+    v = _command(sub, "verify", "re-hash artifacts' bytes and tensors")
     v.add_argument("ids", nargs="*", metavar="ID", help="artifacts to check (default: all)")
     v.set_defaults(run=_verify)
 
-    rm = sub.add_parser("rm", parents=[common], help="remove an artifact")
+    rm = _command(sub, "rm", "remove an artifact")
     rm.add_argument("id", metavar="ID")
     rm.set_defaults(run=_rm)
 
-    gc = sub.add_parser("gc", parents=[common], help="drop temp files and stale index rows, index stray objects")
+    gc = _command(sub, "gc", "drop temp files and stale index rows, index stray objects")
     gc.set_defaults(run=_gc)
     return p
+
+
+def _command(sub, name: str, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
+    _global_options(p, top=False)
+    return p
+
+
+def _global_options(p: argparse.ArgumentParser, top: bool) -> None:
+    """--store and --model, accepted before or after the subcommand. A subcommand's copies default to
+    SUPPRESS so that they do not overwrite a value given before the subcommand."""
+    store = os.environ.get("KVGRAFT_STORE", "runs/store")
+    p.add_argument("--store", metavar="DIR", default=store if top else argparse.SUPPRESS,
+                   help=f"store directory (default: $KVGRAFT_STORE or runs/store; now {store})")
+    p.add_argument("--model", metavar="SOURCE", default=BUNDLED if top else argparse.SUPPRESS,
+                   help=f"model for deposit: {BUNDLED} (default), tiny-gemma3, tiny-llama or a local HF folder")
 
 
 def resolve_id(store: LocalStore, given: str) -> ArtifactId:
@@ -115,7 +124,7 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
         try:
             ids = [int(x) for x in args.token_ids.split(",") if x.strip()]
         except ValueError:
-            raise KVStoreError(f"--token-ids {args.token_ids!r}: give comma-separated integers, e.g. 2,105,106") from None
+            raise KVStoreError(f"--token-ids {args.token_ids!r}: give comma-separated integers, e.g. 2,105") from None
     else:
         try:
             ids = json.loads(args.token_ids_file.read_text(encoding="utf-8"))

@@ -12,8 +12,6 @@ import json
 from dataclasses import dataclass, field
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from kvstore.errors import FormatError, IntegrityError
@@ -105,13 +103,23 @@ def to_bytes(s: Snapshot) -> bytes:
     return st_save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))})
 
 
-def read_metadata(data: bytes | memoryview) -> dict:
-    """Parse only the header's kvgraft metadata (cheap: no tensor is touched)."""
+# safetensors dtype tags -> torch dtypes (those a KV artifact can hold).
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def _header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]:
+    """(safetensors header, kvgraft metadata, offset of the data buffer); FormatError on anything malformed."""
     if len(data) < 8:
         raise FormatError(f"artifact is {len(data)} bytes: too short to be a safetensors file (truncated?)")
     n = int.from_bytes(bytes(data[:8]), "little")
     if n <= 0 or 8 + n > len(data):
-        raise FormatError(f"artifact header length {n} does not fit in {len(data)} bytes (truncated or not an artifact)")
+        raise FormatError(
+            f"artifact header length {n} does not fit in {len(data)} bytes (truncated or not an artifact)"
+        )
     try:
         header = json.loads(bytes(data[8 : 8 + n]))
         meta = json.loads(header["__metadata__"][META_KEY])
@@ -122,16 +130,65 @@ def read_metadata(data: bytes | memoryview) -> dict:
             f"artifact format {meta.get('format')!r} is not readable by this kvgraft (reads {FORMAT!r}); "
             "upgrade kvgraft or deposit the artifact again"
         )
-    return meta
+    return header, meta, 8 + n
 
 
-def from_bytes(data: bytes, verify_tensors: bool = True) -> Snapshot:
-    """Parse an artifact. With verify_tensors, every tensor's SHA-256 is checked before it is returned."""
-    meta = read_metadata(data)
+def read_metadata(data: bytes | bytearray | memoryview) -> dict:
+    """Parse only the header's kvgraft metadata (cheap: no tensor is touched)."""
+    return _header(data)[1]
+
+
+def _tensor_views(buf: memoryview, header: dict, start: int) -> dict[str, torch.Tensor]:
+    """Tensors viewing `buf` (no copy), after checking the header describes exactly the bytes that follow it:
+    known dtypes, sizes that match shapes, entries back to back from 0 to the end of the file."""
+    entries = []
     try:
-        tensors = st_load(bytes(data))
-    except (SafetensorError, ValueError, RuntimeError) as e:
-        raise FormatError(f"artifact tensors could not be read: {e}") from e
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            dtype, shape, (b, end) = _ST_DTYPES[e["dtype"]], [int(d) for d in e["shape"]], e["data_offsets"]
+            numel = 1
+            for d in shape:
+                numel *= d
+            if min(shape, default=0) < 0 or end - b != numel * dtype.itemsize:
+                raise ValueError(f"tensor {name!r}: {end - b} bytes for shape {shape} of {e['dtype']}")
+            entries.append((int(b), int(end), name, dtype, shape, numel))
+    except (KeyError, TypeError, ValueError) as e:
+        raise FormatError(f"artifact tensors could not be read: malformed safetensors header ({e})") from e
+    entries.sort()
+    pos = 0
+    for b, end, name, *_ in entries:
+        if b != pos:
+            raise FormatError(f"artifact tensors could not be read: tensor {name!r} starts at {b}, expected {pos}")
+        pos = end
+    if start + pos != len(buf):
+        raise FormatError(
+            f"artifact tensors could not be read: header describes {start + pos} bytes, the artifact has {len(buf)} "
+            "(truncated or padded)"
+        )
+    tensors = {}
+    for b, _end, name, dtype, shape, numel in entries:
+        if numel == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        elif (start + b) % dtype.itemsize:  # misaligned for its dtype (not written by to_bytes): copy out
+            tensors[name] = torch.frombuffer(bytearray(buf[start + b : start + _end]), dtype=dtype).reshape(shape)
+        else:
+            tensors[name] = torch.frombuffer(buf, dtype=dtype, count=numel, offset=start + b).reshape(shape)
+    return tensors
+
+
+def from_bytes(data: bytes | bytearray | memoryview, verify_tensors: bool = True) -> Snapshot:
+    """Parse an artifact. With verify_tensors, every tensor's SHA-256 is checked before it is returned.
+
+    The snapshot's tensors are views of one writable buffer: `data` itself when it is writable (a bytearray or
+    a writable memoryview, which the snapshot then owns), otherwise one copy of it, so that tensors never alias
+    immutable bytes the caller (or a store) still holds.
+    """
+    header, meta, start = _header(data)
+    buf = memoryview(data)
+    if buf.readonly:
+        buf = memoryview(bytearray(buf))
+    tensors = _tensor_views(buf.cast("B"), header, start)
     if verify_tensors:
         expected = meta["tensor_sha256"]
         if sorted(expected) != sorted(tensors):

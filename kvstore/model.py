@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,10 +222,17 @@ def _load_bundled(det: Determinism):
         gguf = pkg.assemble()  # verifies the GGUF's SHA-256
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=det.torch_dtype)
+        # The weights are now plain dequantized tensors; drop the GGUF marker so they save as safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        tmp.replace(cached) if not cached.exists() else None
+        try:
+            tmp.replace(cached)  # atomic publish; another process may have won the race
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(str(cached))
     model = AutoModelForCausalLM.from_pretrained(
         str(cached), dtype=det.torch_dtype, attn_implementation=det.attn_implementation

@@ -58,12 +58,13 @@ def _print_report(run_dir: Path, check: RunCheck) -> None:
         )
         table.add_row(key, _fmt(recorded), _fmt(recomputed), "[green]yes[/]" if same else "[red]NO[/]")
     console.print(table)
+    # Plain prints: one unwrapped line per finding, easy to grep in logs.
     if check.ok:
-        console.print(f"[green]OK[/]: {check.n_rows} rows re-scored, all hashes match")
+        print(f"OK: {check.n_rows} rows re-scored, all hashes match")
     else:
-        console.print(f"[red]FAILED[/]: {len(check.problems)} problem(s) in {run_dir}:")
+        print(f"FAILED: {len(check.problems)} problem(s) in {run_dir}:")
         for problem in check.problems:
-            console.print(f"  - {problem}", markup=False)
+            print(f"  - {problem}")
 
 
 def main(argv: list[str] | None = None) -> int:

