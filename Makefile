@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 test: setup
+	.venv/bin/ruff check kvstore harness scripts tests
 	$(PY) -m pytest -q $(ARGS)
 
 lint: setup

@@ -42,9 +42,17 @@ class Baseline:
 
     def _decode(self, context_ids: list[int], sample: int, cache=None) -> Generation:
         d = self.cfg.decoding
-        return generate(self.fm, context_ids, max_new_tokens=d.max_new_tokens, stop=list(self.cfg.prompt.stop),
-                        strategy=d.strategy, temperature=d.temperature, top_p=d.top_p, seed=d.seed + sample,
-                        cache=cache)
+        return generate(
+            self.fm,
+            context_ids,
+            max_new_tokens=d.max_new_tokens,
+            stop=list(self.cfg.prompt.stop),
+            strategy=d.strategy,
+            temperature=d.temperature,
+            top_p=d.top_p,
+            seed=d.seed + sample,
+            cache=cache,
+        )
 
     def attempt(self, problem: Problem, sample: int) -> Attempt:
         prompt = render(self.cfg.prompt.template, problem=problem.problem)
@@ -60,8 +68,11 @@ class Graft(Baseline):
         self.library: Library = open_library(cfg.library, fm, project_root)
 
     def describe(self) -> dict:
-        return {"condition": self.name, "library": self.library.describe(),
-                "exclude_self": bool(self.cfg.library.exclude_self)}
+        return {
+            "condition": self.name,
+            "library": self.library.describe(),
+            "exclude_self": bool(self.cfg.library.exclude_self),
+        }
 
     def attempt(self, problem: Problem, sample: int) -> Attempt:
         lib = self.cfg.library
@@ -74,8 +85,16 @@ class Graft(Baseline):
         context = snapshot.token_ids + self.fm.encode(prompt, add_bos=False)  # the entry ends in a blank line
         cache = graft(snapshot, self.fm, token_ids=context)  # checks model, tokenizer, layout, token prefix
         gen = self._decode(context, sample, cache=cache)
-        return Attempt(prompt, context, snapshot.token_count, gen, match.entry.entry_id, match.entry.artifact_id,
-                       match.similarity, match.kind)
+        return Attempt(
+            prompt,
+            context,
+            snapshot.token_count,
+            gen,
+            match.entry.entry_id,
+            match.entry.artifact_id,
+            match.similarity,
+            match.kind,
+        )
 
 
 CONDITIONS: dict[str, type[Baseline]] = {"baseline": Baseline, "graft": Graft}

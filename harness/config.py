@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -32,12 +31,12 @@ class DeterminismConfig:  # mirrors kvstore.Determinism
 @dataclass
 class DatasetConfig:
     name: str = "kvgraft_original"
-    path: Optional[str] = None  # local jsonl/json/csv/parquet file (relative to the project root)
-    hub_id: Optional[str] = None  # a Hugging Face dataset id (read from the local cache when offline)
-    subset: Optional[str] = None  # the hub dataset's config name
+    path: str | None = None  # local jsonl/json/csv/parquet file (relative to the project root)
+    hub_id: str | None = None  # a Hugging Face dataset id (read from the local cache when offline)
+    subset: str | None = None  # the hub dataset's config name
     split: str = "train"
     columns: dict[str, str] = field(default_factory=dict)  # our field -> dataset column (id, problem, answer, solution)
-    limit: Optional[int] = None  # take the first N problems
+    limit: int | None = None  # take the first N problems
 
 
 @dataclass
@@ -68,7 +67,7 @@ class LibraryConfig:
     version: int = 1
     source: str = "dataset"  # dataset (reference solutions) | harvest (a previous run's correct outputs)
     dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(path="problems/kvgraft_original.jsonl"))
-    harvest_run: Optional[str] = None  # run folder to harvest when source=harvest
+    harvest_run: str | None = None  # run folder to harvest when source=harvest
     entry_template: str = "Problem: {problem}\n\nSolution: {solution}\n\nFinal answer: {answer}\n\n"
     root: str = "runs/library"  # libraries live in <root>/<name>-v<version>-<model fingerprint[:12]>/
     store: str = "runs/store"  # the artifact store the library's artifacts go to
@@ -79,7 +78,7 @@ class LibraryConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True
-    uri: Optional[str] = None  # default: sqlite:////<abs>/runs/mlflow.db
+    uri: str | None = None  # default: sqlite:////<abs>/runs/mlflow.db
     experiment: str = "kvgraft-aime"
 
 

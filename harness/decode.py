@@ -25,8 +25,9 @@ class Generation:
     decode_s: float
 
 
-def _pick(logits: torch.Tensor, strategy: str, temperature: float, top_p: float,
-          generator: torch.Generator | None) -> int:
+def _pick(
+    logits: torch.Tensor, strategy: str, temperature: float, top_p: float, generator: torch.Generator | None
+) -> int:
     if strategy == "greedy":
         return int(torch.argmax(logits, dim=-1))
     probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
@@ -37,16 +38,27 @@ def _pick(logits: torch.Tensor, strategy: str, temperature: float, top_p: float,
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def generate(fm: FrozenModel, prompt_ids: list[int], *, max_new_tokens: int, stop: list[str] = (),
-             strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95, seed: int | None = None,
-             cache=None) -> Generation:
+def generate(
+    fm: FrozenModel,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    stop: list[str] = (),
+    strategy: str = "greedy",
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    seed: int | None = None,
+    cache=None,
+) -> Generation:
     """Continue `prompt_ids`. `cache` may already hold a prefix of them (a graft); the rest is prefilled."""
     if strategy not in ("greedy", "sample"):
         raise ValueError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
     cache = cache if cache is not None else new_cache(fm)
     seen = cache.get_seq_length()
     if seen >= len(prompt_ids):
-        raise ValueError(f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill")
+        raise ValueError(
+            f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
+        )
     gen = None
     if strategy == "sample":
         gen = torch.Generator(device="cpu").manual_seed(int(seed or 0))

@@ -79,7 +79,9 @@ class Library:
             self.manifest = json.loads((self.path / "manifest.json").read_text())
             data = (self.path / "index.jsonl").read_bytes()
         except (OSError, ValueError) as e:
-            raise LibraryError(f"library {self.path} is missing or unreadable ({e}); build it with `make library`") from e
+            raise LibraryError(
+                f"library {self.path} is missing or unreadable ({e}); build it with `make library`"
+            ) from e
         rows = [json.loads(line) for line in data.splitlines() if line.strip()]
         recorded = self.manifest.get("entries", {})
         for i, row in enumerate(rows, start=1):
@@ -99,8 +101,13 @@ class Library:
         return self.manifest["manifest_sha256"]
 
     def describe(self) -> dict:
-        return {"name": self.manifest["name"], "version": self.manifest["version"], "path": str(self.path),
-                "entries": len(self.entries), "manifest_sha256": self.manifest_sha256}
+        return {
+            "name": self.manifest["name"],
+            "version": self.manifest["version"],
+            "path": str(self.path),
+            "entries": len(self.entries),
+            "manifest_sha256": self.manifest_sha256,
+        }
 
     def retrieve(self, problem: Problem, exclude_self: bool = False, retrieval: str = "bm25") -> Match | None:
         """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
@@ -141,7 +148,9 @@ def _candidates(lib_cfg, fm: FrozenModel, project_root: Path) -> tuple[list[tupl
             probs = {r["id"]: r for r in map(json.loads, (run / "problems.jsonl").read_text().splitlines())}
             rows = [json.loads(x) for x in (run / "outputs.jsonl").read_text().splitlines() if x.strip()]
         except OSError as e:
-            raise LibraryError(f"harvest run {run}: {e}; give a run folder with problems.jsonl and outputs.jsonl") from e
+            raise LibraryError(
+                f"harvest run {run}: {e}; give a run folder with problems.jsonl and outputs.jsonl"
+            ) from e
         out, seen = [], set()
         for r in rows:
             if r["correct"] and r["problem_id"] not in seen and r["problem_id"] in probs:
@@ -164,16 +173,27 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
     skipped = []
     for p, solution in tqdm(candidates, desc=f"library {lib_cfg.name}", unit="entry", disable=not progress):
         check = score(solution, p.answer)
-        verification = {"scorer": "harness.answers.score", "extracted": check.extracted, "answer": check.answer,
-                        "gold": check.gold, "correct": check.correct}
+        verification = {
+            "scorer": "harness.answers.score",
+            "extracted": check.extracted,
+            "answer": check.answer,
+            "gold": check.gold,
+            "correct": check.correct,
+        }
         if not check.correct:
-            skipped.append({"problem_id": p.id, "reason": f"solution's final answer {check.extracted!r} does not "
-                            f"score correct against {p.answer}", "verification": verification})
+            skipped.append(
+                {
+                    "problem_id": p.id,
+                    "reason": f"solution's final answer {check.extracted!r} does not score correct against {p.answer}",
+                    "verification": verification,
+                }
+            )
             continue
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
         ids = fm.encode(text)
-        existing = [a for a in store.find_tokens(tokens_sha256(ids))
-                    if store.info(a).model_fingerprint == fm.fingerprint]
+        existing = [
+            a for a in store.find_tokens(tokens_sha256(ids)) if store.info(a).model_fingerprint == fm.fingerprint
+        ]
         if existing:
             aid = existing[0]
             store.put_bytes(store.get_bytes(aid), tags=[tag]) if tag not in store.info(aid).tags else None
@@ -183,20 +203,36 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
         fp = problem_fingerprint(p.problem)
-        entry = Entry(entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16], problem_id=p.id, problem_fingerprint=fp,
-                      problem=p.problem, answer=p.answer, artifact_id=str(aid), tokens=len(ids), origin=origin,
-                      verification=verification)
+        entry = Entry(
+            entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16],
+            problem_id=p.id,
+            problem_fingerprint=fp,
+            problem=p.problem,
+            answer=p.answer,
+            artifact_id=str(aid),
+            tokens=len(ids),
+            origin=origin,
+            verification=verification,
+        )
         entries.setdefault(entry.entry_id, entry.to_row())
     if not entries:
         raise LibraryError(f"library {lib_cfg.name}: no verified solution to deposit ({len(skipped)} skipped)")
     rows = list(entries.values())
     manifest = {
-        "format": LIBRARY_FORMAT, "name": lib_cfg.name, "version": lib_cfg.version, "origin": origin,
-        "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
-        "model_name": fm.name, "determinism": fm.determinism.to_dict(),
-        "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()), "store": str(store.root),
-        "n_entries": len(rows), "entries": {r["entry_id"]: sha256_json(r) for r in rows},
-        "index_sha256": sha256_hex(jsonl_bytes(rows)), "skipped": skipped,
+        "format": LIBRARY_FORMAT,
+        "name": lib_cfg.name,
+        "version": lib_cfg.version,
+        "origin": origin,
+        "model_fingerprint": fm.fingerprint,
+        "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+        "model_name": fm.name,
+        "determinism": fm.determinism.to_dict(),
+        "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
+        "store": str(store.root),
+        "n_entries": len(rows),
+        "entries": {r["entry_id"]: sha256_json(r) for r in rows},
+        "index_sha256": sha256_hex(jsonl_bytes(rows)),
+        "skipped": skipped,
         "tokens_total": sum(r["tokens"] for r in rows),
     }
     manifest["manifest_sha256"] = sha256_json(manifest)
@@ -229,8 +265,10 @@ def _main(argv: list[str] | None = None) -> None:
     fm = load_model(cfg)
     path = build_library(cfg.library, fm, root)
     m = Library(path, LocalStore(root / cfg.library.store)).manifest
-    print(f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "
-          f"{m['tokens_total']} tokens deposited -> {path} (manifest {m['manifest_sha256'][:12]})")
+    print(
+        f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "
+        f"{m['tokens_total']} tokens deposited -> {path} (manifest {m['manifest_sha256'][:12]})"
+    )
 
 
 if __name__ == "__main__":

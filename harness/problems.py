@@ -28,8 +28,13 @@ class Problem:
     source: dict[str, Any] = field(default_factory=dict)
 
     def to_row(self) -> dict[str, Any]:
-        return {"id": self.id, "problem": self.problem, "answer": self.answer, "solution": self.solution,
-                "source": self.source}
+        return {
+            "id": self.id,
+            "problem": self.problem,
+            "answer": self.answer,
+            "solution": self.solution,
+            "source": self.source,
+        }
 
     @property
     def fingerprint(self) -> str:
@@ -52,7 +57,9 @@ def _load_rows(path: str | None, hub_id: str | None, subset: str | None, split: 
     if path:
         p = Path(path)
         if not p.is_file():
-            raise ProblemError(f"dataset file {p} does not exist (dataset.path); give an existing jsonl/csv/parquet file")
+            raise ProblemError(
+                f"dataset file {p} does not exist (dataset.path); give an existing jsonl/csv/parquet file"
+            )
         builder = _BUILDERS.get(p.suffix.lower())
         if builder is None:
             raise ProblemError(f"dataset file {p}: unsupported suffix {p.suffix!r}; use one of {sorted(_BUILDERS)}")
@@ -73,8 +80,14 @@ def _load_rows(path: str | None, hub_id: str | None, subset: str | None, split: 
     raise ProblemError("no dataset given: set dataset.path (a local file) or dataset.hub_id")
 
 
-def load_problems(path: str | None = None, hub_id: str | None = None, subset: str | None = None,
-                  split: str = "train", columns: dict[str, str] | None = None, limit: int | None = None) -> list[Problem]:
+def load_problems(
+    path: str | None = None,
+    hub_id: str | None = None,
+    subset: str | None = None,
+    split: str = "train",
+    columns: dict[str, str] | None = None,
+    limit: int | None = None,
+) -> list[Problem]:
     """Load, map and validate problems. `columns` maps our field names to the dataset's column names."""
     rows, where = _load_rows(path, hub_id, subset, split)
     cols = {"id": "id", "problem": "problem", "answer": "answer", "solution": "solution", **(columns or {})}

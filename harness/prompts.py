@@ -10,6 +10,7 @@ _FIELD = re.compile(r"\{(problem|solution|answer|id)\}")
 
 def render(template: str, **fields: str) -> str:
     """Replace {problem}, {solution}, {answer}, {id} in `template`; other braces are left as they are."""
+
     def sub(m: re.Match[str]) -> str:
         name = m.group(1)
         if name not in fields or fields[name] is None:

@@ -51,8 +51,9 @@ def prefill(
     return cache, logits
 
 
-def capture(fm: FrozenModel, cache: DynamicCache, token_ids: list[int], start_position: int = 0,
-            extra: dict | None = None) -> Snapshot:
+def capture(
+    fm: FrozenModel, cache: DynamicCache, token_ids: list[int], start_position: int = 0, extra: dict | None = None
+) -> Snapshot:
     """Turn a cache that has seen exactly `token_ids` (from `start_position`) into a Snapshot."""
     if len(cache.layers) != len(fm.layer_layout):
         raise IncompatibleError(f"cache has {len(cache.layers)} layers, model has {len(fm.layer_layout)}")
@@ -60,17 +61,27 @@ def capture(fm: FrozenModel, cache: DynamicCache, token_ids: list[int], start_po
     for i, (layer, spec) in enumerate(zip(cache.layers, fm.layer_layout)):
         sliding = bool(getattr(layer, "is_sliding", False))
         if sliding != (spec["kind"] == "sliding"):
-            raise IncompatibleError(f"cache layer {i} is {'sliding' if sliding else 'full'}, config says {spec['kind']}")
+            raise IncompatibleError(
+                f"cache layer {i} is {'sliding' if sliding else 'full'}, config says {spec['kind']}"
+            )
         seen = layer.get_seq_length()
         if seen != len(token_ids):
-            raise IncompatibleError(f"cache layer {i} has seen {seen} tokens, but {len(token_ids)} token ids were given")
+            raise IncompatibleError(
+                f"cache layer {i} has seen {seen} tokens, but {len(token_ids)} token ids were given"
+            )
         cum = layer.cumulative_length if sliding else layer.keys.shape[-2]
         layers.append(LayerKV(spec["kind"], spec["window"], int(cum), layer.keys, layer.values))
     return Snapshot(
-        token_ids=list(token_ids), start_position=start_position, layers=layers,
-        model_fingerprint=fm.fingerprint, tokenizer_fingerprint=fm.tokenizer_fingerprint,
-        dtype=fm.determinism.dtype, determinism=fm.determinism.to_dict(),
-        environment=environment_fingerprint(fm.device), model_name=fm.name, extra=dict(extra or {}),
+        token_ids=list(token_ids),
+        start_position=start_position,
+        layers=layers,
+        model_fingerprint=fm.fingerprint,
+        tokenizer_fingerprint=fm.tokenizer_fingerprint,
+        dtype=fm.determinism.dtype,
+        determinism=fm.determinism.to_dict(),
+        environment=environment_fingerprint(fm.device),
+        model_name=fm.name,
+        extra=dict(extra or {}),
     )
 
 

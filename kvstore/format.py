@@ -103,6 +103,12 @@ def to_bytes(s: Snapshot) -> bytes:
     return st_save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))})
 
 
+# Every field to_bytes writes; a header declaring FORMAT without one of them is malformed.
+_FIELDS = frozenset({
+    "format", "token_count", "start_position", "tokens_sha256", "model_fingerprint", "tokenizer_fingerprint",
+    "model_name", "dtype", "determinism", "environment", "layers", "tensor_sha256", "extra",
+})
+
 # safetensors dtype tags -> torch dtypes (those a KV artifact can hold).
 _ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -125,11 +131,15 @@ def _header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]:
         meta = json.loads(header["__metadata__"][META_KEY])
     except (ValueError, KeyError, TypeError) as e:
         raise FormatError(f"not a kvgraft KV artifact: header has no readable '{META_KEY}' metadata ({e})") from e
-    if meta.get("format") != FORMAT:
+    version = meta.get("format") if isinstance(meta, dict) else None
+    if version != FORMAT:
         raise FormatError(
-            f"artifact format {meta.get('format')!r} is not readable by this kvgraft (reads {FORMAT!r}); "
+            f"artifact format {version!r} is not readable by this kvgraft (reads {FORMAT!r}); "
             "upgrade kvgraft or deposit the artifact again"
         )
+    missing = sorted(_FIELDS - meta.keys())
+    if missing:
+        raise FormatError(f"artifact metadata lacks the {FORMAT} fields {missing}; deposit the artifact again")
     return header, meta, 8 + n
 
 

@@ -17,8 +17,9 @@ from kvstore.format import Snapshot
 from kvstore.model import FrozenModel
 
 
-def check_compatible(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None,
-                     position: int | None = None) -> None:
+def check_compatible(
+    snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
+) -> None:
     """Raise IncompatibleError naming the first thing that differs between the snapshot and this use of it."""
     name = snapshot.model_name or "artifact"
     if snapshot.model_fingerprint != fm.fingerprint:
@@ -32,7 +33,9 @@ def check_compatible(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] |
             f"tokenizer's {fm.tokenizer_fingerprint[:12]}; deposit it again with this tokenizer"
         )
     if snapshot.dtype != fm.determinism.dtype:
-        raise IncompatibleError(f"{name}: artifact dtype {snapshot.dtype} differs from the model's {fm.determinism.dtype}")
+        raise IncompatibleError(
+            f"{name}: artifact dtype {snapshot.dtype} differs from the model's {fm.determinism.dtype}"
+        )
     if snapshot.layout != fm.layer_layout:
         raise IncompatibleError(
             f"{name}: layer layout differs (artifact {len(snapshot.layers)} layers "
@@ -49,8 +52,9 @@ def check_compatible(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] |
     if token_ids is not None:
         n = snapshot.token_count
         if list(token_ids[:n]) != snapshot.token_ids:
-            first = next((i for i, (a, b) in enumerate(zip(token_ids, snapshot.token_ids)) if a != b),
-                         min(len(token_ids), n))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(token_ids, snapshot.token_ids)) if a != b), min(len(token_ids), n)
+            )
             raise IncompatibleError(
                 f"{name}: the context's token ids do not begin with the artifact's {n} tokens "
                 f"(first difference at index {first}); graft only onto text that starts with the artifact's text"
@@ -61,8 +65,9 @@ def _layout_str(layout: list[dict]) -> str:
     return "".join("S" if x["kind"] == "sliding" else "F" for x in layout)
 
 
-def graft(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None,
-          position: int | None = None) -> DynamicCache:
+def graft(
+    snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
+) -> DynamicCache:
     """A fresh cache holding the snapshot's state at its own positions, after all compatibility checks.
 
     token_ids: the full context the caller will run (checked to begin with the snapshot's tokens).

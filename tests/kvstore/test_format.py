@@ -154,6 +154,17 @@ def test_bytes_that_are_not_an_artifact_are_a_format_error():
         from_bytes(b"\xff" * 64)
 
 
+@pytest.mark.parametrize("meta", ['"kvgraft-kv/1"', "[1]", '{"format": "kvgraft-kv/1"}'])
+def test_metadata_that_is_not_a_complete_object_is_a_format_error(meta):
+    from safetensors.torch import save
+
+    data = save({"token_ids": torch.zeros(2, dtype=torch.int64)}, metadata={"kvgraft": meta})
+    with pytest.raises(FormatError):
+        read_metadata(data)
+    with pytest.raises(FormatError):
+        from_bytes(data)
+
+
 @pytest.mark.parametrize("name", ["layers.0.keys", "layers.1.values", "token_ids"])
 def test_a_flipped_byte_in_a_tensor_is_an_integrity_error_naming_it(hand_built, name):
     data = to_bytes(hand_built())
