@@ -21,15 +21,18 @@ def new_cache(fm: FrozenModel) -> DynamicCache:
     return DynamicCache(config=fm.model.config)
 
 
-def forward(fm: FrozenModel, token_ids: list[int], cache: DynamicCache, position: int | None = None) -> torch.Tensor:
+def forward(
+    fm: FrozenModel, token_ids: list[int], cache: DynamicCache, position: int | None = None, logits_to_keep: int = 0
+) -> torch.Tensor:
     """One forward pass of `token_ids` on top of `cache`; returns the logits (1, len, vocab).
 
     position: absolute position of the first token (default: what the cache has seen).
+    logits_to_keep: compute logits for only the last N positions (0 = all); the cache is the same either way.
     """
     ids = torch.tensor([token_ids], dtype=torch.long, device=fm.device)
     start = cache.get_seq_length() if position is None else position
     pos = torch.arange(start, start + len(token_ids), device=fm.device).unsqueeze(0)
-    out = fm.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+    out = fm.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
     return out.logits
 
 
@@ -47,7 +50,7 @@ def prefill(
     chunk = fm.determinism.prefill_chunk or len(token_ids)
     logits = None
     for i in range(0, len(token_ids), chunk):
-        logits = forward(fm, token_ids[i : i + chunk], cache, position=start + i)[:, -1, :]
+        logits = forward(fm, token_ids[i : i + chunk], cache, position=start + i, logits_to_keep=1)[:, -1, :]
     return cache, logits
 
 

@@ -26,6 +26,8 @@ from kvstore.errors import IntegrityError, InvalidIdError, KVStoreError, NotFoun
 from kvstore.format import Snapshot, from_bytes, read_metadata, to_bytes
 
 _HEX = frozenset("0123456789abcdef")
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 # Artifacts at least this large have their file hash computed on a second thread, beside the per-tensor
 # hashes (hashlib releases the GIL): below it, the hand-off costs more than it saves.
 _PARALLEL_HASH_MIN = 1 << 20
@@ -74,6 +76,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; published files get the usual mode
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

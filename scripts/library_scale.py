@@ -1,0 +1,118 @@
+"""Scale check for the solution library: build one from ~1,000 problems, open it in a fresh process, and
+serve lookups + grafts, recording time and peak RSS, to show a library is served without holding its
+artifacts in memory.
+
+    python scripts/library_scale.py --problems ../shared/data/aime_1983_2023.jsonl --model tiny-gemma3 \
+        --out runs/library_scale
+
+Writes OUT/library_scale.json. With --model gemma3-270m it deposits the real KV (~300k tokens for the AIME
+1983-2023 file: about 20 minutes of prefill on 2 CPU cores and ~10 GB of fp32 KV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _cfg(args):
+    from harness.config import compose_config
+
+    return compose_config([
+        f"project_root={REPO}", f"library.name={Path(args.problems).stem}", "library.source=dataset",
+        f"library.dataset.path={Path(args.problems).resolve()}", f"library.dataset.name={Path(args.problems).stem}",
+        f"library.root={Path(args.out).resolve()}/library", f"library.store={Path(args.out).resolve()}/store",
+        f"model.source={args.model}", f"model.name={args.model}",
+    ])
+
+
+def build(args) -> dict:
+    from harness.library import build_library
+    from harness.run import load_model
+
+    cfg = _cfg(args)
+    fm = load_model(cfg)
+    t = time.perf_counter()
+    path = build_library(cfg.library, fm, REPO)
+    m = json.loads((path / "manifest.json").read_text())
+    return {"library": str(path), "entries": m["n_entries"], "skipped": len(m["skipped"]),
+            "tokens_total": m["tokens_total"], "build_s": round(time.perf_counter() - t, 1),
+            "build_peak_rss_mb": round(_rss_mb(), 1)}
+
+
+def serve(args) -> dict:
+    """In a fresh process: open the library, then retrieve + graft for random problems."""
+    from harness.library import open_library
+    from harness.problems import load_problems
+    from harness.run import load_model
+    from kvstore import forward, graft
+
+    cfg = _cfg(args)
+    fm = load_model(cfg)
+    rss_model = _rss_mb()
+    t = time.perf_counter()
+    lib = open_library(cfg.library, fm, REPO)
+    open_s = time.perf_counter() - t
+    rss_open = _rss_mb()
+    problems = load_problems(str(Path(args.problems).resolve()))
+    rng = random.Random(0)
+    exact, held, restore = [], [], []
+    for p in rng.sample(problems, min(args.lookups, len(problems))):
+        t = time.perf_counter()
+        m = lib.retrieve(p)
+        exact.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        lib.retrieve(p, exclude_self=True)
+        held.append(time.perf_counter() - t)
+        if m is not None:
+            t = time.perf_counter()
+            snap = lib.store.get(m.entry.artifact_id)
+            cache = graft(snap, fm, token_ids=snap.token_ids)
+            forward(fm, fm.encode("\n", add_bos=False), cache)
+            restore.append(time.perf_counter() - t)
+
+    def med(x):
+        return round(sorted(x)[len(x) // 2] * 1000, 3) if x else None
+
+    return {"open_s": round(open_s, 3), "lookups": len(exact), "exact_lookup_ms_median": med(exact),
+            "bm25_lookup_ms_median": med(held), "restore_graft_ms_median": med(restore),
+            "rss_after_model_mb": round(rss_model, 1), "rss_after_open_mb": round(rss_open, 1),
+            "peak_rss_mb": round(_rss_mb(), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", required=True)
+    ap.add_argument("--model", default="tiny-gemma3")
+    ap.add_argument("--out", default="runs/library_scale")
+    ap.add_argument("--lookups", type=int, default=100)
+    ap.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_only:
+        print(json.dumps(serve(args)))
+        return
+    result = {"model": args.model, "problems": str(args.problems), **build(args)}
+    cmd = [sys.executable, __file__, "--serve-only", "--problems", args.problems, "--model", args.model,
+           "--out", args.out, "--lookups", str(args.lookups)]
+    result["serve"] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    store = Path(args.out) / "store" / "objects"
+    result["store_bytes"] = sum(p.stat().st_size for p in store.glob("*/*"))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "library_scale.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
