@@ -36,7 +36,7 @@ from typing import Any
 from harness.answers import score
 from harness.errors import ManifestError
 from harness.hashing import canonical_json, jsonl_bytes, sha256_hex, sha256_json
-from harness.metrics import summarize_scores
+from harness.metrics import summarize_groups, summarize_scores
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -640,6 +640,15 @@ def verify_run(run_dir: Path) -> RunCheck:
                 f"summary.json: {path} is {old!r} but re-scoring outputs.jsonl gives {new!r}; "
                 "the summary was edited or the scorer changed (re-run, or report the recomputed value)"
             )
+    if isinstance(summary.get("groups"), dict) and rescored:
+        try:
+            groups = _jsonable(summarize_groups(rescored))
+        except Exception as exc:  # noqa: BLE001 - report, do not crash the check
+            probs.add(f"summary.json: recomputing groups failed ({type(exc).__name__}: {exc})")
+            groups = summary["groups"]
+        for path, old, new in diff_values(summary["groups"], groups, "groups"):
+            probs.add(f"summary.json: {path} is {old!r} but re-scoring outputs.jsonl gives {new!r}; "
+                      "the summary was edited (re-run, or report the recomputed value)")
     _check_totals(summary, rows, probs)
 
     messages = probs.finish()

@@ -117,3 +117,20 @@ def summarize_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | int
         summary[f"pass@{k}"] = math.fsum(estimates) / len(estimates)
     summary[f"avg@{n_samples}"] = accuracy
     return summary
+
+
+def group_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Split graft rows into `recurring` (the library held the evaluated problem: match == "exact") and
+    `held_out` (everything else); empty groups are left out."""
+    groups: dict[str, list[Mapping[str, Any]]] = {"recurring": [], "held_out": []}
+    for r in rows:
+        groups["recurring" if r.get("match") == "exact" else "held_out"].append(r)
+    return {k: v for k, v in groups.items() if v}
+
+
+def summarize_groups(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """summarize_scores per group of `group_rows`, plus each group's decode-token total."""
+    return {
+        name: {**summarize_scores(g), "decode_tokens": sum(int(r["decode_tokens"]) for r in g)}
+        for name, g in group_rows(rows).items()
+    }

@@ -7,6 +7,7 @@ so an unreachable MLflow never loses a run.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -23,13 +24,13 @@ from harness.energy import make_meter
 from harness.errors import ConfigError
 from harness.hashing import jsonl_bytes, sha256_json, write_json, write_jsonl
 from harness.manifest import build_manifest
-from harness.metrics import summarize_scores
+from harness.metrics import summarize_groups, summarize_scores
 from harness.problems import load_problems
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import Determinism, FrozenModel, environment_fingerprint, load_frozen_model
 
 SUMMARY_FORMAT = "kvgraft-summary/1"
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get full tables
 
 
 def load_model(cfg: DictConfig) -> FrozenModel:
@@ -170,15 +171,7 @@ def run(
     }
     summary["time"]["run_wall_s"] = round(run_wall, 3)
     if cfg.condition.name == "graft":
-        groups = {
-            "recurring": [r for r in rows if r["match"] == "exact"],
-            "held_out": [r for r in rows if r["match"] != "exact"],
-        }
-        summary["groups"] = {
-            k: {**summarize_scores(v), "decode_tokens": sum(r["decode_tokens"] for r in v)}
-            for k, v in groups.items()
-            if v
-        }
+        summary["groups"] = summarize_groups(rows)
     if baseline_summary is not None:
         summary["comparison"] = compare_summaries(baseline_summary, summary)
 

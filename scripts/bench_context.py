@@ -168,8 +168,8 @@ def measure(fm, store: LocalStore, count: int, lengths: np.ndarray, samples: int
     on_gpu = fm.device.type == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(fm.device)
+    reset = peak_reset()  # the peak mark now equals the current RSS
     rss_before = psutil.Process().memory_info().rss
-    reset = peak_reset()
     lookup, restore, sample_peak = [], [], rss_before
     for seq, sha in zip(seqs, shas, strict=True):
         t0 = time.perf_counter()
