@@ -30,12 +30,19 @@ def _rss_mb() -> float:
 def _cfg(args):
     from harness.config import compose_config
 
-    return compose_config([
-        f"project_root={REPO}", f"library.name={Path(args.problems).stem}", "library.source=dataset",
-        f"library.dataset.path={Path(args.problems).resolve()}", f"library.dataset.name={Path(args.problems).stem}",
-        f"library.root={Path(args.out).resolve()}/library", f"library.store={Path(args.out).resolve()}/store",
-        f"model.source={args.model}", f"model.name={args.model}",
-    ])
+    return compose_config(
+        [
+            f"project_root={REPO}",
+            f"library.name={Path(args.problems).stem}",
+            "library.source=dataset",
+            f"library.dataset.path={Path(args.problems).resolve()}",
+            f"library.dataset.name={Path(args.problems).stem}",
+            f"library.root={Path(args.out).resolve()}/library",
+            f"library.store={Path(args.out).resolve()}/store",
+            f"model.source={args.model}",
+            f"model.name={args.model}",
+        ]
+    )
 
 
 def build(args) -> dict:
@@ -47,9 +54,14 @@ def build(args) -> dict:
     t = time.perf_counter()
     path = build_library(cfg.library, fm, REPO)
     m = json.loads((path / "manifest.json").read_text())
-    return {"library": str(path), "entries": m["n_entries"], "skipped": len(m["skipped"]),
-            "tokens_total": m["tokens_total"], "build_s": round(time.perf_counter() - t, 1),
-            "build_peak_rss_mb": round(_rss_mb(), 1)}
+    return {
+        "library": str(path),
+        "entries": m["n_entries"],
+        "skipped": len(m["skipped"]),
+        "tokens_total": m["tokens_total"],
+        "build_s": round(time.perf_counter() - t, 1),
+        "build_peak_rss_mb": round(_rss_mb(), 1),
+    }
 
 
 def serve(args) -> dict:
@@ -86,10 +98,16 @@ def serve(args) -> dict:
     def med(x):
         return round(sorted(x)[len(x) // 2] * 1000, 3) if x else None
 
-    return {"open_s": round(open_s, 3), "lookups": len(exact), "exact_lookup_ms_median": med(exact),
-            "bm25_lookup_ms_median": med(held), "restore_graft_ms_median": med(restore),
-            "rss_after_model_mb": round(rss_model, 1), "rss_after_open_mb": round(rss_open, 1),
-            "peak_rss_mb": round(_rss_mb(), 1)}
+    return {
+        "open_s": round(open_s, 3),
+        "lookups": len(exact),
+        "exact_lookup_ms_median": med(exact),
+        "bm25_lookup_ms_median": med(held),
+        "restore_graft_ms_median": med(restore),
+        "rss_after_model_mb": round(rss_model, 1),
+        "rss_after_open_mb": round(rss_open, 1),
+        "peak_rss_mb": round(_rss_mb(), 1),
+    }
 
 
 def main() -> None:
@@ -104,9 +122,22 @@ def main() -> None:
         print(json.dumps(serve(args)))
         return
     result = {"model": args.model, "problems": str(args.problems), **build(args)}
-    cmd = [sys.executable, __file__, "--serve-only", "--problems", args.problems, "--model", args.model,
-           "--out", args.out, "--lookups", str(args.lookups)]
-    result["serve"] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--serve-only",
+        "--problems",
+        args.problems,
+        "--model",
+        args.model,
+        "--out",
+        args.out,
+        "--lookups",
+        str(args.lookups),
+    ]
+    result["serve"] = json.loads(
+        subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+    )
     store = Path(args.out) / "store" / "objects"
     result["store_bytes"] = sum(p.stat().st_size for p in store.glob("*/*"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
