@@ -259,33 +259,48 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         hit_t, _ = timed(lambda t=tier, aid=aid: graft(t.get(aid), fm), reps)
         tier_rows.append({"tokens": n, "artifact_bytes": size, "disk_warm_s": stats(rest_t), "tier_hit_s": stats(hit_t),
                           "tier_miss_s": miss, "speedup": statistics.median(rest_t) / statistics.median(hit_t)})
-    big = max(rows, key=lambda r: r["artifact_bytes"])
-    sha_bps = big["artifact_bytes"] / big["stages_median_s"]["file_sha256"]
-    fig = {"goal": f"restore (get + graft) >= {GOALS['restore_fraction']:.0%} of raw read bandwidth (warm)",
-           "rows": rows, "evaluated_at_tokens": big["tokens"], "ratio": big["ratio"],
-           "met": big["ratio"] >= GOALS["restore_fraction"], "sha256_Bps": sha_bps}
-    st = big["stages_median_s"]
-    ceiling = st["read"] / (st["read"] + st["file_sha256"])
-    fig["note"] = (
-        f"{big['ratio']:.0%} of raw read at {big['tokens']} tokens ({big['artifact_bytes'] / 1e6:.1f} MB): read "
-        f"{st['read'] * 1e3:.1f} ms, file SHA-256 {st['file_sha256'] * 1e3:.1f} ms, parse + per-tensor SHA-256 "
-        f"{st['parse_and_tensor_sha256'] * 1e3:.1f} ms, graft {st['graft'] * 1e3:.2f} ms. Verifying costs two SHA-256 "
-        f"passes at {sha_bps / 1e9:.2f} GB/s against a {big['read_Bps']['median'] / 1e9:.2f} GB/s page-cache read; "
-        f"the file hash alone caps restore at {ceiling:.0%} of raw read (warm). Loading itself is zero-copy "
-        "(tensors view the one buffer the file is read into).")
-    if not fig["met"]:
-        fig["note"] = f"missed by {GOALS['restore_fraction'] / big['ratio']:.1f}x: " + fig["note"]
+    at = _goal_row(rows, GOALS["ttft_at"])
+    st = at["stages_median_s"]
+    sha_bps = at["artifact_bytes"] / st["file_sha256"]
+    warm = [r["ratio"] for r in rows]
     cold_rows = [r for r in rows if r["cold"].get("ratio")]
+    fig = {"goal": f"restore (get + graft) >= {GOALS['restore_fraction']:.0%} of raw read bandwidth (warm page cache)",
+           "rows": rows, "evaluated_at_tokens": at["tokens"], "ratio": at["ratio"],
+           "met": at["ratio"] >= GOALS["restore_fraction"], "sha256_Bps": sha_bps,
+           "ceiling_file_hash_only": st["read"] / (st["read"] + st["file_sha256"])}
+    fig["note"] = (
+        f"{at['ratio']:.0%} of raw read at {at['tokens']} tokens ({at['artifact_bytes'] / 1e6:.1f} MB; "
+        f"{min(warm):.0%}-{max(warm):.0%} over all sizes"
+        + (f", {min(r['cold']['ratio'] for r in cold_rows):.0%}-{max(r['cold']['ratio'] for r in cold_rows):.0%} "
+           "with a cold page cache" if cold_rows else "")
+        + f"). Stages alone: read {st['read'] * 1e3:.1f} ms, file SHA-256 {st['file_sha256'] * 1e3:.1f} ms, parse + "
+        f"per-tensor SHA-256 {st['parse_and_tensor_sha256'] * 1e3:.1f} ms, graft {st['graft'] * 1e3:.2f} ms. Verifying "
+        f"is two SHA-256 passes at {sha_bps / 1e9:.2f} GB/s against a {at['read_Bps']['median'] / 1e9:.2f} GB/s "
+        f"page-cache read: the file hash alone caps restore at {fig['ceiling_file_hash_only']:.0%} of raw read. "
+        "Loading is zero-copy (tensors view the one buffer the file is read into) and the two hash passes run on "
+        "two threads, which helps only when the second core is free.")
+    if not fig["met"]:
+        fig["note"] = f"missed by {GOALS['restore_fraction'] / at['ratio']:.1f}x: " + fig["note"]
     if cold_rows:
-        fig["cold_ratio_at_largest"] = max(cold_rows, key=lambda r: r["artifact_bytes"])["cold"]["ratio"]
         fig["cold_page_cache_dropped"] = all(r["cold"]["page_cache_dropped"] for r in cold_rows)
+        for t in tier_rows:
+            cold = next((r["cold"] for r in cold_rows if r["tokens"] == t["tokens"]), None)
+            if cold:
+                t["disk_cold_s"] = t["artifact_bytes"] / cold["restore_Bps"]["median"]
+                t["speedup_vs_cold"] = t["disk_cold_s"] / t["tier_hit_s"]["median"]
     speedups = [r["speedup"] for r in tier_rows]
-    tier_fig = {"question": "does a host-memory LRU tier in front of the disk store pay (warm page cache)?",
+    cold_speedups = [r["speedup_vs_cold"] for r in tier_rows if "speedup_vs_cold" in r]
+    tier_fig = {"question": "does a host-memory LRU tier (kvstore.CachedStore) in front of the disk store pay?",
                 "rows": tier_rows, "hits": tier.hits, "misses": tier.misses,
-                "pays": statistics.median(speedups) >= 1.1,
-                "note": (f"tier hit vs disk restore (warm page cache): {min(speedups):.2f}x-{max(speedups):.2f}x. "
-                         "A hit skips the file read and the file SHA-256 (bytes were verified on the way in); it still "
-                         "copies the immutable bytes once and re-hashes every tensor.")}
+                "pays_warm": statistics.median(speedups) >= 1.1,
+                "pays_cold": statistics.median(cold_speedups) >= 1.1 if cold_speedups else None,
+                "note": (f"tier hit vs disk restore with a warm page cache: {min(speedups):.2f}x-{max(speedups):.2f}x"
+                         + (f"; vs a cold page cache: {min(cold_speedups):.2f}x-{max(cold_speedups):.2f}x"
+                            if cold_speedups else "")
+                         + ". A hit skips the file read and the file SHA-256 (its bytes were verified on the way in) "
+                         "but still copies them once and re-hashes every tensor, so with a warm page cache the OS "
+                         "already is that tier; it pays when artifacts would otherwise come from disk.")}
+    tier_fig["pays"] = bool(tier_fig["pays_warm"] or tier_fig["pays_cold"])
     return fig, tier_fig
 
 
@@ -582,11 +597,12 @@ def print_tables(summary: dict) -> None:
                   f"{cold['ratio']:.0%}" if "ratio" in cold else "-")
     con.print(t)
     t = Table(title="2b. Host-memory tier vs disk store (restore = get + graft, ms)")
-    for c in ("N", "disk (warm)", "tier hit", "speedup", "tier miss"):
+    for c in ("N", "disk (warm)", "tier hit", "speedup", "disk (cold)", "speedup vs cold", "tier miss"):
         t.add_column(c, justify="right")
     for r in f["tier"]["rows"]:
         t.add_row(str(r["tokens"]), _fmt(r["disk_warm_s"], 1e3, 2), _fmt(r["tier_hit_s"], 1e3, 2),
-                  f"{r['speedup']:.2f}x", f"{r['tier_miss_s'] * 1e3:.2f}")
+                  f"{r['speedup']:.2f}x", f"{r['disk_cold_s'] * 1e3:.2f}" if "disk_cold_s" in r else "-",
+                  f"{r['speedup_vs_cold']:.2f}x" if "speedup_vs_cold" in r else "-", f"{r['tier_miss_s'] * 1e3:.2f}")
     con.print(t)
     p = f["peer_llama_cpp"]
     if p.get("available"):

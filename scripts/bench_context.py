@@ -5,13 +5,13 @@
 
 Fills a LocalStore under <out>/context_store with real deposits (prefill + capture of distinct random token
 sequences, ~total/artifacts tokens each, varied) from a small random-weight model, until it holds at least
---total-tokens tokens of KV in at least --artifacts artifacts. At each checkpoint size it times, for random
-artifacts, the lookup (find_tokens by tokens SHA-256, then info) and the restore (get + graft), and the peak
-memory while doing so (RSS on CPU; device memory on GPU). Writes <out>/context.json and <out>/context.png.
+--total-tokens tokens of KV in at least --artifacts artifacts. Then, for a store of exactly each checkpoint
+size (the filled store for the largest, fresh copies of the first c artifacts for the others), it times the
+lookup (find_tokens by tokens SHA-256, then info) and the restore (get + graft) of random artifacts, and the peak
+memory meanwhile (RSS on CPU; device memory on GPU), in interleaved rounds so that load from other processes does
+not bias one size. Writes <out>/context.json and <out>/context.png.
 
-A re-run reuses the store: deposits are a pure function of the index (seeded), so only missing ones are made.
-Checkpoints smaller than what the store already holds are measured on a fresh store holding a copy of the first
-artifacts (bytes copied, nothing recomputed), so every point is a store of exactly that size.
+A re-run reuses the store: deposits are a pure function of their index (seeded), so only missing ones are made.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from kvstore import Determinism, LocalStore, deposit_tokens, graft, load_frozen_
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many
+ROUNDS = 5  # interleaved measurement rounds over all checkpoint stores
 
 
 def plan_lengths(artifacts: int, total_tokens: int, seed: int = SEED) -> np.ndarray:
@@ -159,10 +160,10 @@ class Filler:
             self.pool.join()
 
 
-def measure(fm, store: LocalStore, count: int, lengths: np.ndarray, samples: int, rng: random.Random) -> dict:
-    """Lookup and restore latency for random artifacts among the first `count`, and peak memory meanwhile."""
+def measure(fm, store: LocalStore, picks: list[int], lengths: np.ndarray, into: dict) -> None:
+    """Time lookup (find_tokens + info) and restore (get + graft) of the plan entries `picks`; append the latencies
+    to `into` and raise its peak-memory marks."""
     vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
-    picks = [rng.randrange(count) for _ in range(min(samples, count))]
     seqs = [sequence(i, int(lengths[i]), vocab, bos) for i in picks]
     shas = [tokens_sha256(s) for s in seqs]
     on_gpu = fm.device.type == "cuda"
@@ -170,7 +171,7 @@ def measure(fm, store: LocalStore, count: int, lengths: np.ndarray, samples: int
         torch.cuda.reset_peak_memory_stats(fm.device)
     reset = peak_reset()  # the peak mark now equals the current RSS
     rss_before = psutil.Process().memory_info().rss
-    lookup, restore, sample_peak = [], [], rss_before
+    sample_peak = rss_before
     for seq, sha in zip(seqs, shas, strict=True):
         t0 = time.perf_counter()
         ids = store.find_tokens(sha)
@@ -178,19 +179,18 @@ def measure(fm, store: LocalStore, count: int, lengths: np.ndarray, samples: int
         t1 = time.perf_counter()
         cache = graft(store.get(ids[0]), fm, token_ids=seq)
         t2 = time.perf_counter()
-        lookup.append(t1 - t0)
-        restore.append(t2 - t1)
+        into["lookup"].append(t1 - t0)
+        into["restore"].append(t2 - t1)
         del cache
         if not reset:
             sample_peak = max(sample_peak, psutil.Process().memory_info().rss)
     peak = peak_rss() if reset else sample_peak
-    out = {"artifacts": count, "samples": len(picks), "lookup_s": stats(lookup), "restore_s": stats(restore),
-           "rss_before_bytes": rss_before, "peak_rss_bytes": peak, "peak_rss_increase_bytes": peak - rss_before,
-           "peak_rss_method": "VmHWM after clear_refs reset" if reset else "psutil RSS sampled after each restore",
-           "index_bytes": store.index_path.stat().st_size}
+    into["peak_rss"] = max(into.get("peak_rss", 0), peak)
+    into["peak_rss_increase"] = max(into.get("peak_rss_increase", 0), peak - rss_before)
+    into["rss_before"] = max(into.get("rss_before", 0), rss_before)
+    into["peak_method"] = "VmHWM after clear_refs reset" if reset else "psutil RSS sampled after each restore"
     if on_gpu:
-        out["device_peak_bytes"] = torch.cuda.max_memory_allocated(fm.device)
-    return out
+        into["device_peak"] = max(into.get("device_peak", 0), torch.cuda.max_memory_allocated(fm.device))
 
 
 def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
@@ -291,29 +291,46 @@ def main(argv: list[str] | None = None) -> int:
     reused = sum(1 for i in range(args.artifacts) if have(i)) if held else 0
     put = put_cost(fm, out, n=min(200, max(20, args.artifacts // 10)))
     filler = Filler(fm, store, lengths, args.workers if args.device == "cpu" else 1)
-    rng = random.Random(SEED)
-    points, filled_to = [], 0
-    bar = tqdm(total=args.artifacts, initial=reused, desc="depositing", unit="artifact", smoothing=0.05)
-    scratch = out / "context_store_prefix"
-    for c in checkpoints:
-        missing = [i for i in range(filled_to, c) if not held or not have(i)]
-        filler.fill(missing, bar)
-        filled_to = c
-        n_store = len(store)
-        if n_store == c:
-            target, kind = store, "the growing store"
-        else:  # the store already held more (a re-run): measure a store of exactly the first c artifacts
-            ids = [store.find_tokens(tokens_sha256(sequence(i, int(lengths[i]), vocab, bos)))[0] for i in range(c)]
-            target, kind = copy_first(store, scratch, ids), f"fresh copy of the first {c} artifacts"
-        point = measure(fm, target, c, lengths, args.samples, rng)
-        point["store"] = kind
-        points.append(point)
-        bar.write(f"{c:>8,} artifacts: lookup {point['lookup_s']['median'] * 1e3:.2f} ms, restore "
-                  f"{point['restore_s']['median'] * 1e3:.2f} ms, peak RSS {point['peak_rss_bytes'] / 2**20:.0f} MiB")
-        if target is not store:
-            shutil.rmtree(scratch, ignore_errors=True)
-    bar.close()
+    with tqdm(total=args.artifacts, initial=reused, desc="depositing", unit="artifact", smoothing=0.05) as bar:
+        filler.fill([i for i in range(args.artifacts) if not held or not have(i)], bar)
     filler.close()
+
+    # One store of exactly each checkpoint size: the filled store for the largest, fresh copies of the first c
+    # artifacts (bytes copied, nothing recomputed) for the others.
+    n_store = len(store)
+    scratch = out / "context_checkpoints"
+    shutil.rmtree(scratch, ignore_errors=True)
+    smaller = [c for c in checkpoints if c < n_store]
+    ids = [store.find_tokens(tokens_sha256(sequence(i, int(lengths[i]), vocab, bos)))[0]
+           for i in range(max(smaller, default=0))]
+    stores = {}
+    for c in checkpoints:
+        if c in smaller:
+            stores[c] = (copy_first(store, scratch / str(c), ids[:c]), f"fresh copy of the first {c:,} artifacts")
+        else:
+            stores[c] = (store, "the filled store")
+    os.sync()  # settle the copies' metadata writes before timing reads
+    # Interleaved rounds in shuffled order, so that a burst of load from other processes is spread over all
+    # store sizes instead of biasing whichever was measured at that moment.
+    rng = random.Random(SEED)
+    raw = {c: {"lookup": [], "restore": []} for c in checkpoints}
+    per_round = -(-args.samples // ROUNDS)
+    for _ in range(ROUNDS):
+        for c in rng.sample(checkpoints, len(checkpoints)):
+            measure(fm, stores[c][0], [rng.randrange(c) for _ in range(per_round)], lengths, raw[c])
+    points = []
+    for c in checkpoints:
+        r, (st, kind) = raw[c], stores[c]
+        point = {"artifacts": c, "store": kind, "store_artifacts": len(st), "samples": len(r["lookup"]),
+                 "lookup_s": stats(r["lookup"]), "restore_s": stats(r["restore"]), "rss_before_bytes": r["rss_before"],
+                 "peak_rss_bytes": r["peak_rss"], "peak_rss_increase_bytes": r["peak_rss_increase"],
+                 "peak_rss_method": r["peak_method"], "index_bytes": st.index_path.stat().st_size}
+        if "device_peak" in r:
+            point["device_peak_bytes"] = r["device_peak"]
+        points.append(point)
+        print(f"{c:>8,} artifacts: lookup {point['lookup_s']['median'] * 1e3:.2f} ms, restore "
+              f"{point['restore_s']['median'] * 1e3:.2f} ms, peak RSS {point['peak_rss_bytes'] / 2**20:.0f} MiB")
+    shutil.rmtree(scratch, ignore_errors=True)
 
     infos = [i for i in store.list() if i.model_fingerprint == fm.fingerprint]
     first, last = points[0], points[-1]
