@@ -333,6 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(scratch, ignore_errors=True)
 
     infos = [i for i in store.list() if i.model_fingerprint == fm.fingerprint]
+    fill = {"deposited": filler.deposited, "fill_s": filler.fill_s,
+            "artifacts_per_s": filler.deposited / filler.fill_s if filler.deposited else None,
+            "workers": filler.workers if filler.pool is not None else 1, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg": os.getloadavg()}
+    history_path = out / "context_fill_history.json"
+    history = json.loads(history_path.read_text()) if history_path.exists() else []
+    if filler.deposited:
+        history.append(fill)
+        history_path.write_text(json.dumps(history, indent=2) + "\n")
     first, last = points[0], points[-1]
     ratio = {k: last[k]["median"] / first[k]["median"] for k in ("lookup_s", "restore_s")}
     ratio["peak_rss"] = last["peak_rss_bytes"] / first["peak_rss_bytes"]
@@ -346,11 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                   "reused_at_start": reused, "deposited_this_run": filler.deposited,
                   "tokens_per_artifact": {"min": int(lengths.min()), "max": int(lengths.max()),
                                           "mean": float(lengths.mean())}},
-        "fill": {"fill_s": filler.fill_s, "deposited": filler.deposited,
-                 "artifacts_per_s": filler.deposited / filler.fill_s if filler.fill_s else None,
-                 "workers": filler.workers if filler.pool is not None else 1, "put_cost": put,
+        "fill": {"this_run": fill, "history": history, "put_cost": put,
                  "note": "deposits in worker processes for large fills (else in-process), put_many (atomic fsync'd "
-                         "writes + one index transaction) on a writer thread, overlapped"},
+                         "writes + one index transaction) on a writer thread, overlapped; history lists every run "
+                         "that deposited into this store"},
         "checkpoints": points,
         "largest_over_smallest": ratio,
         "flat": flat,
