@@ -35,6 +35,8 @@ def find_baseline(runs: Path, key: str) -> Path | None:
     """The newest complete baseline run folder whose comparable_key is `key`."""
     found = []
     for summary in runs.glob("**/summary.json"):
+        if "mlartifacts" in summary.parts:  # MLflow's copies of run folders, not runs
+            continue
         try:
             s = json.loads(summary.read_text())
         except (OSError, ValueError):
