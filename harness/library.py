@@ -196,7 +196,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         ]
         if existing:
             aid = existing[0]
-            store.put_bytes(store.get_bytes(aid), tags=[tag]) if tag not in store.info(aid).tags else None
+            store.add_tags(aid, [tag])
         else:
             try:
                 aid = store.put(deposit_tokens(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag])

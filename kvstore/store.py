@@ -116,6 +116,7 @@ class Store:
     def list(self, tag: str | None = None) -> list[ArtifactInfo]: ...
     def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]: ...
     def remove(self, aid: str) -> None: ...
+    def add_tags(self, aid: str, tags: Iterable[str]) -> None: ...
 
     def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
         """Store a snapshot; returns its id. Putting an existing artifact only adds tags."""
@@ -187,6 +188,11 @@ class MemoryStore(Store):
 
     def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
         return [ArtifactId(i.id) for i in self.list() if i.tokens_sha256 == tokens_sha256]
+
+    def add_tags(self, aid: str, tags: Iterable[str]) -> None:
+        """Tag a stored artifact (its bytes are not read)."""
+        old = self.info(aid)
+        self._info[old.id] = ArtifactInfo(**{**old.__dict__, "tags": tuple(sorted(set(old.tags) | set(tags)))})
 
     def remove(self, aid: str) -> None:
         aid = ArtifactId(aid)
@@ -348,6 +354,13 @@ class LocalStore(Store):
     def __len__(self) -> int:
         with closing(self._connect()) as db:
             return db.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0]
+
+    def add_tags(self, aid: str, tags: Iterable[str]) -> None:
+        """Tag a stored artifact (its bytes are not read). Raises NotFoundError if it is not indexed."""
+        aid = ArtifactId(aid)
+        self.info(aid)
+        with closing(self._connect()) as db:
+            db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(aid, t) for t in tags])
 
     def remove(self, aid: str) -> None:
         aid = ArtifactId(aid)

@@ -74,6 +74,15 @@ def test_put_is_idempotent_and_merges_tags(store, hand_built):
     assert store.info(first).tags == ("a", "b", "shared")
 
 
+def test_add_tags_tags_a_stored_artifact_and_refuses_an_unknown_one(store, hand_built):
+    aid = store.put(hand_built(), tags=["a"])
+    store.add_tags(aid, ["b", "a"])
+    assert store.info(aid).tags == ("a", "b")
+    assert [i.id for i in store.list(tag="b")] == [aid]
+    with pytest.raises(NotFoundError):
+        store.add_tags("0" * 64, ["x"])
+
+
 def test_get_of_an_unknown_id_raises_not_found_never_none(store):
     for call in (store.get, store.get_bytes, store.info, store.remove):
         with pytest.raises(NotFoundError, match=MISSING):
