@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = {k: last[k]["median"] / first[k]["median"] for k in ("lookup_s", "restore_s")}
     ratio["peak_rss"] = last["peak_rss_bytes"] / first["peak_rss_bytes"]
     flat = all(v <= 1.5 for v in ratio.values())
+    spread = {k: max(q[k]["median"] for q in points) / min(q[k]["median"] for q in points)
+              for k in ("lookup_s", "restore_s")}
+    spread["peak_rss"] = max(q["peak_rss_bytes"] for q in points) / min(q["peak_rss_bytes"] for q in points)
     result = {
         "model": {"name": fm.name, "fingerprint": fm.fingerprint, "random_weights": fm.name.startswith("tiny-"),
                   "layers": "".join("S" if x["kind"] == "sliding" else "F" for x in fm.layer_layout),
@@ -361,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
                          "that deposited into this store"},
         "checkpoints": points,
         "largest_over_smallest": ratio,
+        "max_over_min_across_checkpoints": spread,
         "flat": flat,
         "note": (f"from {first['artifacts']:,} to {last['artifacts']:,} artifacts: lookup x{ratio['lookup_s']:.2f}, "
                  f"restore x{ratio['restore_s']:.2f}, peak RSS x{ratio['peak_rss']:.2f} "
-                 f"({'flat' if flat else 'NOT flat'}: threshold 1.5x for timing noise on a shared machine). Lookups "
+                 f"({'flat' if flat else 'NOT flat'}: threshold 1.5x for timing noise on a shared machine; across all "
+                 f"checkpoints the medians span x{spread['lookup_s']:.2f} / x{spread['restore_s']:.2f} / "
+                 f"x{spread['peak_rss']:.2f}). Lookups "
                  "go through the SQLite index on tokens_sha256; a restore reads one object file, so neither scans "
                  "the store; each call opens its own index connection (constant cost)."),
         "runtime_s": time.perf_counter() - t_start,
