@@ -11,14 +11,14 @@ temporary file is removed and the target is left untouched.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from kvstore import atomic_write
 
 __all__ = [
     "atomic_write_bytes",
@@ -47,36 +47,10 @@ def sha256_json(obj: Any) -> str:
     return sha256_hex(canonical_json(obj))
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Best-effort fsync of a directory so the rename itself is durable (no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(directory)
+    """Write ``data`` to ``path`` atomically: kvstore's one atomic-write helper (temp file in the same folder,
+    fsync, ``os.replace``, directory fsync; the temp file is removed on any error)."""
+    atomic_write(Path(path), data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

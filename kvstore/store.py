@@ -85,6 +85,21 @@ def atomic_write(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Best-effort fsync of a folder so the rename itself is durable (a no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
