@@ -237,8 +237,9 @@ def plot(result: dict, path: Path) -> None:
         err = [[m - p[key]["min"] * 1e3 for m, p in zip(med, pts, strict=True)],
                [p[key]["max"] * 1e3 - m for m, p in zip(med, pts, strict=True)]]
         a1.errorbar(x, med, yerr=err, marker="o", capsize=3, label=label)
-    a1.set(xscale="log", yscale="log", xlabel="artifacts in the store", ylabel="latency (ms), median [min-max]",
+    a1.set(xscale="log", xlabel="artifacts in the store", ylabel="latency (ms), median [min-max]",
            title="Lookup and restore vs store size")
+    a1.set_ylim(bottom=0)
     a1.grid(True, which="both", alpha=0.3)
     a1.legend(fontsize=8)
     a2.plot(x, [p["peak_rss_bytes"] / 2**20 for p in pts], "o-", label="peak RSS while measuring")
