@@ -67,20 +67,25 @@ def generate(
     cache, logits = prefill(fm, prompt_ids[seen:], cache)
     t1 = time.perf_counter()
     out: list[int] = []
-    text, reason = "", "length"
+    reason = "length"
+    # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
+    # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
+    tail = max((len(s) for s in stop), default=0) + 4
     for step in range(max_new_tokens):
         tok = _pick(logits[0].cpu(), strategy, temperature, top_p, gen)
         if tok in eos:
             reason = "eos"
             break
         out.append(tok)
-        text = fm.decode(out)
-        hit = _first_stop(text, stop)
-        if hit is not None:
-            text, reason = text[:hit], "stop"
+        if stop and _first_stop(fm.decode(out[-tail:]), stop) is not None:
+            reason = "stop"
             break
         if step + 1 < max_new_tokens:
             logits = forward(fm, [tok], cache)[:, -1, :]
+    text = fm.decode(out)
+    hit = _first_stop(text, stop)
+    if hit is not None:
+        text = text[:hit]
     t2 = time.perf_counter()
     return Generation(out, text, len(prompt_ids) - seen, len(out) + (reason == "eos"), reason, t1 - t0, t2 - t1)
 
