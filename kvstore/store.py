@@ -15,7 +15,6 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +27,6 @@ from kvstore.format import Snapshot, from_bytes, read_metadata, to_bytes
 _HEX = frozenset("0123456789abcdef")
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-# Artifacts at least this large have their file hash computed on a second thread, beside the per-tensor
-# hashes (hashlib releases the GIL): below it, the hand-off costs more than it saves.
-_PARALLEL_HASH_MIN = 1 << 20
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-sha256")
-    return _POOL
-
 
 class ArtifactId(str):
     """A validated artifact id: 64 lowercase hex digits (the SHA-256 of the artifact's bytes)."""
@@ -116,6 +103,14 @@ class ArtifactInfo:
     tags: tuple[str, ...]
 
 
+def _admit(data: bytes | memoryview) -> dict:
+    """Check bytes entering a store completely (header, every tensor's SHA-256) and return their metadata.
+    Every stored object is therefore internally consistent, and a read only has to check that the file still
+    hashes to its id: that one SHA-256 covers every byte, tensors included."""
+    from_bytes(data, verify_tensors=True)
+    return read_metadata(data)
+
+
 def _info_from_meta(aid: str, size: int, meta: dict, tags: Iterable[str], created: float) -> ArtifactInfo:
     return ArtifactInfo(aid, size, meta["token_count"], meta["tokens_sha256"], meta["model_fingerprint"],
                         meta.get("model_name", ""), created, tuple(sorted(set(tags))))
@@ -144,8 +139,9 @@ class Store:
         return [self.put_bytes(to_bytes(x) if isinstance(x, Snapshot) else x, tags) for x in items]
 
     def get(self, aid: str) -> Snapshot:
-        """The verified snapshot (file hash, then every tensor's hash). Raises NotFoundError, IntegrityError."""
-        return from_bytes(self.get_bytes(aid))
+        """The verified snapshot: the bytes hash to the id before any tensor is returned (tensors were checked
+        one by one when the artifact entered the store). Raises NotFoundError, IntegrityError."""
+        return from_bytes(self.get_bytes(aid), verify_tensors=False)
 
     def __contains__(self, aid: object) -> bool:
         try:
@@ -173,7 +169,7 @@ class MemoryStore(Store):
 
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
         aid = ArtifactId.of(data)
-        meta = read_metadata(data)
+        meta = _admit(data)
         old = self._info.get(aid)
         self._data[aid] = bytes(data)
         self._info[aid] = _info_from_meta(aid, len(data), meta, (old.tags if old else ()) + tuple(tags),
@@ -250,7 +246,7 @@ class LocalStore(Store):
 
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
         aid = ArtifactId.of(data)
-        meta = read_metadata(data)
+        meta = _admit(data)
         path = self.path(aid)
         if not path.exists():
             atomic_write(path, data)
@@ -265,7 +261,7 @@ class LocalStore(Store):
         for x in items:
             data = to_bytes(x) if isinstance(x, Snapshot) else x
             aid = ArtifactId.of(data)
-            meta = read_metadata(data)
+            meta = read_metadata(data) if isinstance(x, Snapshot) else _admit(data)
             path = self.path(aid)
             if not path.exists():
                 atomic_write(path, data)
@@ -319,22 +315,12 @@ class LocalStore(Store):
         return data
 
     def get(self, aid: str) -> Snapshot:
-        """The verified snapshot: the file's SHA-256 and every tensor's are checked before it is returned; its
-        tensors view the buffer the file was read into (no copy after the read). For large artifacts the file
-        hash runs on a second thread while the tensors are parsed and hashed, and a damaged file is reported
-        as such whichever check trips first."""
+        """The verified snapshot: the file's SHA-256 (its id, covering every byte) is checked before anything is
+        returned; every tensor's own hash was checked when the artifact entered the store (`verify` re-checks
+        both). Its tensors view the buffer the file was read into (no copy after the read)."""
         data = self._read(aid, writable=True)
-        if len(data) < _PARALLEL_HASH_MIN:
-            self._check(aid, data)
-            return from_bytes(data)
-        file_hash = _hash_pool().submit(ArtifactId.of, data)
-        try:
-            snapshot = from_bytes(data)
-        except Exception:  # whatever a damaged file made the parser trip on, report the damage
-            self._check(aid, data, file_hash.result())
-            raise
-        self._check(aid, data, file_hash.result())
-        return snapshot
+        self._check(aid, data)
+        return from_bytes(data, verify_tensors=False)
 
     def contains(self, aid: str) -> bool:
         return self.path(aid).exists()

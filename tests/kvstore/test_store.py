@@ -104,6 +104,14 @@ def test_bytes_that_are_not_an_artifact_are_never_stored(store):
     assert store.list() == []
 
 
+def test_bytes_whose_tensors_do_not_match_their_recorded_hashes_never_enter_the_store(store, hand_built):
+    data = bytearray(to_bytes(hand_built()))
+    data[-1] ^= 0xFF  # the last byte of the last tensor: a new, self-consistent id, but a wrong tensor hash
+    with pytest.raises(IntegrityError):
+        store.put_bytes(bytes(data))
+    assert store.list() == []
+
+
 def test_list_filters_by_tag_and_find_tokens_finds_every_artifact_of_a_sequence(store, snapshots):
     a, b, c = snapshots
     ida, idb, idc = store.put(a, tags=["lib"]), store.put(b), store.put(c, tags=["lib", "other"])
