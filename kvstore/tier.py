@@ -2,7 +2,7 @@
 
     store = CachedStore(LocalStore("runs/library/store"), max_bytes=512 << 20)
     snap = store.get(aid)      # first time: read and verified by the store below, then kept
-    snap = store.get(aid)      # again: from memory; the tensors are still re-hashed by from_bytes
+    snap = store.get(aid)      # again: from memory, no read and no re-hash
 
 Only bytes that the store below returned from get_bytes are kept, and every Store's get_bytes re-hashes what
 it read (SHA-256 == id), so a damaged object is refused on its first read and never enters the tier. Kept
@@ -107,6 +107,9 @@ class CachedStore(Store):
     def remove(self, aid: str) -> None:
         self._drop(ArtifactId(aid))
         self.inner.remove(aid)
+
+    def add_tags(self, aid: str, tags) -> None:
+        self.inner.add_tags(aid, tags)
 
     def __len__(self) -> int:
         return len(self.inner)
