@@ -78,8 +78,7 @@ class Graft(Baseline):
         lib = self.cfg.library
         match = self.library.retrieve(problem, exclude_self=lib.exclude_self, retrieval=lib.retrieval)
         if match is None:  # nothing to graft: the query alone, recorded as such
-            a = super().attempt(problem, sample)
-            return a
+            return super().attempt(problem, sample)
         prompt = render(self.cfg.prompt.template, problem=problem.problem)
         snapshot = self.library.store.get(match.entry.artifact_id)  # verifies bytes and tensors
         context = snapshot.token_ids + self.fm.encode(prompt, add_bos=False)  # the entry ends in a blank line

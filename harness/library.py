@@ -133,7 +133,7 @@ class Library:
         return Match(best, best_score, "bm25") if best is not None else None
 
 
-def _candidates(lib_cfg, fm: FrozenModel, project_root: Path) -> tuple[list[tuple[Problem, str]], str]:
+def _candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, str]], str]:
     """(problem, solution text) pairs and the origin label."""
     if lib_cfg.source == "dataset":
         d = lib_cfg.dataset
@@ -167,7 +167,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
     the store for this model is not recomputed. Returns the library folder."""
     store = LocalStore(project_root / lib_cfg.store)
     out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
-    candidates, origin = _candidates(lib_cfg, fm, project_root)
+    candidates, origin = _candidates(lib_cfg, project_root)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     entries: dict[str, dict] = {}
     skipped = []
