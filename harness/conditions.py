@@ -14,7 +14,7 @@ from harness.decode import Generation, generate
 from harness.library import Library, open_library
 from harness.problems import Problem
 from harness.prompts import render
-from kvstore import FrozenModel, graft
+from kvstore import FrozenModel, graft_snapshot
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Graft(Baseline):
         prompt = render(self.cfg.prompt.template, problem=problem.problem)
         snapshot = self.library.store.get(match.entry.artifact_id)  # verifies bytes and tensors
         context = snapshot.token_ids + self.fm.encode(prompt, add_bos=False)  # the entry ends in a blank line
-        cache = graft(snapshot, self.fm, token_ids=context)  # checks model, tokenizer, layout, token prefix
+        cache = graft_snapshot(snapshot, self.fm, token_ids=context)  # checks model, tokenizer, layout, token prefix
         gen = self._decode(context, sample, cache=cache)
         return Attempt(
             prompt,

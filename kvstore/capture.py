@@ -54,7 +54,7 @@ def prefill(
     return cache, logits
 
 
-def capture(
+def capture_snapshot(
     fm: FrozenModel, cache: DynamicCache, token_ids: list[int], start_position: int = 0, extra: dict | None = None
 ) -> Snapshot:
     """Turn a cache that has seen exactly `token_ids` (from `start_position`) into a Snapshot."""
@@ -91,4 +91,4 @@ def capture(
 def deposit_tokens(fm: FrozenModel, token_ids: list[int], extra: dict | None = None) -> Snapshot:
     """Prefill `token_ids` from position 0 and capture the cache: the artifact of that sequence."""
     cache, _ = prefill(fm, token_ids)
-    return capture(fm, cache, token_ids, 0, extra)
+    return capture_snapshot(fm, cache, token_ids, 0, extra)

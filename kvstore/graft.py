@@ -65,7 +65,7 @@ def _layout_str(layout: list[dict]) -> str:
     return "".join("S" if x["kind"] == "sliding" else "F" for x in layout)
 
 
-def graft(
+def graft_snapshot(
     snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
 ) -> DynamicCache:
     """A fresh cache holding the snapshot's state at its own positions, after all compatibility checks.

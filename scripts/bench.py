@@ -41,10 +41,10 @@ from kvstore import (
     CachedStore,
     Determinism,
     LocalStore,
-    capture,
+    capture_snapshot,
     forward,
     from_bytes,
-    graft,
+    graft_snapshot,
     load_frozen_model,
     logits_sha256,
     prefill,
@@ -126,7 +126,7 @@ def bench_ttft(fm, store: LocalStore, stream: list[int], sizes: list[int], repea
             cache, _ = prefill(fm, prefix)
             t1 = clock()
             if r == 0:  # the artifact is this very prefill's cache (untimed)
-                aid = store.put(capture(fm, cache, prefix))
+                aid = store.put(capture_snapshot(fm, cache, prefix))
             t2 = clock()
             logits = forward(fm, [new], cache)
             tok = argmax(logits)
@@ -137,7 +137,7 @@ def bench_ttft(fm, store: LocalStore, stream: list[int], sizes: list[int], repea
             t0 = clock()
             snap = store.get(aid)
             t1 = clock()
-            cache = graft(snap, fm, token_ids=prefix + [new])
+            cache = graft_snapshot(snap, fm, token_ids=prefix + [new])
             t2 = clock()
             logits = forward(fm, [new], cache)
             tok = argmax(logits)
@@ -217,7 +217,7 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         path, size = store.path(aid), row["artifact_bytes"]
 
         def restore(s=store, aid=aid):
-            return graft(s.get(aid), fm)
+            return graft_snapshot(s.get(aid), fm)
 
         raw_read(path)
         read_t, data = timed(lambda p=path: raw_read(p), reps)
@@ -226,7 +226,7 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         sha_t, _ = timed(lambda d=data: hashlib.sha256(d).digest(), reps)
         buf = bytearray(data)  # what store.get reads the file into
         parse_t, snap = timed(lambda b=buf: from_bytes(b), reps)
-        graft_t, _ = timed(lambda s=snap: graft(s, fm), reps)
+        graft_t, _ = timed(lambda s=snap: graft_snapshot(s, fm), reps)
         cold = {"attempted": not quick}
         if not quick:
             cr, cg, dropped = [], [], []
@@ -254,9 +254,9 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         })
         # host-memory tier: a miss reads through the disk store, then hits come from memory
         t0 = clock()
-        graft(tier.get(aid), fm)
+        graft_snapshot(tier.get(aid), fm)
         miss = clock() - t0
-        hit_t, _ = timed(lambda t=tier, aid=aid: graft(t.get(aid), fm), reps)
+        hit_t, _ = timed(lambda t=tier, aid=aid: graft_snapshot(t.get(aid), fm), reps)
         tier_rows.append({"tokens": n, "artifact_bytes": size, "disk_warm_s": stats(rest_t), "tier_hit_s": stats(hit_t),
                           "tier_miss_s": miss, "speedup": statistics.median(rest_t) / statistics.median(hit_t)})
     at = _goal_row(rows, GOALS["ttft_at"])

@@ -35,7 +35,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from kvstore import Determinism, LocalStore, deposit_tokens, graft, load_frozen_model, to_bytes, tokens_sha256
+from kvstore import Determinism, LocalStore, deposit_tokens, graft_snapshot, load_frozen_model, to_bytes, tokens_sha256
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many
@@ -177,7 +177,7 @@ def measure(fm, store: LocalStore, picks: list[int], lengths: np.ndarray, into: 
         ids = store.find_tokens(sha)
         store.info(ids[0])
         t1 = time.perf_counter()
-        cache = graft(store.get(ids[0]), fm, token_ids=seq)
+        cache = graft_snapshot(store.get(ids[0]), fm, token_ids=seq)
         t2 = time.perf_counter()
         into["lookup"].append(t1 - t0)
         into["restore"].append(t2 - t1)

@@ -69,7 +69,7 @@ def serve(args) -> dict:
     from harness.library import open_library
     from harness.problems import load_problems
     from harness.run import load_model
-    from kvstore import forward, graft
+    from kvstore import forward, graft_snapshot
 
     cfg = _cfg(args)
     fm = load_model(cfg)
@@ -91,7 +91,7 @@ def serve(args) -> dict:
         if m is not None:
             t = time.perf_counter()
             snap = lib.store.get(m.entry.artifact_id)
-            cache = graft(snap, fm, token_ids=snap.token_ids)
+            cache = graft_snapshot(snap, fm, token_ids=snap.token_ids)
             forward(fm, fm.encode("\n", add_bos=False), cache)
             restore.append(time.perf_counter() - t)
 

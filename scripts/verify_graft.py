@@ -133,7 +133,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
     from safetensors.torch import save_file
 
-    from kvstore import Determinism, LocalStore, forward, graft, load_frozen_model, logits_sha256
+    from kvstore import Determinism, LocalStore, forward, graft_snapshot, load_frozen_model, logits_sha256
 
     t0 = time.perf_counter()
     fm = load_frozen_model(args.model, determinism=Determinism.from_dict(json.loads(args.determinism)))
@@ -146,7 +146,7 @@ def worker_main(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             snapshot = store.get(req["id"])  # re-hashes the file and every tensor
             t_get = time.perf_counter()
-            cache = graft(snapshot, fm, token_ids=req["token_ids"])
+            cache = graft_snapshot(snapshot, fm, token_ids=req["token_ids"])
             t_graft = time.perf_counter()
             logits = forward(fm, req["token_ids"][req["prefix_tokens"] :], cache)  # (1, suffix, vocab)
             t_fwd = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.decode import generate
-from kvstore import deposit_tokens, forward, graft, load_frozen_model, new_cache, prefill
+from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, new_cache, prefill
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_generation_stops_exactly_where_a_full_redecode_would(fm, seed_text, sto
 
 def test_a_grafted_prefix_is_not_prefilled_again_and_decodes_the_same(fm):
     ids = fm.encode("Problem: What is 2+2? Solution: 4.\n\nProblem: What is 2+2?")
-    cache = graft(deposit_tokens(fm, ids[:20]), fm, token_ids=ids)
+    cache = graft_snapshot(deposit_tokens(fm, ids[:20]), fm, token_ids=ids)
     g = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=cache)
     fresh, _ = prefill(fm, ids[:20], new_cache(fm))  # the same schedule without the store
     plain = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=fresh)

@@ -26,11 +26,11 @@ SUFFIX_TEXT = " Solution: 1 + 3 + 5 + 7 + 9 = 25."
 # Runs in a fresh interpreter: restore from the store by id, graft at own position, run the suffix.
 RESTORE = textwrap.dedent("""
     import json, sys
-    from kvstore import LocalStore, forward, graft, load_frozen_model, logits_sha256
+    from kvstore import LocalStore, forward, graft_snapshot, load_frozen_model, logits_sha256
     root, aid, prefix, suffix = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     fm = load_frozen_model()
     snapshot = LocalStore(root).get(aid)
-    cache = graft(snapshot, fm, prefix + suffix, position=0)
+    cache = graft_snapshot(snapshot, fm, prefix + suffix, position=0)
     print(json.dumps({"fingerprint": fm.fingerprint, "logits_sha256": logits_sha256(forward(fm, suffix, cache))}))
 """)
 

@@ -19,7 +19,7 @@ from kvstore import (
     check_compatible,
     deposit_tokens,
     forward,
-    graft,
+    graft_snapshot,
     load_frozen_model,
     logits_sha256,
     prefill,
@@ -62,7 +62,7 @@ def test_graft_from_the_store_gives_byte_identical_suffix_logits(fm, n, tmp_path
     reference = forward(fm, SUFFIX, cache)
 
     snap = _through_store(fm, prefix, tmp_path)
-    grafted = forward(fm, SUFFIX, graft(snap, fm, prefix + SUFFIX, position=0))
+    grafted = forward(fm, SUFFIX, graft_snapshot(snap, fm, prefix + SUFFIX, position=0))
 
     assert logits_sha256(grafted) == logits_sha256(reference)
 
@@ -74,14 +74,14 @@ def test_greedy_continuation_after_graft_is_identical(fm, n, tmp_path):
     cache, _ = prefill(fm, prefix)
     reference = _greedy(fm, cache, forward(fm, SUFFIX, cache), 10)
 
-    cache = graft(_through_store(fm, prefix, tmp_path), fm, prefix + SUFFIX)
+    cache = graft_snapshot(_through_store(fm, prefix, tmp_path), fm, prefix + SUFFIX)
     assert _greedy(fm, cache, forward(fm, SUFFIX, cache), 10) == reference
 
 
 def test_grafted_sliding_layers_restore_the_window_state(tiny_gemma3, tmp_path):
     prefix = prompt_ids(40)
     fresh, _ = prefill(tiny_gemma3, prefix)
-    grafted = graft(_through_store(tiny_gemma3, prefix, tmp_path), tiny_gemma3, prefix)
+    grafted = graft_snapshot(_through_store(tiny_gemma3, prefix, tmp_path), tiny_gemma3, prefix)
     for a, b in zip(fresh.layers, grafted.layers, strict=True):
         assert type(a) is type(b)
         assert a.get_seq_length() == b.get_seq_length() == 40
@@ -97,7 +97,7 @@ def test_bfloat16_artifacts_graft_exactly_into_a_bfloat16_model(tmp_path):
     reference = forward(fm, SUFFIX, cache)
     snap = _through_store(fm, prefix, tmp_path)
     assert snap.layers[0].keys.dtype == torch.bfloat16
-    assert logits_sha256(forward(fm, SUFFIX, graft(snap, fm, prefix))) == logits_sha256(reference)
+    assert logits_sha256(forward(fm, SUFFIX, graft_snapshot(snap, fm, prefix))) == logits_sha256(reference)
 
 
 # --- refusals -----------------------------------------------------------------------------------------------
@@ -110,19 +110,19 @@ def gemma_snapshot(tiny_gemma3):
 def test_graft_into_a_model_with_other_weights_is_refused(gemma_snapshot):
     other = load_frozen_model("tiny-gemma3", seed=1)
     with pytest.raises(IncompatibleError, match="model fingerprint"):
-        graft(gemma_snapshot, other)
+        graft_snapshot(gemma_snapshot, other)
 
 
 def test_graft_with_another_tokenizer_is_refused(gemma_snapshot, tiny_gemma3, monkeypatch):
     monkeypatch.setattr(tiny_gemma3, "tokenizer_fingerprint", "0" * 64)
     with pytest.raises(IncompatibleError, match="tokenizer fingerprint"):
-        graft(gemma_snapshot, tiny_gemma3)
+        graft_snapshot(gemma_snapshot, tiny_gemma3)
 
 
 def test_graft_into_a_model_of_another_dtype_is_refused(gemma_snapshot):
     bf16 = load_frozen_model("tiny-gemma3", Determinism(dtype="bfloat16"))
     with pytest.raises(IncompatibleError, match="model fingerprint"):  # the weights' dtype is fingerprinted
-        graft(gemma_snapshot, bf16)
+        graft_snapshot(gemma_snapshot, bf16)
     same_weights = dataclasses.replace(gemma_snapshot, model_fingerprint=bf16.fingerprint)
     with pytest.raises(IncompatibleError, match="dtype float32 differs from the model's bfloat16"):
         check_compatible(same_weights, bf16)
@@ -138,7 +138,7 @@ def test_a_layer_whose_tensors_contradict_the_recorded_dtype_is_refused(gemma_sn
 def test_graft_of_another_architecture_is_refused(tiny_llama, tiny_gemma3):
     llama = deposit_tokens(tiny_llama, prompt_ids(20))
     with pytest.raises(IncompatibleError, match="model fingerprint"):
-        graft(llama, tiny_gemma3)
+        graft_snapshot(llama, tiny_gemma3)
     # With the fingerprints edited to match, the layer layout check still catches it.
     disguised = dataclasses.replace(llama, model_fingerprint=tiny_gemma3.fingerprint,
                                     tokenizer_fingerprint=tiny_gemma3.tokenizer_fingerprint)
@@ -151,24 +151,24 @@ def test_a_layer_with_another_window_is_a_layout_mismatch(gemma_snapshot, tiny_g
     layers = list(gemma_snapshot.layers)
     layers[0] = dataclasses.replace(layers[0], window=32)
     with pytest.raises(IncompatibleError, match="layer layout differs"):
-        graft(dataclasses.replace(gemma_snapshot, layers=layers), tiny_gemma3)
+        graft_snapshot(dataclasses.replace(gemma_snapshot, layers=layers), tiny_gemma3)
 
 
 def test_graft_onto_a_context_with_other_tokens_is_refused(gemma_snapshot, tiny_gemma3):
     context = list(gemma_snapshot.token_ids) + SUFFIX
     context[7] += 1
     with pytest.raises(IncompatibleError, match="first difference at index 7"):
-        graft(gemma_snapshot, tiny_gemma3, context)
+        graft_snapshot(gemma_snapshot, tiny_gemma3, context)
     with pytest.raises(IncompatibleError, match="do not begin with the artifact's 20 tokens"):
-        graft(gemma_snapshot, tiny_gemma3, gemma_snapshot.token_ids[:-1])
+        graft_snapshot(gemma_snapshot, tiny_gemma3, gemma_snapshot.token_ids[:-1])
 
 
 def test_graft_at_another_position_is_refused(gemma_snapshot, tiny_gemma3):
     with pytest.raises(IncompatibleError, match="position 3, but the artifact was computed at start position 0"):
-        graft(gemma_snapshot, tiny_gemma3, position=3)
+        graft_snapshot(gemma_snapshot, tiny_gemma3, position=3)
     shifted = dataclasses.replace(gemma_snapshot, start_position=3)
     with pytest.raises(IncompatibleError, match="starts at position 3"):
-        graft(shifted, tiny_gemma3)
+        graft_snapshot(shifted, tiny_gemma3)
 
 
 def _stored(snapshot, tmp_path):
