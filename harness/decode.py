@@ -8,21 +8,36 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from kvstore import FrozenModel, forward, new_cache, prefill
+from harness.errors import ConfigError, HarnessError
+from kvstore import FrozenModel, forward, logits_sha256, new_cache, prefill
+
+StopReason = Literal["eos", "stop", "length"]
+STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
 
 
 @dataclass
 class Generation:
+    """One decoded sequence.
+
+    stop_reason: "eos" (the model chose an end-of-sequence token), "stop" (a stop string appeared) or
+    "length" (the token budget ran out).
+    first_logits_sha256: `kvstore.logits_sha256` of the logits that produced the first generated token, so two
+    computations of the same context (a graft and its in-context twin) can be compared without the model.
+    ttft_s: seconds from the call until the first token was chosen, prefill (or the given cache) included.
+    """
+
     token_ids: list[int]  # generated tokens, up to and including a stop, excluding EOS
     text: str  # decoded text, cut before the first stop string
     prefill_tokens: int
-    decode_tokens: int  # forward passes after prefill that produced a token (= tokens sampled)
-    stop_reason: str  # "eos" | "stop" | "length"
-    prefill_s: float
-    decode_s: float
+    decode_tokens: int  # tokens chosen (= token_ids plus a final EOS)
+    stop_reason: StopReason
+    first_logits_sha256: str
+    ttft_s: float
+    seed: int | None = None  # the sampling seed (None for greedy)
 
 
 def _pick(
@@ -51,21 +66,23 @@ def generate(
     cache=None,
 ) -> Generation:
     """Continue `prompt_ids`. `cache` may already hold a prefix of them (a graft); the rest is prefilled."""
+    t0 = time.perf_counter()
     if strategy not in ("greedy", "sample"):
-        raise ValueError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
+        raise ConfigError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
+    if max_new_tokens < 1:
+        raise ConfigError(f"decoding.max_new_tokens={max_new_tokens}: use a budget of at least 1 token")
     cache = cache if cache is not None else new_cache(fm)
     seen = cache.get_seq_length()
     if seen >= len(prompt_ids):
-        raise ValueError(
+        raise HarnessError(
             f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
         )
     gen = None
     if strategy == "sample":
         gen = torch.Generator(device="cpu").manual_seed(int(seed or 0))
     eos = eos_ids(fm)
-    t0 = time.perf_counter()
     cache, logits = prefill(fm, prompt_ids[seen:], cache)
-    t1 = time.perf_counter()
+    first_sha, ttft = "", 0.0
     out: list[int] = []
     reason = "length"
     # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
@@ -73,6 +90,9 @@ def generate(
     tail = max((len(s) for s in stop), default=0) + 4
     for step in range(max_new_tokens):
         tok = _pick(logits[0].cpu(), strategy, temperature, top_p, gen)
+        if step == 0:
+            ttft = time.perf_counter() - t0
+            first_sha = logits_sha256(logits)
         if tok in eos:
             reason = "eos"
             break
@@ -86,8 +106,10 @@ def generate(
     hit = _first_stop(text, stop)
     if hit is not None:
         text = text[:hit]
-    t2 = time.perf_counter()
-    return Generation(out, text, len(prompt_ids) - seen, len(out) + (reason == "eos"), reason, t1 - t0, t2 - t1)
+    return Generation(
+        out, text, len(prompt_ids) - seen, len(out) + (reason == "eos"), reason, first_sha, ttft,
+        seed=int(seed or 0) if strategy == "sample" else None,
+    )
 
 
 def eos_ids(fm: FrozenModel) -> set[int]:

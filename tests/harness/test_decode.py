@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.decode import generate
-from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, new_cache, prefill
+from harness.decode import STOP_REASONS, generate
+from harness.errors import ConfigError
+from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, logits_sha256, new_cache, prefill
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +49,30 @@ def test_a_grafted_prefix_is_not_prefilled_again_and_decodes_the_same(fm):
     plain = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=fresh)
     assert g.prefill_tokens == plain.prefill_tokens == len(ids) - 20
     assert g.token_ids == plain.token_ids
+    assert g.first_logits_sha256 == plain.first_logits_sha256
+
+
+def test_first_logits_hash_is_that_of_the_logits_that_chose_the_first_token(fm):
+    ids = fm.encode("Problem: 3+4")
+    _, logits = prefill(fm, ids, new_cache(fm))
+    g = generate(fm, ids, max_new_tokens=4)
+    assert g.first_logits_sha256 == logits_sha256(logits)
+    assert g.token_ids[:1] == [int(logits[0].argmax())] or g.stop_reason == "eos"
+    assert 0.0 < g.ttft_s
+    assert g.stop_reason in STOP_REASONS
+
+
+def test_stop_reason_names_what_ended_the_generation(fm):
+    ids = fm.encode("The answer is")
+    budget = generate(fm, ids, max_new_tokens=3)
+    assert (budget.stop_reason, len(budget.token_ids)) == ("length", 3)
+    first = fm.decode(budget.token_ids[:1])
+    stopped = generate(fm, ids, max_new_tokens=3, stop=[first])
+    assert stopped.stop_reason == "stop" and stopped.text == ""
+
+
+def test_a_bad_strategy_or_budget_is_a_config_error(fm):
+    with pytest.raises(ConfigError, match="strategy"):
+        generate(fm, fm.encode("a"), max_new_tokens=2, strategy="beam")
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        generate(fm, fm.encode("a"), max_new_tokens=0)
