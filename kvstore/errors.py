@@ -42,7 +42,7 @@ class ModelLoadError(KVStoreError):
     """A model source could not be loaded (missing folder, no offline copy, unknown name)."""
 
 
-class SettingsError(KVStoreError, ValueError):
+class SettingsError(KVStoreError):
     """A determinism setting (`Determinism`, the `determinism.*` config group) has a value kvstore cannot use:
     an unknown dtype or attention implementation, threads < 1, a negative prefill chunk, an unknown key, or an
     attention implementation the model's architecture does not support. The message names the setting and the
