@@ -47,3 +47,10 @@ class SettingsError(KVStoreError):
     an unknown dtype or attention implementation, threads < 1, a negative prefill chunk, an unknown key, or an
     attention implementation the model's architecture does not support. The message names the setting and the
     values it accepts; change that setting."""
+
+
+class ValidationError(FormatError):
+    """Well-formed artifact bytes whose metadata contradicts the tensors or itself (a dtype, shape, window,
+    `cumulative_length`, token count, `tokens_sha256` or bound that does not hold; see FORMAT.md section 6).
+    Such bytes could graft to wrong logits, so they are refused on admission, on read and at graft.
+    Deposit the artifact again with kvgraft; do not edit artifact headers by hand."""
