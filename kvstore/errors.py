@@ -54,3 +54,9 @@ class ValidationError(FormatError):
     `cumulative_length`, token count, `tokens_sha256` or bound that does not hold; see FORMAT.md section 6).
     Such bytes could graft to wrong logits, so they are refused on admission, on read and at graft.
     Deposit the artifact again with kvgraft; do not edit artifact headers by hand."""
+
+
+class IndexDatabaseError(KVStoreError):
+    """The store's SQLite index could not be read or written (locked past the timeout, disk full, damaged file).
+    Object files are unaffected: fix the cause (free space, stop the other writer) and run `kvstore gc`, which
+    re-indexes every valid object that lacks a row."""
