@@ -13,6 +13,7 @@ __all__ = [
     "LibraryError",
     "ManifestError",
     "ProblemError",
+    "RunFolderError",
     "TrackingError",
 ]
 
@@ -64,4 +65,12 @@ class LibraryError(HarnessError):
     """The solution library is missing, corrupt or inconsistent.
 
     Raised when reading or writing the library. Rebuild the library or point the run at a valid one.
+    """
+
+
+class RunFolderError(HarnessError):
+    """A run folder is missing a file, or a file cannot be parsed (harness/RUN_FORMAT.md).
+
+    Raised by harness.run_folder.RunFolder when reading a folder, and so by the audit, rescore and log-run.
+    Pass a complete run folder (one with manifest.json), restore the named file, or re-run.
     """

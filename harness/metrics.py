@@ -1,7 +1,8 @@
 """Accuracy metrics for scored runs: Wilson intervals, unbiased pass@k and a per-run summary.
 
-Pure and deterministic: the same rows (in any order) give the same summary, down to the bytes of its
-JSON encoding. The bootstrap uses a fixed seed.
+Rows are `harness.record.Row`s or mappings with the same outputs.jsonl keys (``problem_id``, ``sample``,
+``correct``; ``group``, ``decode_tokens`` for groups). Pure and deterministic: the same rows (in any
+order) give the same summary, down to the bytes of its JSON encoding. The bootstrap uses a fixed seed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "pass_at_k", "summarize_scores", "wilson_interval"]
+__all__ = [
+    "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "pass_at_k", "summarize_groups", "summarize_scores", "wilson_interval",
+]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -49,14 +52,26 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def _group_by_problem(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[bool]]:
+def _field(row: Any, key: str) -> Any:
+    """``row[key]`` for a mapping, ``row.key`` for a typed row; KeyError when it has neither."""
+    if isinstance(row, Mapping):
+        return row[key]
+    if key == "decode_tokens":
+        return row.completion.decode_tokens
+    try:
+        return getattr(row, key)
+    except AttributeError:
+        raise KeyError(key) from None
+
+
+def _group_by_problem(rows: Sequence[Any]) -> dict[str, list[bool]]:
     """Correctness flags per problem, problems sorted by id and samples by index; validates rows."""
     seen: dict[str, dict[int, bool]] = {}
     for i, row in enumerate(rows):
-        missing = [key for key in ("problem_id", "sample", "correct") if key not in row]
+        missing = [key for key in ("problem_id", "sample", "correct") if isinstance(row, Mapping) and key not in row]
         if missing:
             raise ValueError(f"row {i} is missing key(s) {missing}; rows need problem_id, sample, correct")
-        pid, sample, correct = str(row["problem_id"]), row["sample"], row["correct"]
+        pid, sample, correct = str(_field(row, "problem_id")), _field(row, "sample"), _field(row, "correct")
         if not isinstance(correct, (bool, np.bool_)):
             raise TypeError(f"row {i}: 'correct' must be a bool, got {correct!r}")
         if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or sample < 0:
@@ -79,7 +94,7 @@ def _bootstrap_ci(fractions: list[float]) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def summarize_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
+def summarize_scores(rows: Sequence[Any]) -> dict[str, float | int]:
     """Summarise scored rows (keys ``problem_id``, ``sample``, ``correct``) into a flat metrics dict.
 
     Keys: ``n_problems``, ``n_samples`` (samples per problem; the minimum if problems differ), ``n_rows``,
@@ -119,18 +134,15 @@ def summarize_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | int
     return summary
 
 
-def group_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Split graft rows into `recurring` (the library held the evaluated problem: match == "exact") and
-    `held_out` (everything else); empty groups are left out."""
-    groups: dict[str, list[Mapping[str, Any]]] = {"recurring": [], "held_out": []}
+def summarize_groups(rows: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """summarize_scores per row ``group`` (recurring / held_out, set once by the condition: see
+    ``harness.record.group_for``), plus each group's decode-token total; rows without a group are left out."""
+    groups: dict[str, list[Any]] = {}
     for r in rows:
-        groups["recurring" if r.get("match") == "exact" else "held_out"].append(r)
-    return {k: v for k, v in groups.items() if v}
-
-
-def summarize_groups(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """summarize_scores per group of `group_rows`, plus each group's decode-token total."""
+        group = r.get("group") if isinstance(r, Mapping) else r.group
+        if group is not None:
+            groups.setdefault(str(group), []).append(r)
     return {
-        name: {**summarize_scores(g), "decode_tokens": sum(int(r["decode_tokens"]) for r in g)}
-        for name, g in group_rows(rows).items()
+        name: {**summarize_scores(g), "decode_tokens": sum(int(_field(r, "decode_tokens")) for r in g)}
+        for name, g in sorted(groups.items())
     }

@@ -1,0 +1,167 @@
+"""The typed record of a run: what a condition produced (`Completion`), one scored row of a run (`Row`) and
+the run-level figures (`Summary`). Stages meet at these dataclasses; `harness.run_folder.RunFolder` writes
+them to disk and reads them back. The JSON layout of each is harness/RUN_FORMAT.md.
+
+    completion = condition.complete(problem, sample)       # harness.conditions
+    row = Row.scored(problem.id, sample, "baseline", None, completion, problem.answer,
+                     score(completion.text, problem.answer), wall_s=..., cpu_s=..., ...)
+    summary = Summary.of(rows, condition="baseline", ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.answers import Score
+from harness.metrics import summarize_groups, summarize_scores
+
+SUMMARY_FORMAT = "kvgraft-summary/1"
+RECURRING, HELD_OUT = "recurring", "held_out"
+TOKEN_KINDS = ("prompt", "prefill", "grafted", "decode")
+
+
+def group_for(match: str | None) -> str:
+    """The one rule for recurring vs held-out: a row is `recurring` when the library held the evaluated
+    problem itself (an exact fingerprint match), `held_out` otherwise (a BM25 neighbour or no entry)."""
+    return RECURRING if match == "exact" else HELD_OUT
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a condition produced for one (problem, sample)."""
+
+    prompt: str  # the rendered query prompt
+    context_ids: list[int]  # every token the model saw before decoding (grafted + prefilled)
+    text: str  # the completion, cut before the first stop string
+    token_ids: list[int]  # generated tokens
+    stop_reason: str  # "eos" | "stop" | "length"
+    prefill_tokens: int  # tokens computed in prefill
+    grafted_tokens: int  # tokens restored from an artifact (0 in baseline)
+    decode_tokens: int  # generated tokens (forward passes after prefill)
+    first_logits_sha256: str | None = None  # SHA-256 of the logits that picked the first token, if recorded
+    ttft_s: float | None = None  # time to first token, if recorded
+    entry_id: str | None = None  # the library entry grafted (graft only)
+    artifact_id: str | None = None
+    similarity: float | None = None  # 1.0 for an exact match, the BM25 score otherwise
+    match: str | None = None  # "exact" | "bm25"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of outputs.jsonl: a completion with its score and cost."""
+
+    problem_id: str
+    sample: int
+    condition: str
+    group: str | None  # "recurring" | "held_out" for conditions with a library, else None (group_for)
+    completion: Completion
+    gold: str
+    extracted: str | None
+    answer: int | None
+    correct: bool
+    wall_s: float
+    cpu_s: float
+    energy_j: float | None
+    energy_status: str  # "measured:<source>" | "unavailable:<reason>"
+
+    @classmethod
+    def scored(cls, problem_id: str, sample: int, condition: str, group: str | None, completion: Completion,
+               gold: str, score: Score, *, wall_s: float, cpu_s: float, energy_j: float | None,
+               energy_status: str) -> Row:
+        """A row from a completion and `harness.answers.score(completion.text, gold)`."""
+        return cls(problem_id, sample, condition, group, completion, gold, score.extracted, score.answer,
+                   score.correct, wall_s, cpu_s, energy_j, energy_status)  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.completion
+        return {
+            "problem_id": self.problem_id, "sample": self.sample, "condition": self.condition, "group": self.group,
+            "prompt": c.prompt, "prompt_token_ids": c.context_ids, "completion": c.text,
+            "completion_token_ids": c.token_ids, "stop_reason": c.stop_reason,
+            "gold_answer": self.gold, "extracted": self.extracted, "answer": self.answer, "correct": self.correct,
+            "prompt_tokens": len(c.context_ids), "prefill_tokens": c.prefill_tokens,
+            "grafted_tokens": c.grafted_tokens, "decode_tokens": c.decode_tokens,
+            "first_logits_sha256": c.first_logits_sha256, "ttft_s": c.ttft_s,
+            "wall_s": self.wall_s, "cpu_s": self.cpu_s, "energy_j": self.energy_j,
+            "energy_status": self.energy_status, "entry_id": c.entry_id, "artifact_id": c.artifact_id,
+            "similarity": c.similarity, "match": c.match,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Row:
+        """The row of an outputs.jsonl line; keys added after format 1 began (group, first_logits_sha256,
+        ttft_s) read as None when absent. A missing original key raises KeyError naming it."""
+        completion = Completion(
+            prompt=d["prompt"], context_ids=list(d["prompt_token_ids"]), text=d["completion"],
+            token_ids=list(d["completion_token_ids"]), stop_reason=d.get("stop_reason", "length"),
+            prefill_tokens=d["prefill_tokens"], grafted_tokens=d["grafted_tokens"],
+            decode_tokens=d["decode_tokens"], first_logits_sha256=d.get("first_logits_sha256"),
+            ttft_s=d.get("ttft_s"), entry_id=d.get("entry_id"), artifact_id=d.get("artifact_id"),
+            similarity=d.get("similarity"), match=d.get("match"),
+        )  # fmt: skip
+        return cls(d["problem_id"], d["sample"], d["condition"], d.get("group"), completion, d["gold_answer"],
+                   d["extracted"], d["answer"], d["correct"], d["wall_s"], d["cpu_s"], d["energy_j"],
+                   d["energy_status"])  # fmt: skip
+
+
+def totals(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
+    """Token and time totals over rows: {"tokens": {prompt, prefill, grafted, decode}, "time": {wall_s, cpu_s}}."""
+    per_kind = {
+        "prompt": lambda r: len(r.completion.context_ids),
+        "prefill": lambda r: r.completion.prefill_tokens,
+        "grafted": lambda r: r.completion.grafted_tokens,
+        "decode": lambda r: r.completion.decode_tokens,
+    }
+    return {
+        "tokens": {k: sum(per_kind[k](r) for r in rows) for k in TOKEN_KINDS},
+        "time": {"wall_s": sum(r.wall_s for r in rows), "cpu_s": sum(r.cpu_s for r in rows)},
+    }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """summary.json: run-level figures, all derived from the rows except run_wall_s and the run's energy."""
+
+    condition: str
+    model: str
+    dataset: str
+    run_dir: str
+    scores: dict[str, Any]
+    tokens: dict[str, int]
+    time: dict[str, float]  # wall_s, cpu_s (sums over rows), run_wall_s (the whole run)
+    energy: dict[str, Any]  # {"status": "measured:<source>" | "unavailable:<reason>", "joules": float | None}
+    comparable_key: str | None = None  # same key: same model, data, prompt, decoding, settings (harness.run)
+    groups: dict[str, dict[str, Any]] | None = None  # summarize_groups, for conditions with a library
+    format: str = field(default=SUMMARY_FORMAT)
+
+    @classmethod
+    def of(cls, rows: Sequence[Row], *, condition: str, model: str, dataset: str, run_dir: str,
+           comparable_key: str | None, run_wall_s: float, energy_status: str, energy_j: float | None,
+           grouped: bool) -> Summary:
+        """The summary of a finished run's rows; `grouped` adds the recurring/held-out groups."""
+        t = totals(rows)
+        return cls(
+            condition=condition, model=model, dataset=dataset, run_dir=run_dir,
+            scores=summarize_scores(rows), tokens=t["tokens"], time={**t["time"], "run_wall_s": round(run_wall_s, 3)},
+            energy={"status": energy_status, "joules": energy_j}, comparable_key=comparable_key,
+            groups=summarize_groups(rows) if grouped else None,
+        )  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "format": self.format, "condition": self.condition, "model": self.model, "dataset": self.dataset,
+            "run_dir": self.run_dir, "scores": self.scores, "tokens": self.tokens, "time": self.time,
+            "energy": self.energy,
+        }  # fmt: skip
+        if self.comparable_key is not None:
+            out["comparable_key"] = self.comparable_key
+        if self.groups is not None:
+            out["groups"] = self.groups
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Summary:
+        return cls(d["condition"], d["model"], d["dataset"], d["run_dir"], d["scores"], d["tokens"], d["time"],
+                   d["energy"], d.get("comparable_key"), d.get("groups"), d.get("format", ""))  # fmt: skip
