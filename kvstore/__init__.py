@@ -1,14 +1,24 @@
 """kvstore: byte-exact KV artifacts — capture a cache into a snapshot, store it by content, graft it back.
 
-Public API (everything else is private):
-    load_frozen_model, FrozenModel, Determinism        the frozen model and the pinned settings
-    prefill, capture_snapshot, deposit_tokens, new_cache, forward   compute a prefix and snapshot its cache
-    Snapshot, to_bytes, from_bytes, tokens_sha256       the artifact format (kvstore/FORMAT.md)
-    LocalStore, MemoryStore, ArtifactId, ArtifactInfo   content-addressed storage
-    CachedStore                                         bounded LRU host-memory tier in front of a store
-    graft_snapshot, check_compatible, graft_repositioned         rebuild a cache from a snapshot
-    compare_logits, logits_sha256                       the exactness check
-    KVStoreError and subclasses                         kvstore.errors
+Public API (what a user of the engine needs; everything else stays importable from its module):
+    load_frozen_model, FrozenModel, Determinism, environment_fingerprint
+                                        the frozen model, the pinned settings, the machine facts (kvstore.model)
+    prefill, forward, new_cache, capture_snapshot, deposit_tokens
+                                        compute a prefix under the pinned schedule and snapshot its cache
+    graft_snapshot                      rebuild a fresh cache from a snapshot at its own position
+    Snapshot, to_bytes, from_bytes, read_metadata, tokens_sha256, FORMAT
+                                        the artifact and its bytes (kvstore/FORMAT.md)
+    LocalStore, MemoryStore, CachedStore, ArtifactId, atomic_write
+                                        content-addressed storage, its host-memory tier, the one atomic write
+    check_graft, GraftCheck, compare_logits, logits_sha256
+                                        the exactness procedure: graft vs fresh reference (kvstore.verify)
+    KVStoreError and its subclasses     kvstore.errors
+
+Elsewhere on purpose: kvstore.gguf.BUNDLED (the bundled model's name), kvstore.tiny (test models),
+kvstore.graft.check_compatible / graft_repositioned (the checks alone; the position experiment),
+kvstore.store.Store / ArtifactInfo (the interface and the index rows), kvstore.verify.Comparison / the
+halves of the check. Importing kvstore changes no process state; `Determinism.apply()` (called by
+`load_frozen_model`) is where torch's global settings are set.
 """
 
 from kvstore.capture import capture_snapshot, deposit_tokens, forward, new_cache, prefill
@@ -21,20 +31,29 @@ from kvstore.errors import (
     KVStoreError,
     ModelLoadError,
     NotFoundError,
+    SettingsError,
 )
 from kvstore.format import FORMAT, Snapshot, from_bytes, read_metadata, to_bytes, tokens_sha256
-from kvstore.graft import check_compatible, graft_repositioned, graft_snapshot
-from kvstore.model import BUNDLED, FrozenModel, environment_fingerprint, load_frozen_model
-from kvstore.store import ArtifactId, ArtifactInfo, LocalStore, MemoryStore, Store, atomic_write
+from kvstore.graft import graft_snapshot
+from kvstore.model import FrozenModel, environment_fingerprint, load_frozen_model
+from kvstore.store import ArtifactId, LocalStore, MemoryStore, atomic_write
 from kvstore.tier import CachedStore
-from kvstore.verify import Comparison, compare_logits, logits_sha256
+from kvstore.verify import GraftCheck, check_graft, compare_logits, logits_sha256
 
 __all__ = [
-    "BUNDLED", "FORMAT", "ArtifactId", "ArtifactInfo", "Comparison", "Determinism", "FormatError", "FrozenModel",
-    "IncompatibleError", "IntegrityError", "InvalidIdError", "KVStoreError", "LocalStore", "MemoryStore",
-    "ModelLoadError", "NotFoundError", "Snapshot", "Store", "atomic_write", "capture_snapshot", "check_compatible",
-    "compare_logits", "deposit_tokens", "environment_fingerprint", "forward", "from_bytes", "graft_snapshot",
-    "graft_repositioned", "load_frozen_model", "logits_sha256", "new_cache", "prefill", "read_metadata",
-    "to_bytes", "tokens_sha256",
-    "CachedStore",
+    # model and settings
+    "Determinism", "FrozenModel", "environment_fingerprint", "load_frozen_model",
+    # compute and capture
+    "capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill",
+    # graft
+    "graft_snapshot",
+    # the artifact and its bytes
+    "FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256",
+    # stores
+    "ArtifactId", "CachedStore", "LocalStore", "MemoryStore", "atomic_write",
+    # exactness
+    "GraftCheck", "check_graft", "compare_logits", "logits_sha256",
+    # errors
+    "FormatError", "IncompatibleError", "IntegrityError", "InvalidIdError", "KVStoreError", "ModelLoadError",
+    "NotFoundError", "SettingsError",
 ]

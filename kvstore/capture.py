@@ -1,7 +1,7 @@
 """Prefill a token sequence under the pinned schedule and capture the resulting cache as a Snapshot.
 
 `prefill` is the one place a prefix is computed, so a deposit and a fresh reference run the same schedule
-(chunks of `determinism.prefill_chunk` tokens). `capture` reads every layer's keys/values exactly as the
+(chunks of `determinism.prefill_chunk` tokens). `capture_snapshot` reads every layer's keys/values exactly as the
 transformers cache holds them: sliding-window layers keep only their last `window - 1` positions plus
 `cumulative_length` (see transformers' DynamicSlidingWindowLayer).
 """

@@ -1,17 +1,25 @@
-"""The pinned determinism settings: one object, applied in one place, recorded with every artifact and run.
+"""The pinned determinism settings: one object, validated when made, applied in one place, recorded with every
+artifact and run.
 
 Byte-exact grafts need the same computation on both sides: the same thread count (CPU GEMM blocking
 depends on it), deterministic algorithms, the same attention implementation, dtype and prefill chunking.
+
+`Determinism.apply()` is the only code in kvstore that changes process-wide torch state (threads,
+deterministic algorithms, cuDNN/TF32 switches, grad mode); nothing happens at import time.
+A bad value raises `kvstore.errors.SettingsError` naming the `determinism.<field>` and what it accepts.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from kvstore.errors import SettingsError
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -33,13 +41,21 @@ class Determinism:
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
-            raise ValueError(f"determinism.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
-        if self.threads < 1:
-            raise ValueError(f"determinism.threads={self.threads} must be >= 1")
-        if self.prefill_chunk < 0:
-            raise ValueError(f"determinism.prefill_chunk={self.prefill_chunk} must be >= 0 (0 = no chunking)")
-        if self.attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(f"determinism.attn_implementation={self.attn_implementation!r}: use 'sdpa' or 'eager'")
+            raise SettingsError(f"determinism.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
+        if not _is_int(self.threads) or self.threads < 1:
+            raise SettingsError(f"determinism.threads={self.threads!r} must be a whole number >= 1")
+        if not isinstance(self.deterministic_algorithms, bool):
+            raise SettingsError(
+                f"determinism.deterministic_algorithms={self.deterministic_algorithms!r} must be true or false"
+            )
+        if not _is_int(self.prefill_chunk) or self.prefill_chunk < 0:
+            raise SettingsError(
+                f"determinism.prefill_chunk={self.prefill_chunk!r} must be a whole number >= 0 (0 = no chunking)"
+            )
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise SettingsError(
+                f"determinism.attn_implementation={self.attn_implementation!r}: use one of {list(ATTN_IMPLEMENTATIONS)}"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -50,10 +66,20 @@ class Determinism:
 
     @classmethod
     def from_dict(cls, d: dict) -> Determinism:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        """The settings recorded by `to_dict` (missing keys take their defaults; an unknown key is an error)."""
+        if not isinstance(d, dict):
+            raise SettingsError(f"determinism settings must be a mapping of field -> value, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in d if k not in known)
+        if unknown:
+            raise SettingsError(
+                f"unknown determinism setting(s) {', '.join(f'determinism.{k}' for k in unknown)}; "
+                f"the settings are {sorted(known)}"
+            )
+        return cls(**d)
 
     def apply(self) -> None:
-        """Apply the settings to this process (idempotent)."""
+        """Apply the settings to this process (idempotent), and switch autograd off: kvstore only infers."""
         # cuBLAS needs this set before the first GEMM to be deterministic on GPU.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if torch.get_num_threads() != self.threads:
@@ -63,3 +89,8 @@ class Determinism:
         if torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
+        torch.set_grad_enabled(False)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

