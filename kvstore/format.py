@@ -2,22 +2,46 @@
 
 See kvstore/FORMAT.md for the normative description. `to_bytes(snapshot)` and `from_bytes(data)` are
 inverse: from_bytes(to_bytes(s)) == s, and to_bytes is a pure function of the snapshot's content, so the
-artifact id (SHA-256 of the bytes) is stable.
+artifact id (SHA-256 of the bytes) is stable. `from_bytes` (hence every store admission and read) checks
+every invariant of FORMAT.md section 6 before it returns a tensor; `check_snapshot` checks the ones that
+concern an in-memory Snapshot (graft runs it before any tensor reaches a model).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import save as st_save
 
-from kvstore.errors import FormatError, IntegrityError
+from kvstore.errors import FormatError, IntegrityError, KVStoreError, ValidationError
 
 FORMAT = "kvgraft-kv/1"
 META_KEY = "kvgraft"
+
+# Bounds on what an artifact may declare (FORMAT.md 6, M3). Far above any real artifact, low enough that a
+# hostile header cannot exhaust memory or recursion before it is refused.
+MAX_HEADER_BYTES = 4 << 20  # safetensors header (JSON), metadata included
+MAX_JSON_DEPTH = 8  # nesting of objects/arrays, in the safetensors header and in the metadata
+MAX_STRING = 4096  # characters in any metadata string or key
+MAX_ITEMS = 1 << 16  # entries in any one metadata object or array
+MAX_INT = 1 << 53  # |integer| anywhere in the metadata (exactly representable as a double)
+MAX_LAYERS = 4096
+MAX_TOKENS = 1 << 24
+MAX_POSITION = 1 << 31  # start_position + token_count, and every token id, stay below this
+
+# Artifact dtype -> safetensors tag of its layer tensors.
+DTYPE_TAGS = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HEX = frozenset("0123456789abcdef")
+_LAYER_FIELDS = frozenset({"kind", "window", "cumulative_length", "shape", "dtype"})
+_DETERMINISM_FIELDS = ("threads", "deterministic_algorithms", "attn_implementation", "dtype", "prefill_chunk")
 
 
 @dataclass
@@ -67,9 +91,28 @@ def tokens_sha256(token_ids: list[int]) -> str:
     return hashlib.sha256(torch.tensor(token_ids, dtype=torch.int64).numpy().astype("<i8").tobytes()).hexdigest()
 
 
+def cached_tokens(kind: str, window: int | None, token_count: int) -> int:
+    """Positions a layer holds after seeing `token_count` tokens: all of them (full attention), or the last
+    window - 1 (transformers' DynamicSlidingWindowLayer keeps `[-window + 1:]`)."""
+    return token_count if kind == "full" else min(token_count, int(window) - 1)
+
+
 def _sha(t: torch.Tensor) -> str:
     t = t.contiguous()
     return hashlib.sha256(t.view(torch.uint8).numpy() if t.numel() else b"").hexdigest()
+
+
+@contextmanager
+def guard(what: str, error: type[KVStoreError] = FormatError) -> Iterator[None]:
+    """Turn any stray Python exception raised while handling untrusted input into a kvstore error naming `what`
+    (KVStoreErrors pass through unchanged)."""
+    try:
+        yield
+    except KVStoreError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, OverflowError,
+            UnicodeError) as e:
+        raise error(f"{what}: {type(e).__name__}: {e}") from e
 
 
 def to_bytes(s: Snapshot) -> bytes:
@@ -100,10 +143,14 @@ def to_bytes(s: Snapshot) -> bytes:
         "extra": s.extra,
     }
     # One metadata key holding canonical JSON: safetensors' header order is then fully determined.
-    return st_save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))})
+    return st_save(tensors, metadata={META_KEY: _canonical_json(meta)})
 
 
-# Every field to_bytes writes; a header declaring FORMAT without one of them is malformed.
+def _canonical_json(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+# Every field to_bytes writes; a header declaring FORMAT with a field missing or added is malformed.
 _FIELDS = frozenset({
     "format", "token_count", "start_position", "tokens_sha256", "model_fingerprint", "tokenizer_fingerprint",
     "model_name", "dtype", "determinism", "environment", "layers", "tensor_sha256", "extra",
@@ -117,54 +164,269 @@ _ST_DTYPES = {
 }
 
 
+# ---- JSON: strict parsing and bounds (FORMAT.md 6, M1-M3) ----
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError(f"duplicate key {next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))!r}")
+    return out
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(raw: bytes | str, what: str, max_string: int = MAX_STRING) -> object:
+    """Strict JSON (UTF-8, no duplicate keys, no NaN/Infinity) within the size bounds, else FormatError."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise FormatError(f"{what}: JSON nested too deeply (limit {MAX_JSON_DEPTH}); not a kvgraft artifact") from None
+    except ValueError as e:  # includes UnicodeDecodeError and json.JSONDecodeError
+        raise FormatError(f"{what} is not valid JSON ({e}); not a kvgraft artifact, or damaged") from None
+    _check_bounds(obj, what, max_string)
+    return obj
+
+
+def _check_bounds(obj: object, what: str, max_string: int) -> None:
+    stack: list[tuple[object, int, str]] = [(obj, 0, "")]
+    while stack:
+        x, depth, path = stack.pop()
+        if isinstance(x, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise FormatError(f"{what}{path}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+            if len(x) > MAX_ITEMS:
+                raise FormatError(f"{what}{path}: {len(x)} entries, more than the limit {MAX_ITEMS}")
+            items = x.items() if isinstance(x, dict) else enumerate(x)
+            for k, v in items:
+                if isinstance(k, str) and len(k) > MAX_STRING:
+                    raise FormatError(f"{what}{path}: a key of {len(k)} characters (limit {MAX_STRING})")
+                stack.append((v, depth + 1, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k}]"))
+        elif isinstance(x, str):
+            if len(x) > max_string:
+                raise FormatError(f"{what}{path}: a string of {len(x)} characters (limit {max_string})")
+        elif isinstance(x, bool) or x is None:
+            pass
+        elif isinstance(x, int):
+            if abs(x) > MAX_INT:
+                raise FormatError(f"{what}{path}: integer {x} out of range (|n| <= 2**53)")
+        elif isinstance(x, float):
+            if not math.isfinite(x):
+                raise FormatError(f"{what}{path}: non-finite number {x}")
+
+
+# ---- metadata fields (FORMAT.md 6, M4-M6) ----
+
+def _bad(name: str, got: object, want: str) -> ValidationError:
+    shown = repr(got)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return ValidationError(f"artifact metadata {name} is {shown}: must be {want}. The artifact is not one kvgraft "
+                           "wrote (edited or damaged header); deposit it again")
+
+
+def _is_int(v: object, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _is_hex64(v: object) -> bool:
+    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
+
+
+def tensor_names(n_layers: int) -> list[str]:
+    """The tensors an artifact of `n_layers` layers holds, in sorted order."""
+    return sorted(["token_ids"] + [f"layers.{i}.{p}" for i in range(n_layers) for p in ("keys", "values")])
+
+
+def _check_meta(meta: dict) -> None:
+    """Types, ranges and cross-field agreement of the kvgraft metadata (not yet against the tensors)."""
+    t = meta["token_count"]
+    if not _is_int(t, 1, MAX_TOKENS):
+        raise _bad("token_count", t, f"an integer in [1, {MAX_TOKENS}]")
+    sp = meta["start_position"]
+    if not _is_int(sp, 0, MAX_POSITION - t):
+        raise _bad("start_position", sp, "an integer in [0, 2**31 - token_count]")
+    for name in ("tokens_sha256", "model_fingerprint", "tokenizer_fingerprint"):
+        if not _is_hex64(meta[name]):
+            raise _bad(name, meta[name], "64 lowercase hex digits")
+    if not isinstance(meta["model_name"], str):
+        raise _bad("model_name", meta["model_name"], "a string")
+    dtype = meta["dtype"]
+    if dtype not in DTYPE_TAGS:
+        raise _bad("dtype", dtype, f"one of {sorted(DTYPE_TAGS)}")
+    for name in ("determinism", "environment", "extra", "tensor_sha256"):
+        if not isinstance(meta[name], dict):
+            raise _bad(name, meta[name], "a JSON object")
+    _check_determinism(meta["determinism"], dtype)
+    layers = meta["layers"]
+    if not isinstance(layers, list) or not 1 <= len(layers) <= MAX_LAYERS:
+        raise _bad("layers", type(layers).__name__ if not isinstance(layers, list) else f"{len(layers)} layers",
+                   f"a list of 1 to {MAX_LAYERS} layer objects")
+    for i, lm in enumerate(layers):
+        _check_layer_meta(i, lm, t, dtype)
+    sums = meta["tensor_sha256"]
+    names = tensor_names(len(layers))
+    if sorted(sums) != names:
+        missing, extra = sorted(set(names) - set(sums)), sorted(set(sums) - set(names))
+        raise ValidationError(f"artifact tensor_sha256 does not list exactly the tensors of {len(layers)} layers "
+                              f"(missing {missing[:4]}, unexpected {extra[:4]}); deposit the artifact again")
+    for name in names:
+        if not _is_hex64(sums[name]):
+            raise _bad(f"tensor_sha256[{name!r}]", sums[name], "64 lowercase hex digits")
+    if sums["token_ids"] != meta["tokens_sha256"]:
+        raise IntegrityError(f"artifact tokens_sha256 {meta['tokens_sha256'][:12]}... differs from the SHA-256 "
+                             f"recorded for tensor 'token_ids' ({sums['token_ids'][:12]}...): the metadata lies "
+                             "about which tokens it holds; deposit the artifact again")
+
+
+def _check_determinism(det: dict, dtype: str) -> None:
+    checks = {
+        "threads": (lambda v: _is_int(v, 1, 1 << 16), "an integer in [1, 65536]"),
+        "deterministic_algorithms": (lambda v: isinstance(v, bool), "true or false"),
+        "attn_implementation": (lambda v: isinstance(v, str) and 0 < len(v) <= 64, "a name such as 'sdpa'"),
+        "dtype": (lambda v: v == dtype, f"the artifact dtype {dtype!r}"),
+        "prefill_chunk": (lambda v: _is_int(v, 0, MAX_POSITION), "an integer >= 0"),
+    }
+    for name, (ok, want) in checks.items():
+        if name not in det:
+            raise _bad("determinism", sorted(det), f"an object with the settings {list(_DETERMINISM_FIELDS)}")
+        if not ok(det[name]):
+            raise _bad(f"determinism.{name}", det[name], want)
+
+
+def _check_layer_meta(i: int, lm: object, t: int, dtype: str) -> None:
+    where = f"layers[{i}]"
+    if not isinstance(lm, dict) or set(lm) != _LAYER_FIELDS:
+        raise _bad(where, lm, f"an object with exactly the fields {sorted(_LAYER_FIELDS)}")
+    kind, window = lm["kind"], lm["window"]
+    if kind == "full":
+        if window is not None:
+            raise _bad(f"{where}.window", window, "null for a full-attention layer")
+    elif kind == "sliding":
+        if not _is_int(window, 2, MAX_POSITION):
+            raise _bad(f"{where}.window", window, "an integer >= 2 for a sliding-window layer")
+    else:
+        raise _bad(f"{where}.kind", kind, "'full' or 'sliding'")
+    if lm["cumulative_length"] != t or not _is_int(lm["cumulative_length"], 1, MAX_TOKENS):
+        raise _bad(f"{where}.cumulative_length", lm["cumulative_length"],
+                   f"the token count {t} (the tokens the layer has seen)")
+    if lm["dtype"] != dtype:
+        raise _bad(f"{where}.dtype", lm["dtype"], f"the artifact dtype {dtype!r}")
+    shape = lm["shape"]
+    if not (isinstance(shape, list) and len(shape) == 4 and all(_is_int(d, 1, MAX_POSITION) for d in shape)):
+        raise _bad(f"{where}.shape", shape, "[batch, kv_heads, cached_tokens, head_dim] of positive integers")
+    want = cached_tokens(kind, window, t)
+    if shape[0] != 1 or shape[2] != want:
+        raise _bad(f"{where}.shape", shape, f"[1, kv_heads, {want}, head_dim] for a {kind} layer "
+                   f"(window {window}) that has seen {t} tokens")
+
+
+# ---- the safetensors framing ----
+
 def _header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]:
-    """(safetensors header, kvgraft metadata, offset of the data buffer); FormatError on anything malformed."""
+    """(safetensors header, kvgraft metadata, offset of the data buffer); FormatError on anything malformed,
+    ValidationError/IntegrityError when the metadata breaks an invariant."""
     if len(data) < 8:
         raise FormatError(f"artifact is {len(data)} bytes: too short to be a safetensors file (truncated?)")
     n = int.from_bytes(bytes(data[:8]), "little")
-    if n <= 0 or 8 + n > len(data):
+    if n < 2 or n > MAX_HEADER_BYTES or 8 + n > len(data):
         raise FormatError(
-            f"artifact header length {n} does not fit in {len(data)} bytes (truncated or not an artifact)"
+            f"artifact header length {n} does not fit in {len(data)} bytes or exceeds the {MAX_HEADER_BYTES}-byte "
+            "limit (truncated or not an artifact)"
         )
-    try:
-        header = json.loads(bytes(data[8 : 8 + n]))
-        meta = json.loads(header["__metadata__"][META_KEY])
-    except (ValueError, KeyError, TypeError) as e:
-        raise FormatError(f"not a kvgraft KV artifact: header has no readable '{META_KEY}' metadata ({e})") from e
+    header = _loads(bytes(data[8 : 8 + n]), "safetensors header", max_string=MAX_HEADER_BYTES)
+    md = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(md, dict) or not isinstance(md.get(META_KEY), str):
+        raise FormatError(f"not a kvgraft KV artifact: header has no readable '{META_KEY}' metadata")
+    meta = _loads(md[META_KEY], f"'{META_KEY}' metadata")
     version = meta.get("format") if isinstance(meta, dict) else None
     if version != FORMAT:
         raise FormatError(
             f"artifact format {version!r} is not readable by this kvgraft (reads {FORMAT!r}); "
             "upgrade kvgraft or deposit the artifact again"
         )
-    missing = sorted(_FIELDS - meta.keys())
-    if missing:
-        raise FormatError(f"artifact metadata lacks the {FORMAT} fields {missing}; deposit the artifact again")
+    missing, unknown = sorted(_FIELDS - meta.keys()), sorted(meta.keys() - _FIELDS)
+    if missing or unknown:
+        raise FormatError(f"artifact metadata lacks the {FORMAT} fields {missing} or has unknown fields "
+                          f"{unknown[:4]}; deposit the artifact again")
+    if set(md) != {META_KEY} or md[META_KEY] != _canonical_json(meta):
+        raise FormatError(f"artifact metadata is not in the canonical form kvgraft writes ({FORMAT}: one "
+                          f"'{META_KEY}' entry of sorted, compact JSON); deposit the artifact again")
+    _check_meta(meta)
     return header, meta, 8 + n
 
 
 def read_metadata(data: bytes | bytearray | memoryview) -> dict:
-    """Parse only the header's kvgraft metadata (cheap: no tensor is touched)."""
-    return _header(data)[1]
+    """Parse and validate only the header's kvgraft metadata (cheap: no tensor is touched)."""
+    with guard("artifact metadata"):
+        return _header(data)[1]
 
 
-def _tensor_views(buf: memoryview, header: dict, start: int) -> dict[str, torch.Tensor]:
-    """Tensors viewing `buf` (no copy), after checking the header describes exactly the bytes that follow it:
-    known dtypes, sizes that match shapes, entries back to back from 0 to the end of the file."""
+@functools.lru_cache(maxsize=64)
+def _canonical_order(n_layers: int, tag: str) -> tuple[str, ...]:
+    """Tensor order safetensors writes for an artifact (it sorts by dtype, then name): asked of safetensors
+    itself with empty tensors, so it cannot drift from the writer."""
+    dtype = _ST_DTYPES[tag]
+    empty = {name: torch.empty(0, dtype=torch.int64 if name == "token_ids" else dtype)
+             for name in tensor_names(n_layers)}
+    raw = st_save(empty)
+    return tuple(k for k in json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")]) if k != "__metadata__")
+
+
+def _check_canonical_header(data: bytes | bytearray | memoryview, header: dict, meta: dict, start: int) -> None:
+    """The header must be byte for byte what `to_bytes` writes for these tensors and metadata: every snapshot
+    then has exactly one byte form and one id (no reordered keys, padding, duplicates or spelling variants)."""
+    out: dict[str, object] = {"__metadata__": {META_KEY: header["__metadata__"][META_KEY]}}
+    pos = 0
+    for name in _canonical_order(len(meta["layers"]), DTYPE_TAGS[meta["dtype"]]):
+        e = header[name]
+        size = e["data_offsets"][1] - e["data_offsets"][0]
+        out[name] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [pos, pos + size]}
+        pos += size
+    text = json.dumps(out, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    if bytes(data[8:start]) != text:
+        raise FormatError("artifact header is not byte for byte the one kvgraft writes (reordered tensors, extra "
+                          "spaces or keys, or a different spelling); deposit the artifact again")
+
+
+def _tensor_views(buf: memoryview, header: dict, start: int, meta: dict) -> dict[str, torch.Tensor]:
+    """Tensors viewing `buf` (no copy), after checking the header describes exactly the tensors the metadata
+    names, with the recorded dtypes and shapes, back to back from 0 to the end of the file."""
+    names = tensor_names(len(meta["layers"]))
+    present = sorted(k for k in header if k != "__metadata__")
+    if present != names:
+        missing, extra = sorted(set(names) - set(present)), sorted(set(present) - set(names))
+        raise FormatError(f"artifact tensors do not match its {len(meta['layers'])} layers (missing {missing[:4]}, "
+                          f"unexpected {extra[:4]}); not an artifact kvgraft wrote")
+    tag = DTYPE_TAGS[meta["dtype"]]
     entries = []
-    try:
-        for name, e in header.items():
-            if name == "__metadata__":
-                continue
-            dtype, shape, (b, end) = _ST_DTYPES[e["dtype"]], [int(d) for d in e["shape"]], e["data_offsets"]
-            numel = 1
-            for d in shape:
-                numel *= d
-            if min(shape, default=0) < 0 or end - b != numel * dtype.itemsize:
-                raise ValueError(f"tensor {name!r}: {end - b} bytes for shape {shape} of {e['dtype']}")
-            entries.append((int(b), int(end), name, dtype, shape, numel))
-    except (KeyError, TypeError, ValueError) as e:
-        raise FormatError(f"artifact tensors could not be read: malformed safetensors header ({e})") from e
+    for name in names:
+        e = header[name]
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+            raise FormatError(f"artifact tensor {name!r}: header entry {e!r:.80} is not a safetensors tensor entry")
+        st_dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        if name == "token_ids":
+            want_dtype, want_shape = "I64", [meta["token_count"]]
+        else:
+            i = int(name.split(".")[1])
+            want_dtype, want_shape = tag, meta["layers"][i]["shape"]
+        if st_dtype != want_dtype:
+            raise ValidationError(f"artifact tensor {name!r} is stored as {st_dtype!r}, but the metadata says "
+                                  f"{want_dtype} (dtype {meta['dtype']}); its bytes would be read as the wrong "
+                                  "type. Deposit the artifact again")
+        if shape != want_shape:
+            raise ValidationError(f"artifact tensor {name!r} has shape {shape!r:.60}, the metadata says {want_shape} "
+                                  "(batch, kv_heads, cached_tokens, head_dim); deposit the artifact again")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x, 0, len(buf)) for x in offsets)):
+            raise FormatError(f"artifact tensor {name!r}: data_offsets {offsets!r:.60} are not two offsets in the file")
+        dtype = _ST_DTYPES[st_dtype]
+        numel = math.prod(shape)
+        b, end = offsets
+        if end - b != numel * dtype.itemsize:
+            raise FormatError(f"artifact tensor {name!r}: {end - b} bytes for shape {shape} of {st_dtype}")
+        entries.append((b, end, name, dtype, shape, numel))
     entries.sort()
     pos = 0
     for b, end, name, *_ in entries:
@@ -176,11 +438,10 @@ def _tensor_views(buf: memoryview, header: dict, start: int) -> dict[str, torch.
             f"artifact tensors could not be read: header describes {start + pos} bytes, the artifact has {len(buf)} "
             "(truncated or padded)"
         )
+    _check_canonical_header(buf, header, meta, start)
     tensors = {}
     for b, _end, name, dtype, shape, numel in entries:
-        if numel == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        elif (start + b) % dtype.itemsize:  # misaligned for its dtype (not written by to_bytes): copy out
+        if (start + b) % dtype.itemsize:  # misaligned for its dtype (not written by to_bytes): copy out
             tensors[name] = torch.frombuffer(bytearray(buf[start + b : start + _end]), dtype=dtype).reshape(shape)
         else:
             tensors[name] = torch.frombuffer(buf, dtype=dtype, count=numel, offset=start + b).reshape(shape)
@@ -188,31 +449,80 @@ def _tensor_views(buf: memoryview, header: dict, start: int) -> dict[str, torch.
 
 
 def from_bytes(data: bytes | bytearray | memoryview, verify_tensors: bool = True) -> Snapshot:
-    """Parse an artifact. With verify_tensors, every tensor's SHA-256 is checked before it is returned.
+    """Parse an artifact, checking every invariant of FORMAT.md section 6 except, without verify_tensors, the
+    per-tensor SHA-256 (a store checks the whole file's hash instead). Raises FormatError (structure),
+    ValidationError (an invariant) or IntegrityError (a hash); never any other exception.
 
     The snapshot's tensors are views of one writable buffer: `data` itself when it is writable (a bytearray or
     a writable memoryview, which the snapshot then owns), otherwise one copy of it, so that tensors never alias
     immutable bytes the caller (or a store) still holds.
     """
-    header, meta, start = _header(data)
-    buf = memoryview(data)
-    if buf.readonly:
-        buf = memoryview(bytearray(buf))
-    tensors = _tensor_views(buf.cast("B"), header, start)
-    if verify_tensors:
-        expected = meta["tensor_sha256"]
-        if sorted(expected) != sorted(tensors):
-            raise IntegrityError(f"artifact tensors {sorted(tensors)} differ from the recorded {sorted(expected)}")
-        for name, t in tensors.items():
-            if _sha(t) != expected[name]:
-                raise IntegrityError(f"tensor {name!r} does not match its recorded SHA-256 (corrupted artifact)")
-    layers = []
-    for i, lm in enumerate(meta["layers"]):
-        layers.append(LayerKV(lm["kind"], lm["window"], lm["cumulative_length"],
-                              tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"]))
-    return Snapshot(
-        token_ids=tensors["token_ids"].tolist(), start_position=meta["start_position"], layers=layers,
-        model_fingerprint=meta["model_fingerprint"], tokenizer_fingerprint=meta["tokenizer_fingerprint"],
-        dtype=meta["dtype"], determinism=meta["determinism"], environment=meta["environment"],
-        model_name=meta.get("model_name", ""), extra=meta.get("extra", {}),
-    )
+    with guard("artifact"):
+        header, meta, start = _header(data)
+        buf = memoryview(data)
+        if buf.readonly:
+            buf = memoryview(bytearray(buf))
+        tensors = _tensor_views(buf.cast("B"), header, start, meta)
+        if verify_tensors:
+            expected = meta["tensor_sha256"]
+            for name in tensor_names(len(meta["layers"])):
+                if _sha(tensors[name]) != expected[name]:
+                    raise IntegrityError(f"tensor {name!r} does not match its recorded SHA-256 (corrupted artifact)")
+        elif _sha(tensors["token_ids"]) != meta["tokens_sha256"]:  # cheap, and the index trusts it: always checked
+            raise IntegrityError("tensor 'token_ids' does not hash to the recorded tokens_sha256: the metadata lies "
+                                 "about which tokens the artifact holds; deposit it again")
+        layers = [LayerKV(lm["kind"], lm["window"], lm["cumulative_length"],
+                          tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"])
+                  for i, lm in enumerate(meta["layers"])]
+        snapshot = Snapshot(
+            token_ids=tensors["token_ids"].tolist(), start_position=meta["start_position"], layers=layers,
+            model_fingerprint=meta["model_fingerprint"], tokenizer_fingerprint=meta["tokenizer_fingerprint"],
+            dtype=meta["dtype"], determinism=meta["determinism"], environment=meta["environment"],
+            model_name=meta["model_name"], extra=meta["extra"],
+        )
+        check_snapshot(snapshot)
+        return snapshot
+
+
+def check_snapshot(s: Snapshot) -> None:
+    """Raise ValidationError unless an in-memory snapshot satisfies the format's invariants (FORMAT.md 6, V1-V6):
+    token ids, dtype, and per layer kind/window, cumulative_length, and keys/values of the artifact dtype with
+    shape (1, kv_heads, cached_tokens, head_dim)."""
+    name = s.model_name or "snapshot" if isinstance(s.model_name, str) else "snapshot"
+    ids = s.token_ids
+    if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_TOKENS:
+        raise ValidationError(f"{name}: token_ids must be a list of 1 to {MAX_TOKENS} token ids")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_POSITION for x in ids):
+        bad = next(x for x in ids if not (isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_POSITION))
+        raise ValidationError(f"{name}: token id {bad!r} is not an integer in [0, 2**31); deposit it again")
+    t = len(ids)
+    if not _is_int(s.start_position, 0, MAX_POSITION - t):
+        raise ValidationError(f"{name}: start_position {s.start_position!r} is not an integer in [0, 2**31 - {t}]")
+    if s.dtype not in _TORCH:
+        raise ValidationError(f"{name}: dtype {s.dtype!r} is not one of {sorted(_TORCH)}")
+    if not isinstance(s.determinism, dict) or not isinstance(s.environment, dict):
+        raise ValidationError(f"{name}: determinism and environment must be dicts (as capture_snapshot records them)")
+    if not isinstance(s.layers, list) or not 1 <= len(s.layers) <= MAX_LAYERS:
+        raise ValidationError(f"{name}: layers must be a list of 1 to {MAX_LAYERS} LayerKV")
+    want = _TORCH[s.dtype]
+    for i, lyr in enumerate(s.layers):
+        where = f"{name}: layer {i}"
+        if lyr.kind not in ("full", "sliding") or (lyr.kind == "full") != (lyr.window is None) or (
+                lyr.kind == "sliding" and not _is_int(lyr.window, 2, MAX_POSITION)):
+            raise ValidationError(f"{where}: kind {lyr.kind!r} with window {lyr.window!r} is not 'full' with no "
+                                  "window or 'sliding' with a window >= 2")
+        if lyr.cumulative_length != t or isinstance(lyr.cumulative_length, bool):
+            raise ValidationError(f"{where}: cumulative_length {lyr.cumulative_length!r} differs from the token count "
+                                  f"{t}; a graft would mask and position the suffix wrongly. Deposit it again")
+        for part in ("keys", "values"):
+            x = getattr(lyr, part)
+            if not isinstance(x, torch.Tensor) or x.dtype != want:
+                got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValidationError(f"{where} {part} are {got}, the artifact dtype is {s.dtype}; deposit it again")
+            cached = cached_tokens(lyr.kind, lyr.window, t)
+            if x.dim() != 4 or x.shape[0] != 1 or x.shape[2] != cached or x.shape[1] < 1 or x.shape[3] < 1:
+                raise ValidationError(f"{where} {part} have shape {tuple(x.shape)}; a {lyr.kind} layer (window "
+                                      f"{lyr.window}) that has seen {t} tokens holds (1, kv_heads, {cached}, head_dim)")
+        if lyr.keys.shape != lyr.values.shape:
+            raise ValidationError(f"{where}: keys {tuple(lyr.keys.shape)} and values {tuple(lyr.values.shape)} "
+                                  "differ in shape; deposit it again")

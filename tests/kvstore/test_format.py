@@ -201,7 +201,8 @@ def test_bfloat16_tensors_are_stored_untouched_with_their_shape_and_dtype_record
     k = torch.linspace(-3, 3, 24).reshape(1, 2, 3, 4).to(torch.bfloat16)  # (batch, kv_heads, seq, head_dim)
     snap = Snapshot(token_ids=[2, 4, 5], start_position=0, layers=[LayerKV("full", None, 3, k, k * 2)],
                     model_fingerprint="c" * 64, tokenizer_fingerprint="d" * 64, dtype="bfloat16",
-                    determinism={}, environment={})
+                    determinism={"threads": 2, "deterministic_algorithms": True, "attn_implementation": "sdpa",
+                                 "dtype": "bfloat16", "prefill_chunk": 512}, environment={})
     data = to_bytes(snap)
     header, start = _header(data)
     assert header["layers.0.keys"]["dtype"] == "BF16"

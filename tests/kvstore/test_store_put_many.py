@@ -7,13 +7,16 @@ import torch
 from kvstore import LocalStore, MemoryStore, Snapshot, to_bytes, tokens_sha256
 from kvstore.format import LayerKV
 
+_DET = {"threads": 2, "deterministic_algorithms": True, "attn_implementation": "sdpa", "dtype": "float32",
+        "prefill_chunk": 512}
+
 
 def _snapshot(seed: int, n: int = 6) -> Snapshot:
     g = torch.Generator().manual_seed(seed)
     layers = [LayerKV("full", None, n, torch.randn(1, 1, n, 4, generator=g), torch.randn(1, 1, n, 4, generator=g))]
     return Snapshot(token_ids=[2, seed + 4] + [5] * (n - 2), start_position=0, layers=layers,
-                    model_fingerprint="m" * 64, tokenizer_fingerprint="t" * 64, dtype="float32",
-                    determinism={}, environment={}, model_name="synthetic")
+                    model_fingerprint="c" * 64, tokenizer_fingerprint="d" * 64, dtype="float32",
+                    determinism=_DET, environment={}, model_name="synthetic")
 
 
 def test_put_many_equals_a_loop_of_put(tmp_path):

@@ -8,13 +8,16 @@ import torch
 from kvstore import CachedStore, IntegrityError, LocalStore, MemoryStore, NotFoundError, Snapshot, to_bytes
 from kvstore.format import LayerKV
 
+_DET = {"threads": 2, "deterministic_algorithms": True, "attn_implementation": "sdpa", "dtype": "float32",
+        "prefill_chunk": 512}
+
 
 def _snapshot(seed: int, n: int = 8) -> Snapshot:
     g = torch.Generator().manual_seed(seed)
     layers = [LayerKV("full", None, n, torch.randn(1, 1, n, 4, generator=g), torch.randn(1, 1, n, 4, generator=g))]
     return Snapshot(token_ids=[2] + [seed % 200 + 4] * (n - 1), start_position=0, layers=layers,
-                    model_fingerprint="m" * 64, tokenizer_fingerprint="t" * 64, dtype="float32",
-                    determinism={}, environment={}, model_name="synthetic")
+                    model_fingerprint="c" * 64, tokenizer_fingerprint="d" * 64, dtype="float32",
+                    determinism=_DET, environment={}, model_name="synthetic")
 
 
 @pytest.fixture
