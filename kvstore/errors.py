@@ -60,3 +60,10 @@ class IndexDatabaseError(KVStoreError):
     """The store's SQLite index could not be read or written (locked past the timeout, disk full, damaged file).
     Object files are unaffected: fix the cause (free space, stop the other writer) and run `kvstore gc`, which
     re-indexes every valid object that lacks a row."""
+
+
+class BundleError(KVStoreError):
+    """A bundle (`kvstore export` / `kvstore import`, FORMAT.md section 7) cannot be written or is refused on
+    import: malformed, damaged, truncated or hostile (links, devices, path traversal, unlisted or duplicate
+    members, oversized manifest, bytes that do not hash to their id). Nothing was added to the target store.
+    The message names the member; export the bundle again from its source store with `kvstore export`."""
