@@ -1,0 +1,474 @@
+"""Bundles: carry artifacts (and optionally one solution library) from one store to another as one file.
+
+A bundle is an uncompressed POSIX ustar archive holding a manifest (`kvgraft-bundle.json`), every artifact's
+bytes under its object path and, for a library, its `index.jsonl` and `manifest.json` unchanged; the exact
+bytes are specified in FORMAT.md section 7.
+
+    info = export_bundle(store, ids, "lib.kvb", library_dir="runs/libraries/aime-v1-...")
+    info = import_bundle("lib.kvb", other_store, library_dir="elsewhere/aime-v1-...")
+
+or from the shell: `kvstore export --library DIR -o lib.kvb`, `kvstore import lib.kvb --store DIR`.
+
+Import trusts nothing in the file: it reads the archive with its own strict parser (not `tarfile`), verifies
+every member (hash, size, full admission of every artifact) before anything is written, then publishes
+through the store's `put_many` and removes what it added if publishing fails. Errors are `BundleError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import stat
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from kvstore.errors import BundleError, KVStoreError, NotFoundError
+from kvstore.format import from_bytes
+from kvstore.store import ArtifactId, Store, atomic_write, id_to_relpath
+
+BUNDLE_FORMAT = "kvgraft-bundle/1"
+MANIFEST_NAME = "kvgraft-bundle.json"
+LIBRARY_FILES = ("index.jsonl", "manifest.json")
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_LIBRARY_FILE_BYTES = 256 << 20
+_BLOCK = 512
+_FIX = "export the bundle again from its source store with `kvstore export`"
+_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
+          b"5": "directory", b"6": "FIFO", b"7": "contiguous file", b"x": "pax extended header",
+          b"g": "pax global header", b"L": "GNU long-name header", b"K": "GNU long-link header"}
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    """What a bundle holds (export) or what an import did with it."""
+
+    path: Path
+    sha256: str  # of the whole bundle file: compare it out of band
+    manifest_sha256: str
+    artifacts: tuple[str, ...]  # every artifact id in the bundle, ascending
+    size: int  # bytes of all artifacts together
+    library_manifest_sha256: str | None  # SHA-256 of the library's manifest.json bytes; None without a library
+    added: tuple[str, ...] = ()  # import: the ids the target store did not have before
+    library_dir: Path | None = None  # export: the library read; import: the folder the library was written to
+
+
+def _canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("ascii")
+
+
+def _sha(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- export
+
+
+def export_bundle(store: Store, ids: Iterable[str], path: str | os.PathLike,
+                  library_dir: str | os.PathLike | None = None) -> BundleInfo:
+    """Write the artifacts `ids` (plus every artifact of the library in `library_dir`, and its index.jsonl and
+    manifest.json) as one bundle at `path`, which must not exist. Every artifact is read through the store,
+    so it is verified (SHA-256 == id) on the way out. The same content always gives the same bundle bytes."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise BundleError(f"{path} already exists; remove it or choose another output path")
+    wanted = {ArtifactId(i) for i in ids}
+    lib: dict[str, bytes] = {}
+    if library_dir is not None:
+        lib = _read_library(Path(library_dir))
+        wanted |= set(_library_artifact_ids(lib["index.jsonl"], f"{library_dir}/index.jsonl"))
+    if not wanted:
+        raise BundleError("nothing to export: no artifact ids (give ids, --tag with tagged artifacts, or --library)")
+    entries = []
+    for aid in sorted(wanted):
+        size = len(store.get_bytes(aid))  # NotFoundError / IntegrityError name the artifact
+        try:
+            tags = sorted(store.info(aid).tags)
+        except NotFoundError:  # an object without an index row has no tags
+            tags = []
+        entries.append({"id": str(aid), "size": size, "sha256": str(aid), "tags": tags})
+    manifest: dict = {"format": BUNDLE_FORMAT, "artifacts": entries,
+                      "library": {n: {"size": len(b), "sha256": _sha(b)} for n, b in lib.items()} or None}
+    manifest["manifest_sha256"] = _sha(_canonical(manifest))
+
+    def members() -> Iterator[tuple[str, bytes]]:
+        yield MANIFEST_NAME, _canonical(manifest)
+        for e in entries:
+            data = store.get_bytes(e["id"])  # verified again: the store may have changed since the first pass
+            yield id_to_relpath(e["id"]), data
+        for name in LIBRARY_FILES if lib else ():
+            yield f"library/{name}", lib[name]
+
+    digest = _write_tar(path, members())
+    return BundleInfo(path, digest, manifest["manifest_sha256"], tuple(e["id"] for e in entries),
+                      sum(e["size"] for e in entries), _sha(lib["manifest.json"]) if lib else None,
+                      library_dir=Path(library_dir) if library_dir is not None else None)
+
+
+def _read_library(folder: Path) -> dict[str, bytes]:
+    """The bytes of a library folder's index.jsonl and manifest.json, checked against each other."""
+    out = {}
+    for name in LIBRARY_FILES:
+        p = folder / name
+        try:
+            if p.stat().st_size > MAX_LIBRARY_FILE_BYTES:
+                raise BundleError(f"{p} is over the {MAX_LIBRARY_FILE_BYTES >> 20} MiB a bundle carries")
+            out[name] = p.read_bytes()
+        except OSError as e:
+            raise BundleError(f"{folder} is not a library folder (needs index.jsonl and manifest.json): {e}") from None
+    try:
+        lm = json.loads(out["manifest.json"])
+    except ValueError as e:
+        raise BundleError(f"{folder / 'manifest.json'} is not JSON ({e}); rebuild the library") from None
+    if isinstance(lm, dict) and "index_sha256" in lm and lm["index_sha256"] != _sha(out["index.jsonl"]):
+        raise BundleError(f"{folder / 'index.jsonl'} does not hash to the index_sha256 in manifest.json: the library "
+                          "was modified; rebuild it (`make library`)")
+    return out
+
+
+def _library_artifact_ids(index: bytes, where: str) -> list[ArtifactId]:
+    """The artifact_id of every row of a library's index.jsonl."""
+    ids = []
+    for n, line in enumerate(index.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            ids.append(ArtifactId(json.loads(line)["artifact_id"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise BundleError(f"{where}, line {n}: no valid artifact_id ({e}); rebuild the library") from None
+    return ids
+
+
+def _write_tar(path: Path, members: Iterator[tuple[str, bytes]]) -> str:
+    """Stream members into a deterministic ustar file at `path` (temp file, fsync, rename, as atomic_write
+    does; streamed because a bundle need not fit in memory). Returns the file's SHA-256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+                for name, data in members:
+                    ti = tarfile.TarInfo(name)
+                    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
+                    tar.addfile(ti, io.BytesIO(data))
+            f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            os.fsync(f.fileno())
+            f.seek(0)
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return digest
+
+
+# --------------------------------------------------------------------------------------------- import
+
+
+def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.PathLike | None = None) -> BundleInfo:
+    """Verify every byte of the bundle at `path`, then add its artifacts to `store` (ids it already has are left
+    as they are) and, when `library_dir` is given and the bundle holds a library, write the library's two files
+    there. All or nothing: a refused bundle changes nothing; a failure while publishing removes what this
+    import added (FORMAT.md section 7 says what a kill -9 can leave). Raises BundleError."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - held open across both passes
+    except OSError as e:
+        raise BundleError(f"cannot open bundle {path}: {e}") from None
+    with f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{path} is not a regular file; give the bundle file written by `kvstore export`")
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        manifest, offsets, lib = _verify(f, st.st_size, str(path))
+        entries = manifest["artifacts"]
+        ids = tuple(e["id"] for e in entries)
+        writes = _plan_library(Path(library_dir), lib) if library_dir is not None and lib else []
+        new = [e for e in entries if not store.contains(e["id"])]
+        stray = [e for e in entries if store.contains(e["id"]) and not _indexed(store, e["id"])]
+        written: list[Path] = []
+        made_dir = library_dir is not None and bool(lib) and not Path(library_dir).exists()
+        try:
+            groups: dict[tuple[str, ...], list[dict]] = {}
+            for e in new + stray:  # stray: an object without its index row (an earlier import killed mid-way)
+                groups.setdefault(tuple(e["tags"]), []).append(e)
+            for tags, group in groups.items():
+                store.put_many(_reread(f, offsets, group, str(path)), tags)
+            for p, data in writes:
+                atomic_write(p, data)
+                written.append(p)
+        except BaseException:
+            _rollback(store, [e["id"] for e in new], written, Path(library_dir) if made_dir else None)
+            raise
+    lib_sha = manifest["library"]["manifest.json"]["sha256"] if manifest["library"] else None
+    return BundleInfo(path, digest, manifest["manifest_sha256"], ids, sum(e["size"] for e in entries), lib_sha,
+                      tuple(e["id"] for e in new), Path(library_dir) if library_dir is not None and lib else None)
+
+
+def _indexed(store: Store, aid: str) -> bool:
+    try:
+        store.info(aid)
+        return True
+    except NotFoundError:
+        return False
+
+
+def _reread(f: BinaryIO, offsets: dict[str, tuple[int, int]], entries: list[dict], where: str) -> Iterator[bytes]:
+    """The verified artifacts' bytes again, one at a time, each checked once more against its id."""
+    for e in entries:
+        name = id_to_relpath(e["id"])
+        off, size = offsets[name]
+        f.seek(off)
+        data = f.read(size)
+        if _sha(data) != e["id"]:
+            raise BundleError(f"{where}: member {name} changed while it was being imported; nothing was kept. "
+                              "Leave the bundle file alone during `kvstore import` and run it again")
+        yield data
+
+
+def _rollback(store: Store, new_ids: list[str], written: list[Path], made_dir: Path | None) -> None:
+    """Remove the artifacts and library files this import added."""
+    for p in written:
+        p.unlink(missing_ok=True)
+    if made_dir is not None:
+        try:
+            made_dir.rmdir()
+        except OSError:
+            pass
+    for aid in new_ids:
+        try:
+            store.remove(aid)
+        except NotFoundError:
+            pass
+
+
+def _plan_library(folder: Path, lib: dict[str, bytes]) -> list[tuple[Path, bytes]]:
+    """The library files to write into `folder` (index.jsonl first, manifest.json last); refuses a folder that
+    holds other bytes under those names. Files already there with the same bytes are not rewritten."""
+    writes = []
+    for name in LIBRARY_FILES:
+        p = folder / name
+        if p.exists():
+            if p.read_bytes() != lib[name]:
+                raise BundleError(f"{p} exists and differs from the bundle's library/{name}: {folder} holds another "
+                                  "library. Choose another library folder (--library-dir) or remove that one")
+            continue
+        writes.append((p, lib[name]))
+    return writes
+
+
+def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tuple[int, int]], dict[str, bytes]]:
+    """Check the whole archive: the manifest, then every member against it. Returns the manifest, each member's
+    (data offset, size), and the library files' bytes. Nothing is written."""
+    it = _members(f, file_size, where)
+    first = next(it, None)
+    if first is None:
+        raise BundleError(f"{where}: empty archive, no {MANIFEST_NAME}; this is not a kvgraft bundle, {_FIX}")
+    name, off, size = first
+    if name != MANIFEST_NAME:
+        raise BundleError(f"{where}: first member is {name!r}, not {MANIFEST_NAME}; not a kvgraft bundle, {_FIX}")
+    if size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{where}: member {MANIFEST_NAME} is {size} bytes, over the {MAX_MANIFEST_BYTES >> 20} MiB "
+                          f"limit; refusing to read it. Split the export into smaller bundles, or {_FIX}")
+    manifest = _parse_manifest(_read(f, off, size, name, where), where)
+    expected: dict[str, tuple[str, dict]] = {id_to_relpath(e["id"]): ("artifact", e) for e in manifest["artifacts"]}
+    for lname, e in (manifest["library"] or {}).items():
+        expected[f"library/{lname}"] = ("library", e)
+    offsets: dict[str, tuple[int, int]] = {}
+    lib: dict[str, bytes] = {}
+    for name, off, size in it:
+        if name in offsets or name == MANIFEST_NAME:
+            raise BundleError(f"{where}: member {name!r} appears twice; a bundle holds each member once. {_FIX}")
+        if name not in expected:
+            raise BundleError(f"{where}: member {name!r} is not listed in {MANIFEST_NAME}; refusing the bundle. {_FIX}")
+        kind, e = expected[name]
+        if size != e["size"]:
+            raise BundleError(f"{where}: member {name} is {size} bytes, the manifest lists {e['size']}. {_FIX}")
+        offsets[name] = (off, size)
+        data = _read(f, off, size, name, where)
+        got = _sha(data)
+        if got != e["sha256"]:
+            raise BundleError(f"{where}: member {name} hashes to {got[:16]}..., the manifest lists "
+                              f"{e['sha256'][:16]}...: the bundle is damaged or was altered. {_FIX}")
+        if kind == "artifact":
+            try:
+                from_bytes(data, verify_tensors=True)  # the admission a store's put applies
+            except KVStoreError as ex:
+                raise BundleError(f"{where}: member {name} is refused by admission: {ex}") from ex
+        else:
+            lib[name.removeprefix("library/")] = data
+    missing = sorted(set(expected) - set(offsets))
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise BundleError(f"{where}: {len(missing)} listed member(s) missing from the archive ({shown}); the bundle is "
+                          f"incomplete. {_FIX}")
+    if lib:
+        listed = set(expected)
+        for aid in _library_artifact_ids(lib["index.jsonl"], f"{where}: library/index.jsonl"):
+            if id_to_relpath(aid) not in listed:
+                raise BundleError(f"{where}: library/index.jsonl names artifact {aid}, which the bundle does not "
+                                  f"carry. {_FIX}")
+        try:
+            lm = json.loads(lib["manifest.json"])
+        except ValueError as ex:
+            raise BundleError(f"{where}: library/manifest.json is not JSON ({ex}). {_FIX}") from None
+        if isinstance(lm, dict) and "index_sha256" in lm and lm["index_sha256"] != _sha(lib["index.jsonl"]):
+            raise BundleError(f"{where}: library/index.jsonl does not hash to the index_sha256 in "
+                              f"library/manifest.json. {_FIX}")
+    return manifest, offsets, lib
+
+
+def _read(f: BinaryIO, off: int, size: int, name: str, where: str) -> bytes:
+    f.seek(off)
+    data = f.read(size)
+    if len(data) != size:
+        raise BundleError(f"{where}: member {name} is truncated ({len(data)} of {size} bytes). {_FIX}")
+    return data
+
+
+def _members(f: BinaryIO, file_size: int, where: str) -> Iterator[tuple[str, int, int]]:
+    """(name, data offset, size) of each member, in archive order. Refuses anything but a plain regular file
+    with a safe relative name, a member the file does not fully hold, and non-zero bytes after the end."""
+    pos = 0
+    while True:
+        if pos + _BLOCK > file_size:
+            raise BundleError(f"{where}: the archive ends at byte {file_size} without its end-of-archive blocks: "
+                              f"the bundle is truncated. {_FIX}")
+        f.seek(pos)
+        block = f.read(_BLOCK)
+        if block == bytes(_BLOCK):
+            _check_zero_tail(f, pos, file_size, where)
+            return
+        name, size = _parse_header(block, pos, where)
+        end = pos + _BLOCK + -(-size // _BLOCK) * _BLOCK
+        if end > file_size:
+            raise BundleError(f"{where}: member {name} is truncated: its header says {size} bytes but the file ends "
+                              f"{file_size - pos - _BLOCK} bytes after it. {_FIX}")
+        yield name, pos + _BLOCK, size
+        pos = end
+
+
+def _check_zero_tail(f: BinaryIO, pos: int, file_size: int, where: str) -> None:
+    f.seek(pos)
+    while pos < file_size:
+        chunk = f.read(min(1 << 20, file_size - pos))
+        if not chunk:
+            break
+        if chunk.count(0) != len(chunk):
+            at = pos + next(i for i, b in enumerate(chunk) if b)
+            raise BundleError(f"{where}: non-zero bytes at offset {at}, after the end-of-archive marker (data hidden "
+                              f"after the last member); refusing the bundle. {_FIX}")
+        pos += len(chunk)
+
+
+def _octal(field: bytes, what: str, name: str, where: str) -> int:
+    if field[:1] and field[0] & 0x80:
+        raise BundleError(f"{where}: member {name!r}: {what} in base-256 (an oversized header field); {_FIX}")
+    text = field.strip(b" \0")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise BundleError(f"{where}: member {name!r}: {what} {text!r} is not an octal number; {_FIX}") from None
+
+
+def _parse_header(block: bytes, pos: int, where: str) -> tuple[str, int]:
+    """Name and size of the regular file a ustar header describes; BundleError for anything else."""
+    raw = block[:100].split(b"\0", 1)[0]
+    prefix = block[345:500].split(b"\0", 1)[0]
+    raw = prefix + b"/" + raw if prefix else raw
+    name = raw.decode("utf-8", "backslashreplace")
+    stored = _octal(block[148:156], "checksum", name, where)
+    if stored != sum(block[:148]) + 8 * 32 + sum(block[156:]):
+        raise BundleError(f"{where}: bad tar header checksum at byte {pos} (member {name!r}): the bundle is damaged "
+                          f"or not a tar file. {_FIX}")
+    if block[257:263] != b"ustar\0" or block[263:265] != b"00":
+        raise BundleError(f"{where}: header at byte {pos} (member {name!r}) is not POSIX ustar; kvstore export writes "
+                          f"only ustar. {_FIX}")
+    kind = block[156:157]
+    if kind not in (b"0", b"\0"):
+        link = block[157:257].split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
+        what = _TYPES.get(kind, f"member of tar type {kind!r}")
+        raise BundleError(f"{where}: member {name!r} is a {what}" + (f" -> {link!r}" if link else "") +
+                          f"; a bundle holds only regular files, so it is refused. {_FIX}")
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\0" in name or any(p in ("", ".", "..") for p in parts)
+            or raw != name.encode("utf-8", "backslashreplace")):
+        raise BundleError(f"{where}: member {name!r} has an unsafe path (absolute, '..', '.', empty part, backslash "
+                          f"or bad UTF-8): refused, as it could write outside the store. {_FIX}")
+    return name, _octal(block[124:136], "size", name, where)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _parse_manifest(data: bytes, where: str) -> dict:
+    """The bundle manifest, checked field by field (FORMAT.md section 7)."""
+    bad = f"{where}: {MANIFEST_NAME}"
+    try:
+        m = json.loads(data.decode("ascii"), object_pairs_hook=_no_duplicate_keys)
+    except ValueError as e:
+        raise BundleError(f"{bad} is not valid ASCII JSON ({e}). {_FIX}") from None
+    if not isinstance(m, dict) or set(m) != {"format", "artifacts", "library", "manifest_sha256"}:
+        keys = sorted(m) if isinstance(m, dict) else type(m).__name__
+        raise BundleError(f"{bad}: expected the keys artifacts, format, library, manifest_sha256, got {keys}. {_FIX}")
+    if m["format"] != BUNDLE_FORMAT:
+        raise BundleError(f"{bad}: format {m['format']!r} is not one this kvgraft reads ({BUNDLE_FORMAT}); import it "
+                          "with the kvgraft version that exported it, or export it again with this one")
+    if _canonical(m) != data:
+        raise BundleError(f"{bad} is not canonical JSON (sorted keys, no spaces); it was not written by kvstore export "
+                          f"or was edited. {_FIX}")
+    body = {k: v for k, v in m.items() if k != "manifest_sha256"}
+    if m["manifest_sha256"] != _sha(_canonical(body)):
+        raise BundleError(f"{bad}: manifest_sha256 does not match its content: the manifest is damaged. {_FIX}")
+    if not isinstance(m["artifacts"], list):
+        raise BundleError(f"{bad}: artifacts must be a list. {_FIX}")
+    seen: set[str] = set()
+    for i, e in enumerate(m["artifacts"]):
+        if not isinstance(e, dict) or set(e) != {"id", "size", "sha256", "tags"}:
+            raise BundleError(f"{bad}: artifacts[{i}] must have exactly id, sha256, size, tags. {_FIX}")
+        try:
+            aid = ArtifactId(e["id"])
+        except KVStoreError as ex:
+            raise BundleError(f"{bad}: artifacts[{i}]: {ex}. {_FIX}") from None
+        if aid in seen:
+            raise BundleError(f"{bad}: artifact {aid} is listed twice; a bundle lists each id once. {_FIX}")
+        seen.add(aid)
+        if e["sha256"] != aid:
+            raise BundleError(f"{bad}: artifact {aid}: sha256 {str(e['sha256'])[:16]}... differs from its id, which "
+                              f"is the SHA-256 of its bytes. {_FIX}")
+        if not _is_size(e["size"], None) or e["size"] == 0:
+            raise BundleError(f"{bad}: artifact {aid}: size {e['size']!r} is not a positive integer. {_FIX}")
+        if not isinstance(e["tags"], list) or not all(isinstance(t, str) for t in e["tags"]):
+            raise BundleError(f"{bad}: artifact {aid}: tags must be a list of strings. {_FIX}")
+    lib = m["library"]
+    if lib is not None:
+        if not isinstance(lib, dict) or set(lib) != set(LIBRARY_FILES):
+            raise BundleError(f"{bad}: library must be null or have exactly {', '.join(LIBRARY_FILES)}. {_FIX}")
+        for name, e in lib.items():
+            if (not isinstance(e, dict) or set(e) != {"size", "sha256"}
+                    or not _is_size(e["size"], MAX_LIBRARY_FILE_BYTES)
+                    or not isinstance(e["sha256"], str) or len(e["sha256"]) != 64):
+                raise BundleError(f"{bad}: library {name}: needs size (at most {MAX_LIBRARY_FILE_BYTES >> 20} MiB) and "
+                                  f"a 64-digit sha256. {_FIX}")
+    return m
+
+
+def _is_size(x: object, limit: int | None) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0 and (limit is None or x <= limit)
