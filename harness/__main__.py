@@ -1,7 +1,9 @@
 """Hydra entry point: `python -m harness [overrides]` (`make aime-baseline`), `-m` for multirun sweeps.
 
-Each job writes its run folder to Hydra's output dir: runs/<condition>/<timestamp>/ (multirun:
-runs/multirun/<timestamp>/<job>_<condition>/).
+Each job writes its run folder to Hydra's output dir, named as harness.run_folder.STAMP_FORMAT says:
+runs/<condition>/<stamp>/ (multirun: runs/multirun/<stamp>/<job>_<condition>/). The other entry points are
+`python -m harness.compare` (the main job) and `python -m harness.library` (build a library); a harness
+error prints one `error:` line (KVGRAFT_DEBUG=1 or HYDRA_FULL_ERROR=1 for the traceback).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import config as _config  # noqa: F401  (registers the typed schema)
+from harness.errors import exit_on_error
 from harness.run import run
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+@exit_on_error
 def main(cfg: DictConfig) -> None:
     run(cfg, HydraConfig.get().runtime.output_dir)
 

@@ -1,15 +1,26 @@
 """Typed config schema of the harness, registered with Hydra's ConfigStore so a misspelt key is an error.
 
 One dataclass per config group (configs/<group>/*.yaml); `Config` ties them together. `run(cfg)` in
-harness/run.py takes the composed config; `python -m harness` is the Hydra entry point.
+harness/run.py takes the composed config (`compose_config` here, or Hydra's in `python -m harness`);
+`typed(cfg)` turns it into these dataclasses, the pieces conditions are built from; `load_model(cfg)` loads
+the frozen model it names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from harness.errors import ConfigError
+from harness.tracking import DEFAULT_EXPERIMENT
+from kvstore import Determinism, FrozenModel, load_frozen_model
+
+D = TypeVar("D")
 
 
 @dataclass
@@ -35,7 +46,10 @@ class DatasetConfig:
     hub_id: str | None = None  # a Hugging Face dataset id (read from the local cache when offline)
     subset: str | None = None  # the hub dataset's config name
     split: str = "train"
-    columns: dict[str, str] = field(default_factory=dict)  # our field -> dataset column (id, problem, answer, solution)
+    # our field -> dataset column; every field is listed so `dataset.columns={id: ID, ...}` overrides it as written
+    columns: dict[str, str] = field(
+        default_factory=lambda: {"id": "id", "problem": "problem", "answer": "answer", "solution": "solution"}
+    )
     limit: int | None = None  # take the first N problems
 
 
@@ -79,7 +93,7 @@ class LibraryConfig:
 class TrackingConfig:
     enabled: bool = True
     uri: str | None = None  # default: sqlite:////<abs>/runs/mlflow.db
-    experiment: str = "kvgraft-aime"
+    experiment: str = DEFAULT_EXPERIMENT
 
 
 @dataclass
@@ -102,12 +116,54 @@ class Config:
     project_root: str = "."  # relative paths in the config resolve against this
 
 
+def _as(cls: type[D], data: Any) -> D:
+    """`data` (a mapping) as the dataclass `cls`, nested dataclass fields included; unknown keys are errors."""
+    if dataclasses.is_dataclass(data):
+        return data  # type: ignore[return-value]
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"config section {cls.__name__}: unknown key(s) {unknown}; see harness/config.py")
+    values = {}
+    for name, value in data.items():
+        sub = _SECTIONS.get((cls, name))
+        values[name] = _as(sub, value) if sub is not None and value is not None else value
+    return cls(**values)
+
+
+def typed(cfg: DictConfig | Config) -> Config:
+    """The composed config as the typed `Config` (resolved), and checked: decoding settings that cannot work
+    are a ConfigError naming the key."""
+    c = cfg if isinstance(cfg, Config) else _as(Config, OmegaConf.to_container(cfg, resolve=True))
+    d = c.decoding
+    if d.strategy not in ("greedy", "sample"):
+        raise ConfigError(f"decoding.strategy={d.strategy!r}: use 'greedy' or 'sample' (configs/decoding/)")
+    if d.n_samples < 1 or d.max_new_tokens < 1:
+        raise ConfigError("decoding.n_samples and decoding.max_new_tokens must be >= 1")
+    if d.strategy == "greedy" and d.n_samples > 1:
+        raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
+    return c
+
+
+def load_model(cfg: DictConfig | Config) -> FrozenModel:
+    """The frozen model the config names, under its pinned determinism settings."""
+    c = typed(cfg)
+    det = Determinism(**dataclasses.asdict(c.determinism))
+    return load_frozen_model(c.model.source, det, device=c.model.device)
+
+
 def register() -> None:
     """Register the schema as `base_config`: configs/config.yaml lists it first, so every group file is
     merged into a typed node and an unknown key fails composition."""
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
+_SECTIONS: dict[tuple[type, str], type] = {
+    (Config, "model"): ModelConfig, (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
+    (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
+    (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
+    (LibraryConfig, "dataset"): DatasetConfig,
+}  # fmt: skip
 register()
 
 

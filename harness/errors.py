@@ -1,10 +1,20 @@
 """Exception family for the kvgraft harness.
 
 Every error the harness raises on purpose derives from :class:`HarnessError`, so callers (the CLI, tests)
-can catch the whole family in one place and report a clean message instead of a traceback.
+can catch the whole family in one place and report a clean message instead of a traceback
+(:func:`exit_on_error` does that for every entry point).
 """
 
 from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 __all__ = [
     "AnswerError",
@@ -15,6 +25,7 @@ __all__ = [
     "ProblemError",
     "RunFolderError",
     "TrackingError",
+    "exit_on_error",
 ]
 
 
@@ -74,3 +85,22 @@ class RunFolderError(HarnessError):
     Raised by harness.run_folder.RunFolder when reading a folder, and so by the audit, rescore and log-run.
     Pass a complete run folder (one with manifest.json), restore the named file, or re-run.
     """
+
+
+def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
+    """Wrap an entry point: a HarnessError or KVStoreError prints one `error: <message>` line (the message
+    names the file, row or field and the fix) and exits with status 1, without a traceback. Set
+    KVGRAFT_DEBUG=1 (or HYDRA_FULL_ERROR=1) to get the traceback instead."""
+    from kvstore import KVStoreError
+
+    @functools.wraps(main)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return main(*args, **kwargs)
+        except (HarnessError, KVStoreError) as exc:
+            if any(os.environ.get(v, "") not in ("", "0") for v in ("KVGRAFT_DEBUG", "HYDRA_FULL_ERROR")):
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+
+    return wrapper

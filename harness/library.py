@@ -7,7 +7,8 @@ truth and that record stays with the entry. A library lives in `<root>/<name>-v<
                    answer, artifact_id, tokens, origin, verification
     manifest.json  name, version, fingerprints, template hash, entry hashes, skipped rows, manifest_sha256
 Artifacts live in the shared content-addressed store (`library.store`) and are read one at a time, so a
-library of any size is served without holding its artifacts in memory.
+library of any size is served without holding its artifacts in memory. How it is searched is fixed when it
+is opened (`open_library`: `library.exclude_self`, `library.retrieval`).
 
     python -m harness.library                       # build the default library (make library)
     python -m harness.library library=harvest library.harvest_run=runs/baseline/<run>
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,12 @@ from typing import Any
 from tqdm import tqdm
 
 from harness.answers import score
-from harness.errors import LibraryError
+from harness.config import compose_config, load_model
+from harness.errors import HarnessError, LibraryError, exit_on_error
 from harness.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.problems import Problem, load_problems, problem_fingerprint
 from harness.prompts import render
+from harness.run_folder import RunFolder
 from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, tokens_sha256
 
 LIBRARY_FORMAT = "kvgraft-library/1"
@@ -69,12 +73,21 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-class Library:
-    """A built library opened for lookups. Entries are small index rows; artifacts stay in the store."""
+RETRIEVALS = ("bm25", "none")
 
-    def __init__(self, path: Path, store: LocalStore) -> None:
+
+class Library:
+    """A built library opened for lookups. Entries are small index rows; artifacts stay in the store.
+
+    `exclude_self` (held-out: the evaluated problem never reaches the context) and `retrieval` (how a
+    non-exact match is found: bm25 | none) are fixed here, so every lookup of one run follows the same rule."""
+
+    def __init__(self, path: Path, store: LocalStore, *, exclude_self: bool = False, retrieval: str = "bm25") -> None:
+        if retrieval not in RETRIEVALS:
+            raise LibraryError(f"library.retrieval={retrieval!r}: use one of {list(RETRIEVALS)}")
         self.path = Path(path)
         self.store = store
+        self.exclude_self, self.retrieval = bool(exclude_self), retrieval
         try:
             self.manifest = json.loads((self.path / "manifest.json").read_text())
             data = (self.path / "index.jsonl").read_bytes()
@@ -107,18 +120,19 @@ class Library:
             "path": str(self.path),
             "entries": len(self.entries),
             "manifest_sha256": self.manifest_sha256,
+            "exclude_self": self.exclude_self,
+            "retrieval": self.retrieval,
         }
 
-    def retrieve(self, problem: Problem, exclude_self: bool = False, retrieval: str = "bm25") -> Match | None:
+    def retrieve(self, problem: Problem) -> Match | None:
         """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
         otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded."""
         fp = problem.fingerprint
+        exclude_self = self.exclude_self
         if not exclude_self and fp in self._by_fp:
             return Match(self._by_fp[fp], 1.0, "exact")
-        if retrieval == "none":
+        if self.retrieval == "none":
             return None
-        if retrieval != "bm25":
-            raise LibraryError(f"library.retrieval={retrieval!r}: use 'bm25' or 'none'")
         if self._bm25 is None:
             from rank_bm25 import BM25Okapi
 
@@ -143,21 +157,19 @@ def _candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, str]],
     if lib_cfg.source == "harvest":
         if not lib_cfg.harvest_run:
             raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
-        run = project_root / lib_cfg.harvest_run
+        run = RunFolder(project_root / lib_cfg.harvest_run)
         try:
-            probs = {r["id"]: r for r in map(json.loads, (run / "problems.jsonl").read_text().splitlines())}
-            rows = [json.loads(x) for x in (run / "outputs.jsonl").read_text().splitlines() if x.strip()]
-        except OSError as e:
-            raise LibraryError(
-                f"harvest run {run}: {e}; give a run folder with problems.jsonl and outputs.jsonl"
-            ) from e
+            probs = {r["id"]: r for r in run.read_problems()}
+            rows = run.read_rows()
+        except HarnessError as e:
+            raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
         out, seen = [], set()
         for r in rows:
-            if r["correct"] and r["problem_id"] not in seen and r["problem_id"] in probs:
-                seen.add(r["problem_id"])
-                pr = probs[r["problem_id"]]
-                p = Problem(pr["id"], pr["problem"], pr["answer"], r["completion"], pr.get("source") or {})
-                out.append((p, r["completion"]))
+            if r.correct and r.problem_id not in seen and r.problem_id in probs:
+                seen.add(r.problem_id)
+                pr = probs[r.problem_id]
+                text = r.completion.text
+                out.append((Problem(pr["id"], pr["problem"], pr["answer"], text, pr.get("source") or {}), text))
         return out, f"harvest:{run.name}"
     raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
 
@@ -243,6 +255,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
 
 
 def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build_if_missing: bool = False) -> Library:
+    """The library `lib_cfg` names for this model, searched as `lib_cfg.exclude_self` / `.retrieval` say."""
     path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
     if not (path / "manifest.json").exists():
         if not build_if_missing:
@@ -251,15 +264,13 @@ def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build
                 "build it with `make library` (or run `make aime-graft`, which builds it)"
             )
         build_library(lib_cfg, fm, project_root)
-    return Library(path, LocalStore(project_root / lib_cfg.store))
+    store = LocalStore(project_root / lib_cfg.store)
+    return Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
 
 
-def _main(argv: list[str] | None = None) -> None:
-    import sys
-
-    from harness.config import compose_config
-    from harness.run import load_model
-
+@exit_on_error
+def main(argv: list[str] | None = None) -> None:
+    """`python -m harness.library [overrides]`: build the configured library and print what went in."""
     cfg = compose_config(sys.argv[1:] if argv is None else argv)
     root = Path(cfg.project_root)
     fm = load_model(cfg)
@@ -272,4 +283,4 @@ def _main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    main()

@@ -1,19 +1,19 @@
 """Experiment tracking: log a finished run folder to MLflow, or record why it is pending.
 
 The run folder (``harness/RUN_FORMAT.md``) is the record; MLflow is an index over it. :func:`log_run_dir`
-reads ``config.yaml``, ``summary.json`` and ``manifest.json`` and logs
+reads the config, summary and manifest through ``harness.run_folder.RunFolder`` and logs
 
 - params: the flattened resolved config (``decoding.max_new_tokens`` ...),
 - metrics: every numeric leaf of the summary (``scores.accuracy``, ``tokens.decode``,
-  ``groups.recurring.accuracy``, ``comparison.token_reduction``; ``pass@1`` becomes ``pass_at_1``
-  because MLflow names may not contain ``@``),
+  ``groups.recurring.accuracy``; ``pass@1`` becomes ``pass_at_1`` because MLflow names may not contain ``@``),
 - tags: condition, model/tokenizer fingerprints, git commit, manifest SHA-256, run folder,
 - artifacts: every file of the folder,
 
 then writes ``tracking.json`` (``{"tracking_uri", "experiment", "run_id"}``) into the folder.
 :func:`try_log_run_dir` never raises: on failure it warns and writes ``tracking.json`` with
 ``{"pending": true, "reason", "tracking_uri", "experiment"}``; log such runs later with
-``python scripts/log_run.py RUN_DIR``.
+``python scripts/log_run.py RUN_DIR``. :func:`log_comparison` logs the compare job's ``comparison.json``
+(``harness.compare``) as a run of its own, its figures as metrics (``graft_recurring.comparison.token_reduction``).
 
 Pitfalls handled (``DESIGN.md``): the store is an absolute ``sqlite:////abs/path/runs/mlflow.db`` URI
 (the ``./mlruns`` file store is deprecated) with artifacts next to it in ``mlartifacts/``; the experiment
@@ -36,29 +36,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
-from harness.errors import TrackingError
-from harness.hashing import write_json
+from harness.errors import RunFolderError, TrackingError
+from harness.run_folder import TRACKING, RunFolder
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+    from harness.record import Summary
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
     "MAX_PARAM_VALUE_LENGTH",
     "default_tracking_uri",
     "flatten",
+    "log_comparison",
     "log_run_dir",
     "metric_leaves",
     "try_log_run_dir",
 ]
 
-DEFAULT_EXPERIMENT = "kvgraft"
+DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default experiment name (config, log_run)
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _MAX_PARAMS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
 _MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 _LOCK_RETRIES = 8
 _INVALID_NAME_CHARS = re.compile(r"[^/\w.\- ]")  # MLflow's portable name alphabet (no ':' on Windows)
-_TRACKING_FILE = "tracking.json"
 
 T = TypeVar("T")
 
@@ -197,43 +199,14 @@ def _get_or_create_experiment(client: MlflowClient, tracking_uri: str, name: str
         return found.experiment_id
 
 
-def _read_run_files(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    import yaml
-
-    def load(name: str, parse: Callable[[str], Any]) -> dict[str, Any]:
-        path = run_dir / name
-        try:
-            obj = parse(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise TrackingError(f"{path}: missing; log_run_dir needs a complete run folder") from None
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise TrackingError(f"{path}: cannot read or parse it ({exc})") from exc
-        if obj is None and name == "config.yaml":
-            return {}
-        if not isinstance(obj, dict):
-            raise TrackingError(f"{path}: expected a mapping at the top level, found {type(obj).__name__}")
-        return obj
-
-    return (
-        load("config.yaml", yaml.safe_load),
-        load("summary.json", json.loads),
-        load("manifest.json", json.loads),
-    )
-
-
-def _tags(
-    run_dir: Path, config: dict[str, Any], summary: dict[str, Any], manifest: dict[str, Any]
-) -> dict[str, str]:
+def _tags(run_dir: Path, summary: Summary, manifest: dict[str, Any]) -> dict[str, str]:
     inputs = manifest.get("inputs") or {}
     code = inputs.get("code") or {}
-    condition = summary.get("condition")
-    if condition is None and isinstance(config.get("condition"), dict):
-        condition = config["condition"].get("name")
-    energy = summary.get("energy") or {}
+    energy = summary.energy
     tags = {
-        "condition": condition,
-        "model": summary.get("model"),
-        "dataset": summary.get("dataset"),
+        "condition": summary.condition,
+        "model": summary.model,
+        "dataset": summary.dataset,
         "model_fingerprint": inputs.get("model_fingerprint"),
         "tokenizer_fingerprint": inputs.get("tokenizer_fingerprint"),
         "git_commit": code.get("commit"),
@@ -256,12 +229,50 @@ def _artifact_files(run_dir: Path) -> list[Path]:
     files = []
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir)
-        if not path.is_file() or rel.as_posix() == _TRACKING_FILE:
+        if not path.is_file() or rel.as_posix() == TRACKING:
             continue
         if path.name.startswith(".") and path.name.endswith(".tmp"):
             continue
         files.append(path)
     return files
+
+
+def _log(
+    tracking_uri: str,
+    experiment: str,
+    run_name: str,
+    *,
+    tags: dict[str, str],
+    params: dict[str, str],
+    metrics: Any,
+    files: list[tuple[Path, str | None]],
+) -> str:
+    """Create one finished MLflow run with these tags, params, metrics and files; return its id."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    with _store_init_lock(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri)
+        experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
+    run = _retry(lambda: client.create_run(experiment_id, run_name=run_name, tags=tags), "create run")
+    run_id = run.info.run_id
+    try:
+        now_ms = int(time.time() * 1000)
+        params_ = [Param(_mlflow_name(k), v) for k, v in params.items()]
+        metrics_ = [Metric(k, v, now_ms, 0) for k, v in metric_leaves(metrics)]
+        for chunk in _chunks(params_, _MAX_PARAMS_PER_BATCH):
+            _retry(lambda chunk=chunk: client.log_batch(run_id, params=chunk), "log params")
+        for chunk in _chunks(metrics_, _MAX_METRICS_PER_BATCH):
+            _retry(lambda chunk=chunk: client.log_batch(run_id, metrics=chunk), "log metrics")
+        for path, parent in files:
+            client.log_artifact(run_id, str(path), artifact_path=parent)
+        _retry(lambda: client.set_terminated(run_id, "FINISHED"), "finish run")
+    except BaseException:
+        with contextlib.suppress(Exception):  # keep the original error
+            client.set_terminated(run_id, "FAILED")
+        raise
+    return run_id
 
 
 def log_run_dir(
@@ -277,40 +288,35 @@ def log_run_dir(
     Raises :class:`TrackingError` when a run file is missing or unreadable; MLflow/connection errors
     propagate (use :func:`try_log_run_dir` when a failure must not stop the caller).
     """
-    run_dir = Path(run_dir).resolve()
-    config, summary, manifest = _read_run_files(run_dir)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
-
-    with _store_init_lock(tracking_uri):
-        client = MlflowClient(tracking_uri=tracking_uri)
-        experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
-    tags = _tags(run_dir, config, summary, manifest)
-    tags.update({k: _scalar_text(v) for k, v in (extra_tags or {}).items() if v is not None})
-    name = run_name or run_dir.name
-    run = _retry(lambda: client.create_run(experiment_id, run_name=name, tags=tags), "create run")
-    run_id = run.info.run_id
+    folder = RunFolder(Path(run_dir).resolve())
     try:
-        now_ms = int(time.time() * 1000)
-        params = [Param(_mlflow_name(k), v) for k, v in flatten(config).items()]
-        metrics = [Metric(k, v, now_ms, 0) for k, v in metric_leaves(summary)]
-        for chunk in _chunks(params, _MAX_PARAMS_PER_BATCH):
-            _retry(lambda chunk=chunk: client.log_batch(run_id, params=chunk), "log params")
-        for chunk in _chunks(metrics, _MAX_METRICS_PER_BATCH):
-            _retry(lambda chunk=chunk: client.log_batch(run_id, metrics=chunk), "log metrics")
-        for path in _artifact_files(run_dir):
-            parent = path.relative_to(run_dir).parent.as_posix()
-            client.log_artifact(run_id, str(path), artifact_path=None if parent == "." else parent)
-        _retry(lambda: client.set_terminated(run_id, "FINISHED"), "finish run")
-    except BaseException:
-        with contextlib.suppress(Exception):  # keep the original error
-            client.set_terminated(run_id, "FAILED")
-        raise
-    write_json(
-        run_dir / _TRACKING_FILE, {"tracking_uri": tracking_uri, "experiment": experiment, "run_id": run_id}
-    )
+        config, summary, manifest = folder.read_config(), folder.read_summary(), folder.read_manifest()
+    except RunFolderError as exc:
+        raise TrackingError(f"{exc} (log_run_dir needs a complete run folder)") from exc
+    tags = _tags(folder.path, summary, manifest)
+    tags.update({k: _scalar_text(v) for k, v in (extra_tags or {}).items() if v is not None})
+    files = [(p, None if p.parent == folder.path else p.parent.relative_to(folder.path).as_posix())
+             for p in _artifact_files(folder.path)]  # fmt: skip
+    run_id = _log(tracking_uri, experiment, run_name or folder.name, tags=tags, params=flatten(config),
+                  metrics=summary.to_json(), files=files)  # fmt: skip
+    folder.write_tracking({"tracking_uri": tracking_uri, "experiment": experiment, "run_id": run_id})
     return run_id
+
+
+def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str, experiment: str) -> str:
+    """Log the compare job's comparison (written at `path`) as an MLflow run named after its folder:
+    metrics are its numeric leaves, tags its comparable key and the runs it compares; returns the run id."""
+    tags = {"job": "compare", "comparable_key": comparison.get("comparable_key"),
+            **{f"run.{_slug(k)}": v for k, v in (comparison.get("runs") or {}).items()}}  # fmt: skip
+    metrics = {_slug(label): figures for label, figures in (comparison.get("summaries") or {}).items()}
+    return _log(tracking_uri, experiment, f"compare-{Path(path).parent.name}",
+                tags={k: _scalar_text(v) for k, v in tags.items() if v is not None}, params={},
+                metrics=metrics, files=[(Path(path), None)])  # fmt: skip
+
+
+def _slug(label: str) -> str:
+    """A run label as a metric prefix: "graft (held-out)" -> "graft_held_out"."""
+    return re.sub(r"\W+", "_", label).strip("_")
 
 
 def try_log_run_dir(
@@ -339,9 +345,9 @@ def try_log_run_dir(
             reason = reason[:2000] + " ..."
         pending = {"pending": True, "reason": reason, "tracking_uri": tracking_uri, "experiment": experiment}
         try:
-            write_json(Path(run_dir) / _TRACKING_FILE, pending)
+            RunFolder(run_dir).write_tracking(pending)
         except OSError as write_exc:
-            reason += f" (and writing {_TRACKING_FILE} failed: {write_exc})"
+            reason += f" (and writing {TRACKING} failed: {write_exc})"
         warnings.warn(
             f"MLflow logging of {run_dir} to {tracking_uri} failed ({reason}); the run folder is complete: "
             f"log it later with `python scripts/log_run.py {run_dir}`",

@@ -8,7 +8,7 @@ Run from the repository root::
 
 It re-hashes ``manifest.json``, ``outputs.jsonl`` (file and every row), ``summary.json`` and
 ``problems.jsonl``, re-scores every completion with ``harness.answers.score`` and recomputes the
-summary scores (``harness.manifest.verify_run``), then prints recorded vs recomputed scores.
+summary scores and groups (``harness.audit.audit``), then prints recorded vs recomputed scores.
 
 Exit status: 0 when everything matches, 1 on any mismatch (tampering, edited rows, changed scorer),
 2 when the folder or a required file is missing or unreadable.
@@ -17,17 +17,14 @@ Exit status: 0 when everything matches, 1 on any mismatch (tampering, edited row
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-if importlib.util.find_spec("harness") is None:  # running from a checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.errors import ManifestError  # noqa: E402
-from harness.manifest import RunCheck, diff_values, verify_run  # noqa: E402
+from harness.audit import RunCheck, audit, diff_values
+from harness.errors import HarnessError
+from harness.run_folder import RunFolder
 
 
 def _fmt(value: Any) -> str:
@@ -62,9 +59,9 @@ def _print_report(run_dir: Path, check: RunCheck) -> None:
     if check.ok:
         print(f"OK: {check.n_rows} rows re-scored, all hashes match")
     else:
-        print(f"FAILED: {len(check.problems)} problem(s) in {run_dir}:")
-        for problem in check.problems:
-            print(f"  - {problem}")
+        print(f"FAILED: {len(check.findings)} finding(s) in {run_dir}:")
+        for finding in check.findings:
+            print(f"  - {finding}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     args = parser.parse_args(argv)
     try:
-        check = verify_run(args.run_dir)
-    except ManifestError as exc:
+        check = audit(RunFolder(args.run_dir))
+    except HarnessError as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": str(exc)}))
         else:
@@ -87,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "ok": check.ok,
                     "n_rows": check.n_rows,
-                    "problems": check.problems,
+                    "findings": check.findings,
                     "scores": check.scores,
                     "recorded_scores": check.recorded_scores,
                 },

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from harness.errors import ManifestError
+from harness.audit import audit
+from harness.errors import ManifestError, RunFolderError
 from harness.hashing import (
     atomic_write_bytes,
     canonical_json,
@@ -20,7 +21,12 @@ from harness.hashing import (
     write_json,
     write_jsonl,
 )
-from harness.manifest import build_manifest, verify_run
+from harness.manifest import build_manifest
+from harness.run_folder import RunFolder
+
+
+def _audit(run_dir: Path):
+    return audit(RunFolder(run_dir))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -90,7 +96,7 @@ def test_manifest_has_the_run_format_fields(fake_run: Path, fakerun: ModuleType)
 
 
 def test_build_manifest_rejects_bytes_that_are_not_the_rows(fakerun: ModuleType) -> None:
-    rows = fakerun.make_rows()
+    rows = [r.to_json() for r in fakerun.make_rows()]
     with pytest.raises(ManifestError, match="outputs_bytes"):
         build_manifest(
             problems=fakerun.PROBLEMS, prompt_template="t", config={}, model_fingerprint="m",
@@ -99,13 +105,13 @@ def test_build_manifest_rejects_bytes_that_are_not_the_rows(fakerun: ModuleType)
         )  # fmt: skip
 
 
-# --- verify_run -------------------------------------------------------------------------------------
+# --- audit -------------------------------------------------------------------------------------------
 
 
 def test_untouched_run_verifies(fake_run: Path) -> None:
-    check = verify_run(fake_run)
-    assert check.ok, check.problems
-    assert check.problems == []
+    check = _audit(fake_run)
+    assert check.ok, check.findings
+    assert check.findings == []
     assert check.n_rows == 3
     assert check.scores["accuracy"] == pytest.approx(0.75)
     assert check.scores == check.recorded_scores
@@ -118,35 +124,35 @@ def test_one_changed_byte_in_a_completion_is_caught_and_the_row_named(fake_run: 
     i = data.index(b'"completion":"', line2) + len(b'"completion":"') + 3  # "Add" -> "Adx"
     data[i] = ord("x")
     path.write_bytes(bytes(data))
-    check = verify_run(fake_run)
+    check = _audit(fake_run)
     assert not check.ok
-    text = "\n".join(check.problems)
+    text = "\n".join(check.findings)
     assert "outputs.jsonl: SHA-256" in text
-    row_msgs = [p for p in check.problems if p.startswith("outputs.jsonl line 2 ")]
-    assert row_msgs, check.problems
+    row_msgs = [p for p in check.findings if p.startswith("outputs.jsonl line 2 ")]
+    assert row_msgs, check.findings
     assert all("problem_id='toy-1'" in m and "sample=1" in m for m in row_msgs)
     assert any("completion_sha256" in m for m in row_msgs)
-    assert not any("line 1 " in p or "line 3 " in p for p in check.problems)
+    assert not any("line 1 " in p or "line 3 " in p for p in check.findings)
 
 
 def test_edited_correct_flag_is_caught(fake_run: Path) -> None:
     _edit_row(fake_run, 1, correct=True)  # the wrong sample claims to be right
-    check = verify_run(fake_run)
+    check = _audit(fake_run)
     assert not check.ok
-    assert any("line 2" in p and "'correct'" in p and "re-scoring" in p for p in check.problems), (
-        check.problems
+    assert any("line 2" in p and "'correct'" in p and "re-scoring" in p for p in check.findings), (
+        check.findings
     )
-    assert any("row_sha256" in p for p in check.problems)
+    assert any("row_sha256" in p for p in check.findings)
 
 
 def test_edited_summary_accuracy_is_caught(fake_run: Path) -> None:
     summary = json.loads((fake_run / "summary.json").read_text())
     summary["scores"]["accuracy"] = 1.0
     write_json(fake_run / "summary.json", summary)
-    check = verify_run(fake_run)
+    check = _audit(fake_run)
     assert not check.ok
-    assert any("summary.json: scores.accuracy is 1.0" in p for p in check.problems), check.problems
-    assert any("summary_sha256" in p for p in check.problems)
+    assert any("summary.json: scores.accuracy is 1.0" in p for p in check.findings), check.findings
+    assert any("summary_sha256" in p for p in check.findings)
     assert check.scores["accuracy"] == pytest.approx(0.75)
 
 
@@ -154,38 +160,38 @@ def test_edited_problem_answer_is_caught(fake_run: Path) -> None:
     problems = _read_jsonl(fake_run / "problems.jsonl")
     problems[1]["answer"] = "10"
     write_jsonl(fake_run / "problems.jsonl", problems)
-    check = verify_run(fake_run)
+    check = _audit(fake_run)
     assert not check.ok
-    assert any(p.startswith("problems.jsonl line 2 (id='toy-2')") for p in check.problems), check.problems
-    assert any("gold_answer" in p and "toy-2" in p for p in check.problems)
+    assert any(p.startswith("problems.jsonl line 2 (id='toy-2')") for p in check.findings), check.findings
+    assert any("gold_answer" in p and "toy-2" in p for p in check.findings)
 
 
 def test_manifest_self_hash_tamper_is_caught(fake_run: Path) -> None:
     manifest = json.loads((fake_run / "manifest.json").read_text())
     manifest["inputs"]["model_fingerprint"] = "c" * 64
     write_json(fake_run / "manifest.json", manifest)
-    check = verify_run(fake_run)
+    check = _audit(fake_run)
     assert not check.ok
-    assert any(p.startswith("manifest.json: manifest_sha256") for p in check.problems), check.problems
+    assert any(p.startswith("manifest.json: manifest_sha256") for p in check.findings), check.findings
 
 
 def test_edited_config_is_caught(fake_run: Path) -> None:
     text = (fake_run / "config.yaml").read_text().replace("max_new_tokens: 64", "max_new_tokens: 65")
     (fake_run / "config.yaml").write_text(text)
-    check = verify_run(fake_run)
-    assert [p for p in check.problems if p.startswith("config.yaml")], check.problems
+    check = _audit(fake_run)
+    assert [p for p in check.findings if p.startswith("config.yaml")], check.findings
 
 
 def test_measured_energy_without_joules_is_caught(fake_run: Path) -> None:
     _edit_row(fake_run, 0, energy_status="measured:nvml", energy_j=None)
-    check = verify_run(fake_run)
-    assert any("line 1" in p and "energy" in p and "never estimated" in p for p in check.problems)
+    check = _audit(fake_run)
+    assert any("line 1" in p and "energy" in p and "never estimated" in p for p in check.findings)
 
 
-def test_missing_file_raises_manifest_error_naming_it(fake_run: Path) -> None:
+def test_missing_file_raises_run_folder_error_naming_it(fake_run: Path) -> None:
     (fake_run / "summary.json").unlink()
-    with pytest.raises(ManifestError, match="summary.json"):
-        verify_run(fake_run)
+    with pytest.raises(RunFolderError, match="summary.json"):
+        _audit(fake_run)
 
 
 # --- scripts/rescore.py -----------------------------------------------------------------------------
