@@ -259,6 +259,7 @@ def _rm(args) -> int:
 def _gc(args) -> int:
     report = _store(args).gc()
     print(f"temp files removed  {report['temp_removed']}")
+    print(f"temp files kept     {report['temp_kept']} (younger than the grace period or held by a live writer)")
     print(f"index rows dropped  {report['rows_dropped']}")
     print(f"objects indexed     {report['objects_indexed']}")
     print(f"damaged             {len(report['damaged'])}")

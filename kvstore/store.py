@@ -11,29 +11,35 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import sqlite3
-import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kvstore.errors import IntegrityError, InvalidIdError, KVStoreError, NotFoundError
-from kvstore.format import Snapshot, from_bytes, read_metadata, to_bytes
+from kvstore.errors import FormatError, IndexDatabaseError, IntegrityError, InvalidIdError, KVStoreError, NotFoundError
+from kvstore.format import Snapshot, from_bytes, guard, to_bytes, tokens_sha256
+
+try:  # POSIX: a writer holds an exclusive lock on its temp file, so gc can tell it is alive
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: gc relies on the grace period alone
+    fcntl = None  # type: ignore[assignment]
 
 _HEX = frozenset("0123456789abcdef")
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+GC_GRACE_S = 3600.0  # gc never removes a temp file modified less than this long ago
+
 
 class ArtifactId(str):
     """A validated artifact id: 64 lowercase hex digits (the SHA-256 of the artifact's bytes)."""
 
     def __new__(cls, value: str) -> ArtifactId:
         if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
-            raise InvalidIdError(f"{value!r} is not an artifact id (64 lowercase hex digits); see `kvstore ls`")
+            raise InvalidIdError(f"{value!r:.80} is not an artifact id (64 lowercase hex digits); see `kvstore ls`")
         return super().__new__(cls, value)
 
     @classmethod
@@ -55,16 +61,32 @@ def relpath_to_id(rel: str) -> ArtifactId:
     return ArtifactId(parts[1] + parts[2])
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write bytes so that a crash leaves either the whole file or nothing: temp, fsync, os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _try_lock(fd: int, blocking: bool) -> bool:
+    """Exclusive flock on an open file; False when another process holds it (non-blocking mode)."""
+    if fcntl is None:
+        return True
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)  # mkstemp makes 0600; published files get the usual mode
-            os.fsync(f.fileno())
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        return True
+    except BlockingIOError:
+        return False
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write bytes so that a crash leaves either the whole file or nothing: temp, fsync, os.replace.
+
+    The temp file `.<name>.<random>.tmp` is created with mode 0o666 (the process umask applies, as for any new
+    file) and stays locked (flock) until it is renamed, so a concurrent `gc` never removes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        _try_lock(fd, blocking=True)
+        view = memoryview(data).cast("B")
+        n = 0
+        while n < len(view):
+            n += os.write(fd, view[n:])
+        os.fsync(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -72,6 +94,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+    finally:
+        os.close(fd)  # releases the lock, after the rename
     _fsync_dir(path.parent)
 
 
@@ -103,41 +127,86 @@ class ArtifactInfo:
     tags: tuple[str, ...]
 
 
-def _admit(data: bytes | memoryview) -> dict:
-    """Check bytes entering a store completely (header, every tensor's SHA-256) and return their metadata.
-    Every stored object is therefore internally consistent, and a read only has to check that the file still
-    hashes to its id: that one SHA-256 covers every byte, tensors included."""
-    from_bytes(data, verify_tensors=True)
-    return read_metadata(data)
+@dataclass(frozen=True)
+class _Row:
+    """The index fields of an admitted artifact, taken from its validated snapshot (never from raw metadata)."""
+
+    id: str
+    size: int
+    token_count: int
+    tokens_sha256: str
+    model_fingerprint: str
+    model_name: str
+
+    @classmethod
+    def of(cls, aid: str, size: int, snap: Snapshot) -> _Row:
+        return cls(aid, size, snap.token_count, tokens_sha256(snap.token_ids), snap.model_fingerprint,
+                   snap.model_name)
 
 
-def _info_from_meta(aid: str, size: int, meta: dict, tags: Iterable[str], created: float) -> ArtifactInfo:
-    return ArtifactInfo(aid, size, meta["token_count"], meta["tokens_sha256"], meta["model_fingerprint"],
-                        meta.get("model_name", ""), created, tuple(sorted(set(tags))))
+def _admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:
+    """Check bytes entering a store completely (structure, every invariant of FORMAT.md section 6, every
+    tensor's SHA-256) and return their snapshot. Every stored object is therefore valid, and a read only has
+    to check that the file still hashes to its id: that one SHA-256 covers every byte, tensors included.
+    verify_tensors=False only for bytes to_bytes has just written (their tensor hashes are computed, not read)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise FormatError(f"artifact bytes must be bytes, got {type(data).__name__}")
+    return from_bytes(data, verify_tensors=verify_tensors)
 
 
-class Store:
+def _tags(tags: Iterable[str]) -> tuple[str, ...]:
+    out = tuple(tags)
+    if not all(isinstance(t, str) and 0 < len(t) <= 256 for t in out):
+        raise KVStoreError(f"tags must be non-empty strings of at most 256 characters, got {out!r:.120}")
+    return out
+
+
+class Store(ABC):
     """The store interface: put / get / contains / iterate, plus tags and token lookups."""
 
-    def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId: ...
-    def get_bytes(self, aid: str) -> bytes: ...
-    def contains(self, aid: str) -> bool: ...
-    def info(self, aid: str) -> ArtifactInfo: ...
-    def list(self, tag: str | None = None) -> list[ArtifactInfo]: ...
-    def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]: ...
-    def remove(self, aid: str) -> None: ...
+    @abstractmethod
+    def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
+        """Admit artifact bytes (fully validated first); returns their id. Existing ids only gain tags."""
+
+    @abstractmethod
+    def get_bytes(self, aid: str) -> bytes:
+        """The artifact's bytes, checked to hash to `aid`. NotFoundError, IntegrityError."""
+
+    @abstractmethod
+    def contains(self, aid: str) -> bool:
+        """Whether the artifact is stored."""
+
+    @abstractmethod
+    def info(self, aid: str) -> ArtifactInfo:
+        """The artifact's index row. NotFoundError."""
+
+    @abstractmethod
+    def list(self, tag: str | None = None) -> list[ArtifactInfo]:
+        """Index rows (with `tag` only, when given), by id."""
+
+    @abstractmethod
+    def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
+        """Ids of the artifacts holding exactly the token ids with this SHA-256."""
+
+    @abstractmethod
+    def remove(self, aid: str) -> None:
+        """Delete an artifact and its index row. NotFoundError."""
+
+    @abstractmethod
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
-        raise NotImplementedError
+        """Tag a stored artifact (its bytes are not read). NotFoundError."""
 
     def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
         """Store a snapshot; returns its id. Putting an existing artifact only adds tags."""
-        return self.put_bytes(to_bytes(snapshot), tags)
+        with guard("snapshot to store"):
+            data = to_bytes(snapshot)
+        return self.put_bytes(data, tags)
 
     def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
         """Store many snapshots (or artifact bytes), each with `tags`; their ids in order. Same result as a
         loop of put/put_bytes; a store may batch it (LocalStore indexes them in one transaction)."""
         tags = tuple(tags)
-        return [self.put_bytes(to_bytes(x) if isinstance(x, Snapshot) else x, tags) for x in items]
+        return [self.put(x, tags) if isinstance(x, Snapshot) else self.put_bytes(x, tags) for x in items]
 
     def get(self, aid: str) -> Snapshot:
         """The verified snapshot: the bytes hash to the id before any tensor is returned (tensors were checked
@@ -157,7 +226,8 @@ class Store:
         return len(self.list())
 
     def verify(self, aid: str) -> None:
-        """Re-hash an artifact's bytes and tensors; raises IntegrityError/FormatError if it is damaged."""
+        """Re-hash an artifact's bytes and tensors and re-check every invariant; raises IntegrityError,
+        FormatError or ValidationError if it is damaged."""
         from_bytes(self.get_bytes(aid), verify_tensors=True)
 
 
@@ -169,12 +239,15 @@ class MemoryStore(Store):
         self._info: dict[str, ArtifactInfo] = {}
 
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
+        tags = _tags(tags)
+        snap = _admit(data)
         aid = ArtifactId.of(data)
-        meta = _admit(data)
+        row = _Row.of(aid, len(data), snap)
         old = self._info.get(aid)
         self._data[aid] = bytes(data)
-        self._info[aid] = _info_from_meta(aid, len(data), meta, (old.tags if old else ()) + tuple(tags),
-                                          old.created if old else time.time())
+        self._info[aid] = ArtifactInfo(aid, row.size, row.token_count, row.tokens_sha256, row.model_fingerprint,
+                                       row.model_name, old.created if old else time.time(),
+                                       tuple(sorted(set((old.tags if old else ()) + tags))))
         return aid
 
     def get_bytes(self, aid: str) -> bytes:
@@ -203,6 +276,7 @@ class MemoryStore(Store):
 
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         """Tag a stored artifact (its bytes are not read)."""
+        tags = _tags(tags)
         old = self.info(aid)
         self._info[old.id] = ArtifactInfo(**{**old.__dict__, "tags": tuple(sorted(set(old.tags) | set(tags)))})
 
@@ -230,59 +304,99 @@ class LocalStore(Store):
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.index_path = self.root / "index.sqlite"
-        with closing(self._connect()) as db, db:
+        with self._db("create the index") as db:
             db.executescript(_SCHEMA)
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
 
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.index_path, timeout=60, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        return db
+    @contextmanager
+    def _db(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """A connection to the index (autocommit; callers BEGIN where they need a transaction); any SQLite
+        failure becomes an IndexDatabaseError naming the store and what was being done."""
+        try:
+            with closing(sqlite3.connect(self.index_path, timeout=60, isolation_level=None)) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    yield db
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+        except (sqlite3.Error, OverflowError) as e:
+            raise IndexDatabaseError(
+                f"index {self.index_path}: could not {doing}: {type(e).__name__}: {e}. Objects are unaffected; "
+                "fix the cause (disk space, a stuck writer, a damaged index file) and run `kvstore gc`"
+            ) from e
 
     def path(self, aid: str) -> Path:
         return self.root / id_to_relpath(aid)
 
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
+        tags = _tags(tags)
+        snap = _admit(data)
         aid = ArtifactId.of(data)
-        meta = _admit(data)
-        path = self.path(aid)
-        if not path.exists():
-            atomic_write(path, data)
-        self._index(aid, len(data), meta, tags)
+        self._store_and_index([(aid, data, _Row.of(aid, len(data), snap))], tags)
         return aid
 
+    def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
+        return self.put_many([snapshot], tags)[0]
+
     def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
-        """Batched put: every file is written atomically (temp, fsync, rename) as in put_bytes, then all index
-        rows go in one transaction. A crash in between leaves objects that `gc()` indexes."""
-        tags = tuple(tags)
-        rows = []
+        """Batched put: every item is validated and written atomically (temp, fsync, rename) as in put_bytes,
+        then all index rows go in one transaction. If indexing fails, the objects this call wrote are removed
+        again; a crash in between leaves objects that `gc()` indexes."""
+        tags = _tags(tags)
+        batch = []
         for x in items:
-            data = to_bytes(x) if isinstance(x, Snapshot) else x
+            if isinstance(x, Snapshot):
+                with guard("snapshot to store"):
+                    data = to_bytes(x)
+                snap = _admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
+            else:
+                data, snap = x, _admit(x)
             aid = ArtifactId.of(data)
-            meta = read_metadata(data) if isinstance(x, Snapshot) else _admit(data)
-            path = self.path(aid)
-            if not path.exists():
-                atomic_write(path, data)
-            rows.append((aid, len(data), meta))
-        self._index_many(rows, tags)
-        return [r[0] for r in rows]
+            batch.append((aid, data, _Row.of(aid, len(data), snap)))
+        self._store_and_index(batch, tags)
+        return [aid for aid, _, _ in batch]
 
-    def _index(self, aid: str, size: int, meta: dict, tags: Iterable[str]) -> None:
-        self._index_many([(aid, size, meta)], tuple(tags))
+    def _store_and_index(self, batch: list[tuple[ArtifactId, bytes, _Row]], tags: tuple[str, ...]) -> None:
+        written: list[ArtifactId] = []
+        try:
+            for aid, data, _row in batch:
+                path = self.path(aid)
+                if not path.exists():
+                    atomic_write(path, data)
+                    written.append(aid)
+            self._index_many([row for _, _, row in batch], tags)
+        except BaseException:
+            self._unpublish(written)
+            raise
 
-    def _index_many(self, rows: list[tuple[str, int, dict]], tags: tuple[str, ...]) -> None:
+    def _unpublish(self, written: list[ArtifactId]) -> None:
+        """After a failed put: remove the objects it wrote that have no index row (no orphan is left behind)."""
+        try:
+            with self._db("check rows after a failed put") as db:
+                rows = {r[0] for r in db.execute("SELECT id FROM artifacts")}
+        except IndexDatabaseError:
+            rows = set()
+        for aid in written:
+            if aid not in rows:
+                try:
+                    self.path(aid).unlink()
+                except FileNotFoundError:
+                    pass
+
+    def _index_many(self, rows: list[_Row], tags: tuple[str, ...]) -> None:
         now = time.time()
-        with closing(self._connect()) as db:
+        with self._db(f"index {len(rows)} artifact(s)") as db:
             db.execute("BEGIN IMMEDIATE")
             db.executemany(
                 "INSERT OR IGNORE INTO artifacts VALUES (?,?,?,?,?,?,?)",
-                [(aid, size, meta["token_count"], meta["tokens_sha256"], meta["model_fingerprint"],
-                  meta.get("model_name", ""), now) for aid, size, meta in rows],
+                [(r.id, r.size, r.token_count, r.tokens_sha256, r.model_fingerprint, r.model_name, now) for r in rows],
             )
-            db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(r[0], t) for r in rows for t in tags])
+            db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(r.id, t) for r in rows for t in tags])
             db.execute("COMMIT")
 
     def _read(self, aid: str, writable: bool = False) -> bytes | memoryview:
@@ -300,6 +414,8 @@ class LocalStore(Store):
                 return data[:n]
         except FileNotFoundError:
             raise NotFoundError(f"artifact {aid} is not in store {self.root} (see `kvstore ls`)") from None
+        except IsADirectoryError:
+            raise IntegrityError(f"artifact {aid}: {self.path(aid)} is a folder, not an object; remove it") from None
 
     def _check(self, aid: str, data: bytes | memoryview, got: str | None = None) -> None:
         """Raise IntegrityError unless the bytes hash to `aid` (got: their SHA-256, when already computed)."""
@@ -327,7 +443,7 @@ class LocalStore(Store):
         return self.path(aid).exists()
 
     def _rows(self, where: str = "", args: tuple = ()) -> list[ArtifactInfo]:
-        with closing(self._connect()) as db:
+        with self._db("read the index") as db:
             rows = db.execute(f"SELECT * FROM artifacts {where} ORDER BY id", args).fetchall()
             tags: dict[str, list[str]] = {}
             if rows:
@@ -349,26 +465,26 @@ class LocalStore(Store):
         return self._rows("WHERE id IN (SELECT id FROM tags WHERE tag = ?)", (tag,))
 
     def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
-        with closing(self._connect()) as db:
-            rows = db.execute("SELECT id FROM artifacts WHERE tokens_sha256 = ? ORDER BY id", (tokens_sha256,))
+        with self._db("look up token hashes") as db:
+            rows = db.execute("SELECT id FROM artifacts WHERE tokens_sha256 = ? ORDER BY id", (str(tokens_sha256),))
             return [ArtifactId(r[0]) for r in rows]
 
     def __len__(self) -> int:
-        with closing(self._connect()) as db:
+        with self._db("count artifacts") as db:
             return db.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0]
 
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         """Tag a stored artifact (its bytes are not read). Raises NotFoundError if it is not indexed."""
-        aid = ArtifactId(aid)
+        aid, tags = ArtifactId(aid), _tags(tags)
         self.info(aid)
-        with closing(self._connect()) as db:
+        with self._db("add tags") as db:
             db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(aid, t) for t in tags])
 
     def remove(self, aid: str) -> None:
         aid = ArtifactId(aid)
         path = self.path(aid)
         existed = path.exists()
-        with closing(self._connect()) as db:
+        with self._db(f"remove {aid}") as db:
             db.execute("BEGIN IMMEDIATE")
             n = db.execute("DELETE FROM artifacts WHERE id = ?", (aid,)).rowcount
             db.execute("DELETE FROM tags WHERE id = ?", (aid,))
@@ -378,32 +494,60 @@ class LocalStore(Store):
         if not existed and not n:
             raise NotFoundError(f"artifact {aid} is not in store {self.root}")
 
-    def gc(self) -> dict:
-        """Remove leftover temp files and index rows without objects; index objects missing from the index
-        (after a crash between the write and the index update). Damaged objects are reported, not deleted."""
-        report = {"temp_removed": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+    def gc(self, grace_s: float = GC_GRACE_S) -> dict:
+        """Repair the store after crashes; safe to run while other processes put.
+
+        - Temp files are removed only when older than `grace_s` and not locked by a live writer
+          (counted in temp_kept otherwise).
+        - Index rows whose object is gone are dropped.
+        - Objects without a row (a crash between write and index) are validated like a put and indexed;
+          invalid ones, and anything under objects/ that is not an object, are reported in `damaged`,
+          never deleted.
+        """
+        report: dict = {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
         objects = self.root / "objects"
         on_disk: set[str] = set()
-        for p in objects.glob("*/*") if objects.exists() else []:
-            if p.name.startswith("."):
-                p.unlink()
-                report["temp_removed"] += 1
+        now = time.time()
+        for p in sorted(objects.glob("*/*")) if objects.is_dir() else []:
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                removed = self._remove_stale_temp(p, now, grace_s)
+                report["temp_removed" if removed else "temp_kept"] += 1
                 continue
             try:
-                on_disk.add(relpath_to_id(str(p.relative_to(self.root))))
-            except InvalidIdError:
-                report["damaged"].append(str(p))
+                aid = relpath_to_id(str(p.relative_to(self.root)))
+                if not p.is_file():
+                    raise InvalidIdError(f"{p} is not a regular file")
+                on_disk.add(aid)
+            except InvalidIdError as e:
+                report["damaged"].append(f"{p}: not an object ({e}); move it out of the store")
         indexed = {i.id for i in self._rows()}
         for aid in sorted(indexed - on_disk):
-            with closing(self._connect()) as db:
+            with self._db(f"drop the row of missing object {aid}") as db:
                 db.execute("DELETE FROM artifacts WHERE id = ?", (aid,))
                 db.execute("DELETE FROM tags WHERE id = ?", (aid,))
             report["rows_dropped"] += 1
         for aid in sorted(on_disk - indexed):
             try:
                 data = self.get_bytes(aid)
-                self._index(aid, len(data), read_metadata(data), ())
+                self._index_many([_Row.of(aid, len(data), _admit(data))], ())
                 report["objects_indexed"] += 1
-            except KVStoreError as e:
+            except (KVStoreError, OSError) as e:
                 report["damaged"].append(f"{aid}: {e}")
         return report
+
+    @staticmethod
+    def _remove_stale_temp(p: Path, now: float, grace_s: float) -> bool:
+        """Remove a leftover temp file if it is older than the grace period and no live writer locks it."""
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:  # gone already (renamed by its writer), or unreadable: leave it
+            return False
+        try:
+            if now - os.fstat(fd).st_mtime < grace_s or not _try_lock(fd, blocking=False):
+                return False
+            p.unlink()
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)

@@ -215,15 +215,16 @@ def test_gc_reindexes_objects_without_rows_and_drops_rows_without_objects(tmp_pa
     store.path(idb).unlink()  # an object lost behind the index's back
     temp = store.path(idc).parent / f".{idc[2:]}.x.tmp"  # a leftover of an interrupted write
     temp.write_bytes(b"partial")
+    os.utime(temp, (temp.stat().st_atime - 7200, temp.stat().st_mtime - 7200))  # older than the 1 h grace period
     assert sorted(i.id for i in store.list()) == sorted([idb, idc])
 
     report = store.gc()
 
-    assert report == {"temp_removed": 1, "rows_dropped": 1, "objects_indexed": 1, "damaged": []}
+    assert report == {"temp_removed": 1, "temp_kept": 0, "rows_dropped": 1, "objects_indexed": 1, "damaged": []}
     assert sorted(i.id for i in store.list()) == sorted([ida, idc])
     assert not temp.exists()
     assert store.info(ida).token_count == 5
-    assert store.gc() == {"temp_removed": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
 
 
 def test_gc_reports_a_damaged_unindexed_object_and_keeps_it(tmp_path, hand_built):
