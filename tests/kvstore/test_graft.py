@@ -2,7 +2,7 @@
 incompatible use is refused with an error that names what differs.
 
 Exact means: the suffix logits after deposit -> LocalStore put -> get -> graft have the same SHA-256 as the
-fresh reference (prefill the prefix under the same schedule, then the same suffix)."""
+fresh reference (prefill the prefix under the same schedule, then the same suffix): `kvstore.check_graft`."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from kvstore import (
     IncompatibleError,
     IntegrityError,
     LocalStore,
-    check_compatible,
+    check_graft,
     deposit_tokens,
     forward,
     graft_snapshot,
     load_frozen_model,
-    logits_sha256,
     prefill,
 )
+from kvstore.graft import check_compatible
 
 MODELS = ["tiny-gemma3", "tiny-llama"]
 SUFFIX = [4 + ord(c) for c in " then"]  # byte tokens
@@ -57,14 +57,10 @@ def _greedy(fm, cache, logits, n: int) -> list[int]:
 @pytest.mark.parametrize("fm", MODELS, indirect=True)
 @pytest.mark.parametrize("n", [5, 15, 16, 17, 40, 100])
 def test_graft_from_the_store_gives_byte_identical_suffix_logits(fm, n, tmp_path):
-    prefix = prompt_ids(n)
-    cache, _ = prefill(fm, prefix)
-    reference = forward(fm, SUFFIX, cache)
-
-    snap = _through_store(fm, prefix, tmp_path)
-    grafted = forward(fm, SUFFIX, graft_snapshot(snap, fm, prefix + SUFFIX, position=0))
-
-    assert logits_sha256(grafted) == logits_sha256(reference)
+    check = check_graft(fm, prompt_ids(n), SUFFIX, LocalStore(tmp_path / "store"))
+    assert check.artifact_id is not None  # went through put and a verified get
+    assert check.equal and check.sha256_graft == check.sha256_reference
+    assert check.kl_max == 0 and check.max_abs_diff == 0 and check.argmax_agreement == 1.0
 
 
 @pytest.mark.parametrize("fm", MODELS, indirect=True)
@@ -92,12 +88,11 @@ def test_grafted_sliding_layers_restore_the_window_state(tiny_gemma3, tmp_path):
 
 def test_bfloat16_artifacts_graft_exactly_into_a_bfloat16_model(tmp_path):
     fm = load_frozen_model("tiny-gemma3", Determinism(dtype="bfloat16"))
-    prefix = prompt_ids(20)
-    cache, _ = prefill(fm, prefix)
-    reference = forward(fm, SUFFIX, cache)
-    snap = _through_store(fm, prefix, tmp_path)
-    assert snap.layers[0].keys.dtype == torch.bfloat16
-    assert logits_sha256(forward(fm, SUFFIX, graft_snapshot(snap, fm, prefix))) == logits_sha256(reference)
+    store = LocalStore(tmp_path / "store")
+    check = check_graft(fm, prompt_ids(20), SUFFIX, store, keep_logits=True)
+    assert store.get(check.artifact_id).layers[0].keys.dtype == torch.bfloat16
+    assert check.graft_logits.dtype == torch.bfloat16
+    assert check.equal
 
 
 # --- refusals -----------------------------------------------------------------------------------------------
