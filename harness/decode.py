@@ -1,19 +1,27 @@
-"""Batch-size-1 decoding on a frozen model: prefill what the cache has not seen, then greedy or seeded
-sampling up to a token budget, stopping at EOS or a stop string.
+"""Decoding on a frozen model: prefill what the cache has not seen, then greedy or seeded sampling up to a
+token budget, each sequence stopping at EOS, a stop string or its budget.
 
+`generate` continues one sequence; `generate_batch` continues one shared context `n` times (n samples of a
+problem): the context is prefilled (or grafted) once, its cache is expanded to the batch, the rows decode
+together and a finished row leaves the batch (its cache rows are dropped), so it stops costing compute.
 The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` counts only what was.
+
+    from harness.decode import generate, generate_batch
+    g = generate(fm, fm.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
+    gs = generate_batch(fm, ids, 8, seeds=range(8), max_new_tokens=64, strategy="sample")
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from harness.errors import ConfigError, HarnessError
-from kvstore import FrozenModel, forward, logits_sha256, new_cache, prefill
+from kvstore import FrozenModel, logits_sha256, new_cache, prefill
 
 StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
@@ -43,6 +51,7 @@ class Generation:
 def _pick(
     logits: torch.Tensor, strategy: str, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> int:
+    """The next token from one row of logits (vocab,)."""
     if strategy == "greedy":
         return int(torch.argmax(logits, dim=-1))
     probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
@@ -58,58 +67,118 @@ def generate(
     prompt_ids: list[int],
     *,
     max_new_tokens: int,
-    stop: list[str] = (),
+    stop: Sequence[str] = (),
     strategy: str = "greedy",
     temperature: float = 0.7,
     top_p: float = 0.95,
     seed: int | None = None,
     cache=None,
+    on_token: Callable[[int], None] | None = None,
 ) -> Generation:
-    """Continue `prompt_ids`. `cache` may already hold a prefix of them (a graft); the rest is prefilled."""
+    """Continue `prompt_ids` once. `cache` may already hold a prefix of them (a graft); the rest is prefilled.
+
+    on_token: called after every decode step with the number of tokens chosen in it (progress in tokens).
+    """
+    return generate_batch(
+        fm, prompt_ids, 1, [int(seed or 0)], max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
+        temperature=temperature, top_p=top_p, cache=cache, on_token=on_token,
+    )[0]
+
+
+def generate_batch(
+    fm: FrozenModel,
+    prompt_ids: list[int],
+    n: int,
+    seeds: Sequence[int] | None = None,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    strategy: str = "sample",
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    cache=None,
+    on_token: Callable[[int], None] | None = None,
+) -> list[Generation]:
+    """Continue `prompt_ids` `n` times, the rows decoded together; row i samples with its own `seeds[i]`.
+
+    The shared context is prefilled once (or taken from `cache`, e.g. a graft); the first token of every row
+    is chosen from those logits, then the cache is repeated to the rows still running and each step feeds
+    one token per running row. A row that hits EOS, a stop string or its budget leaves the batch.
+
+    Reproducibility: the same inputs, seeds and `n` give identical outputs. With n=1 this is `generate`.
+    A batch of n rows need not give the same bits as n runs at batch size 1 (batch invariance, see
+    DESIGN.md: GEMM blocking depends on the batch), so the batch size is part of what a run depends on.
+    """
     t0 = time.perf_counter()
     if strategy not in ("greedy", "sample"):
         raise ConfigError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
     if max_new_tokens < 1:
         raise ConfigError(f"decoding.max_new_tokens={max_new_tokens}: use a budget of at least 1 token")
+    if n < 1:
+        raise ConfigError(f"batch of n={n} rows: use n >= 1")
+    seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != n:
+        raise ConfigError(f"{len(seeds)} seeds for a batch of n={n} rows: give one seed per row")
     cache = cache if cache is not None else new_cache(fm)
     seen = cache.get_seq_length()
     if seen >= len(prompt_ids):
         raise HarnessError(
             f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
         )
-    gen = None
-    if strategy == "sample":
-        gen = torch.Generator(device="cpu").manual_seed(int(seed or 0))
+    gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds] if strategy == "sample" else [None] * n
     eos = eos_ids(fm)
-    cache, logits = prefill(fm, prompt_ids[seen:], cache)
-    first_sha, ttft = "", 0.0
-    out: list[int] = []
-    reason = "length"
+    stop = [s for s in stop if s]
     # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
     # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
     tail = max((len(s) for s in stop), default=0) + 4
+
+    cache, logits = prefill(fm, prompt_ids[seen:], cache)  # (1, vocab): shared by every row's first token
+    first_sha = logits_sha256(logits)
+    outs: list[list[int]] = [[] for _ in range(n)]
+    reasons: list[StopReason] = ["length"] * n
+    ttft = [0.0] * n
+    active = list(range(n))  # row ids still decoding, in cache-batch order
+    position = len(prompt_ids)
     for step in range(max_new_tokens):
-        tok = _pick(logits[0].cpu(), strategy, temperature, top_p, gen)
+        running: list[int] = []  # indices into `active` of rows that continue
+        for j, i in enumerate(active):
+            tok = _pick(logits[j if logits.shape[0] > 1 else 0], strategy, temperature, top_p, gens[i])
+            if step == 0:
+                ttft[i] = time.perf_counter() - t0
+            if tok in eos:
+                reasons[i] = "eos"
+                continue
+            outs[i].append(tok)
+            if stop and _first_stop(fm.decode(outs[i][-tail:]), stop) is not None:
+                reasons[i] = "stop"
+                continue
+            running.append(j)
+        if on_token is not None:
+            on_token(len(active))
+        if not running or step + 1 == max_new_tokens:
+            break
         if step == 0:
-            ttft = time.perf_counter() - t0
-            first_sha = logits_sha256(logits)
-        if tok in eos:
-            reason = "eos"
-            break
-        out.append(tok)
-        if stop and _first_stop(fm.decode(out[-tail:]), stop) is not None:
-            reason = "stop"
-            break
-        if step + 1 < max_new_tokens:
-            logits = forward(fm, [tok], cache)[:, -1, :]
-    text = fm.decode(out)
-    hit = _first_stop(text, stop)
-    if hit is not None:
-        text = text[:hit]
-    return Generation(
-        out, text, len(prompt_ids) - seen, len(out) + (reason == "eos"), reason, first_sha, ttft,
-        seed=int(seed or 0) if strategy == "sample" else None,
-    )
+            if len(running) > 1:
+                cache.batch_repeat_interleave(len(running))  # every row starts from the same context
+        elif len(running) < len(active):
+            cache.batch_select_indices(torch.tensor(running, dtype=torch.long, device=fm.device))
+        active = [active[j] for j in running]
+        ids = torch.tensor([[outs[i][-1]] for i in active], dtype=torch.long, device=fm.device)  # (rows, 1)
+        pos = torch.full((len(active), 1), position + step, dtype=torch.long, device=fm.device)
+        out = fm.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+        logits = out.logits[:, -1, :]  # (rows, vocab)
+
+    gens_out = []
+    for i in range(n):
+        text = fm.decode(outs[i])
+        hit = _first_stop(text, stop)
+        if hit is not None:
+            text = text[:hit]
+        gens_out.append(Generation(
+            outs[i], text, len(prompt_ids) - seen, len(outs[i]) + (reasons[i] == "eos"), reasons[i], first_sha,
+            ttft[i], seed=seeds[i] if strategy == "sample" else None,
+        ))
+    return gens_out
 
 
 def eos_ids(fm: FrozenModel) -> set[int]:
@@ -123,6 +192,6 @@ def eos_ids(fm: FrozenModel) -> set[int]:
     return ids
 
 
-def _first_stop(text: str, stop: list[str]) -> int | None:
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
     hits = [text.find(s) for s in stop if s and s in text]
     return min(hits) if hits else None

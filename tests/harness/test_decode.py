@@ -1,10 +1,12 @@
-"""Decoding: stops where a full re-decode would, greedy is deterministic, a graft prefix is not recomputed."""
+"""Decoding: stops where a full re-decode would, greedy is deterministic, a graft prefix is not recomputed;
+batched sampling reproduces itself, equals batch size 1 at n=1, and each row stops on its own."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from harness.decode import STOP_REASONS, generate
+from harness.decode import STOP_REASONS, _pick, generate, generate_batch
 from harness.errors import ConfigError
 from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, logits_sha256, new_cache, prefill
 
@@ -76,3 +78,116 @@ def test_a_bad_strategy_or_budget_is_a_config_error(fm):
         generate(fm, fm.encode("a"), max_new_tokens=2, strategy="beam")
     with pytest.raises(ConfigError, match="max_new_tokens"):
         generate(fm, fm.encode("a"), max_new_tokens=0)
+
+
+def _one_at_a_time(fm, ids, max_new_tokens, stop, strategy, seed):
+    """The batch-size-1 loop `generate` ran before batching (the oracle for n=1): same picks, same stops."""
+    gen = torch.Generator(device="cpu").manual_seed(seed) if strategy == "sample" else None
+    cache, logits = prefill(fm, ids, new_cache(fm))
+    first, out, reason = logits_sha256(logits), [], "length"
+    for step in range(max_new_tokens):
+        tok = _pick(logits[0], strategy, 0.7, 0.95, gen)
+        if tok == fm.tokenizer.eos_token_id:
+            reason = "eos"
+            break
+        out.append(tok)
+        if any(s in fm.decode(out) for s in stop):
+            reason = "stop"
+            break
+        if step + 1 < max_new_tokens:
+            logits = forward(fm, [tok], cache)[:, -1, :]
+    return out, reason, first
+
+
+LONG = "Problem: what is the sum of the first forty primes? Think."  # 59 tokens: past the window of 16
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample"])
+@pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.parametrize("stop", [[], ["e"]])
+def test_a_batch_of_one_is_the_batch_size_one_loop_bit_for_bit(fm, strategy, seed, stop):
+    ids = fm.encode(LONG)
+    (g,) = generate_batch(fm, ids, 1, [seed], max_new_tokens=20, stop=stop, strategy=strategy)
+    assert (g.token_ids, g.stop_reason, g.first_logits_sha256) == _one_at_a_time(fm, ids, 20, stop, strategy, seed)
+    assert g.seed == (seed if strategy == "sample" else None)
+    single = generate(fm, ids, max_new_tokens=20, stop=stop, strategy=strategy, seed=seed)
+    assert (single.token_ids, single.text) == (g.token_ids, g.text)
+
+
+def test_the_same_batch_and_seeds_reproduce_identical_rows(fm):
+    ids = fm.encode(LONG)
+    a = generate_batch(fm, ids, 5, [3, 1, 4, 1, 5], max_new_tokens=24, stop=["a"], temperature=1.0)
+    b = generate_batch(fm, ids, 5, [3, 1, 4, 1, 5], max_new_tokens=24, stop=["a"], temperature=1.0)
+    assert [(g.token_ids, g.text, g.stop_reason, g.seed) for g in a] == [
+        (g.token_ids, g.text, g.stop_reason, g.seed) for g in b
+    ]
+    assert a[1].token_ids == a[3].token_ids  # same seed, same row
+    assert len({tuple(g.token_ids) for g in a}) > 2  # seeds do differ
+    assert len({g.first_logits_sha256 for g in a}) == 1  # one shared prefill
+
+
+def test_greedy_rows_of_an_expanded_sliding_window_cache_decode_like_one_row(fm):
+    """The context (59 tokens) is past the sliding window (16): an expansion that lost the window's state
+    (its `cumulative_length`, its last window-1 positions) would decode differently from batch size 1."""
+    ids = fm.encode(LONG)
+    one = generate(fm, ids, max_new_tokens=30)
+    rows = generate_batch(fm, ids, 3, max_new_tokens=30, strategy="greedy")
+    assert [g.token_ids for g in rows] == [one.token_ids] * 3
+
+
+@pytest.fixture()
+def fm_two_eos():
+    fm = load_frozen_model("tiny-gemma3")
+    fm.model.config.eos_token_id = [1, 100]  # a frequent second EOS so some rows end on it
+    return fm
+
+
+def test_each_row_stops_at_its_own_eos_stop_string_or_budget_and_then_costs_nothing(fm_two_eos):
+    fm = fm_two_eos
+    ids = fm.encode(LONG)
+    batch_sizes = []
+    hook = fm.model.register_forward_pre_hook(
+        lambda _m, _a, kw: batch_sizes.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        rows = generate_batch(fm, ids, 8, range(8), max_new_tokens=30, stop=["a", "b"], temperature=1.5)
+    finally:
+        hook.remove()
+    assert {g.stop_reason for g in rows} == {"eos", "stop", "length"}
+    for g in rows:
+        text = fm.decode(g.token_ids)
+        if g.stop_reason == "length":
+            assert len(g.token_ids) == g.decode_tokens == 30 and g.text == text
+        elif g.stop_reason == "stop":
+            assert "a" in text or "b" in text
+            assert not any(s in fm.decode(g.token_ids[:-1]) for s in ("a", "b"))
+            assert g.decode_tokens == len(g.token_ids) < 30
+        else:
+            assert g.decode_tokens == len(g.token_ids) + 1 <= 30
+            assert g.text == text and "a" not in text and "b" not in text
+    decode_calls = batch_sizes[1:]  # the first call is the shared prefill (batch 1)
+    assert batch_sizes[0] == 1 and decode_calls == sorted(decode_calls, reverse=True)
+    # a row that chose k tokens was fed k-1 of them back: nothing more is computed for it
+    assert sum(decode_calls) == sum(g.decode_tokens - 1 for g in rows)
+
+
+def test_a_grafted_context_is_shared_by_the_whole_batch(fm):
+    ids = fm.encode(LONG)
+    cache = graft_snapshot(deposit_tokens(fm, ids[:40]), fm, token_ids=ids)
+    grafted = generate_batch(fm, ids, 4, range(4), max_new_tokens=16, cache=cache)
+    fresh, _ = prefill(fm, ids[:40], new_cache(fm))
+    plain = generate_batch(fm, ids, 4, range(4), max_new_tokens=16, cache=fresh)
+    assert all(g.prefill_tokens == len(ids) - 40 for g in grafted)
+    assert [g.token_ids for g in grafted] == [g.token_ids for g in plain]
+    assert grafted[0].first_logits_sha256 == plain[0].first_logits_sha256
+
+
+def test_progress_is_reported_in_tokens(fm):
+    counts = []
+    rows = generate_batch(fm, fm.encode(LONG), 3, range(3), max_new_tokens=10, on_token=counts.append)
+    assert sum(counts) == sum(g.decode_tokens for g in rows)
+
+
+def test_a_batch_needs_one_seed_per_row(fm):
+    with pytest.raises(ConfigError, match="one seed per row"):
+        generate_batch(fm, fm.encode("a"), 3, [1, 2], max_new_tokens=2)
