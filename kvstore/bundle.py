@@ -37,6 +37,7 @@ MANIFEST_NAME = "kvgraft-bundle.json"
 LIBRARY_FILES = ("index.jsonl", "manifest.json")
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_LIBRARY_FILE_BYTES = 256 << 20
+PUBLISH_BATCH_BYTES = 256 << 20  # artifacts per put_many call (one index transaction), by total size
 _BLOCK = 512
 _FIX = "export the bundle again from its source store with `kvstore export`"
 _TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
@@ -204,7 +205,8 @@ def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.P
             for e in new + stray:  # stray: an object without its index row (an earlier import killed mid-way)
                 groups.setdefault(tuple(e["tags"]), []).append(e)
             for tags, group in groups.items():
-                store.put_many(_reread(f, offsets, group, str(path)), tags)
+                for batch in _batches(group):  # put_many holds its batch in memory: bound it
+                    store.put_many(_reread(f, offsets, batch, str(path)), tags)
             for p, data in writes:
                 atomic_write(p, data)
                 written.append(p)
@@ -214,6 +216,20 @@ def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.P
     lib_sha = manifest["library"]["manifest.json"]["sha256"] if manifest["library"] else None
     return BundleInfo(path, digest, manifest["manifest_sha256"], ids, sum(e["size"] for e in entries), lib_sha,
                       tuple(e["id"] for e in new), Path(library_dir) if library_dir is not None and lib else None)
+
+
+def _batches(entries: list[dict], limit: int = PUBLISH_BATCH_BYTES) -> Iterator[list[dict]]:
+    """Consecutive runs of entries of at most `limit` bytes together (at least one entry each)."""
+    batch: list[dict] = []
+    size = 0
+    for e in entries:
+        if batch and size + e["size"] > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(e)
+        size += e["size"]
+    if batch:
+        yield batch
 
 
 def _indexed(store: Store, aid: str) -> bool:
@@ -305,7 +321,7 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
             try:
                 from_bytes(data, verify_tensors=True)  # the admission a store's put applies
             except KVStoreError as ex:
-                raise BundleError(f"{where}: member {name} is refused by admission: {ex}") from ex
+                raise BundleError(f"{where}: member {name} is refused by admission: {ex}. {_FIX}") from ex
         else:
             lib[name.removeprefix("library/")] = data
     missing = sorted(set(expected) - set(offsets))
@@ -455,8 +471,8 @@ def _parse_manifest(data: bytes, where: str) -> dict:
                               f"is the SHA-256 of its bytes. {_FIX}")
         if not _is_size(e["size"], None) or e["size"] == 0:
             raise BundleError(f"{bad}: artifact {aid}: size {e['size']!r} is not a positive integer. {_FIX}")
-        if not isinstance(e["tags"], list) or not all(isinstance(t, str) for t in e["tags"]):
-            raise BundleError(f"{bad}: artifact {aid}: tags must be a list of strings. {_FIX}")
+        if not isinstance(e["tags"], list) or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in e["tags"]):
+            raise BundleError(f"{bad}: artifact {aid}: tags must be a list of strings of 1-256 characters. {_FIX}")
     lib = m["library"]
     if lib is not None:
         if not isinstance(lib, dict) or set(lib) != set(LIBRARY_FILES):

@@ -6,6 +6,8 @@
     kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged
     kvstore rm ID
     kvstore gc
+    kvstore export (ID ... | --tag T | --library DIR) -o BUNDLE   # artifacts (+ a library) as one file
+    kvstore import BUNDLE [--library-dir DIR]   # verify every byte, then add all or nothing
 
 The store defaults to $KVGRAFT_STORE or runs/store; the model to the bundled Gemma 3 270M. Ids may be
 abbreviated to a unique prefix of at least 8 hex digits. Errors print `kvstore: error: ...` and exit 2.
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
     gc = _command(sub, "gc", "drop temp files and stale index rows, index stray objects")
     gc.set_defaults(run=_gc)
+    _bundle_commands(sub)
     return p
 
 
@@ -266,6 +269,62 @@ def _gc(args) -> int:
     for d in report["damaged"]:
         print(f"  {d}")
     return 1 if report["damaged"] else 0
+
+
+# --------------------------------------------------------------------------------------------- export / import
+# (kvstore/bundle.py; the bundle format is FORMAT.md section 7)
+
+
+def _bundle_commands(sub) -> None:
+    e = _command(sub, "export", "write artifacts, or a library and its artifacts, as one bundle file")
+    e.add_argument("ids", nargs="*", metavar="ID", help="artifacts to export (ids or unique prefixes)")
+    e.add_argument("--tag", metavar="T", help="export every artifact with this tag")
+    e.add_argument("--library", type=Path, metavar="DIR",
+                   help="export a library folder (index.jsonl, manifest.json) with all its artifacts")
+    e.add_argument("-o", "--output", type=Path, required=True, metavar="BUNDLE", help="bundle file to write (new)")
+    e.set_defaults(run=_export)
+
+    i = _command(sub, "import", "verify a bundle completely, then add its artifacts to the store (all or nothing)")
+    i.add_argument("bundle", type=Path, metavar="BUNDLE")
+    i.add_argument("--library-dir", type=Path, metavar="DIR",
+                   help="where to write the bundle's library (index.jsonl, manifest.json), if it holds one")
+    i.set_defaults(run=_import)
+
+
+def _export(args) -> int:
+    from kvstore.bundle import export_bundle
+
+    given = [x for x in (args.ids, args.tag, args.library) if x]
+    if len(given) != 1:
+        raise KVStoreError("kvstore export: give artifact ids, --tag or --library (only one of them)" if given
+                           else "kvstore export: nothing selected; give artifact ids, --tag or --library")
+    store = _store(args)
+    ids = [resolve_id(store, i) for i in args.ids]
+    if args.tag:
+        ids = [ArtifactId(r.id) for r in store.list(args.tag)]
+        if not ids:
+            raise KVStoreError(f"nothing to export: no artifact tagged {args.tag!r} in {store.root} (see `kvstore ls`)")
+    info = export_bundle(store, ids, args.output, library_dir=args.library)
+    lib = f", library {args.library}" if args.library else ""
+    print(f"exported {len(info.artifacts)} artifacts ({info.size} bytes{lib}) from {store.root} to {info.path}; "
+          f"bundle sha256 {info.sha256}", file=sys.stderr)
+    print(info.path)
+    return 0
+
+
+def _import(args) -> int:
+    from kvstore.bundle import import_bundle
+
+    store = _store(args)
+    info = import_bundle(args.bundle, store, library_dir=args.library_dir)
+    n, new = len(info.artifacts), len(info.added)
+    print(f"imported {n} artifacts into {store.root}: {new} new, {n - new} already present "
+          f"(bundle sha256 {info.sha256})")
+    if info.library_dir is not None:
+        print(f"library written to {info.library_dir}")
+    elif info.library_manifest_sha256 is not None:
+        print("the bundle holds a library, not written: give --library-dir DIR to write it", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
