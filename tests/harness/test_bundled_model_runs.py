@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.audit import audit
 from harness.config import compose_config
 from harness.library import build_library
-from harness.manifest import verify_run
 from harness.run import run
 from kvstore import load_frozen_model
 
@@ -35,8 +35,9 @@ def _cfg(tmp: Path, *extra: str):
 def test_baseline_on_the_bundled_model_is_tracked_in_mlflow_and_rescores(tmp_path, fm):
     from mlflow import MlflowClient
 
-    d = run(_cfg(tmp_path, "dataset.limit=2", "decoding.max_new_tokens=8"), tmp_path / "b", fm=fm, progress=False)
-    assert verify_run(d).ok
+    folder, _ = run(_cfg(tmp_path, "dataset.limit=2", "decoding.max_new_tokens=8"), tmp_path / "b", fm=fm, progress=False)
+    d = folder.path
+    assert audit(folder).ok
     tracking = json.loads((d / "tracking.json").read_text())
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     got = client.get_run(tracking["run_id"])
@@ -48,11 +49,11 @@ def test_baseline_on_the_bundled_model_is_tracked_in_mlflow_and_rescores(tmp_pat
 def test_recurring_problems_are_answered_from_the_grafted_solution_in_a_handful_of_tokens(tmp_path, fm):
     cfg = _cfg(tmp_path, "condition=graft", "dataset.limit=6", "decoding.max_new_tokens=16", "tracking=off")
     build_library(cfg.library, fm, REPO, progress=False)
-    d = run(cfg, tmp_path / "g", fm=fm, progress=False)
-    rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
+    folder, _ = run(cfg, tmp_path / "g", fm=fm, progress=False)
+    rows = [json.loads(x) for x in (folder.path / "outputs.jsonl").read_text().splitlines()]
     assert len(rows) == 6
     for r in rows:
         assert r["match"] == "exact"
         assert r["correct"], (r["problem_id"], r["completion"], r["gold_answer"])
         assert r["decode_tokens"] <= HANDFUL, (r["problem_id"], r["decode_tokens"])
-    assert verify_run(d).ok
+    assert audit(folder).ok

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.manifest import verify_run
+from harness.audit import audit
+from harness.run_folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,5 +22,5 @@ def test_a_multirun_sweep_writes_one_verified_run_folder_per_job(tmp_path):
     jobs = sorted(p.parent for p in (tmp_path / "runs" / "multirun").glob("*/*/manifest.json"))
     assert [p.name for p in jobs] == ["0_baseline", "1_baseline"]
     for job in jobs:
-        assert verify_run(job).ok
+        assert audit(RunFolder(job)).ok
         assert "run_id" in (job / "tracking.json").read_text()

@@ -1,0 +1,140 @@
+"""RunFolder and the typed record: write, read back, audit; partial rows survive; tampering with the
+recurring/held-out split is caught; the folder name has one spelling."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from harness.audit import audit
+from harness.config import CONFIG_DIR
+from harness.errors import RunFolderError
+from harness.hashing import write_jsonl
+from harness.record import HELD_OUT, RECURRING, Completion, Row, Summary, group_for
+from harness.run_folder import MANIFEST, OUTPUTS, PARTIAL, STAMP_FORMAT, RunFolder
+
+# outputs.jsonl keys as harness/RUN_FORMAT.md documents them
+ROW_KEYS = {
+    "problem_id", "sample", "condition", "group", "prompt", "prompt_token_ids", "completion", "completion_token_ids",
+    "stop_reason", "gold_answer", "extracted", "answer", "correct", "prompt_tokens", "prefill_tokens",
+    "grafted_tokens", "decode_tokens", "first_logits_sha256", "ttft_s", "wall_s", "cpu_s", "energy_j",
+    "energy_status", "entry_id", "artifact_id", "similarity", "match",
+}  # fmt: skip
+
+
+def test_a_row_keeps_the_documented_keys_and_round_trips(fakerun: ModuleType) -> None:
+    for row in fakerun.make_rows():
+        d = row.to_json()
+        assert set(d) == ROW_KEYS
+        assert d["prompt_tokens"] == len(d["prompt_token_ids"])
+        assert Row.from_json(json.loads(json.dumps(d))) == row
+
+
+def test_folder_reads_back_the_records_it_wrote(fake_run: Path, fakerun: ModuleType) -> None:
+    folder = RunFolder(fake_run)
+    assert folder.is_complete() and not folder.file(PARTIAL).exists()
+    assert folder.read_rows() == fakerun.make_rows()
+    summary = folder.read_summary()
+    assert isinstance(summary, Summary) and summary.scores["correct"] == 2 and summary.tokens["grafted"] == 0
+    assert folder.read_config()["decoding"]["max_new_tokens"] == 64
+    assert [p["id"] for p in folder.read_problems()] == ["toy-1", "toy-2"]
+
+
+def test_rows_appended_before_an_interrupt_are_on_disk(tmp_path: Path, fakerun: ModuleType) -> None:
+    folder = RunFolder(tmp_path / "r")
+    folder.begin()
+    rows = fakerun.make_rows()[:2]
+    for row in rows:
+        folder.append(row)
+    assert RunFolder(tmp_path / "r").read_rows(partial=True) == rows  # e.g. the process died here
+    assert not folder.is_complete()
+    folder.begin()  # a new attempt in the same folder starts clean
+    assert not folder.file(PARTIAL).exists()
+
+
+def test_the_manifest_is_written_last(tmp_path: Path, fakerun: ModuleType, monkeypatch) -> None:
+    import harness.run_folder as rf
+
+    order: list[str] = []
+    for name in ("write_json", "write_jsonl", "atomic_write_text"):
+        real = getattr(rf, name)
+        monkeypatch.setattr(rf, name, lambda path, obj, _real=real: (order.append(Path(path).name), _real(path, obj)))
+    fakerun.build_fake_run(tmp_path / "r")
+    assert order[-1] == MANIFEST and order.count(MANIFEST) == 1
+    assert set(order) == {"config.yaml", "problems.jsonl", "outputs.jsonl", "summary.json", MANIFEST}
+
+
+def test_reading_a_damaged_row_names_file_line_and_field(fake_run: Path) -> None:
+    rows = [json.loads(x) for x in (fake_run / OUTPUTS).read_text().splitlines()]
+    del rows[1]["decode_tokens"]
+    write_jsonl(fake_run / OUTPUTS, rows)
+    with pytest.raises(RunFolderError, match=r"outputs.jsonl, line 2: field 'decode_tokens' is missing"):
+        RunFolder(fake_run).read_rows()
+
+
+def test_group_rule_is_exact_match_means_recurring() -> None:
+    assert group_for("exact") == RECURRING
+    assert group_for("bm25") == HELD_OUT and group_for(None) == HELD_OUT
+
+
+def _graft_run(tmp_path: Path, fakerun: ModuleType, *, exclude_self: bool, match: str) -> RunFolder:
+    """A fake graft run folder whose rows all carry `match` and the group the rule gives it."""
+    rows = []
+    for r in fakerun.make_rows("graft"):
+        c = r.completion
+        grafted = Completion(c.prompt, [7, 7, *c.context_ids], c.text, c.token_ids, c.stop_reason, c.prefill_tokens, 2,
+                             c.decode_tokens, entry_id="e1", artifact_id="f" * 64, similarity=1.0, match=match)  # fmt: skip
+        rows.append(Row(r.problem_id, r.sample, "graft", group_for(match), grafted, r.gold, r.extracted, r.answer,
+                        r.correct, r.wall_s, r.cpu_s, r.energy_j, r.energy_status))  # fmt: skip
+    summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(tmp_path), comparable_key="k",
+                         run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, grouped=True)  # fmt: skip
+    config = {**fakerun.CONFIG, "library": {"exclude_self": exclude_self}}
+    folder = RunFolder(tmp_path / f"graft-{match}-{exclude_self}")
+    folder.finish(config=config, problems=fakerun.PROBLEMS, rows=rows, summary=summary, prompt_template="t",
+                  model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64, determinism={}, environment={})  # fmt: skip
+    return folder
+
+
+def test_a_graft_run_with_groups_audits_clean(tmp_path: Path, fakerun: ModuleType) -> None:
+    folder = _graft_run(tmp_path, fakerun, exclude_self=False, match="exact")
+    check = audit(folder)
+    assert check.ok, check.findings
+    assert set(folder.read_summary().groups or {}) == {RECURRING}
+
+
+def test_a_row_moved_to_the_other_group_is_caught(tmp_path: Path, fakerun: ModuleType) -> None:
+    folder = _graft_run(tmp_path, fakerun, exclude_self=True, match="bm25")
+    rows = [json.loads(x) for x in folder.file(OUTPUTS).read_text().splitlines()]
+    rows[0]["group"] = RECURRING
+    write_jsonl(folder.file(OUTPUTS), rows)
+    findings = audit(folder).findings
+    assert any("line 1" in f and "group 'recurring' but match 'bm25'" in f for f in findings), findings
+    assert any("groups.held_out" in f or "groups.recurring" in f for f in findings), findings
+
+
+def test_a_held_out_run_that_matched_its_own_problem_is_caught(tmp_path: Path, fakerun: ModuleType) -> None:
+    folder = _graft_run(tmp_path, fakerun, exclude_self=True, match="exact")  # as if exclude_self was ignored
+    findings = audit(folder).findings
+    assert len([f for f in findings if "library.exclude_self=true but the match is 'exact'" in f]) == 3, findings
+
+
+def test_a_new_folder_name_follows_the_one_stamp_format(tmp_path: Path) -> None:
+    folder = RunFolder.new(tmp_path, "graft", "held_out")
+    assert folder.path.parent == tmp_path / "graft"
+    stamp, label = folder.name.rsplit("-", 1)
+    assert label == "held_out"
+    datetime.strptime(stamp, STAMP_FORMAT)
+    hydra_dir = re.search(r"dir: \$\{runs_dir\}/\$\{condition.name\}/\$\{now:(.+)\}", (CONFIG_DIR / "config.yaml").read_text())
+    assert hydra_dir and hydra_dir.group(1) == STAMP_FORMAT
+
+
+def test_find_lists_complete_run_folders_only(tmp_path: Path, fakerun: ModuleType) -> None:
+    done = fakerun.build_fake_run(tmp_path / "runs" / "baseline" / "a")
+    fakerun.build_fake_run(tmp_path / "runs" / "mlartifacts" / "x" / "a")  # MLflow's copy: not a run
+    RunFolder(tmp_path / "runs" / "baseline" / "b").begin()  # interrupted: no manifest
+    assert list(RunFolder.find(tmp_path / "runs")) == [RunFolder(done)]
