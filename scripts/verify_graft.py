@@ -9,13 +9,15 @@ Options: --model (gemma3-270m), --problems (problems/kvgraft_original.jsonl), --
 removed afterwards, by default), --seed 0, --suffix-tokens 16, --min/--max-prefix-tokens (default: scaled to
 the model's sliding window, from ~W/32 to ~1.75 W, so about a quarter of the prefixes outgrow the window).
 
-For each of N (prefix, suffix) pairs cut from real problem text (problem + "\\n\\nSolution: " + solution,
-several problems joined when a long prefix needs them):
+For each of N (prefix, suffix) pairs cut from real problem text (read by the harness's loader; problem +
+"\\n\\nSolution: " + solution, several problems joined when a long prefix needs them), the engine's exactness
+procedure ``kvstore.check_graft(fm, prefix, suffix, store, oneshot=True, restore=...)`` runs:
   (a) fresh reference: ``prefill(prefix)`` in the pinned chunk schedule, then ``forward(suffix)``;
-  (b) graft: ``deposit_tokens(prefix)`` put into a LocalStore by this process; ONE separate worker process
-      (this script with the hidden ``--worker`` flag, model loaded once) gets each artifact back by id
-      (``LocalStore.get`` re-hashes every byte), grafts it with ``token_ids=prefix+suffix``, runs
-      ``forward(suffix)`` and hands the logits back as a safetensors file; ``compare_logits(reference, graft)``;
+  (b) graft: ``deposit_tokens(prefix)`` put into a LocalStore by this process; the graft half
+      (``kvstore.verify.graft_logits``) runs in ONE separate worker process (this script with the hidden
+      ``--worker`` flag, model loaded once): it gets each artifact back by id (``LocalStore.get`` re-hashes every
+      byte), grafts it with ``token_ids=prefix+suffix``, runs ``forward(suffix)`` and hands the logits back as a
+      safetensors file; compared with ``compare_logits(reference, graft)``;
   (c) one-shot: ``forward(prefix+suffix)`` in one pass on a fresh cache, sliced to the suffix positions and
       compared with the reference. A different computation (other GEMM/attention shapes): information only.
 
@@ -42,10 +44,7 @@ import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-
+from experiments import DEFAULT_PROBLEMS, problem_texts  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
     BarColumn,
@@ -57,9 +56,6 @@ from rich.progress import (  # noqa: E402
 )
 from rich.table import Table  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROBLEMS = REPO / "problems" / "kvgraft_original.jsonl"
-
 
 # ----------------------------------------------------------------------------------------------- samples
 @dataclass(frozen=True)
@@ -68,28 +64,6 @@ class Sample:
     prefix: list[int]
     suffix: list[int]
     source_ids: tuple[str, ...]  # problem ids whose text the pair was cut from
-
-
-def read_texts(path: Path) -> list[tuple[str, str]]:
-    """(id, text) per problem row: problem + "\\n\\nSolution: " + solution (the solution may be absent)."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not row.get("problem"):
-                raise SystemExit(f"{path}:{n}: row has no 'problem' field")
-            text = row["problem"] + ("\n\nSolution: " + row["solution"] if row.get("solution") else "")
-            rows.append((str(row.get("id", n)), text))
-    if not rows:
-        raise SystemExit(f"{path}: no problems")
-    return rows
-
-
-def smallest_window(layout: list[dict]) -> int | None:
-    windows = [x["window"] for x in layout if x["kind"] == "sliding" and x["window"]]
-    return min(windows) if windows else None
 
 
 def prefix_lengths(n: int, seed: int, lo: int, hi: int, window: int | None) -> list[int]:
@@ -125,15 +99,16 @@ def build_samples(fm, texts: list[tuple[str, str]], lengths: list[int], suffix_t
 
 # ----------------------------------------------------------------------------------------------- worker
 def worker_main(args: argparse.Namespace) -> int:
-    """The restoring process: load the model once; per request line (JSON on stdin) get the artifact from
-    the store, graft it, run the suffix, save the logits; answer one JSON line per request."""
+    """The restoring process: load the model once; per request line (JSON on stdin) run the graft half of the
+    check (get the artifact by id, graft it, run the suffix), save the logits; answer one JSON line per request."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)  # protocol channel: the original stdout
     os.dup2(2, 1)  # anything else printed (library warnings) goes to stderr
     sys.stdout = sys.stderr
 
     from safetensors.torch import save_file
 
-    from kvstore import Determinism, LocalStore, forward, graft_snapshot, load_frozen_model, logits_sha256
+    from kvstore import Determinism, LocalStore, load_frozen_model, logits_sha256
+    from kvstore.verify import graft_logits
 
     t0 = time.perf_counter()
     fm = load_frozen_model(args.model, determinism=Determinism.from_dict(json.loads(args.determinism)))
@@ -143,20 +118,17 @@ def worker_main(args: argparse.Namespace) -> int:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            t = time.perf_counter()
-            snapshot = store.get(req["id"])  # re-hashes the file and every tensor
-            t_get = time.perf_counter()
-            cache = graft_snapshot(snapshot, fm, token_ids=req["token_ids"])
-            t_graft = time.perf_counter()
-            logits = forward(fm, req["token_ids"][req["prefix_tokens"] :], cache)  # (1, suffix, vocab)
-            t_fwd = time.perf_counter()
-            save_file({"logits": logits.contiguous()}, req["out"])
-            reply = {"ok": True, "sha256": logits_sha256(logits), "get_s": t_get - t, "graft_s": t_graft - t_get,
-                     "forward_s": t_fwd - t_graft}
+            restored = graft_logits(fm, req["prefix"], req["suffix"], store=store, artifact_id=req["id"])
+            save_file({"logits": restored.logits.contiguous()}, req["out"])  # (1, suffix, vocab)
+            reply = {"ok": True, "sha256": logits_sha256(restored.logits), "timing_s": restored.timing_s}
         except Exception as e:  # report, keep serving: the parent records the failure per sample
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         proto.write(json.dumps(reply) + "\n")
     return 0
+
+
+class GraftFailed(Exception):
+    """The worker could not graft one artifact; recorded for that sample, the run goes on."""
 
 
 class Worker:
@@ -184,12 +156,25 @@ class Worker:
             self.hello = self._read()
         return self.hello
 
-    def restore(self, aid: str, token_ids: list[int], prefix_tokens: int, out: Path) -> dict:
+    def restore(self, aid: str, prefix: list[int], suffix: list[int], out: Path):
+        """The graft half of kvstore.check_graft, run in the worker: its logits (verified against the SHA-256
+        the worker reports) and its timings."""
+        from safetensors.torch import load_file
+
+        from kvstore import logits_sha256
+        from kvstore.verify import Restored
+
         self.ready()
-        req = {"id": aid, "token_ids": token_ids, "prefix_tokens": prefix_tokens, "out": str(out)}
+        req = {"id": aid, "prefix": prefix, "suffix": suffix, "out": str(out)}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        return self._read()
+        reply = self._read()
+        if not reply.get("ok"):
+            raise GraftFailed(reply.get("error"))
+        logits = load_file(str(out))["logits"]
+        if logits_sha256(logits) != reply["sha256"]:
+            raise RuntimeError(f"artifact {aid}: logits file does not hash to the worker's SHA-256")
+        return Restored(logits, reply["timing_s"])
 
     def close(self) -> None:
         if self.proc.stdin and not self.proc.stdin.closed:
@@ -230,8 +215,8 @@ def _sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _g(x: float) -> str:
-    return "0" if x == 0 else f"{x:.2g}"
+def _g(x: float | None) -> str:
+    return "-" if x is None else "0" if x == 0 else f"{x:.2g}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,29 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker_main(args)
 
-    from safetensors.torch import load_file
-
-    from kvstore import (
-        BUNDLED,
-        Determinism,
-        LocalStore,
-        atomic_write,
-        compare_logits,
-        deposit_tokens,
-        environment_fingerprint,
-        forward,
-        load_frozen_model,
-        logits_sha256,
-        new_cache,
-        prefill,
-    )
+    from kvstore import Determinism, LocalStore, atomic_write, check_graft, environment_fingerprint, load_frozen_model
+    from kvstore.gguf import BUNDLED
+    from kvstore.model import smallest_window
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     err = Console(stderr=True)
     t_start = time.perf_counter()
-    if not args.problems.exists():
-        raise SystemExit(f"problems file {args.problems} does not exist; pass --problems FILE.jsonl")
-    texts = read_texts(args.problems)
+    texts = problem_texts(args.problems)
 
     tmp = Path(tempfile.mkdtemp(prefix="verify_graft."))
     store_dir = args.store if args.store is not None else tmp / "store"
@@ -303,56 +273,50 @@ def main(argv: list[str] | None = None) -> int:
                 n, m = len(s.prefix), len(s.suffix)
                 progress.update(task, description=f"sample {s.index + 1} (prefix {n} tokens)")
                 t0 = time.perf_counter()
-                snapshot = deposit_tokens(fm, s.prefix, extra={"script": "verify_graft", "sample": s.index})
-                aid = store.put(snapshot, tags=["verify_graft"])
-                del snapshot
-                t1 = time.perf_counter()
-                cache, _ = prefill(fm, s.prefix)  # (a) fresh reference: same pinned schedule ...
-                reference = forward(fm, s.suffix, cache)  # ... then the suffix; (1, m, vocab)
-                del cache
-                t2 = time.perf_counter()
-                oneshot = forward(fm, s.prefix + s.suffix, new_cache(fm))[:, n:, :]  # (c) (1, m, vocab)
-                t3 = time.perf_counter()
                 out = tmp / f"graft_{s.index}.safetensors"
-                reply = worker.restore(aid, s.prefix + s.suffix, n, out)  # (b) restore in the other process
-                t4 = time.perf_counter()
+                given: list[str] = []
+
+                def restore(aid: str, s=s, out=out, given=given):  # (b) the graft half, in the other process
+                    given.append(aid)
+                    return worker.restore(aid, s.prefix, s.suffix, out)
 
                 row = {"index": s.index, "prefix_tokens": n, "suffix_tokens": m,
-                       "crosses_window": bool(window and n >= window), "artifact_id": aid,
-                       "artifact_bytes": store.info(aid).size, "sources": list(s.source_ids)}
-                if reply.get("ok"):
-                    graft_logits = load_file(str(out))["logits"]
-                    if logits_sha256(graft_logits) != reply["sha256"]:
-                        raise RuntimeError(f"sample {s.index}: logits file does not hash to the worker's SHA-256")
-                    c = compare_logits(reference, graft_logits)
-                    row.update(sha256_reference=c.sha256_a, sha256_graft=c.sha256_b, equal=c.sha256_equal,
-                               kl=c.kl_max, max_abs_diff=c.max_abs_diff, argmax_agreement=c.argmax_agreement,
-                               error=None)
-                    agree_pos += round(c.argmax_agreement * m)
-                    del graft_logits
+                       "crosses_window": bool(window and n >= window)}
+                try:
+                    c = check_graft(fm, s.prefix, s.suffix, store, oneshot=True, restore=restore,
+                                    tags=["verify_graft"], extra={"script": "verify_graft", "sample": s.index})
+                except GraftFailed as e:
+                    aid = given[0]
+                    row.update(artifact_id=aid, artifact_bytes=store.info(aid).size, sources=list(s.source_ids),
+                               sha256_reference=None, sha256_graft=None, equal=False, kl=None, max_abs_diff=None,
+                               argmax_agreement=0.0, error=str(e), oneshot_sha256=None, oneshot_equal=False,
+                               oneshot_max_abs_diff=None, oneshot_kl=None, oneshot_argmax_agreement=None,
+                               timing_s={})
+                    progress.console.print(f"[red]sample {s.index}: graft failed: {e}")
                 else:
-                    row.update(sha256_reference=logits_sha256(reference), sha256_graft=None, equal=False,
-                               kl=None, max_abs_diff=None, argmax_agreement=0.0, error=reply.get("error"))
-                    progress.console.print(f"[red]sample {s.index}: graft failed: {reply.get('error')}")
-                o = compare_logits(reference, oneshot)
-                row.update(oneshot_sha256=o.sha256_b, oneshot_equal=o.sha256_equal, oneshot_max_abs_diff=o.max_abs_diff,
-                           oneshot_kl=o.kl_max, oneshot_argmax_agreement=o.argmax_agreement)
-                oneshot_agree_pos += round(o.argmax_agreement * m)
+                    aid, o, t = c.artifact_id, c.oneshot, c.timing_s
+                    row.update(artifact_id=aid, artifact_bytes=store.info(aid).size, sources=list(s.source_ids),
+                               sha256_reference=c.sha256_reference, sha256_graft=c.sha256_graft, equal=c.equal,
+                               kl=c.kl_max, max_abs_diff=c.max_abs_diff, argmax_agreement=c.argmax_agreement,
+                               error=None, oneshot_sha256=o.sha256_b, oneshot_equal=o.sha256_equal,
+                               oneshot_max_abs_diff=o.max_abs_diff, oneshot_kl=o.kl_max,
+                               oneshot_argmax_agreement=o.argmax_agreement)
+                    row["timing_s"] = {"deposit": t["deposit"] + t["put"], "reference": t["reference"],
+                                       "oneshot": t["oneshot"], "graft_roundtrip": t["restore"],
+                                       **{f"worker_{k}": t[k] for k in ("get", "graft", "forward")}}
+                    agree_pos += round(c.argmax_agreement * m)
+                    oneshot_agree_pos += round(o.argmax_agreement * m)
                 total_pos += m
-                row["timing_s"] = {"deposit": t1 - t0, "reference": t2 - t1, "oneshot": t3 - t2,
-                                   "graft_roundtrip": t4 - t3,
-                                   **{f"worker_{k[:-2]}": reply[k] for k in ("get_s", "graft_s", "forward_s")
-                                      if k in reply}}
                 per_sample.append(row)
-                del reference, oneshot
                 out.unlink(missing_ok=True)
                 if temporary_store:
                     store.remove(aid)
                 progress.advance(task)
                 if not err.is_terminal:
+                    shot = "-" if row["oneshot_max_abs_diff"] is None else f"{row['oneshot_max_abs_diff']:.2g}"
                     err.print(f"sample {s.index + 1}/{len(samples)}: prefix {n} tokens, "
-                              f"{'equal' if row['equal'] else 'NOT EQUAL'}, one-shot max |d| "
-                              f"{row['oneshot_max_abs_diff']:.2g}, {time.perf_counter() - t0:.1f} s", highlight=False)
+                              f"{'equal' if row['equal'] else 'NOT EQUAL'}, one-shot max |d| {shot}, "
+                              f"{time.perf_counter() - t0:.1f} s", highlight=False)
     finally:
         if worker is not None:
             worker.close()
@@ -365,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         "kl_max": max((r["kl"] for r in ok), default=None) if len(ok) == len(per_sample) else None,
         "argmax_agreement": agree_pos / total_pos,
         "max_abs_diff": max((r["max_abs_diff"] for r in ok), default=None) if len(ok) == len(per_sample) else None,
-        "oneshot_max_abs_diff": max(r["oneshot_max_abs_diff"] for r in per_sample),
-        "oneshot_kl_max": max(r["oneshot_kl"] for r in per_sample),
+        "oneshot_max_abs_diff": max((r["oneshot_max_abs_diff"] for r in ok), default=None),
+        "oneshot_kl_max": max((r["oneshot_kl"] for r in ok), default=None),
         "oneshot_argmax_agreement": oneshot_agree_pos / total_pos,
         "oneshot_sha256_equal": sum(r["oneshot_equal"] for r in per_sample),
         "graft_errors": len(per_sample) - len(ok),
@@ -409,16 +373,15 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     for r in per_sample:
         table.add_row(str(r["index"]), str(r["prefix_tokens"]), str(r["suffix_tokens"]),
-                      "yes" if r["crosses_window"] else "", r["sha256_reference"][:12], (r["sha256_graft"] or "-")[:12],
-                      "[green]yes" if r["equal"] else "[red]NO", "-" if r["kl"] is None else _g(r["kl"]),
-                      f"{r['argmax_agreement']:.3f}", f"{r['oneshot_max_abs_diff']:.2g}", _g(r["oneshot_kl"]))
+                      "yes" if r["crosses_window"] else "", (r["sha256_reference"] or "-")[:12],
+                      (r["sha256_graft"] or "-")[:12], "[green]yes" if r["equal"] else "[red]NO", _g(r["kl"]),
+                      f"{r['argmax_agreement']:.3f}", _g(r["oneshot_max_abs_diff"]), _g(r["oneshot_kl"]))
     console.print(table)
     console.print(f"prefix tokens {min(lengths)}..{max(lengths)} (mean {sum(lengths) / len(lengths):.0f}), "
                   f"{report['crossing_window']} of {len(per_sample)} at or beyond the sliding window; "
                   f"total {report['timing_s']['total']:.0f} s; report {args.out}")
-    kl = "-" if report["kl_max"] is None else _g(report["kl_max"])
-    verdict = (f"graft: {n_equal}/{len(per_sample)} SHA-256 equal, KL max {kl}, argmax agreement "
-               f"{report['argmax_agreement']:.3f}; one-shot: max |d| {report['oneshot_max_abs_diff']:.2g}, "
+    verdict = (f"graft: {n_equal}/{len(per_sample)} SHA-256 equal, KL max {_g(report['kl_max'])}, argmax agreement "
+               f"{report['argmax_agreement']:.3f}; one-shot: max |d| {_g(report['oneshot_max_abs_diff'])}, "
                f"KL max {_g(report['oneshot_kl_max'])}, argmax agreement {report['oneshot_argmax_agreement']:.3f}, "
                f"{report['oneshot_sha256_equal']}/{len(per_sample)} SHA-256 equal")
     print(verdict, flush=True)
