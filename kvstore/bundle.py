@@ -218,8 +218,9 @@ def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.P
                       tuple(e["id"] for e in new), Path(library_dir) if library_dir is not None and lib else None)
 
 
-def _batches(entries: list[dict], limit: int = PUBLISH_BATCH_BYTES) -> Iterator[list[dict]]:
-    """Consecutive runs of entries of at most `limit` bytes together (at least one entry each)."""
+def _batches(entries: list[dict]) -> Iterator[list[dict]]:
+    """Consecutive runs of entries of at most PUBLISH_BATCH_BYTES together (at least one entry each)."""
+    limit = PUBLISH_BATCH_BYTES
     batch: list[dict] = []
     size = 0
     for e in entries:

@@ -278,6 +278,54 @@ def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, sourc
     assert all(target.contains(a) for a in ids) and (tmp_path / "lib2" / "manifest.json").exists()
 
 
+def test_large_imports_are_published_in_bounded_batches(source, target, tmp_path, monkeypatch):
+    store, ids, _ = source
+    export_bundle(store, ids, tmp_path / "b.kvb")
+    import kvstore.bundle
+
+    calls = []
+    real = type(target).put_many
+    monkeypatch.setattr(kvstore.bundle, "PUBLISH_BATCH_BYTES", 1)  # one artifact per put_many
+    monkeypatch.setattr(type(target), "put_many", lambda self, items, tags=(): calls.append(tags) or real(self, items, tags))
+    assert set(import_bundle(tmp_path / "b.kvb", target).added) == set(ids)
+    assert len(calls) == 3 and all(_sha(target.get_bytes(a)) == a for a in ids)
+
+
+_KILLED_MID_PUBLISH = """
+import os, signal, sys
+import kvstore.store
+from kvstore import LocalStore
+from kvstore.bundle import import_bundle
+real, calls = kvstore.store.atomic_write, []
+def dying(path, data):
+    calls.append(path)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 between object writes, before the index transaction
+    real(path, data)
+kvstore.store.atomic_write = dying
+import_bundle(sys.argv[1], LocalStore(sys.argv[2]))
+"""
+
+
+def test_a_kill_9_mid_publish_leaves_only_valid_objects_and_a_rerun_completes(source, target, tmp_path):
+    store, ids, _ = source
+    export_bundle(store, ids, tmp_path / "b.kvb")
+    listing = target.list()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", _KILLED_MID_PUBLISH, str(tmp_path / "b.kvb"), str(target.root)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    objects = [p for p in (target.root / "objects").glob("*/*") if not p.name.startswith(".")]
+    assert len(objects) == 1 + 2  # the artifact it had + the two written before the kill
+    assert all(_sha(p.read_bytes()) == p.parent.name + p.name for p in objects)
+    rows = {i.id for i in target.list()}  # the first tag group's batch was committed, the second was not
+    assert {i.id for i in listing} < rows < {i.id for i in listing} | set(ids)
+    assert all(target.contains(a) for a in rows)
+    import_bundle(tmp_path / "b.kvb", target)
+    assert {i.id for i in target.list()} == {i.id for i in listing} | set(ids)
+    assert all(target.info(a).tags == store.info(a).tags for a in ids)
+
+
 # --------------------------------------------------------------------------------------------- exact after import
 
 _GRAFT_IN_FRESH_PROCESS = """
