@@ -36,3 +36,42 @@ def test_a_misspelt_key_is_an_error(override: str):
 def test_config_groups_mirror_the_harness_concepts():
     assert set(GROUPS) >= {"model", "dataset", "condition", "decoding", "library", "tracking", "energy", "prompt"}
     assert Path(CONFIG_DIR / "config.yaml").is_file()
+
+
+def test_dataset_columns_override_works_as_documented(tmp_path):
+    from harness.problems import load_problems
+
+    data = tmp_path / "my.jsonl"
+    data.write_text('{"ID": "q1", "Problem": "What is $2+3$?", "Answer": "5"}\n')
+    cfg = compose_config(["dataset=file", f"dataset.path={data}", "dataset.columns={id: ID, problem: Problem, answer: Answer}"])
+    assert dict(cfg.dataset.columns) == {"id": "ID", "problem": "Problem", "answer": "Answer", "solution": "solution"}
+    [p] = load_problems(cfg.dataset.path, columns=dict(cfg.dataset.columns))
+    assert (p.id, p.problem, p.answer) == ("q1", "What is $2+3$?", "5")
+
+
+def test_default_experiment_is_defined_once():
+    from harness.tracking import DEFAULT_EXPERIMENT
+
+    assert compose_config().tracking.experiment == DEFAULT_EXPERIMENT
+    lines = (CONFIG_DIR / "tracking" / "mlflow.yaml").read_text().splitlines()
+    assert not any(line.startswith("experiment:") for line in lines)
+
+
+def test_a_harness_error_at_an_entry_point_is_one_line_without_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    missing = tmp_path / "nope.jsonl"
+    cmd = [sys.executable, "-m", "harness", "model=tiny_gemma3", "dataset=file", f"dataset.path={missing}",
+           "tracking=off", f"runs_dir={tmp_path}/runs"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.pop("KVGRAFT_DEBUG", None)
+    out = subprocess.run(cmd, cwd=CONFIG_DIR.parent, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == f"error: dataset file {missing} does not exist (dataset.path); give an existing jsonl/csv/parquet file"
+    assert "Traceback" not in out.stderr
+    debug = subprocess.run(cmd, cwd=CONFIG_DIR.parent, env={**env, "KVGRAFT_DEBUG": "1", "HYDRA_FULL_ERROR": "1"},
+                           capture_output=True, text=True, timeout=300)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ProblemError" in debug.stderr

@@ -1,0 +1,60 @@
+"""The compare job computes the comparison in memory from the runs' Summaries and writes it once: nothing it
+wrote is read back from disk. Uses the tiny random-weight model (plumbing only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from harness import compare
+from harness.record import Summary
+from harness.run_folder import RunFolder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _summary(fakerun: ModuleType, condition: str, decode_scale: int, wall: float) -> Summary:
+    s = Summary.of(fakerun.make_rows(condition), condition=condition, model="toy", dataset="toy", run_dir=condition,
+                   comparable_key="k", run_wall_s=1.0, energy_status="unavailable:test", energy_j=None,
+                   grouped=False)  # fmt: skip
+    tokens = {**s.tokens, "decode": s.tokens["decode"] // decode_scale}
+    return Summary(s.condition, s.model, s.dataset, s.run_dir, s.scores, tokens, {**s.time, "wall_s": wall},
+                   s.energy, s.comparable_key)  # fmt: skip
+
+
+def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Path) -> None:
+    base = _summary(fakerun, "baseline", 1, 4.0)
+    graft = _summary(fakerun, "graft", 4, 1.0)
+    folders = {"baseline": RunFolder(tmp_path / "b"), "graft (recurring)": RunFolder(tmp_path / "g")}
+    result = compare.comparison("k", folders, {"baseline": base, "graft (recurring)": graft})
+    assert set(result) == {"comparable_key", "runs", "summaries"}
+    assert result["summaries"]["baseline"]["comparison"] is None
+    c = result["summaries"]["graft (recurring)"]["comparison"]
+    assert c["token_reduction"] == pytest.approx(base.tokens["decode"] / graft.tokens["decode"])
+    assert c["wall_factor"] == pytest.approx(4.0)
+    assert c["energy_factor"] is None and c["energy_status"].startswith("unavailable")
+    assert c["baseline_run"] == "baseline" and c["accuracy_delta"] == 0
+
+
+def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
+    def no_read_back(self, *args, **kwargs):
+        raise AssertionError(f"the compare job read {self.path} back from disk")
+
+    for name in ("read_summary", "read_rows", "read_json", "read_jsonl", "read_config", "read_bytes"):
+        monkeypatch.setattr(RunFolder, name, no_read_back)
+    result = compare.main([
+        "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
+        "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
+    ])  # fmt: skip
+    assert list(result["summaries"]) == ["baseline", "graft (recurring)", "graft (held-out)"]
+    assert result["summaries"]["graft (recurring)"]["groups"]["recurring"]["n_problems"] == 2
+    assert set(result["summaries"]["graft (held-out)"]["groups"]) == {"held_out"}
+    assert result["summaries"]["baseline"]["tokens"]["grafted"] == 0
+    written = list((tmp_path / "runs" / "compare").glob("*/comparison.json"))
+    assert len(written) == 1 and json.loads(written[0].read_text()) == json.loads(json.dumps(result))
+    for label, path in result["runs"].items():
+        assert (Path(path) / "manifest.json").is_file(), label
+    assert Path(result["runs"]["graft (held-out)"]).name.endswith("-held_out")

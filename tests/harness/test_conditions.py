@@ -1,0 +1,103 @@
+"""Conditions built from typed config pieces on the tiny random-weight model, and the library's exclusion
+rule fixed when it is opened. Plumbing only: a random model's answers are noise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.conditions import CONDITIONS, Baseline, Graft, build_condition
+from harness.config import compose_config, typed
+from harness.errors import ConfigError, LibraryError
+from harness.library import build_library, open_library
+from harness.problems import load_problems
+from harness.record import HELD_OUT, RECURRING
+from kvstore import load_frozen_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def fm():
+    return load_frozen_model("tiny-gemma3")
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("conditions")
+    return typed(compose_config([
+        "model=tiny_gemma3", f"project_root={REPO}", "decoding.max_new_tokens=3", f"library.root={tmp}/library",
+        f"library.store={tmp}/store", "tracking=off",
+    ]))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return load_problems(str(REPO / "problems/kvgraft_original.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def built(cfg, fm):
+    build_library(cfg.library, fm, REPO, progress=False)
+    return cfg.library
+
+
+def _condition(name, cfg, fm, library_cfg=None):
+    return build_condition(name, fm, cfg.prompt, cfg.decoding, library_cfg or cfg.library, REPO)
+
+
+def test_the_registry_is_the_one_place_that_knows_condition_names():
+    assert CONDITIONS == {"baseline": Baseline, "graft": Graft}
+    assert all(cls.name == name for name, cls in CONDITIONS.items())
+    assert not Baseline.uses_library and Graft.uses_library
+
+
+def test_an_unknown_condition_is_a_config_error_naming_the_choices(cfg, fm):
+    with pytest.raises(ConfigError, match=r"condition='grafted' is not one of \['baseline', 'graft'\]"):
+        _condition("grafted", cfg, fm)
+
+
+def test_baseline_completes_the_prompt_alone(cfg, fm, problems):
+    cond = _condition("baseline", cfg, fm)
+    c = cond.complete(problems[0], 0)
+    assert c.grafted_tokens == 0 and c.prefill_tokens == len(c.context_ids) == len(fm.encode(c.prompt))
+    assert problems[0].problem in c.prompt
+    assert 1 <= c.decode_tokens <= 3 and c.match is None and c.artifact_id is None
+    assert cond.group(c) is None
+    assert cond.complete(problems[0], 0) == c  # greedy on a frozen model: the same completion twice
+
+
+def test_graft_recurring_grafts_the_problems_own_entry(cfg, fm, problems, built):
+    cond = _condition("graft", cfg, fm, built)
+    lib = cond.library
+    own = {e.problem_id: e for e in lib.entries}
+    c = cond.complete(problems[1], 0)
+    assert c.match == "exact" and c.artifact_id == own[problems[1].id].artifact_id
+    assert c.grafted_tokens == own[problems[1].id].tokens
+    assert c.prefill_tokens == len(c.context_ids) - c.grafted_tokens
+    assert cond.group(c) == RECURRING
+
+
+def test_exclude_self_never_returns_the_problem_itself(cfg, fm, problems, built):
+    lib = open_library(built.__class__(**{**built.__dict__, "exclude_self": True}), fm, REPO)
+    assert lib.exclude_self and lib.retrieval == "bm25"
+    for p in problems:
+        m = lib.retrieve(p)
+        assert m is not None and m.kind == "bm25"
+        assert m.entry.problem_id != p.id and m.entry.problem_fingerprint != p.fingerprint
+    open_lib = open_library(built, fm, REPO)
+    assert all(open_lib.retrieve(p).kind == "exact" for p in problems)
+
+
+def test_held_out_graft_with_no_retrieval_falls_back_to_the_query_alone(cfg, fm, problems, built):
+    lib_cfg = built.__class__(**{**built.__dict__, "exclude_self": True, "retrieval": "none"})
+    cond = _condition("graft", cfg, fm, lib_cfg)
+    c = cond.complete(problems[2], 0)
+    assert c.match is None and c.grafted_tokens == 0
+    assert cond.group(c) == HELD_OUT
+
+
+def test_an_unknown_retrieval_is_refused_when_the_library_is_opened(fm, built):
+    with pytest.raises(LibraryError, match="library.retrieval='dense'"):
+        open_library(built.__class__(**{**built.__dict__, "retrieval": "dense"}), fm, REPO)
