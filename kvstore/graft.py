@@ -12,15 +12,48 @@ import torch
 from transformers import DynamicCache
 
 from kvstore.capture import new_cache
-from kvstore.errors import IncompatibleError
-from kvstore.format import Snapshot
+from kvstore.errors import IncompatibleError, ValidationError
+from kvstore.format import Snapshot, check_snapshot, guard
 from kvstore.model import FrozenModel
+
+
+def settings_differences(snapshot: Snapshot, fm: FrozenModel) -> list[str]:
+    """Each recorded setting the fresh reference depends on that differs between the artifact and this
+    process, as "field: artifact X, this process Y" (empty when all agree). Today: every pinned determinism
+    setting (threads, deterministic_algorithms, attn_implementation, dtype, prefill_chunk, and any other the
+    artifact records); the one place to compare more recorded facts."""
+    recorded = snapshot.determinism if isinstance(snapshot.determinism, dict) else {}
+    current = fm.determinism.to_dict()
+    out = []
+    for key in sorted(set(recorded) | set(current)):
+        a, b = recorded.get(key, "<not recorded>"), current.get(key, "<not set>")
+        if a != b or type(a) is not type(b):  # True == 1 in Python; a recorded 1 is not the setting True
+            out.append(f"determinism.{key}: artifact {a!r}, this process {b!r}")
+    return out
+
+
+def _model_kv_shape(fm: FrozenModel) -> tuple[int | None, int | None]:
+    """(kv_heads, head_dim) every layer's cache has for this model, from its config (None where the config
+    does not say; that dimension is then not checked)."""
+    cfg = fm.config.get_text_config(decoder=True) if hasattr(fm.config, "get_text_config") else fm.config
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None)
+    if not head_dim and heads and getattr(cfg, "hidden_size", None):
+        head_dim = cfg.hidden_size // heads
+    return (int(kv_heads) if kv_heads else None), (int(head_dim) if head_dim else None)
 
 
 def check_compatible(
     snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
 ) -> None:
-    """Raise IncompatibleError naming the first thing that differs between the snapshot and this use of it."""
+    """Raise IncompatibleError naming the first thing that breaks a format invariant or differs between the
+    snapshot and this use of it (FORMAT.md section 5, in that order)."""
+    with guard("graft compatibility check", IncompatibleError):
+        _check_compatible(snapshot, fm, token_ids, position)
+
+
+def _check_compatible(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None, position: int | None) -> None:
     name = snapshot.model_name or "artifact"
     if snapshot.model_fingerprint != fm.fingerprint:
         raise IncompatibleError(
@@ -34,16 +67,38 @@ def check_compatible(
         )
     if snapshot.dtype != fm.determinism.dtype:
         raise IncompatibleError(
-            f"{name}: artifact dtype {snapshot.dtype} differs from the model's {fm.determinism.dtype}"
+            f"{name}: artifact dtype {snapshot.dtype} differs from the model's {fm.determinism.dtype}; load the "
+            f"model with dtype={snapshot.dtype} or deposit the artifact again"
+        )
+    diffs = settings_differences(snapshot, fm)
+    if diffs:
+        raise IncompatibleError(
+            f"{name}: the artifact was computed under other settings than this process uses, so a graft would not "
+            f"be byte-identical to the fresh reference: {'; '.join(diffs)}. Load the model with the artifact's "
+            "settings (kvstore.Determinism(...) / the run's determinism config) or deposit the artifact again "
+            "under the current ones"
         )
     if snapshot.layout != fm.layer_layout:
         raise IncompatibleError(
             f"{name}: layer layout differs (artifact {len(snapshot.layers)} layers "
             f"{_layout_str(snapshot.layout)}, model {len(fm.layer_layout)} layers {_layout_str(fm.layer_layout)})"
         )
+    try:
+        check_snapshot(snapshot)
+    except ValidationError as e:  # a snapshot that breaks the format cannot match any model
+        raise IncompatibleError(f"{e} (refused at graft, before any tensor reached the model)") from e
+    kv_heads, head_dim = _model_kv_shape(fm)
     for i, lyr in enumerate(snapshot.layers):
-        if str(lyr.keys.dtype).removeprefix("torch.") != snapshot.dtype:
-            raise IncompatibleError(f"{name}: layer {i} keys are {lyr.keys.dtype}, metadata says {snapshot.dtype}")
+        got = tuple(lyr.keys.shape)
+        if (kv_heads and got[1] != kv_heads) or (head_dim and got[3] != head_dim):
+            raise IncompatibleError(
+                f"{name}: layer {i} keys/values have shape {got}, the model caches (1, {kv_heads}, tokens, {head_dim}) "
+                "(batch, kv_heads, tokens, head_dim); deposit the artifact again with this model"
+            )
+    vocab = getattr(fm.config.get_text_config(decoder=True), "vocab_size", None)
+    if vocab and max(snapshot.token_ids) >= vocab:
+        raise IncompatibleError(f"{name}: token id {max(snapshot.token_ids)} is outside the model's vocabulary "
+                                f"[0, {vocab}); deposit it again with this model's tokenizer")
     if position is not None and position != snapshot.start_position:
         raise IncompatibleError(
             f"{name}: graft at position {position}, but the artifact was computed at start position "
@@ -68,7 +123,8 @@ def _layout_str(layout: list[dict]) -> str:
 def graft_snapshot(
     snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
 ) -> DynamicCache:
-    """A fresh cache holding the snapshot's state at its own positions, after all compatibility checks.
+    """A fresh cache holding the snapshot's state at its own positions, after all compatibility checks
+    (every one raises a KVStoreError before any tensor reaches the model).
 
     token_ids: the full context the caller will run (checked to begin with the snapshot's tokens).
     position: where the caller expects the snapshot to start (checked to equal its start position).
