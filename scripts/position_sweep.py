@@ -10,10 +10,11 @@ Options: --model (gemma3-270m), --offsets 0,1,2,7,100,1000,4096 (0 is always inc
 from, a built-in sentence when the file is missing).
 
 One artifact of the prefix is computed at position 0 (``deposit_tokens``, through a store and back). For each
-offset it is compared against computing the prefix fresh at the shifted positions:
+offset the engine's check (``kvstore.check_graft(fm, prefix, suffix, snapshot=artifact, offset=off)``) compares
+it against computing the prefix fresh at the shifted positions:
   fresh:  ``prefill(prefix, position=off)``; ``forward(suffix, position=off + n)``
-  graft:  ``graft_repositioned(artifact, fm, off)`` (keys re-rotated by RoPE composition);
-          ``forward(suffix, position=off + n)``
+  graft:  at offset 0 ``graft_snapshot`` (own position); otherwise ``graft_repositioned(artifact, fm, off)``
+          (keys re-rotated by RoPE composition); then ``forward(suffix, position=off + n)``
 Per offset: max |delta logit|, KL max, argmax agreement, SHA-256 equality. Also, for scale: how far the fresh
 logits at that offset are from the fresh logits at offset 0 (RoPE is relative only in exact arithmetic).
 
@@ -39,11 +40,10 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+from experiments import DEFAULT_PROBLEMS, joined_text  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROBLEMS = REPO / "problems" / "kvgraft_original.jsonl"
 FALLBACK_TEXT = (
     "Find the number of ordered pairs of positive integers (a, b) such that a + b = 1000 and neither a nor b "
     "has a zero digit.\n\nSolution: Count the numbers from 1 to 999 with no zero digit, then subtract the pairs "
@@ -62,17 +62,8 @@ def parse_offsets(text: str) -> list[int]:
 
 
 def source_text(path: Path) -> str:
-    """Problem texts (problem + "\\n\\nSolution: " + solution) joined, or a built-in sentence."""
-    if not path.exists():
-        return FALLBACK_TEXT
-    texts = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                solution = "\n\nSolution: " + row["solution"] if row.get("solution") else ""
-                texts.append(row.get("problem", "") + solution)
-    return "\n\n".join(t for t in texts if t) or FALLBACK_TEXT
+    """Every problem's text (problem + "\\n\\nSolution: " + solution) joined, or a built-in sentence."""
+    return (joined_text(path) if path.exists() else "") or FALLBACK_TEXT
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -133,14 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     from kvstore import (
         MemoryStore,
         atomic_write,
+        check_graft,
         compare_logits,
         deposit_tokens,
         environment_fingerprint,
-        forward,
-        graft_repositioned,
         load_frozen_model,
-        prefill,
     )
+    from kvstore.model import smallest_window
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     err = Console(stderr=True)
@@ -154,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         text = text + "\n\n" + text
         ids = fm.encode(text)
     prefix, suffix = ids[:n], ids[n : n + m]
-    windows = [x["window"] for x in fm.layer_layout if x["kind"] == "sliding" and x["window"]]
-    window = min(windows) if windows else None
+    window = smallest_window(fm.layer_layout)
     if window and n + m > window:
         err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
                   "graft_repositioned documents sequences shorter than the window")
@@ -169,15 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         for off in offsets:
             status.update(f"offset {off}")
             t0 = time.perf_counter()
-            cache, _ = prefill(fm, prefix, position=off)
-            fresh = forward(fm, suffix, cache, position=off + n)  # (1, m, vocab)
-            del cache
-            cache = graft_repositioned(artifact, fm, off)
-            grafted = forward(fm, suffix, cache, position=off + n)  # (1, m, vocab)
-            del cache
+            check = check_graft(fm, prefix, suffix, snapshot=artifact, offset=off, keep_logits=True)
+            fresh = check.reference_logits  # (1, m, vocab), computed at positions off..
             if off == 0:
                 fresh0 = fresh
-            c = compare_logits(fresh, grafted)
+            c = check.graft
             shift = compare_logits(fresh0, fresh)
             results.append({"offset": off, "sha256_fresh": c.sha256_a, "sha256_graft": c.sha256_b,
                             "sha256_equal": c.sha256_equal, "max_abs_diff": c.max_abs_diff, "kl_max": c.kl_max,
