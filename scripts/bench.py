@@ -35,33 +35,31 @@ from pathlib import Path
 
 import psutil
 import torch
+from experiments import DEFAULT_PROBLEMS, REPO, problem_texts, read_problems, stats
 
+from harness.manifest import code_state
 from kvstore import (
-    BUNDLED,
     CachedStore,
     Determinism,
     LocalStore,
-    capture_snapshot,
+    atomic_write,
+    check_graft,
+    environment_fingerprint,
     forward,
     from_bytes,
     graft_snapshot,
     load_frozen_model,
-    logits_sha256,
     prefill,
 )
-from kvstore.model import environment_fingerprint
+from kvstore.gguf import BUNDLED
+from kvstore.model import layout_string
+from kvstore.verify import graft_logits, reference_logits
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TEXT = ROOT / "problems" / "kvgraft_original.jsonl"
 GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.5, "overhead": 0.05}
 MAX_REPEAT_TOKENS = 2048  # above this the recompute side is timed fewer times (it takes tens of seconds)
 
 
 # ---------------------------------------------------------------- small helpers
-
-def stats(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
 
 def clock() -> float:
     return time.perf_counter()
@@ -87,27 +85,19 @@ def machine_info(det: Determinism) -> dict:
         "usable_cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
         "dtype": det.dtype, "ram_bytes": psutil.virtual_memory().total, "platform": platform.platform(),
         "python": platform.python_version(), "torch": env["torch"], "transformers": env["transformers"],
-        "loadavg_start": os.getloadavg(), "git_commit": _git_commit(),
+        "loadavg_start": os.getloadavg(), "git_commit": code_state()["commit"] or "unknown",
     }
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def token_stream(fm, text_path: Path, need: int) -> tuple[list[int], dict]:
     """`need` token ids of real text: problem + solution of every row, concatenated, repeated as needed."""
-    rows = [json.loads(line) for line in text_path.read_text().splitlines() if line.strip()]
-    text = "\n\n".join(f"{r['problem']}\n{r.get('solution', '')}" for r in rows)
+    rows = problem_texts(text_path)
+    text = "\n\n".join(t for _, t in rows)
     ids = fm.encode(text)
     body = fm.encode("\n\n" + text, add_bos=False)
     while len(ids) < need:
         ids += body
-    info = {"source": str(text_path.relative_to(ROOT) if text_path.is_relative_to(ROOT) else text_path),
+    info = {"source": str(text_path.relative_to(REPO) if text_path.is_relative_to(REPO) else text_path),
             "rows": len(rows), "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "text_tokens": len(body), "repeated": need > len(body) + 1}
     return ids[:need], info
@@ -118,41 +108,33 @@ def token_stream(fm, text_path: Path, need: int) -> tuple[list[int], dict]:
 def bench_ttft(fm, store: LocalStore, stream: list[int], sizes: list[int], repeats: int) -> dict:
     rows = []
     for n in sizes:
-        prefix, new = stream[:n], stream[n]
+        prefix, new = stream[:n], stream[n : n + 1]
         rec_reps = repeats if n <= MAX_REPEAT_TOKENS else max(1, repeats // 3)
-        rec, aid, ref = [], None, None
-        for r in range(rec_reps):
+        # The engine's exactness check puts the artifact into the store and compares graft vs fresh reference;
+        # its reference (prefill N + the next token) is the first recompute sample.
+        check = check_graft(fm, prefix, new, store)
+        aid = check.artifact_id
+        rec = [check.timing_s["reference"]]
+        for _ in range(rec_reps - 1):
             t0 = clock()
-            cache, _ = prefill(fm, prefix)
-            t1 = clock()
-            if r == 0:  # the artifact is this very prefill's cache (untimed)
-                aid = store.put(capture_snapshot(fm, cache, prefix))
-            t2 = clock()
-            logits = forward(fm, [new], cache)
-            tok = argmax(logits)
-            rec.append(t1 - t0 + clock() - t2)
-            ref = (logits, tok)
+            argmax(reference_logits(fm, prefix, new))
+            rec.append(clock() - t0)
         graft_t, parts = [], {"get": [], "graft": [], "forward": []}
         for _ in range(max(repeats, 3)):
             t0 = clock()
-            snap = store.get(aid)
-            t1 = clock()
-            cache = graft_snapshot(snap, fm, token_ids=prefix + [new])
-            t2 = clock()
-            logits = forward(fm, [new], cache)
-            tok = argmax(logits)
-            t3 = clock()
-            graft_t.append(t3 - t0)
-            for k, v in zip(("get", "graft", "forward"), (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                parts[k].append(v)
+            restored = graft_logits(fm, prefix, new, store=store, artifact_id=aid)  # get + graft + forward
+            argmax(restored.logits)
+            graft_t.append(clock() - t0)
+            for k in parts:
+                parts[k].append(restored.timing_s[k])
         g, c = stats(graft_t), stats(rec)
         rows.append({
             "tokens": n, "artifact_id": aid, "artifact_bytes": store.info(aid).size,
             "graft_s": g, "recompute_s": c, "ratio": c["median"] / g["median"],
             "graft_parts_median_s": {k: statistics.median(v) for k, v in parts.items()},
             "ratio_ceiling": c["median"] / statistics.median(parts["forward"]),  # if get + graft took no time
-            "recompute_repeats": rec_reps, "logits_identical": logits_sha256(logits) == logits_sha256(ref[0]),
-            "argmax_equal": tok == ref[1],
+            "recompute_repeats": rec_reps, "logits_identical": check.equal,
+            "argmax_equal": check.argmax_agreement == 1.0,
         })
     at = _goal_row(rows, GOALS["ttft_at"])
     fig = {"goal": f"graft TTFT >= {GOALS['ttft_ratio']:.0f}x faster than recompute at {GOALS['ttft_at']} tokens",
@@ -444,8 +426,7 @@ def bench_peer(llm, reason, stream: list[int], sizes: list[int], repeats: int, o
 # ---------------------------------------------------------------- 4. harness overhead
 
 def bench_overhead(fm, text_path: Path, prompts: int, new_tokens: int, repeats: int, llm) -> dict:
-    rows = [json.loads(line) for line in text_path.read_text().splitlines() if line.strip()][:prompts]
-    ids_list = [fm.encode(r["problem"]) for r in rows]
+    ids_list = [fm.encode(p.problem) for p in read_problems(text_path)[:prompts]]
     try:
         from harness.decode import generate as harness_generate
 
@@ -650,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="128,512,2048,8192", help="prefix lengths N (comma-separated)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer prompts and tokens, no cold cache, no peer")
-    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="JSONL with problem/solution rows")
+    ap.add_argument("--text", type=Path, default=DEFAULT_PROBLEMS, help="JSONL with problem/solution rows")
     ap.add_argument("--dtype", default=None, help="model dtype (default: the pinned Determinism default)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the pinned default)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
@@ -675,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"machine": machine_info(det),
                "model": {"name": fm.name, "fingerprint": fm.fingerprint, "dtype": det.dtype,
                          "determinism": det.to_dict(),
-                         "layers": "".join("S" if x["kind"] == "sliding" else "F" for x in fm.layer_layout)},
+                         "layers": layout_string(fm.layer_layout)},
                "tokens": text_info, "settings": {"sizes": sizes, "repeats": args.repeats, "quick": args.quick},
                "figures": {}, "runtime_s": {}}
     figs = summary["figures"]
@@ -718,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     summary["runtime_s"]["total"] = clock() - t_start
     summary["plots"] = plot(summary, out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    atomic_write(out / "summary.json", (json.dumps(summary, indent=2, default=float) + "\n").encode())
     print_tables(summary)
     print(f"wrote {out / 'summary.json'} and {', '.join(summary['plots'])} in {summary['runtime_s']['total']:.0f} s")
     return 0

@@ -23,7 +23,6 @@ import os
 import queue
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -33,9 +32,20 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
+from experiments import stats
 from tqdm import tqdm
 
-from kvstore import Determinism, LocalStore, deposit_tokens, graft_snapshot, load_frozen_model, to_bytes, tokens_sha256
+from kvstore import (
+    Determinism,
+    LocalStore,
+    atomic_write,
+    deposit_tokens,
+    graft_snapshot,
+    load_frozen_model,
+    to_bytes,
+    tokens_sha256,
+)
+from kvstore.model import layout_string
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many
@@ -74,10 +84,6 @@ def peak_rss() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return psutil.Process().memory_info().rss
-
-
-def stats(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def deposit_batch(fm, indices: list[int], lengths: list[int]) -> list[bytes]:
@@ -342,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     history = json.loads(history_path.read_text()) if history_path.exists() else []
     if filler.deposited:
         history.append(fill)
-        history_path.write_text(json.dumps(history, indent=2) + "\n")
+        atomic_write(history_path, (json.dumps(history, indent=2) + "\n").encode())
     first, last = points[0], points[-1]
     ratio = {k: last[k]["median"] / first[k]["median"] for k in ("lookup_s", "restore_s")}
     ratio["peak_rss"] = last["peak_rss_bytes"] / first["peak_rss_bytes"]
@@ -352,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     spread["peak_rss"] = max(q["peak_rss_bytes"] for q in points) / min(q["peak_rss_bytes"] for q in points)
     result = {
         "model": {"name": fm.name, "fingerprint": fm.fingerprint, "random_weights": fm.name.startswith("tiny-"),
-                  "layers": "".join("S" if x["kind"] == "sliding" else "F" for x in fm.layer_layout),
+                  "layers": layout_string(fm.layer_layout),
                   "determinism": det.to_dict(), "device": str(fm.device)},
         "store": {"root": str(store.root), "artifacts": len(infos), "tokens": sum(i.token_count for i in infos),
                   "bytes": sum(i.size for i in infos), "index_bytes": store.index_path.stat().st_size,
@@ -377,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_s": time.perf_counter() - t_start,
         "loadavg_end": os.getloadavg(),
     }
-    (out / "context.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write(out / "context.json", (json.dumps(result, indent=2) + "\n").encode())
     plot(result, out / "context.png")
     print(result["note"])
     print(f"store: {result['store']['artifacts']:,} artifacts, {result['store']['tokens']:,} tokens, "

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvstore import atomic_write
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -140,8 +142,7 @@ def main() -> None:
     )
     store = Path(args.out) / "store" / "objects"
     result["store_bytes"] = sum(p.stat().st_size for p in store.glob("*/*"))
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "library_scale.json").write_text(json.dumps(result, indent=2))
+    atomic_write(Path(args.out) / "library_scale.json", (json.dumps(result, indent=2) + "\n").encode())
     print(json.dumps(result, indent=2))
 
 
