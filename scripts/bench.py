@@ -523,12 +523,7 @@ def plot(summary: dict, out: Path) -> list[str]:
                 label="llama.cpp state restore + 1 token")
     ax.set(xscale="log", yscale="log", xlabel="prefix tokens N", ylabel="time to first new token (s)",
            title=f"Graft vs recompute ({summary['model']['name']}, {summary['model']['dtype']})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "ttft.png", dpi=120)
-    plt.close(fig)
-    files.append("ttft.png")
+    files.append(_save(fig, ax, out / "ttft.png"))
 
     rows = summary["figures"]["restore_vs_read"]["rows"]
     tier = {r["tokens"]: r for r in summary["figures"]["tier"]["rows"]}
@@ -545,13 +540,20 @@ def plot(summary: dict, out: Path) -> list[str]:
         ax.plot(size, [y / 1e9 for y in ys], style, label=label)
     ax.set(xscale="log", yscale="log", xlabel="artifact size (MB)", ylabel="GB/s",
            title="Restore bandwidth vs plain sequential read")
+    files.append(_save(fig, ax, out / "restore_bandwidth.png"))
+    return files
+
+
+def _save(fig, ax, path: Path) -> str:
+    """Grid, legend, tight layout; write the PNG and close the figure. Returns the file name."""
+    import matplotlib.pyplot as plt
+
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "restore_bandwidth.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    files.append("restore_bandwidth.png")
-    return files
+    return path.name
 
 
 def print_tables(summary: dict) -> None:
