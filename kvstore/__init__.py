@@ -17,21 +17,25 @@ Public API (what a user of the engine needs; everything else stays importable fr
 Elsewhere on purpose: kvstore.gguf.BUNDLED (the bundled model's name), kvstore.tiny (test models),
 kvstore.graft.check_compatible / graft_repositioned (the checks alone; the position experiment),
 kvstore.store.Store / ArtifactInfo (the interface and the index rows), kvstore.verify.Comparison / the
-halves of the check. Importing kvstore changes no process state; `Determinism.apply()` (called by
-`load_frozen_model`) is where torch's global settings are set.
+halves of the check, kvstore.bundle (export/import of artifacts as one file).
+Importing kvstore changes no process state; `Determinism.apply()` (called by `load_frozen_model`) is where
+torch's global settings are set.
 """
 
 from kvstore.capture import capture_snapshot, deposit_tokens, forward, new_cache, prefill
 from kvstore.determinism import Determinism
 from kvstore.errors import (
+    BundleError,
     FormatError,
     IncompatibleError,
+    IndexDatabaseError,
     IntegrityError,
     InvalidIdError,
     KVStoreError,
     ModelLoadError,
     NotFoundError,
     SettingsError,
+    ValidationError,
 )
 from kvstore.format import FORMAT, Snapshot, from_bytes, read_metadata, to_bytes, tokens_sha256
 from kvstore.graft import graft_snapshot
@@ -54,6 +58,6 @@ __all__ = [
     # exactness
     "GraftCheck", "check_graft", "compare_logits", "logits_sha256",
     # errors
-    "FormatError", "IncompatibleError", "IntegrityError", "InvalidIdError", "KVStoreError", "ModelLoadError",
-    "NotFoundError", "SettingsError",
+    "BundleError", "FormatError", "IncompatibleError", "IndexDatabaseError", "IntegrityError", "InvalidIdError",
+    "KVStoreError", "ModelLoadError", "NotFoundError", "SettingsError", "ValidationError",
 ]
