@@ -412,3 +412,22 @@ def test_answer_matches_independent_recomputation(problem_id: str) -> None:
     value = COMPUTE[problem_id]()
     assert 0 <= value <= 999
     assert ROWS_BY_ID[problem_id]["answer"] == str(value)
+
+
+def test_the_harness_loader_reads_the_file_as_written() -> None:
+    """load_problems (what every run uses) gives the same ids, answers, texts and solutions as the raw rows."""
+    from harness.problems import load_problems
+
+    problems = load_problems(str(PROBLEMS_PATH))
+    assert [(p.id, p.answer, p.problem, p.solution) for p in problems] == [
+        (row["id"], row["answer"], row["problem"], row["solution"]) for row in ROWS
+    ]
+    assert all(p.source == {"source": row["source"], "topic": row["topic"]} for p, row in zip(problems, ROWS, strict=True))
+
+
+def test_every_bundled_solution_scores_as_its_own_answer() -> None:
+    """The scorer reads each worked solution's final answer (what a library build verifies before deposit)."""
+    from harness.answers import score
+
+    wrong = [row["id"] for row in ROWS if not score(row["solution"], row["answer"]).correct]
+    assert wrong == []
