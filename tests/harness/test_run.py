@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.audit import audit
 from harness.compare import find_baseline
 from harness.config import compose_config
 from harness.library import build_library, open_library
-from harness.manifest import verify_run
 from harness.problems import load_problems
 from harness.run import comparable_key, run
 from kvstore import LocalStore, load_frozen_model
@@ -33,11 +33,13 @@ def _cfg(tmp: Path, *extra: str):
 
 
 def test_baseline_run_writes_a_folder_that_rescores(tmp_path, fm):
-    d = run(_cfg(tmp_path), tmp_path / "runs" / "baseline" / "r1", fm=fm, progress=False)
+    folder, summary = run(_cfg(tmp_path), tmp_path / "runs" / "baseline" / "r1", fm=fm, progress=False)
+    d = folder.path
+    assert summary == folder.read_summary()
     for name in ("config.yaml", "problems.jsonl", "outputs.jsonl", "summary.json", "manifest.json", "tracking.json"):
         assert (d / name).is_file(), name
-    check = verify_run(d)
-    assert check.ok, check.problems
+    check = audit(folder)
+    assert check.ok, check.findings
     rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
     assert [r["problem_id"] for r in rows] == ["kvg-001", "kvg-002", "kvg-003"]
     assert all(r["grafted_tokens"] == 0 and r["prefill_tokens"] == r["prompt_tokens"] for r in rows)
@@ -49,8 +51,9 @@ def test_baseline_run_writes_a_folder_that_rescores(tmp_path, fm):
 
 def test_sampling_draws_n_samples_per_problem_reproducibly(tmp_path, fm):
     cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=2", "dataset.limit=2", "tracking=off")
-    a = run(cfg, tmp_path / "a", fm=fm, progress=False)
-    b = run(cfg, tmp_path / "b", fm=fm, progress=False)
+    a, _ = run(cfg, tmp_path / "a", fm=fm, progress=False)
+    b, _ = run(cfg, tmp_path / "b", fm=fm, progress=False)
+    a, b = a.path, b.path
     ra = [json.loads(x) for x in (a / "outputs.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (b / "outputs.jsonl").read_text().splitlines()]
     assert len(ra) == 4 and [r["sample"] for r in ra] == [0, 1, 0, 1]
@@ -64,14 +67,15 @@ def test_library_holds_only_verified_entries_and_graft_recurring_uses_the_proble
     lib = open_library(cfg.library, fm, REPO)
     assert len(lib.entries) == 40 and all(e.verification["correct"] for e in lib.entries)
     assert json.loads((path / "manifest.json").read_text())["n_entries"] == 40
-    d = run(cfg, tmp_path / "g", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "g", fm=fm, progress=False)
+    d = folder.path
     rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
     by_id = {e.problem_id: e for e in lib.entries}
     for r in rows:
         assert r["match"] == "exact" and r["artifact_id"] == by_id[r["problem_id"]].artifact_id
         assert r["grafted_tokens"] == by_id[r["problem_id"]].tokens
         assert r["prefill_tokens"] == r["prompt_tokens"] - r["grafted_tokens"]
-    assert verify_run(d).ok
+    assert audit(folder).ok
 
 
 def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path, fm):
@@ -79,7 +83,8 @@ def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path
     build_library(cfg.library, fm, REPO, progress=False)
     lib = open_library(cfg.library, fm, REPO)
     store = LocalStore(tmp_path / "store")
-    d = run(cfg, tmp_path / "h", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "h", fm=fm, progress=False)
+    d = folder.path
     rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
     problems = {p.id: p for p in load_problems(str(REPO / "problems/kvgraft_original.jsonl"))}
     own_artifact = {e.problem_id: e.artifact_id for e in lib.entries}
@@ -97,7 +102,7 @@ def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path
 
 def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
     cfg = _cfg(tmp_path, "tracking=off", "dataset.limit=2")
-    d = run(cfg, tmp_path / "runs" / "baseline" / "b", fm=fm, progress=False)
-    assert find_baseline(tmp_path / "runs", comparable_key(cfg, fm)) == d
+    folder, _ = run(cfg, tmp_path / "runs" / "baseline" / "b", fm=fm, progress=False)
+    assert find_baseline(tmp_path / "runs", comparable_key(cfg, fm)) == folder
     other = _cfg(tmp_path, "tracking=off", "dataset.limit=2", "decoding.max_new_tokens=7")
     assert find_baseline(tmp_path / "runs", comparable_key(other, fm)) is None
