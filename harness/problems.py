@@ -177,8 +177,7 @@ def _read_parquet(p: Path) -> Iterator[Row]:
 def _read_file(p: Path) -> Iterator[Row]:
     if not p.is_file():
         raise ProblemError(
-            f"dataset file {p} does not exist (dataset.path, relative to the project root); "
-            "give an existing jsonl/json/csv/parquet file"
+            f"dataset file {p} does not exist (dataset.path); give an existing jsonl/csv/parquet file"
         )
     suffix = p.suffix.lower()
     if suffix not in _SUFFIXES:
