@@ -191,3 +191,25 @@ def test_progress_is_reported_in_tokens(fm):
 def test_a_batch_needs_one_seed_per_row(fm):
     with pytest.raises(ConfigError, match="one seed per row"):
         generate_batch(fm, fm.encode("a"), 3, [1, 2], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("ties", ["none", "bf16", "integers"])
+def test_the_nucleus_from_the_top_candidates_is_the_full_sort_nucleus_bit_for_bit(ties, monkeypatch):
+    from harness import decode
+
+    fallbacks = []
+    by_sort = decode._nucleus_by_sort
+    monkeypatch.setattr(decode, "_nucleus_by_sort", lambda p, t: fallbacks.append(1) or by_sort(p, t))
+    gen = torch.Generator().manual_seed(1)
+    cases = 0
+    for vocab in (300, 5000, 262144):
+        for scale in (0.5, 3.0, 8.0):
+            x = torch.randn(vocab, generator=gen) * scale
+            x = {"none": x, "bf16": x.bfloat16().float(), "integers": x.round()}[ties]
+            for temperature in (0.7, 1.0):
+                for top_p in (0.5, 0.95, 0.999):
+                    p = torch.softmax(x.double() / temperature, -1)
+                    fast = decode._nucleus(p, top_p)
+                    assert torch.equal(fast.view(torch.int64), by_sort(p, top_p).view(torch.int64))
+                    cases += 1
+    assert len(fallbacks) < cases  # the shortcut is taken, not only the fallback
