@@ -104,14 +104,16 @@ def generate(
     seed: int | None = None,
     cache=None,
     on_token: Callable[[int], None] | None = None,
+    eos: set[int] | None = None,
 ) -> Generation:
     """Continue `prompt_ids` once. `cache` may already hold a prefix of them (a graft); the rest is prefilled.
 
     on_token: called after every decode step with the number of tokens chosen in it (progress in tokens).
+    eos: the token ids that end a sequence (default `eos_ids(fm)`; an empty set runs every budget out).
     """
     return generate_batch(
         fm, prompt_ids, 1, [int(seed or 0)], max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
-        temperature=temperature, top_p=top_p, cache=cache, on_token=on_token,
+        temperature=temperature, top_p=top_p, cache=cache, on_token=on_token, eos=eos,
     )[0]
 
 
@@ -128,6 +130,7 @@ def generate_batch(
     top_p: float = 0.95,
     cache=None,
     on_token: Callable[[int], None] | None = None,
+    eos: set[int] | None = None,
 ) -> list[Generation]:
     """Continue `prompt_ids` `n` times, the rows decoded together; row i samples with its own `seeds[i]`.
 
@@ -156,7 +159,7 @@ def generate_batch(
             f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
         )
     gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds] if strategy == "sample" else [None] * n
-    eos = eos_ids(fm)
+    eos = eos_ids(fm) if eos is None else set(eos)
     stop = [s for s in stop if s]
     # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
     # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
