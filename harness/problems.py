@@ -268,11 +268,20 @@ def load_problems(
     return problems
 
 
-def _suggest(name: str, row: Mapping[str, Any]) -> str:
-    """A concrete dataset.columns override for field `name`, using a same-named column when one exists."""
-    same = [c for c in row if str(c).lower() == name or str(c).lower() == f"{name}s"]
-    column = same[0] if same else "<column>"
-    return f"set 'dataset.columns={{{name}: {column}}}'"
+def _suggest(row: Mapping[str, Any], cols: Mapping[str, str]) -> str:
+    """A dataset.columns override mapping every field the row lacks, using same-named columns when found."""
+    mapping: dict[str, str] = {}
+    for name in FIELDS:
+        if cols[name] in row:
+            if cols[name] != name:
+                mapping[name] = cols[name]
+            continue
+        same = [str(c) for c in row if str(c).lower() in (name, f"{name}s")]
+        if same:
+            mapping[name] = same[0]
+        elif name != "solution":
+            mapping[name] = "<column>"
+    return "set 'dataset.columns={" + ", ".join(f"{k}: {v}" for k, v in mapping.items()) + "}'"
 
 
 def _validate(row: dict[str, Any], at: str, cols: dict[str, str], seen: dict[str, str]) -> Problem:
@@ -283,7 +292,7 @@ def _validate(row: dict[str, Any], at: str, cols: dict[str, str], seen: dict[str
                 return None
             raise ProblemError(
                 f"{at}: field {name!r} (column {col!r}) is missing; columns present: {sorted(row)}. "
-                f"Add the column, or {_suggest(name, row)}"
+                f"Add the column, or {_suggest(row, cols)}"
             )
         value = row[col]
         if required and (value is None or (isinstance(value, str) and not value.strip())):

@@ -137,6 +137,14 @@ def test_a_missing_column_without_a_same_named_one_asks_for_the_column(tmp_path)
     assert "'dataset.columns={problem: <column>}'" in _message(path)
 
 
+def test_a_file_with_other_column_names_gets_one_override_mapping_them_all(tmp_path):
+    path = _jsonl(tmp_path / "caps.jsonl", [{"ID": "a", "Problem": "x", "Answer": "4", "Solution": "4"}])
+    override = "dataset.columns={id: ID, problem: Problem, answer: Answer, solution: Solution}"
+    assert f"'{override}'" in _message(path)
+    [p] = load_problems(str(path), columns={"id": "ID", "problem": "Problem", "answer": "Answer", "solution": "Solution"})
+    assert (p.id, p.answer, p.solution) == ("a", "4", "4")
+
+
 def test_a_column_map_naming_an_unknown_field_is_an_error(tmp_path):
     path = _jsonl(tmp_path / "p.jsonl", [GOOD])
     msg = _message(path, columns={"questoin": "Q"})
