@@ -144,3 +144,27 @@ def test_parallel_jobs_share_one_sqlite_store(tmp_path: Path, fakerun: ModuleTyp
     experiment = client.get_experiment_by_name("kvgraft-test")
     assert experiment is not None
     assert len(client.search_runs([experiment.experiment_id])) == 3
+
+
+def test_log_comparison_logs_each_runs_figures_under_a_slug(tmp_path: Path, sqlite_uri: str) -> None:
+    from mlflow import MlflowClient
+
+    from harness.tracking import log_comparison
+
+    comparison = {
+        "comparable_key": "k" * 64,
+        "runs": {"baseline": "runs/baseline/a", "graft (held-out)": "runs/graft/b-held_out"},
+        "summaries": {
+            "baseline": {"scores": {"accuracy": 0.0}, "comparison": None},
+            "graft (held-out)": {"scores": {"accuracy": 0.5}, "comparison": {"token_reduction": 3.25}},
+        },
+    }
+    path = tmp_path / "compare" / "stamp" / "comparison.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(comparison))
+    run_id = log_comparison(path, comparison, tracking_uri=sqlite_uri, experiment="kvgraft-test")
+    run = MlflowClient(tracking_uri=sqlite_uri).get_run(run_id)
+    assert run.data.metrics["graft_held_out.comparison.token_reduction"] == 3.25
+    assert run.data.metrics["baseline.scores.accuracy"] == 0.0
+    assert run.data.tags["run.graft_held_out"] == "runs/graft/b-held_out" and run.data.tags["job"] == "compare"
+    assert run.info.run_name == "compare-stamp"
