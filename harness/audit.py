@@ -186,6 +186,12 @@ def _check_config(folder: RunFolder, inputs: dict[str, Any], found: _Findings) -
     return config
 
 
+_FIELD_HASHES = (  # (row field, type, hash, manifest key, what a mismatch means)
+    ("completion", str, completion_sha256, "completion_sha256", "the completion text was"),
+    ("completion_token_ids", list, token_ids_sha256, "token_ids_sha256", "completion_token_ids were"),
+)
+
+
 def _check_row_hashes(line_no: int, row: dict[str, Any], entry: Any, found: _Findings) -> None:
     """Compare the row with its manifest entry: identity, row, completion and token-id hashes."""
     label = _row_label(line_no, row)
@@ -200,18 +206,12 @@ def _check_row_hashes(line_no: int, row: dict[str, Any], entry: Any, found: _Fin
     if sha256_json(row) != entry.get("row_sha256"):
         found.add_row("row_sha256",
             f"{label}: row_sha256 does not match the manifest; a field of this row was changed after the run")
-    completion = row.get("completion")
-    if not isinstance(completion, str):
-        found.add_row("completion", f"{label}: field 'completion' missing or not a string")
-    elif completion_sha256(completion) != entry.get("completion_sha256"):
-        found.add_row("completion_sha256",
-            f"{label}: completion_sha256 does not match the manifest; the completion text was changed")
-    token_ids = row.get("completion_token_ids")
-    if not isinstance(token_ids, list):
-        found.add_row("token ids", f"{label}: field 'completion_token_ids' missing or not a list")
-    elif token_ids_sha256(token_ids) != entry.get("token_ids_sha256"):
-        found.add_row("token_ids_sha256",
-            f"{label}: token_ids_sha256 does not match the manifest; completion_token_ids were changed")
+    for name, kind, digest, key, what in _FIELD_HASHES:
+        value = row.get(name)
+        if not isinstance(value, kind):
+            found.add_row(name, f"{label}: field '{name}' missing or not a {kind.__name__}")
+        elif digest(value) != entry.get(key):
+            found.add_row(key, f"{label}: {key} does not match the manifest; {what} changed")
 
 
 def _check_row_inputs(line_no: int, row: dict[str, Any], problems_by_id: dict[str, dict[str, Any]],
