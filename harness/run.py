@@ -58,8 +58,10 @@ def run(
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary."""
     c = typed(cfg)
     root = Path(c.project_root)
-    folder = folder if isinstance(folder, RunFolder) else RunFolder(folder) if folder is not None else None
-    folder = folder or RunFolder.new(root / c.runs_dir, c.condition.name)
+    if folder is None:
+        folder = RunFolder.new(root / c.runs_dir, c.condition.name)
+    elif not isinstance(folder, RunFolder):
+        folder = RunFolder(folder)
     d = c.dataset
     problems = load_problems(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
