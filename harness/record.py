@@ -95,7 +95,7 @@ class Row:
         ttft_s) read as None when absent. A missing original key raises KeyError naming it."""
         completion = Completion(
             prompt=d["prompt"], context_ids=list(d["prompt_token_ids"]), text=d["completion"],
-            token_ids=list(d["completion_token_ids"]), stop_reason=d.get("stop_reason", "length"),
+            token_ids=list(d["completion_token_ids"]), stop_reason=d["stop_reason"],
             prefill_tokens=d["prefill_tokens"], grafted_tokens=d["grafted_tokens"],
             decode_tokens=d["decode_tokens"], first_logits_sha256=d.get("first_logits_sha256"),
             ttft_s=d.get("ttft_s"), entry_id=d.get("entry_id"), artifact_id=d.get("artifact_id"),
