@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -144,3 +145,26 @@ def test_the_console_script_is_installed():
     out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     assert "deposit" in out.stdout and "verify" in out.stdout
+
+
+def test_verify_and_gc_report_an_object_whose_tokens_sha256_lies(kvstore, hand_built):
+    from kvstore import to_bytes, tokens_sha256
+    from kvstore.store import atomic_write
+
+    data = to_bytes(hand_built())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    meta = json.loads(header["__metadata__"]["kvgraft"])
+    meta["tokens_sha256"] = meta["tensor_sha256"]["token_ids"] = tokens_sha256([2, 3])  # claims other tokens
+    header["__metadata__"]["kvgraft"] = json.dumps(meta, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    forged = len(text).to_bytes(8, "little") + text + data[8 + n :]
+    store = LocalStore(kvstore.root)
+    aid = hashlib.sha256(forged).hexdigest()
+    atomic_write(store.path(aid), forged)  # planted behind the store's back: it hashes to its name
+    rc, out, _ = kvstore("verify", aid)
+    assert rc == 1 and out.startswith(f"FAILED  {aid}") and "token_ids" in out
+    rc, out, _ = kvstore("gc")
+    assert rc == 1 and "objects indexed     0" in out and aid in out and "temp files kept     0" in out
+    assert store.find_tokens(tokens_sha256([2, 3])) == []
