@@ -16,6 +16,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from kvstore.errors import KVStoreError
+from kvstore.format import Snapshot
 from kvstore.store import ArtifactId, ArtifactInfo, Store
 
 
@@ -27,7 +29,7 @@ class CachedStore(Store):
 
     def __init__(self, inner: Store, max_bytes: int) -> None:
         if max_bytes < 0:
-            raise ValueError(f"max_bytes={max_bytes} must be >= 0")
+            raise KVStoreError(f"CachedStore max_bytes={max_bytes} must be >= 0 (0 keeps nothing in memory)")
         self.inner = inner
         self.max_bytes = int(max_bytes)
         self.hits = 0
@@ -89,7 +91,7 @@ class CachedStore(Store):
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
         return self.inner.put_bytes(data, tags)
 
-    def put_many(self, items, tags: Iterable[str] = ()) -> list[ArtifactId]:
+    def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
         return self.inner.put_many(items, tags)
 
     def contains(self, aid: str) -> bool:
@@ -108,7 +110,7 @@ class CachedStore(Store):
         self._drop(ArtifactId(aid))
         self.inner.remove(aid)
 
-    def add_tags(self, aid: str, tags) -> None:
+    def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         self.inner.add_tags(aid, tags)
 
     def __len__(self) -> int:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore import CachedStore, IntegrityError, LocalStore, MemoryStore, NotFoundError, Snapshot, to_bytes
+from kvstore import (
+    CachedStore,
+    IntegrityError,
+    KVStoreError,
+    LocalStore,
+    MemoryStore,
+    NotFoundError,
+    Snapshot,
+    to_bytes,
+)
 from kvstore.format import LayerKV
 
 _DET = {"threads": 2, "deterministic_algorithms": True, "attn_implementation": "sdpa", "dtype": "float32",
@@ -100,3 +109,8 @@ def test_tier_has_the_store_interface():
     assert [i.id for i in tier.list("lib")] == [aid]
     assert tier.find_tokens(tier.info(aid).tokens_sha256) == [aid]
     assert tier.put_many([_snapshot(7), to_bytes(snap)])[1] == aid
+
+
+def test_a_negative_bound_is_a_kvstore_error():
+    with pytest.raises(KVStoreError, match="max_bytes=-1"):
+        CachedStore(MemoryStore(), max_bytes=-1)
