@@ -38,6 +38,10 @@ PROBLEMS = ROOT / "problems" / "kvgraft_original.jsonl"
 GOALS = {"batched_speedup": 4.0, "harness_vs_llama_cpp": 0.5}
 
 
+def _say(msg: str) -> None:
+    print(f"[bench_decode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def _prompts(count: int) -> list[str]:
     rows = [json.loads(line) for line in PROBLEMS.read_text().splitlines() if line.strip()]
     return [f"Problem: {r['problem']}\n\nSolution:" for r in rows[:count]]
@@ -158,12 +162,16 @@ def measure(
         "model": model, "dtype": {},
     }
     for i, dtype in enumerate(dtypes):
+        _say(f"{model} {dtype}: loading")
         fm = load_frozen_model(model, Determinism(threads=threads, dtype=dtype))
         out["dtype"][dtype] = dtype_speed(fm, prefill_tokens, decode_tokens)
+        _say(f"{dtype}: {out['dtype'][dtype]}")
         if i == 0:  # the first dtype is the one the other figures use
             out["batched_sampling"] = {"dtype": dtype, **batched_sampling(fm, problems, n, max_new_tokens)}
+            _say(f"batched sampling: {out['batched_sampling']}")
             if long_tokens:
                 out["long_budget"] = {"dtype": dtype, **long_budget(fm, long_tokens)}
+                _say(f"long budget: {out['long_budget']}")
         del fm
     out["llama_cpp"] = llama_cpp_speed(model, decode_tokens, threads)
     best = max((d["decode_tokens_per_s"] or 0.0 for d in out["dtype"].values()), default=0.0)

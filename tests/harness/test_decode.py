@@ -213,3 +213,15 @@ def test_the_nucleus_from_the_top_candidates_is_the_full_sort_nucleus_bit_for_bi
                     assert torch.equal(fast.view(torch.int64), by_sort(p, top_p).view(torch.int64))
                     cases += 1
     assert len(fallbacks) < cases  # the shortcut is taken, not only the fallback
+
+
+def test_a_long_budget_keeps_only_the_window_in_sliding_layers(fm):
+    """Past the window, sliding layers hold window-1 positions however long the budget; only the full
+    attention layers grow (one position per token fed back)."""
+    ids = fm.encode("x")
+    cache = new_cache(fm)
+    g = generate(fm, ids, max_new_tokens=120, cache=cache, eos=set())
+    assert (g.stop_reason, len(g.token_ids)) == ("length", 120)
+    for layer, spec in zip(cache.layers, fm.layer_layout):
+        kept = layer.keys.shape[-2]
+        assert kept == (spec["window"] - 1 if spec["kind"] == "sliding" else len(ids) + 119)
