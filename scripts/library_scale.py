@@ -48,8 +48,8 @@ def _cfg(args):
 
 
 def build(args) -> dict:
+    from harness.config import load_model
     from harness.library import build_library
-    from harness.run import load_model
 
     cfg = _cfg(args)
     fm = load_model(cfg)
@@ -68,9 +68,9 @@ def build(args) -> dict:
 
 def serve(args) -> dict:
     """In a fresh process: open the library, then retrieve + graft for random problems."""
-    from harness.library import open_library
+    from harness.config import load_model
+    from harness.library import Library, open_library
     from harness.problems import load_problems
-    from harness.run import load_model
     from kvstore import forward, graft_snapshot
 
     cfg = _cfg(args)
@@ -79,6 +79,7 @@ def serve(args) -> dict:
     t = time.perf_counter()
     lib = open_library(cfg.library, fm, REPO)
     open_s = time.perf_counter() - t
+    held_out = Library(lib.path, lib.store, exclude_self=True, retrieval="bm25")  # the same library, held out
     rss_open = _rss_mb()
     problems = load_problems(str(Path(args.problems).resolve()))
     rng = random.Random(0)
@@ -88,7 +89,7 @@ def serve(args) -> dict:
         m = lib.retrieve(p)
         exact.append(time.perf_counter() - t)
         t = time.perf_counter()
-        lib.retrieve(p, exclude_self=True)
+        held_out.retrieve(p)
         held.append(time.perf_counter() - t)
         if m is not None:
             t = time.perf_counter()
