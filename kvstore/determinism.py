@@ -2,7 +2,10 @@
 artifact and run.
 
 Byte-exact grafts need the same computation on both sides: the same thread count (CPU GEMM blocking
-depends on it), deterministic algorithms, the same attention implementation, dtype and prefill chunking.
+depends on it), deterministic algorithms, the same attention implementation, dtype and prefill chunking, and
+the same kernel paths (`profile`: "native" or "portable", kvstore/environment.py; its variables must be set
+before torch is imported, which `apply()` checks). `allow_environment_mismatch` is not a setting of the
+computation but the graft policy a run chose: it is never recorded in an artifact.
 
 `Determinism.apply()` is the only code in kvstore that changes process-wide torch state (threads,
 deterministic algorithms, cuDNN/TF32 switches, grad mode); nothing happens at import time.
@@ -12,10 +15,11 @@ A bad value raises `kvstore.errors.SettingsError` naming the `determinism.<field
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
+from kvstore.environment import PROFILES, check_profile
 from kvstore.errors import SettingsError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,6 +35,9 @@ class Determinism:
     attn_implementation: transformers attention backend ("sdpa" or "eager").
     dtype: the dtype the model computes and caches in.
     prefill_chunk: tokens per prefill forward pass (0 = the whole sequence at once).
+    profile: the kernel paths ("native": the machine's own; "portable": pinned to AVX2, kvstore.environment).
+    allow_environment_mismatch: graft artifacts deposited in another compute environment anyway (the result
+        is then not guaranteed exact); not recorded, not part of equality.
     """
 
     threads: int = 2
@@ -38,8 +45,16 @@ class Determinism:
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
     prefill_chunk: int = 512
+    profile: str = "native"
+    allow_environment_mismatch: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise SettingsError(f"determinism.profile={self.profile!r}: use one of {list(PROFILES)}")
+        if not isinstance(self.allow_environment_mismatch, bool):
+            raise SettingsError(
+                f"determinism.allow_environment_mismatch={self.allow_environment_mismatch!r} must be true or false"
+            )
         if self.dtype not in _DTYPES:
             raise SettingsError(f"determinism.dtype={self.dtype!r} is not one of {sorted(_DTYPES)}")
         if not _is_int(self.threads) or self.threads < 1:
@@ -62,7 +77,10 @@ class Determinism:
         return _DTYPES[self.dtype]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings of the computation, as recorded with every artifact and run (the graft policy left out)."""
+        d = asdict(self)
+        del d["allow_environment_mismatch"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Determinism:
@@ -79,7 +97,9 @@ class Determinism:
         return cls(**d)
 
     def apply(self) -> None:
-        """Apply the settings to this process (idempotent), and switch autograd off: kvstore only infers."""
+        """Apply the settings to this process (idempotent), and switch autograd off: kvstore only infers.
+        A profile whose kernel variables are not in force is a SettingsError with the command to run."""
+        check_profile(self.profile)
         # cuBLAS needs this set before the first GEMM to be deterministic on GPU.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         if torch.get_num_threads() != self.threads:

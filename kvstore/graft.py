@@ -8,27 +8,37 @@ composition; that is an experiment (scripts/position_sweep.py), not an exact ope
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import DynamicCache
 
 from kvstore.capture import new_cache
+from kvstore.environment import environment_differences
 from kvstore.errors import IncompatibleError, ValidationError
 from kvstore.format import Snapshot, check_snapshot, guard
-from kvstore.model import FrozenModel
+from kvstore.model import FrozenModel, environment_fingerprint
 
 
 def settings_differences(snapshot: Snapshot, fm: FrozenModel) -> list[str]:
-    """Each recorded setting the fresh reference depends on that differs between the artifact and this
-    process, as "field: artifact X, this process Y" (empty when all agree). Today: every pinned determinism
-    setting (threads, deterministic_algorithms, attn_implementation, dtype, prefill_chunk, and any other the
-    artifact records); the one place to compare more recorded facts."""
-    recorded = snapshot.determinism if isinstance(snapshot.determinism, dict) else {}
+    """Each recorded fact the fresh reference depends on that differs between the artifact and this process,
+    as "determinism.<field>: artifact X, this process Y" or "environment.<field>: ..." (empty when all agree).
+
+    determinism: every pinned setting (threads, deterministic_algorithms, attn_implementation, dtype,
+    prefill_chunk, profile, and any other the artifact records); an artifact recorded before profiles existed
+    ran the native one. environment: the compute environment (kvstore.environment.environment_differences:
+    device, CPU, kernel paths, versions, threads; older artifacts compared on the fields they recorded).
+    The one place to compare recorded facts."""
+    recorded = dict(snapshot.determinism) if isinstance(snapshot.determinism, dict) else {}
+    recorded.setdefault("profile", "native")  # no code pinned kernel paths before the profile was recorded
     current = fm.determinism.to_dict()
     out = []
     for key in sorted(set(recorded) | set(current)):
         a, b = recorded.get(key, "<not recorded>"), current.get(key, "<not set>")
         if a != b or type(a) is not type(b):  # True == 1 in Python; a recorded 1 is not the setting True
             out.append(f"determinism.{key}: artifact {a!r}, this process {b!r}")
+    env = snapshot.environment if isinstance(snapshot.environment, dict) else {}
+    out += environment_differences(env, environment_fingerprint(fm.device))
     return out
 
 
@@ -45,15 +55,28 @@ def _model_kv_shape(fm: FrozenModel) -> tuple[int | None, int | None]:
 
 
 def check_compatible(
-    snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
+    snapshot: Snapshot,
+    fm: FrozenModel,
+    token_ids: list[int] | None = None,
+    position: int | None = None,
+    allow_environment_mismatch: bool | None = None,
 ) -> None:
     """Raise IncompatibleError naming the first thing that breaks a format invariant or differs between the
-    snapshot and this use of it (FORMAT.md section 5, in that order)."""
+    snapshot and this use of it (FORMAT.md section 5, in that order).
+
+    allow_environment_mismatch: tolerate a different compute environment (the graft is then not guaranteed
+    exact; a RuntimeWarning names the differences). None: the model's `determinism.allow_environment_mismatch`.
+    """
+    allow = allow_environment_mismatch
+    if allow is None:
+        allow = fm.determinism.allow_environment_mismatch
     with guard("graft compatibility check", IncompatibleError):
-        _check_compatible(snapshot, fm, token_ids, position)
+        _check_compatible(snapshot, fm, token_ids, position, bool(allow))
 
 
-def _check_compatible(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None, position: int | None) -> None:
+def _check_compatible(
+    snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None, position: int | None, allow_env: bool
+) -> None:
     name = snapshot.model_name or "artifact"
     if snapshot.model_fingerprint != fm.fingerprint:
         raise IncompatibleError(
@@ -71,13 +94,27 @@ def _check_compatible(snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] 
             f"model with dtype={snapshot.dtype} or deposit the artifact again"
         )
     diffs = settings_differences(snapshot, fm)
-    if diffs:
+    settings = [d for d in diffs if not d.startswith("environment.")]
+    env = [d for d in diffs if d.startswith("environment.")]
+    if settings:
         raise IncompatibleError(
             f"{name}: the artifact was computed under other settings than this process uses, so a graft would not "
-            f"be byte-identical to the fresh reference: {'; '.join(diffs)}. Load the model with the artifact's "
+            f"be byte-identical to the fresh reference: {'; '.join(settings)}. Load the model with the artifact's "
             "settings (kvstore.Determinism(...) / the run's determinism config) or deposit the artifact again "
             "under the current ones"
         )
+    if env and not allow_env:
+        raise IncompatibleError(
+            f"{name}: the artifact was deposited in another compute environment, so a graft would not be "
+            f"guaranteed byte-identical to the fresh reference: {'; '.join(env)}. Re-deposit it here (a library: "
+            "`python -m harness.library library.redeposit=true`; one artifact: deposit_tokens(fm, "
+            "snapshot.token_ids)), or run where it was deposited, or graft anyway with "
+            "allow_environment_mismatch=True (config: determinism.allow_environment_mismatch=true), which marks "
+            "the run not guaranteed exact"
+        )
+    if env:
+        warnings.warn(f"{name}: grafted across compute environments (not guaranteed exact): {'; '.join(env)}",
+                      RuntimeWarning, stacklevel=4)
     if snapshot.layout != fm.layer_layout:
         raise IncompatibleError(
             f"{name}: layer layout differs (artifact {len(snapshot.layers)} layers "
@@ -121,15 +158,21 @@ def _layout_str(layout: list[dict]) -> str:
 
 
 def graft_snapshot(
-    snapshot: Snapshot, fm: FrozenModel, token_ids: list[int] | None = None, position: int | None = None
+    snapshot: Snapshot,
+    fm: FrozenModel,
+    token_ids: list[int] | None = None,
+    position: int | None = None,
+    allow_environment_mismatch: bool | None = None,
 ) -> DynamicCache:
     """A fresh cache holding the snapshot's state at its own positions, after all compatibility checks
     (every one raises a KVStoreError before any tensor reaches the model).
 
     token_ids: the full context the caller will run (checked to begin with the snapshot's tokens).
     position: where the caller expects the snapshot to start (checked to equal its start position).
+    allow_environment_mismatch: graft an artifact deposited in another compute environment anyway (not
+        guaranteed exact); None takes the model's `determinism.allow_environment_mismatch` (default False).
     """
-    check_compatible(snapshot, fm, token_ids, position)
+    check_compatible(snapshot, fm, token_ids, position, allow_environment_mismatch)
     if snapshot.start_position != 0:
         raise IncompatibleError(
             f"artifact starts at position {snapshot.start_position}; a fresh cache starts at 0. "

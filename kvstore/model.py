@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
+from kvstore.environment import current_environment
 from kvstore.errors import ModelLoadError, SettingsError
 from kvstore.gguf import BUNDLED, converted_checkpoint
 from kvstore.tiny import TINY, build_tiny
@@ -138,34 +138,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def environment_fingerprint(device: torch.device | None = None) -> dict:
-    """Software and hardware facts that can change floating-point results."""
-    import transformers
-
-    device = device or torch.device("cpu")
-    env = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "device_kind": device.type,
-        "machine": platform.machine(),
-        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
-    }
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device_name"] = _cpu_name()
-    return env
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The compute environment exactness depends on, as the stable dict recorded in artifacts and manifests
+    (kvstore.environment.ComputeEnvironment: device, CPU, kernel paths in force, versions, threads)."""
+    return current_environment(device).to_dict()
 
 
 def load_frozen_model(

@@ -1,0 +1,293 @@
+"""The compute environment a byte-exact graft depends on, as one value, and the determinism profiles that pin
+its kernel paths.
+
+Exactness is a property of (artifact, environment), not of the artifact alone (DESIGN.md, "Known facts, second
+round"): the same model, tokens and settings give other logits bits on another processor, because torch's CPU
+build picks ATen, MKL and oneDNN kernels by what the processor offers. `ComputeEnvironment` names everything we
+know of that selects the arithmetic:
+
+    device kind and name; machine; CPU vendor and model;
+    the kernel paths in force: ATen's CPU capability, MKL_CBWR (MKL's conditional numerical reproducibility),
+    ONEDNN_MAX_CPU_ISA (oneDNN's instruction-set cap);
+    torch and transformers versions; torch's intra-op threads;
+    on CUDA: GPU name and compute capability, CUDA, cuDNN, cuBLAS and driver versions.
+
+It is recorded in every artifact (`Snapshot.environment`, kvstore.capture), library and run manifest, and
+compared at graft (`environment_differences`, called by kvstore.graft.settings_differences).
+
+Profiles (`determinism.profile`): "native" runs the machine's own kernel paths (none of the three variables
+set); "portable" pins them to AVX2 (`PROFILES`), a path every x86-64 machine of the last decade has, so that
+machines of different vendors can run the same kernels (`make replay` measures whether they then compute the
+same bits). The variables only act when set before torch is imported: `check_profile` refuses a process where
+they were not, and `enter_profile` (called by the entry points) re-executes the process with them set.
+
+This module imports torch only inside functions, so importing it changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kvstore.errors import SettingsError
+
+ENVIRONMENT_FORMAT = "kvgraft-env/1"
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+PROFILES: dict[str, dict[str, str]] = {
+    "native": {},
+    "portable": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
+# Portable promises the same bits on any machine that runs its kernel paths (the replay registry checks it).
+PORTABLE_PROFILES = ("portable",)
+
+# Fields recorded for information only: they do not select the arithmetic.
+_INFORMATIONAL = ("format", "python", "profile")
+# Fields artifacts deposited before this value existed recorded under another name.
+_LEGACY_NAMES = {"cpu_isa": "aten_cpu_capability"}
+# Kernel-path fields an old artifact did not record: no code set those variables then, so they were unset
+# unless the shell set them; compared as unset (a portable process is refused such an artifact).
+_LEGACY_UNSET = ("mkl_cbwr", "onednn_max_cpu_isa")
+_REEXEC_MARK = "KVGRAFT_PROFILE_REEXEC"
+_pinned_before_torch: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class ComputeEnvironment:
+    """The facts that select floating-point kernels, as captured in this process (`current_environment`).
+
+    Values are JSON scalars; a fact that does not apply (CUDA fields on CPU) or cannot be read is None.
+    """
+
+    device_kind: str
+    device_name: str
+    machine: str
+    cpu_vendor: str
+    cpu_model: str
+    aten_cpu_capability: str
+    mkl_cbwr: str | None
+    onednn_max_cpu_isa: str | None
+    torch: str
+    transformers: str
+    torch_threads: int
+    python: str
+    profile: str
+    gpu_capability: str | None = None
+    cuda: str | None = None
+    cudnn: str | None = None
+    cublas: str | None = None
+    driver: str | None = None
+    format: str = ENVIRONMENT_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable dict recorded in artifacts and manifests (sorted keys)."""
+        return dict(sorted(asdict(self).items()))
+
+    @property
+    def id(self) -> str:
+        """A short id of the binding facts (16 hex digits): equal ids, same kernels."""
+        return environment_id(self.to_dict())
+
+
+def environment_id(env: dict[str, Any]) -> str:
+    """16 hex digits of SHA-256 over the binding fields of a recorded environment (informational ones left out)."""
+    binding = {k: v for k, v in _normalized(env).items() if k not in _INFORMATIONAL}
+    return hashlib.sha256(json.dumps(binding, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def current_environment(device: Any = None) -> ComputeEnvironment:
+    """The compute environment of this process for `device` (a torch.device or a string; default CPU)."""
+    import torch
+    import transformers
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    vendor, model = _cpu_info()
+    kernel = _kernel_variables()
+    cuda: dict[str, Any] = {}
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        cuda = {
+            "gpu_capability": f"{major}.{minor}",
+            "cuda": torch.version.cuda,
+            "cudnn": str(cudnn) if cudnn is not None else None,
+            "cublas": _package_version("nvidia-cublas-cu12", "nvidia-cublas-cu13", "nvidia-cublas"),
+            "driver": _nvidia_driver(),
+        }
+    return ComputeEnvironment(
+        device_kind=dev.type,
+        device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else model,
+        machine=platform.machine(),
+        cpu_vendor=vendor,
+        cpu_model=model,
+        aten_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        mkl_cbwr=kernel["MKL_CBWR"],
+        onednn_max_cpu_isa=kernel["ONEDNN_MAX_CPU_ISA"],
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        torch_threads=torch.get_num_threads(),
+        python=platform.python_version(),
+        profile=profile_of_variables(kernel),
+        **cuda,
+    )
+
+
+def environment_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Each binding fact that differs between a recorded environment (an artifact's) and `current`, as
+    "environment.<field>: artifact X, this process Y" (empty when they agree).
+
+    A recorded environment without `format` was written before this value existed (kvstore/FORMAT.md,
+    "Environment binding"): it is compared on the fields it has (`cpu_isa` read as `aten_cpu_capability`), its
+    unrecorded MKL_CBWR / ONEDNN_MAX_CPU_ISA as unset, and facts it never recorded are not compared.
+    """
+    legacy = "format" not in recorded
+    rec, cur = _normalized(recorded), _normalized(current)
+    out = []
+    for key in sorted((set(rec) | set(cur)) - set(_INFORMATIONAL)):
+        if key not in rec:
+            if legacy and key not in _LEGACY_UNSET:
+                continue
+            a = None if legacy else "<not recorded>"
+        else:
+            a = rec[key]
+        b = cur.get(key, "<not recorded>")
+        if a != b:
+            out.append(f"environment.{key}: artifact {a!r}, this process {b!r}")
+    return out
+
+
+def _normalized(env: dict[str, Any]) -> dict[str, Any]:
+    return {_LEGACY_NAMES.get(k, k): v for k, v in env.items()}
+
+
+# ------------------------------------------------------------------------------------------------ profiles
+def profile_variables(profile: str) -> dict[str, str]:
+    """The kernel variables a profile sets (native: none; every other variable of KERNEL_VARIABLES unset)."""
+    if profile not in PROFILES:
+        raise SettingsError(f"determinism.profile={profile!r}: use one of {list(PROFILES)}")
+    return dict(PROFILES[profile])
+
+
+def profile_of_variables(kernel: dict[str, str | None]) -> str:
+    """The profile whose variables are exactly `kernel` (name -> value or None), or "custom"."""
+    for name, want in PROFILES.items():
+        if all(kernel.get(v) == want.get(v) for v in KERNEL_VARIABLES):
+            return name
+    return "custom"
+
+
+def _kernel_variables() -> dict[str, str | None]:
+    return {v: os.environ.get(v) for v in KERNEL_VARIABLES}
+
+
+def _startup_variables() -> dict[str, str | None] | None:
+    """The kernel variables the process was started with (/proc/self/environ), None where unreadable."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {v: (env[v.encode()].decode() if v.encode() in env else None) for v in KERNEL_VARIABLES}
+
+
+def profile_problems(profile: str) -> list[str]:
+    """Why the kernel paths in force are not the profile's (empty when they are). A variable counts as in
+    force when the process started with it, or when `enter_profile` set it before torch was imported."""
+    want = profile_variables(profile)
+    now, start = _kernel_variables(), _startup_variables()
+    out = []
+    for var in KERNEL_VARIABLES:
+        value = want.get(var)
+        if now[var] != value:
+            out.append(f"{var} is {now[var]!r}, the profile needs {value!r}")
+        elif value is not None and start is not None and start[var] != value and _pinned_before_torch.get(var) != value:
+            out.append(f"{var}={value} was set after torch was imported, so it does not act")
+    return out
+
+
+def profile_command(profile: str) -> str:
+    """The command line that starts this process again under the profile's variables."""
+    want = profile_variables(profile)
+    sets = [f"{v}={want[v]}" for v in KERNEL_VARIABLES if v in want]
+    unsets = [f"-u {v}" for v in KERNEL_VARIABLES if v not in want and os.environ.get(v) is not None]
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
+    prefix = "env " + " ".join(unsets + sets) + " " if sets or unsets else ""
+    return prefix + shlex.join(argv)
+
+
+def check_profile(profile: str) -> None:
+    """Raise SettingsError when the process does not run the profile's kernel paths (Determinism.apply)."""
+    problems = profile_problems(profile)
+    if problems:
+        raise SettingsError(
+            f"determinism.profile={profile}: {'; '.join(problems)}. The kernel variables act only when set before "
+            f"torch is imported: start the process as `{profile_command(profile)}` (the harness entry points and "
+            "scripts/replay.py do this themselves)"
+        )
+
+
+def enter_profile(profile: str) -> None:
+    """For entry points: make the process run the profile's kernel paths. Before torch is imported the
+    variables are set here; after, the process re-executes itself (same command line) with them set."""
+    if not profile_problems(profile):
+        return
+    want = profile_variables(profile)
+    if "torch" not in sys.modules:
+        for var in KERNEL_VARIABLES:
+            if var in want:
+                os.environ[var] = want[var]
+                _pinned_before_torch[var] = want[var]
+            else:
+                os.environ.pop(var, None)
+        return
+    if os.environ.get(_REEXEC_MARK) == profile:
+        check_profile(profile)  # re-executed once already and still not in force: say why
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES}
+    env.update(want)
+    env[_REEXEC_MARK] = profile
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+
+
+# ------------------------------------------------------------------------------------------------ machine facts
+def _cpu_info() -> tuple[str, str]:
+    """(vendor, model name) from /proc/cpuinfo, else from platform."""
+    vendor, model = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key, value = key.strip(), value.strip()
+            if key == "vendor_id" and not vendor:
+                vendor = value
+            elif key == "model name" and not model:
+                model = value
+            if vendor and model:
+                break
+    except OSError:
+        pass
+    return vendor or platform.machine() or "unknown", model or platform.processor() or "unknown"
+
+
+def _package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        return Path("/proc/driver/nvidia/version").read_text().split("Kernel Module", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
