@@ -15,11 +15,13 @@ from omegaconf import DictConfig
 from harness import config as _config  # noqa: F401  (registers the typed schema)
 from harness.errors import exit_on_error
 from harness.run import run
+from kvstore.environment import enter_profile
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 @exit_on_error
 def main(cfg: DictConfig) -> None:
+    enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
     run(cfg, HydraConfig.get().runtime.output_dir)
 
 

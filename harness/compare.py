@@ -31,6 +31,7 @@ from harness.record import HELD_OUT, RECURRING, Summary
 from harness.run import comparable_key, console, run
 from harness.run_folder import RunFolder, stamp
 from harness.tracking import default_tracking_uri, log_comparison
+from kvstore.environment import enter_profile
 
 #: Labels of the three runs in the table and in comparison.json (graft label -> library.exclude_self).
 BASELINE_LABEL = "baseline"
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the compare job with Hydra overrides `argv` (default: the command line); return the comparison."""
     cfg = compose_config(sys.argv[1:] if argv is None else argv)
     c = typed(cfg)
+    enter_profile(c.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(c.project_root)
     runs = root / c.runs_dir
     fm = load_model(c)

@@ -37,6 +37,8 @@ class DeterminismConfig:  # mirrors kvstore.Determinism
     attn_implementation: str = "sdpa"
     dtype: str = "float32"
     prefill_chunk: int = 512
+    profile: str = "native"  # kernel paths: native | portable (kvstore/environment.py)
+    allow_environment_mismatch: bool = False  # graft artifacts from another compute environment (not guaranteed exact)
 
 
 @dataclass
