@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
-        verify-graft position-sweep clean
+        verify-graft position-sweep replay clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ mlflow-ui: setup
 
 verify-graft: setup
 	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)
+
+# Pre-registered replay (scripts/replay_registry.json): every registered profile, each in its own process.
+# PROFILE=native|portable replays one; ARGS=--register (with PROFILE) registers this machine's hashes.
+replay: setup
+	$(PY) scripts/replay.py $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
 
 position-sweep: setup
 	$(PY) scripts/position_sweep.py --out runs/position_sweep $(ARGS)

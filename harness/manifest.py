@@ -152,6 +152,7 @@ def build_manifest(
     summary: dict[str, Any],
     library: dict[str, Any] | None = None,
     artifacts: Iterable[str] = (),
+    exactness: str | None = None,
 ) -> dict[str, Any]:
     """Return the manifest of a run (``kvgraft-manifest/1``, see ``harness/RUN_FORMAT.md``).
 
@@ -187,6 +188,8 @@ def build_manifest(
     }
     if library is not None:
         inputs["library"] = library
+    if exactness is not None:  # e.g. "not guaranteed exact: ..." (determinism.allow_environment_mismatch)
+        inputs["exactness"] = exactness
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "inputs": inputs,

@@ -135,6 +135,7 @@ class Summary:
     comparable_key: str | None = None  # same key: same model, data, prompt, decoding, settings (harness.run)
     groups: dict[str, dict[str, Any]] | None = None  # summarize_groups, for conditions with a library
     format: str = field(default=SUMMARY_FORMAT)
+    exactness: str | None = None  # "not guaranteed exact: ..." when grafts may cross compute environments
 
     @classmethod
     def of(cls, rows: Sequence[Row], *, condition: str, model: str, dataset: str, run_dir: str,
@@ -159,9 +160,12 @@ class Summary:
             out["comparable_key"] = self.comparable_key
         if self.groups is not None:
             out["groups"] = self.groups
+        if self.exactness is not None:
+            out["exactness"] = self.exactness
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Summary:
         return cls(d["condition"], d["model"], d["dataset"], d["run_dir"], d["scores"], d["tokens"], d["time"],
-                   d["energy"], d.get("comparable_key"), d.get("groups"), d.get("format", ""))  # fmt: skip
+                   d["energy"], d.get("comparable_key"), d.get("groups"), d.get("format", ""),
+                   d.get("exactness"))  # fmt: skip

@@ -33,6 +33,8 @@ from kvstore import FrozenModel, environment_fingerprint
 __all__ = ["comparable_key", "load_model", "print_summary", "run"]
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get full tables
+NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
+             "in another compute environment through")
 
 
 def comparable_key(cfg: DictConfig | Config, fm: FrozenModel) -> str:
@@ -99,6 +101,9 @@ def run(
         comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
         energy_status=run_energy.status, energy_j=run_energy.joules, grouped=condition.uses_library,
     )  # fmt: skip
+    exactness = NOT_EXACT if fm.determinism.allow_environment_mismatch else None
+    if exactness:
+        summary = dataclasses.replace(summary, exactness=exactness)
     desc = condition.describe()
     folder.finish(
         config=OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(c),
@@ -111,6 +116,7 @@ def run(
         determinism=fm.determinism.to_dict(),
         environment=environment_fingerprint(fm.device),
         library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc else None,
+        exactness=exactness,
     )
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
@@ -149,4 +155,6 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
     )
     console.print(table)
     console.print(f"energy: {e['status']}")
+    if summary.exactness:
+        console.print(f"[yellow]{summary.exactness}[/]")
     console.print(f"run folder: {folder.path}   (re-check: make rescore RUN={folder.path})")
