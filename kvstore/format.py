@@ -1,8 +1,11 @@
-"""The KV artifact format, version 1: a safetensors file with one metadata entry. No I/O happens here.
+"""The KV artifact format (versions 1 and 2): a safetensors file with one metadata entry. No I/O happens here.
 
-See kvstore/FORMAT.md for the normative description. `to_bytes(snapshot)` and `from_bytes(data)` are
-inverse: from_bytes(to_bytes(s)) == s, and to_bytes is a pure function of the snapshot's content, so the
-artifact id (SHA-256 of the bytes) is stable. `from_bytes` (hence every store admission and read) checks
+See kvstore/FORMAT.md for the normative description. Version 2 (written by default) has the same bytes as
+version 1; only the `format` string differs, and with it the hash that names the artifact: `content_id(data)`
+is BLAKE3-256 of the file for version 2 (parallel, memory speed) and SHA-256 for version 1 (still read).
+`to_bytes(snapshot)` and `from_bytes(data)` are inverse: from_bytes(to_bytes(s)) == s, and to_bytes is a pure
+function of the snapshot's content, so the artifact id (`content_id` of the bytes) is stable.
+`from_bytes` (hence every store admission and read) checks
 every invariant of FORMAT.md section 6 before it returns a tensor; `check_snapshot` checks the ones that
 concern an in-memory Snapshot (graft runs it before any tensor reaches a model).
 """
@@ -13,16 +16,23 @@ import functools
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import blake3
 import torch
 from safetensors.torch import save as st_save
 
 from kvstore.errors import FormatError, IntegrityError, KVStoreError, ValidationError
 
-FORMAT = "kvgraft-kv/1"
+FORMAT_V1 = "kvgraft-kv/1"  # id = SHA-256 of the file; read, no longer written by default
+FORMAT_V2 = "kvgraft-kv/2"  # id = BLAKE3-256 of the file
+FORMAT = FORMAT_V2  # what to_bytes writes
+FORMATS = (FORMAT_V1, FORMAT_V2)  # what from_bytes reads
+PARALLEL_HASH_MIN = 1 << 20  # below this many bytes, one thread hashes faster than several
 META_KEY = "kvgraft"
 
 # Bounds on what an artifact may declare (FORMAT.md 6, M3). Far above any real artifact, low enough that a
@@ -115,8 +125,53 @@ def guard(what: str, error: type[KVStoreError] = FormatError) -> Iterator[None]:
         raise error(f"{what}: {type(e).__name__}: {e}") from e
 
 
-def to_bytes(s: Snapshot) -> bytes:
-    """Serialize a snapshot. Tensors are stored in their own dtype and shape, bytes untouched."""
+def hash_threads() -> int:
+    """Threads a BLAKE3 pass may use: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def declared_format(data: bytes | bytearray | memoryview) -> str | None:
+    """The `format` an artifact's header declares, or None when the bytes are not a readable artifact header.
+    Untrusted: it only chooses which hash names the bytes (`content_id`); both hashes are preimage-resistant,
+    so declaring either version cannot make forged bytes match an id, and from_bytes validates everything."""
+    try:
+        with guard("artifact header"):
+            if len(data) < 8:
+                return None
+            n = int.from_bytes(bytes(data[:8]), "little")
+            if n < 2 or n > MAX_HEADER_BYTES or 8 + n > len(data):
+                return None
+            header = _loads(bytes(data[8 : 8 + n]), "safetensors header", max_string=MAX_HEADER_BYTES)
+            md = header.get("__metadata__") if isinstance(header, dict) else None
+            if not isinstance(md, dict) or not isinstance(md.get(META_KEY), str):
+                return None
+            meta = _loads(md[META_KEY], f"'{META_KEY}' metadata")
+            version = meta.get("format") if isinstance(meta, dict) else None
+            return version if isinstance(version, str) else None
+    except KVStoreError:
+        return None
+
+
+def content_id(data: bytes | bytearray | memoryview, threads: int | None = None) -> str:
+    """The artifact id of these bytes, 64 lowercase hex digits: BLAKE3-256 of the whole file when its header
+    declares kvgraft-kv/2 (on `threads` threads, default all usable CPUs, for files of 1 MiB and more),
+    SHA-256 of the whole file otherwise (kvgraft-kv/1, and any bytes that are not an artifact)."""
+    if declared_format(data) == FORMAT_V2:
+        n = threads if threads is not None else hash_threads()
+        n = n if len(data) >= PARALLEL_HASH_MIN else 1
+        return blake3.blake3(data, max_threads=max(1, n)).hexdigest()
+    return hashlib.sha256(data).hexdigest()
+
+
+def to_bytes(s: Snapshot, version: str = FORMAT) -> bytes:
+    """Serialize a snapshot. Tensors are stored in their own dtype and shape, bytes untouched. `version` is
+    FORMAT (kvgraft-kv/2) unless bytes of the older version are wanted (tests, tools that write for old readers);
+    the two differ only in the `format` string, hence in which hash names them."""
+    if version not in FORMATS:
+        raise FormatError(f"to_bytes: unknown format {version!r}; write one of {list(FORMATS)}")
     tensors: dict[str, torch.Tensor] = {"token_ids": torch.tensor(s.token_ids, dtype=torch.int64)}
     layers_meta = []
     for i, lyr in enumerate(s.layers):
@@ -128,7 +183,7 @@ def to_bytes(s: Snapshot) -> bytes:
             "shape": list(k.shape), "dtype": str(k.dtype).removeprefix("torch."),
         })
     meta = {
-        "format": FORMAT,
+        "format": version,
         "token_count": s.token_count,
         "start_position": s.start_position,
         "tokens_sha256": tokens_sha256(s.token_ids),
@@ -341,17 +396,17 @@ def _header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]:
         raise FormatError(f"not a kvgraft KV artifact: header has no readable '{META_KEY}' metadata")
     meta = _loads(md[META_KEY], f"'{META_KEY}' metadata")
     version = meta.get("format") if isinstance(meta, dict) else None
-    if version != FORMAT:
+    if version not in FORMATS:
         raise FormatError(
-            f"artifact format {version!r} is not readable by this kvgraft (reads {FORMAT!r}); "
+            f"artifact format {version!r:.80} is not readable by this kvgraft (reads {list(FORMATS)}); "
             "upgrade kvgraft or deposit the artifact again"
         )
     missing, unknown = sorted(_FIELDS - meta.keys()), sorted(meta.keys() - _FIELDS)
     if missing or unknown:
-        raise FormatError(f"artifact metadata lacks the {FORMAT} fields {missing} or has unknown fields "
+        raise FormatError(f"artifact metadata lacks the {version} fields {missing} or has unknown fields "
                           f"{unknown[:4]}; deposit the artifact again")
     if set(md) != {META_KEY} or md[META_KEY] != _canonical_json(meta):
-        raise FormatError(f"artifact metadata is not in the canonical form kvgraft writes ({FORMAT}: one "
+        raise FormatError(f"artifact metadata is not in the canonical form kvgraft writes ({version}: one "
                           f"'{META_KEY}' entry of sorted, compact JSON); deposit the artifact again")
     _check_meta(meta)
     return header, meta, 8 + n
@@ -448,6 +503,21 @@ def _tensor_views(buf: memoryview, header: dict, start: int, meta: dict) -> dict
     return tensors
 
 
+def _verify_tensors(tensors: dict[str, torch.Tensor], expected: dict, names: list[str],
+                    threads: int | None = None) -> None:
+    """Every tensor's SHA-256 against the metadata (V7), on `threads` threads (default: all usable CPUs) when
+    the tensors hold 1 MiB or more (hashlib releases the GIL); IntegrityError naming the first bad tensor."""
+    n = threads if threads is not None else hash_threads()
+    if n > 1 and sum(tensors[k].nbytes for k in names) >= PARALLEL_HASH_MIN:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="kvgraft-verify") as pool:
+            digests = list(pool.map(lambda k: _sha(tensors[k]), names))
+    else:
+        digests = [_sha(tensors[k]) for k in names]
+    for name, got in zip(names, digests, strict=True):
+        if got != expected[name]:
+            raise IntegrityError(f"tensor {name!r} does not match its recorded SHA-256 (corrupted artifact)")
+
+
 def from_bytes(data: bytes | bytearray | memoryview, verify_tensors: bool = True) -> Snapshot:
     """Parse an artifact, checking every invariant of FORMAT.md section 6 except, without verify_tensors, the
     per-tensor SHA-256 (a store checks the whole file's hash instead). Raises FormatError (structure),
@@ -464,10 +534,7 @@ def from_bytes(data: bytes | bytearray | memoryview, verify_tensors: bool = True
             buf = memoryview(bytearray(buf))
         tensors = _tensor_views(buf.cast("B"), header, start, meta)
         if verify_tensors:
-            expected = meta["tensor_sha256"]
-            for name in tensor_names(len(meta["layers"])):
-                if _sha(tensors[name]) != expected[name]:
-                    raise IntegrityError(f"tensor {name!r} does not match its recorded SHA-256 (corrupted artifact)")
+            _verify_tensors(tensors, meta["tensor_sha256"], tensor_names(len(meta["layers"])))
         elif _sha(tensors["token_ids"]) != meta["tokens_sha256"]:  # cheap, and the index trusts it: always checked
             raise IntegrityError("tensor 'token_ids' does not hash to the recorded tokens_sha256: the metadata lies "
                                  "about which tokens the artifact holds; deposit it again")

@@ -5,7 +5,6 @@ this process's, a tokens_sha256 that lies, hostile JSON, swapped shape dims, orp
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -34,7 +33,7 @@ from kvstore import (
 )
 from kvstore.errors import IndexDatabaseError, ValidationError
 from kvstore.format import LayerKV
-from kvstore.store import Store, atomic_write
+from kvstore.store import ArtifactId, Store, atomic_write
 from kvstore.verify import logits_sha256, reference_logits
 
 PREFIX = [2] + [4 + (7 * i) % 256 for i in range(39)]  # 40 tokens: across tiny-gemma3's window of 16
@@ -243,7 +242,7 @@ def test_swapped_batch_and_sequence_dims_are_refused_at_admission(gemma_bytes, s
 
 def _plant(store: LocalStore, data: bytes) -> str:
     """An object file written behind the index's back (as after a crash between write and index)."""
-    aid = hashlib.sha256(data).hexdigest()
+    aid = ArtifactId.of(data)  # the hash the bytes' format names them by (kvstore.format.content_id)
     atomic_write(store.path(aid), data)
     return aid
 
@@ -303,7 +302,7 @@ sys.stdin.readline()
 
 def test_gc_keeps_the_temp_file_of_a_live_writer_in_another_process(tmp_path, gemma_bytes):
     store = LocalStore(tmp_path / "s")
-    aid = hashlib.sha256(gemma_bytes).hexdigest()
+    aid = ArtifactId.of(gemma_bytes)
     store.path(aid).parent.mkdir(parents=True)
     temp = store.path(aid).parent / f".{aid[2:]}.0123456789abcdef.tmp"
     writer = subprocess.Popen([sys.executable, "-c", _HOLDER, str(temp)], stdin=subprocess.PIPE,

@@ -9,6 +9,7 @@ import json
 import pickle
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 
@@ -25,12 +26,13 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
-from kvstore.format import LayerKV
+from kvstore.format import FORMAT_V1, FORMAT_V2, LayerKV, content_id
 
-# SHA-256 of to_bytes(hand_built()) (conftest): safetensors framing + canonical kvgraft metadata + tensors.
-# If this changes, the artifact bytes changed: every stored id changes with it. That needs a new FORMAT version,
-# not a new constant.
-GOLDEN_SHA256 = "7b1322dda983bef3bb79c38120530a25c24c70d03753ff9fe2f5d701d29ae18b"
+# Ids of to_bytes(hand_built()) (conftest): safetensors framing + canonical kvgraft metadata + tensors.
+# If one changes, the artifact bytes changed: every stored id changes with it. That needs a new FORMAT version,
+# not a new constant. Version 1 (SHA-256 of the file) is still written on request and must keep its bytes.
+GOLDEN_SHA256 = "7b1322dda983bef3bb79c38120530a25c24c70d03753ff9fe2f5d701d29ae18b"  # kvgraft-kv/1
+GOLDEN_BLAKE3 = "4112d297bf6acea7a1b0354539be79d0493c9305952ec709f511ef317672ea39"  # kvgraft-kv/2: BLAKE3-256 of the file
 
 
 def _header(data: bytes) -> tuple[dict, int]:
@@ -51,8 +53,19 @@ def deposited(tiny_gemma3):
 
 
 def test_golden_bytes_of_a_hand_built_snapshot_are_pinned(hand_built):
+    v1 = to_bytes(hand_built(), version=FORMAT_V1)
+    assert hashlib.sha256(v1).hexdigest() == GOLDEN_SHA256 == ArtifactId.of(v1)
+    v2 = to_bytes(hand_built())
+    assert FORMAT == FORMAT_V2 and blake3.blake3(v2).hexdigest() == GOLDEN_BLAKE3 == ArtifactId.of(v2)
+    # the two versions differ only in the format string, and both read back to the same snapshot
+    assert v2 == v1.replace(FORMAT_V1.encode(), FORMAT_V2.encode())
+    assert to_bytes(from_bytes(v1)) == v2
+
+
+def test_content_id_hashes_v2_with_blake3_on_any_thread_count(hand_built):
     data = to_bytes(hand_built())
-    assert hashlib.sha256(data).hexdigest() == GOLDEN_SHA256
+    assert {content_id(data, threads=n) for n in (1, 2, 4)} == {blake3.blake3(data).hexdigest()}
+    assert content_id(b"not an artifact") == hashlib.sha256(b"not an artifact").hexdigest()
 
 
 def test_round_trip_gives_equal_tensors_and_fields(hand_built, deposited, assert_same_snapshot):
@@ -98,7 +111,7 @@ def test_bytes_are_safetensors_with_one_canonical_kvgraft_metadata_entry(deposit
     text = header["__metadata__"]["kvgraft"]
     meta = json.loads(text)
     assert text == json.dumps(meta, sort_keys=True, separators=(",", ":"))
-    assert meta["format"] == FORMAT == "kvgraft-kv/1"
+    assert meta["format"] == FORMAT == "kvgraft-kv/2"
     assert meta == read_metadata(data)
     names = {k for k in header if k != "__metadata__"}
     assert names == {"token_ids"} | {f"layers.{i}.{kv}" for i in range(6) for kv in ("keys", "values")}
@@ -136,8 +149,8 @@ def test_trailing_bytes_are_refused(hand_built):
 
 def test_an_unknown_format_version_is_refused_by_name(hand_built):
     data = to_bytes(hand_built())
-    assert data.count(b"kvgraft-kv/1") == 1
-    future = data.replace(b"kvgraft-kv/1", b"kvgraft-kv/9")  # same length: the header stays well-formed
+    assert data.count(b"kvgraft-kv/2") == 1
+    future = data.replace(b"kvgraft-kv/2", b"kvgraft-kv/9")  # same length: the header stays well-formed
     with pytest.raises(FormatError, match="kvgraft-kv/9"):
         read_metadata(future)
     with pytest.raises(FormatError, match="kvgraft-kv/9"):
