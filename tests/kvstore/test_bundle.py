@@ -18,7 +18,7 @@ from kvstore import LocalStore, MemoryStore, to_bytes
 from kvstore.bundle import MANIFEST_NAME, BundleInfo, export_bundle, import_bundle
 from kvstore.cli import main
 from kvstore.errors import BundleError
-from kvstore.store import id_to_relpath
+from kvstore.store import ArtifactId, id_to_relpath
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_round_trip_is_byte_identical_for_artifacts_tags_and_library(source, tar
     assert got.artifacts == out.artifacts and set(got.added) == set(ids)
     assert got.sha256 == out.sha256 and got.manifest_sha256 == out.manifest_sha256
     for aid in ids:
-        assert _sha(target.path(aid).read_bytes()) == _sha(store.path(aid).read_bytes()) == aid
+        assert ArtifactId.of(target.path(aid).read_bytes()) == ArtifactId.of(store.path(aid).read_bytes()) == aid
         assert target.info(aid).tags == store.info(aid).tags
     for name in ("index.jsonl", "manifest.json"):
         assert _sha((tmp_path / "lib2" / name).read_bytes()) == _sha((lib / name).read_bytes())
@@ -288,7 +288,7 @@ def test_large_imports_are_published_in_bounded_batches(source, target, tmp_path
     monkeypatch.setattr(kvstore.bundle, "PUBLISH_BATCH_BYTES", 1)  # one artifact per put_many
     monkeypatch.setattr(type(target), "put_many", lambda self, items, tags=(): calls.append(tags) or real(self, items, tags))
     assert set(import_bundle(tmp_path / "b.kvb", target).added) == set(ids)
-    assert len(calls) == 3 and all(_sha(target.get_bytes(a)) == a for a in ids)
+    assert len(calls) == 3 and all(ArtifactId.of(target.get_bytes(a)) == a for a in ids)
 
 
 _KILLED_MID_PUBLISH = """
@@ -317,7 +317,7 @@ def test_a_kill_9_mid_publish_leaves_only_valid_objects_and_a_rerun_completes(so
     assert proc.returncode == -9, proc.stderr
     objects = [p for p in (target.root / "objects").glob("*/*") if not p.name.startswith(".")]
     assert len(objects) == 1 + 2  # the artifact it had + the two written before the kill
-    assert all(_sha(p.read_bytes()) == p.parent.name + p.name for p in objects)
+    assert all(ArtifactId.of(p.read_bytes()) == p.parent.name + p.name for p in objects)
     rows = {i.id for i in target.list()}  # the first tag group's batch was committed, the second was not
     assert {i.id for i in listing} < rows < {i.id for i in listing} | set(ids)
     assert all(target.contains(a) for a in rows)
@@ -423,4 +423,4 @@ def test_to_bytes_of_the_imported_snapshot_is_the_exported_artifact(source, tmp_
     export_bundle(store, ids, tmp_path / "b.kvb")
     mem = MemoryStore()
     import_bundle(tmp_path / "b.kvb", mem)
-    assert all(_sha(to_bytes(mem.get(a))) == a for a in ids)
+    assert all(ArtifactId.of(to_bytes(mem.get(a))) == a for a in ids)
