@@ -12,6 +12,12 @@ is opened (`open_library`: `library.exclude_self`, `library.retrieval`).
 
     python -m harness.library                       # build the default library (make library)
     python -m harness.library library=harvest library.harvest_run=runs/baseline/<run>
+    python -m harness.library --redeposit [overrides]   # re-deposit its entries in this compute environment
+
+Exactness is a property of (artifact, environment) (kvstore/environment.py): a graft refuses an artifact
+deposited in another compute environment. `redeposit_library` recomputes each such entry from the token ids
+its artifact holds, under this process's settings and environment, keeping entry ids; the manifest records the
+environment its artifacts were computed in.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from harness.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, wr
 from harness.problems import Problem, load_problems, problem_fingerprint
 from harness.prompts import render
 from harness.run_folder import RunFolder
-from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, tokens_sha256
+from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, environment_fingerprint, tokens_sha256
+from kvstore.environment import enter_profile
+from kvstore.graft import settings_differences
 
 LIBRARY_FORMAT = "kvgraft-library/1"
 _WORD = re.compile(r"[a-z0-9]+")
@@ -204,7 +212,8 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
         ids = fm.encode(text)
         existing = [
-            a for a in store.find_tokens(tokens_sha256(ids)) if store.info(a).model_fingerprint == fm.fingerprint
+            a for a in store.find_tokens(tokens_sha256(ids))
+            if store.info(a).model_fingerprint == fm.fingerprint and not settings_differences(store.get(a), fm)
         ]
         if existing:
             aid = existing[0]
@@ -238,20 +247,62 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         "model_fingerprint": fm.fingerprint,
         "tokenizer_fingerprint": fm.tokenizer_fingerprint,
         "model_name": fm.name,
-        "determinism": fm.determinism.to_dict(),
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
         "store": str(store.root),
-        "n_entries": len(rows),
-        "entries": {r["entry_id"]: sha256_json(r) for r in rows},
-        "index_sha256": sha256_hex(jsonl_bytes(rows)),
         "skipped": skipped,
-        "tokens_total": sum(r["tokens"] for r in rows),
     }
+    _write_library(out_dir, manifest, rows, fm)
+    return out_dir
+
+
+def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenModel) -> None:
+    """Write index.jsonl, then manifest.json (last: a library without it is incomplete) with the entry hashes,
+    totals, and the settings and compute environment its artifacts were computed in."""
+    manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    manifest.update(
+        determinism=fm.determinism.to_dict(),
+        environment=environment_fingerprint(fm.device),
+        n_entries=len(rows),
+        entries={r["entry_id"]: sha256_json(r) for r in rows},
+        index_sha256=sha256_hex(jsonl_bytes(rows)),
+        tokens_total=sum(r["tokens"] for r in rows),
+    )
     manifest["manifest_sha256"] = sha256_json(manifest)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "index.jsonl", rows)
-    write_json(out_dir / "manifest.json", manifest)  # written last: a library without it is incomplete
-    return out_dir
+    write_json(out_dir / "manifest.json", manifest)
+
+
+def redeposit_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> dict:
+    """Re-deposit every entry of the library `lib_cfg` names whose artifact this process could not graft
+    exactly (another compute environment or settings), from the token ids the artifact holds, keeping entry ids.
+    Returns {"path", "entries", "redeposited", "kept", "differences": {entry_id: [...]}}."""
+    lib = open_library(lib_cfg, fm, project_root)
+    tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
+    rows, differences = [], {}
+    for e in tqdm(lib.entries, desc=f"redeposit {lib_cfg.name}", unit="entry", disable=not progress):
+        try:
+            snap = lib.store.get(e.artifact_id)
+        except KVStoreError as err:
+            raise LibraryError(f"library {lib.path}, entry {e.entry_id}: artifact {e.artifact_id} cannot be read "
+                               f"({err}); rebuild the library with `make library`") from err
+        if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
+            raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
+                               "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
+        diffs = settings_differences(snap, fm)
+        row = e.to_row()
+        if diffs:
+            differences[e.entry_id] = diffs
+            try:
+                aid = lib.store.put(deposit_tokens(fm, snap.token_ids, extra=snap.extra), tags=[tag])
+            except KVStoreError as err:
+                raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
+            row["artifact_id"] = str(aid)
+        rows.append(row)
+    if differences:
+        _write_library(lib.path, lib.manifest, rows, fm)
+    return {"path": str(lib.path), "entries": len(rows), "redeposited": len(differences),
+            "kept": len(rows) - len(differences), "differences": differences}
 
 
 def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build_if_missing: bool = False) -> Library:
@@ -270,10 +321,20 @@ def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> None:
-    """`python -m harness.library [overrides]`: build the configured library and print what went in."""
-    cfg = compose_config(sys.argv[1:] if argv is None else argv)
+    """`python -m harness.library [--redeposit] [overrides]`: build the configured library and print what went in
+    (--redeposit: re-deposit its entries that this environment cannot graft exactly, keeping entry ids)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    redeposit = "--redeposit" in args
+    cfg = compose_config([a for a in args if a != "--redeposit"])
+    enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(cfg.project_root)
     fm = load_model(cfg)
+    if redeposit:
+        r = redeposit_library(cfg.library, fm, root)
+        kinds = sorted({d.split(":", 1)[0] for ds in r["differences"].values() for d in ds})
+        print(f"library {r['path']}: {r['redeposited']} of {r['entries']} entries re-deposited in this compute "
+              f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
+        return
     path = build_library(cfg.library, fm, root)
     m = Library(path, LocalStore(root / cfg.library.store)).manifest
     print(

@@ -107,7 +107,7 @@ def _check_compatible(
         raise IncompatibleError(
             f"{name}: the artifact was deposited in another compute environment, so a graft would not be "
             f"guaranteed byte-identical to the fresh reference: {'; '.join(env)}. Re-deposit it here (a library: "
-            "`python -m harness.library library.redeposit=true`; one artifact: deposit_tokens(fm, "
+            "`python -m harness.library --redeposit`; one artifact: deposit_tokens(fm, "
             "snapshot.token_ids)), or run where it was deposited, or graft anyway with "
             "allow_environment_mismatch=True (config: determinism.allow_environment_mismatch=true), which marks "
             "the run not guaranteed exact"

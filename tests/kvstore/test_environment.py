@@ -1,0 +1,178 @@
+"""The compute environment is part of what a graft's exactness depends on: an artifact deposited in another
+environment is refused naming each difference, unless the caller opts in (then a warning says so); artifacts
+recorded before the environment value existed are compared on the fields they have; the portable profile's
+kernel variables are in force before torch is imported, or the process is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvstore import (
+    Determinism,
+    IncompatibleError,
+    SettingsError,
+    deposit_tokens,
+    environment_fingerprint,
+    from_bytes,
+    graft_snapshot,
+    to_bytes,
+)
+from kvstore.environment import (
+    ENVIRONMENT_FORMAT,
+    PROFILES,
+    check_profile,
+    current_environment,
+    environment_differences,
+    environment_id,
+    profile_problems,
+)
+from kvstore.verify import check_graft
+
+REPO = Path(__file__).resolve().parents[2]
+IDS = [2] + [4 + (i * 7) % 200 for i in range(23)]  # 24 tokens: crosses tiny-gemma3's window of 16
+
+
+def _elsewhere(snapshot, **changes):
+    """The snapshot as if deposited in another environment: its recorded environment rewritten, through bytes."""
+    env = {**snapshot.environment, **changes}
+    return from_bytes(to_bytes(dataclasses.replace(snapshot, environment=env)))
+
+
+def test_the_environment_value_is_stable_and_names_the_kernel_paths():
+    env = current_environment()
+    d = env.to_dict()
+    assert d == environment_fingerprint() and list(d) == sorted(d)
+    assert d["format"] == ENVIRONMENT_FORMAT and d["device_kind"] == "cpu"
+    for key in ("cpu_vendor", "cpu_model", "aten_cpu_capability", "mkl_cbwr", "onednn_max_cpu_isa", "torch",
+                "transformers", "torch_threads"):
+        assert key in d, key
+    assert len(env.id) == 16 and env.id == environment_id(d)
+    assert environment_id({**d, "python": "0.0"}) == env.id  # informational fields do not bind
+    assert environment_id({**d, "mkl_cbwr": "AVX512"}) != env.id
+
+
+def test_an_artifact_is_deposited_with_this_environment(tiny_gemma3):
+    snap = deposit_tokens(tiny_gemma3, IDS)
+    assert snap.environment == environment_fingerprint(tiny_gemma3.device)
+    assert snap.determinism["profile"] == "native"
+    assert "allow_environment_mismatch" not in snap.determinism  # a graft policy, not a setting
+
+
+def test_graft_refuses_an_artifact_from_another_environment_naming_each_difference(tiny_gemma3):
+    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_vendor="GenuineIntel", mkl_cbwr="AVX512",
+                      cpu_model="Intel(R) Xeon(R) Platinum")
+    with pytest.raises(IncompatibleError) as info:
+        graft_snapshot(snap, tiny_gemma3, token_ids=IDS)
+    msg = str(info.value)
+    assert "environment.cpu_vendor: artifact 'GenuineIntel'" in msg
+    assert "environment.mkl_cbwr: artifact 'AVX512', this process None" in msg
+    assert "environment.cpu_model" in msg
+    assert "--redeposit" in msg and "allow_environment_mismatch" in msg  # says what to do
+
+
+def test_the_opt_in_grafts_anyway_and_warns(tiny_gemma3):
+    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_model="Intel(R) Xeon(R) Platinum")
+    with pytest.warns(RuntimeWarning, match="not guaranteed exact.*environment.cpu_model"):
+        graft_snapshot(snap, tiny_gemma3, token_ids=IDS, allow_environment_mismatch=True)
+    allowing = dataclasses.replace(tiny_gemma3, determinism=dataclasses.replace(
+        tiny_gemma3.determinism, allow_environment_mismatch=True))
+    with pytest.warns(RuntimeWarning):
+        cache = graft_snapshot(snap, allowing, token_ids=IDS)  # the model's policy (determinism config)
+    assert cache.get_seq_length() == len(IDS)
+    with pytest.raises(IncompatibleError):  # an explicit False wins over the model's policy
+        graft_snapshot(snap, allowing, token_ids=IDS, allow_environment_mismatch=False)
+
+
+def test_the_opt_in_does_not_excuse_other_settings(tiny_gemma3):
+    snap = deposit_tokens(tiny_gemma3, IDS)
+    other = from_bytes(to_bytes(dataclasses.replace(snap, determinism={**snap.determinism, "profile": "portable"})))
+    with pytest.raises(IncompatibleError, match="determinism.profile: artifact 'portable', this process 'native'"):
+        graft_snapshot(other, tiny_gemma3, token_ids=IDS, allow_environment_mismatch=True)
+
+
+def test_an_artifact_recorded_before_the_environment_value_is_compared_on_its_own_fields(tiny_gemma3):
+    now = environment_fingerprint(tiny_gemma3.device)
+    legacy_env = {"cpu_isa": now["aten_cpu_capability"], "device_kind": "cpu", "device_name": now["device_name"],
+                  "machine": now["machine"], "python": "3.0.0", "torch": now["torch"],
+                  "transformers": now["transformers"]}
+    snap = deposit_tokens(tiny_gemma3, IDS[:20])
+    legacy_det = {k: v for k, v in snap.determinism.items() if k != "profile"}
+    legacy = from_bytes(to_bytes(dataclasses.replace(snap, environment=legacy_env, determinism=legacy_det)))
+    check = check_graft(tiny_gemma3, IDS[:20], IDS[20:], snapshot=legacy)  # same machine: still exact
+    assert check.equal
+    moved = _elsewhere(legacy, cpu_isa="AVX512")
+    with pytest.raises(IncompatibleError, match="environment.aten_cpu_capability: artifact 'AVX512'"):
+        graft_snapshot(moved, tiny_gemma3, token_ids=IDS)
+    # the kernel variables it did not record were unset then: a portable process does not match it
+    portable = {**now, "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2"}
+    assert environment_differences(legacy_env, portable) == [
+        "environment.mkl_cbwr: artifact None, this process 'AVX2'",
+        "environment.onednn_max_cpu_isa: artifact None, this process 'AVX2'",
+    ]
+
+
+def test_a_new_style_environment_missing_a_field_is_a_difference():
+    now = environment_fingerprint()
+    partial = {k: v for k, v in now.items() if k != "cpu_vendor"}
+    assert environment_differences(partial, now) == [
+        f"environment.cpu_vendor: artifact '<not recorded>', this process {now['cpu_vendor']!r}"]
+
+
+def test_an_unknown_profile_is_a_settings_error():
+    with pytest.raises(SettingsError, match=r"determinism.profile='fast': use one of \['native', 'portable'\]"):
+        Determinism(profile="fast")
+    assert Determinism(allow_environment_mismatch=True) == Determinism()  # the policy is not a setting
+
+
+@pytest.mark.skipif(any(os.environ.get(v) for v in PROFILES["portable"]), reason="kernel variables set outside")
+def test_the_portable_profile_is_refused_when_its_variables_were_not_set_before_torch():
+    assert profile_problems("portable")
+    with pytest.raises(SettingsError, match="ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2"):
+        check_profile("portable")
+    with pytest.raises(SettingsError, match="before torch is imported"):
+        Determinism(profile="portable").apply()
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in PROFILES["portable"]}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**base, **env}, timeout=300)
+
+
+def test_enter_profile_sets_the_variables_before_torch_starts_in_a_fresh_process():
+    code = (
+        "import json, os\n"
+        "from kvstore.environment import enter_profile\n"  # imports torch: enter_profile re-executes
+        "enter_profile('portable')\n"
+        "import torch\n"
+        "from kvstore import Determinism, environment_fingerprint\n"
+        "Determinism(profile='portable').apply()\n"
+        "e = environment_fingerprint()\n"
+        "print(json.dumps({k: e[k] for k in ('aten_cpu_capability', 'mkl_cbwr', 'onednn_max_cpu_isa', 'profile')}))\n"
+        "start = dict(x.split('=', 1) for x in open('/proc/self/environ').read().split('\\0') if '=' in x)\n"
+        "print(json.dumps({v: start.get(v) for v in ('ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'ONEDNN_MAX_CPU_ISA')}))\n"
+    )
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    env, start = (json.loads(x) for x in r.stdout.strip().splitlines()[-2:])
+    assert env == {"aten_cpu_capability": "AVX2", "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2",
+                   "profile": "portable"}
+    assert start == PROFILES["portable"]  # in force from the start of the process that ran the model
+
+
+def test_variables_set_after_torch_was_imported_are_refused():
+    code = (
+        "import os, torch\n"
+        "os.environ.update(ATEN_CPU_CAPABILITY='avx2', MKL_CBWR='AVX2', ONEDNN_MAX_CPU_ISA='AVX2')\n"
+        "from kvstore import Determinism\n"
+        "Determinism(profile='portable').apply()\n"
+    )
+    r = _python(code)
+    assert r.returncode != 0 and "was set after torch was imported" in r.stderr, r.stderr
