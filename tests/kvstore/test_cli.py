@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -57,7 +56,7 @@ def test_show_prints_the_token_count_and_layout_for_an_id_prefix(kvstore):
     lines = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines())
     assert lines["id"] == aid
     assert lines["tokens"] == str(len(TEXT) + 1)  # BOS + one byte token per character
-    assert lines["format"] == "kvgraft-kv/1"
+    assert lines["format"] == "kvgraft-kv/2"
     assert lines["start position"] == "0"
     assert "SSFSSF" in lines["layers"] and "window 16" in lines["layers"]
     rc, out, _ = kvstore("show", aid, "--json")
@@ -149,7 +148,7 @@ def test_the_console_script_is_installed():
 
 def test_verify_and_gc_report_an_object_whose_tokens_sha256_lies(kvstore, hand_built):
     from kvstore import to_bytes, tokens_sha256
-    from kvstore.store import atomic_write
+    from kvstore.store import ArtifactId, atomic_write
 
     data = to_bytes(hand_built())
     n = int.from_bytes(data[:8], "little")
@@ -161,7 +160,7 @@ def test_verify_and_gc_report_an_object_whose_tokens_sha256_lies(kvstore, hand_b
     text += b" " * (-(8 + len(text)) % 8)
     forged = len(text).to_bytes(8, "little") + text + data[8 + n :]
     store = LocalStore(kvstore.root)
-    aid = hashlib.sha256(forged).hexdigest()
+    aid = ArtifactId.of(forged)
     atomic_write(store.path(aid), forged)  # planted behind the store's back: it hashes to its name
     rc, out, _ = kvstore("verify", aid)
     assert rc == 1 and out.startswith(f"FAILED  {aid}") and "token_ids" in out
