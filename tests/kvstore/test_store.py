@@ -4,11 +4,14 @@ function and back; writes are atomic; the SQLite index outlives the process; gc 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import sqlite3
 import subprocess
 import sys
+import threading
 
+import blake3
 import pytest
 
 from kvstore import (
@@ -22,6 +25,7 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
+from kvstore.format import FORMAT_V1, FORMAT_V2
 from kvstore.store import id_to_relpath, relpath_to_id
 
 MISSING = "f" * 64
@@ -57,10 +61,11 @@ def _files_under(root) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-def test_put_returns_the_sha256_of_the_bytes_and_get_returns_the_snapshot(store, hand_built, assert_same_snapshot):
+def test_put_returns_the_content_id_of_the_bytes_and_get_returns_the_snapshot(store, hand_built,
+                                                                              assert_same_snapshot):
     snap = hand_built()
     aid = store.put(snap)
-    assert aid == ArtifactId.of(to_bytes(snap))
+    assert aid == ArtifactId.of(to_bytes(snap)) == blake3.blake3(to_bytes(snap)).hexdigest()  # kvgraft-kv/2
     assert store.get_bytes(aid) == to_bytes(snap)
     assert_same_snapshot(store.get(aid), snap)
     assert aid in store and store.contains(aid)
@@ -155,6 +160,59 @@ def test_corrupted_bytes_are_an_integrity_error_on_get_and_verify(store, hand_bu
         store.get(aid)
     with pytest.raises(IntegrityError):
         store.verify(aid)
+
+
+@pytest.mark.parametrize("version", [FORMAT_V1, FORMAT_V2])
+def test_a_flipped_byte_anywhere_is_refused_by_the_mapped_read_before_any_tensor(tmp_path, hand_built, version,
+                                                                                  monkeypatch):
+    """LocalStore.get maps the file and hashes it (BLAKE3 on several threads for v2, SHA-256 for v1)."""
+    import kvstore.format as fmt
+
+    monkeypatch.setattr(fmt, "PARALLEL_HASH_MIN", 0)  # the threaded hash even for this small file
+    store = LocalStore(tmp_path / "s")
+    data = to_bytes(hand_built(), version=version)
+    aid = store.put_bytes(data)
+    assert aid == (hashlib.sha256(data) if version == FORMAT_V1 else blake3.blake3(data)).hexdigest()
+    assert fmt.content_id(data, threads=4) == aid
+    n = int.from_bytes(data[:8], "little")
+    path = store.path(aid)
+    for offset in (0, 9, 8 + n // 2, 8 + n - 1, 8 + n, len(data) // 2, len(data) - 1):  # framing .. last tensor
+        bad = bytearray(data)
+        bad[offset] ^= 0x10
+        path.chmod(0o644)
+        path.write_bytes(bytes(bad))
+        with pytest.raises(IntegrityError, match=aid):
+            store.get(aid)
+    path.write_bytes(data)
+    snap = store.get(aid)
+    assert to_bytes(snap, version=version) == data and snap.layers[0].keys.is_contiguous()
+
+
+def test_a_mapped_snapshot_is_copy_on_write_and_never_writes_the_object(tmp_path, hand_built):
+    store = LocalStore(tmp_path / "s")
+    aid = store.put(hand_built())
+    before = store.path(aid).read_bytes()
+    snap = store.get(aid)
+    snap.layers[0].keys.add_(1.0)  # a caller that writes into its tensors
+    assert store.path(aid).read_bytes() == before
+    store.verify(aid)
+
+
+def test_the_parallel_tensor_verify_refuses_a_flipped_tensor_byte(hand_built, monkeypatch):
+    import kvstore.format as fmt
+
+    monkeypatch.setattr(fmt, "PARALLEL_HASH_MIN", 0)
+    monkeypatch.setattr(fmt, "hash_threads", lambda: 3)
+    calls = []
+    real = fmt._sha
+    monkeypatch.setattr(fmt, "_sha", lambda t: calls.append(threading.current_thread().name) or real(t))
+    data = to_bytes(hand_built())
+    fmt.from_bytes(data, verify_tensors=True)
+    assert any(name.startswith("kvgraft-verify") for name in calls)
+    bad = bytearray(data)
+    bad[-1] ^= 0x01
+    with pytest.raises(IntegrityError, match="does not match its recorded SHA-256"):
+        fmt.from_bytes(bytes(bad), verify_tensors=True)
 
 
 def test_id_to_relpath_and_relpath_to_id_are_inverse():
