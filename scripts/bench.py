@@ -51,11 +51,12 @@ from kvstore import (
     load_frozen_model,
     prefill,
 )
+from kvstore.format import FORMAT, content_id, hash_threads
 from kvstore.gguf import BUNDLED
 from kvstore.model import layout_string
 from kvstore.verify import graft_logits, reference_logits
 
-GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.5, "overhead": 0.05}
+GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.8, "overhead": 0.05}
 MAX_REPEAT_TOKENS = 2048  # above this the recompute side is timed fewer times (it takes tens of seconds)
 
 
@@ -205,8 +206,9 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         read_t, data = timed(lambda p=path: raw_read(p), reps)
         rest_t, _ = timed(restore, reps)
         # where the restore time goes (each stage alone, same bytes)
-        sha_t, _ = timed(lambda d=data: hashlib.sha256(d).digest(), reps)
-        buf = bytearray(data)  # what store.get reads the file into
+        sha_t, _ = timed(lambda d=data: hashlib.sha256(d).digest(), reps)  # the kvgraft-kv/1 id, for comparison
+        idh_t, _ = timed(lambda d=data: content_id(d), reps)  # the artifact's own id hash (BLAKE3, all CPUs, for v2)
+        buf = bytearray(data)  # writable, like the private mapping store.get parses
         parse_t, snap = timed(lambda b=buf: from_bytes(b), reps)
         graft_t, _ = timed(lambda s=snap: graft_snapshot(s, fm), reps)
         cold = {"attempted": not quick}
@@ -230,6 +232,7 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
             "tokens": n, "artifact_bytes": size, "read_Bps": r_bw, "restore_Bps": g_bw,
             "ratio": g_bw["median"] / r_bw["median"], "restore_s": stats(rest_t),
             "stages_median_s": {"read": statistics.median(read_t), "file_sha256": statistics.median(sha_t),
+                                "file_id_hash": statistics.median(idh_t),
                                 "parse_and_tensor_sha256": statistics.median(parse_t),
                                 "graft": statistics.median(graft_t)},
             "cold": cold,
@@ -244,23 +247,29 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
     at = _goal_row(rows, GOALS["ttft_at"])
     st = at["stages_median_s"]
     sha_bps = at["artifact_bytes"] / st["file_sha256"]
+    idh_bps = at["artifact_bytes"] / st["file_id_hash"]
     warm = [r["ratio"] for r in rows]
     cold_rows = [r for r in rows if r["cold"].get("ratio")]
     fig = {"goal": f"restore (get + graft) >= {GOALS['restore_fraction']:.0%} of raw read bandwidth (warm page cache)",
            "rows": rows, "evaluated_at_tokens": at["tokens"], "ratio": at["ratio"],
-           "met": at["ratio"] >= GOALS["restore_fraction"], "sha256_Bps": sha_bps,
-           "ceiling_file_hash_only": st["read"] / (st["read"] + st["file_sha256"])}
+           "met": at["ratio"] >= GOALS["restore_fraction"], "sha256_Bps": sha_bps, "id_hash_Bps": idh_bps,
+           "id_hash": f"{FORMAT}: " + ("BLAKE3-256" if FORMAT != "kvgraft-kv/1" else "SHA-256"),
+           "hash_threads": hash_threads(),
+           # store.get maps the file (no copy) and hashes it: the hash alone bounds restore at read/hash
+           "ceiling_file_hash_only": min(1.0, st["read"] / st["file_id_hash"])}
     fig["note"] = (
         f"{at['ratio']:.0%} of raw read at {at['tokens']} tokens ({at['artifact_bytes'] / 1e6:.1f} MB; "
         f"{min(warm):.0%}-{max(warm):.0%} over all sizes"
         + (f", {min(r['cold']['ratio'] for r in cold_rows):.0%}-{max(r['cold']['ratio'] for r in cold_rows):.0%} "
            "with a cold page cache" if cold_rows else "")
-        + f"). Stages alone: read {st['read'] * 1e3:.1f} ms, file SHA-256 {st['file_sha256'] * 1e3:.1f} ms, parse + "
-        f"per-tensor SHA-256 {st['parse_and_tensor_sha256'] * 1e3:.1f} ms (a deep check; get skips it: tensors are "
-        f"hash-checked when an artifact enters the store), graft {st['graft'] * 1e3:.2f} ms. A read verifies one "
-        f"SHA-256 pass over the file at {sha_bps / 1e9:.2f} GB/s against a {at['read_Bps']['median'] / 1e9:.2f} GB/s "
-        f"page-cache read: that hash alone caps restore at {fig['ceiling_file_hash_only']:.0%} of raw read. "
-        "Loading is zero-copy (tensors view the one buffer the file is read into).")
+        + f"). Stages alone: read {st['read'] * 1e3:.1f} ms, the id's hash ({fig['id_hash']}, "
+        f"{fig['hash_threads']} threads) {st['file_id_hash'] * 1e3:.1f} ms ({idh_bps / 1e9:.2f} GB/s; SHA-256, the "
+        f"kvgraft-kv/1 id, {st['file_sha256'] * 1e3:.1f} ms = {sha_bps / 1e9:.2f} GB/s), parse + per-tensor SHA-256 "
+        f"{st['parse_and_tensor_sha256'] * 1e3:.1f} ms (a deep check; get skips it: tensors are hash-checked when an "
+        f"artifact enters the store), graft {st['graft'] * 1e3:.2f} ms. store.get maps the file (no copy) and "
+        f"hashes every byte against the id before parsing, against a {at['read_Bps']['median'] / 1e9:.2f} GB/s "
+        f"page-cache read into a fresh buffer: the hash alone caps restore at {fig['ceiling_file_hash_only']:.0%} "
+        "of raw read. Tensors view the verified mapping (copy-on-write).")
     if not fig["met"]:
         fig["note"] = f"missed by {GOALS['restore_fraction'] / at['ratio']:.1f}x: " + fig["note"]
     if cold_rows:
