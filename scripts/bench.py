@@ -82,7 +82,8 @@ def argmax(logits: torch.Tensor) -> int:
 def machine_info(det: Determinism) -> dict:
     env = environment_fingerprint()
     return {
-        "cpu": env["device_name"], "cpu_isa": env["cpu_isa"], "logical_cores": os.cpu_count(),
+        "cpu": env["device_name"], "cpu_isa": env.get("cpu_isa", env.get("aten_cpu_capability")),
+        "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
         "dtype": det.dtype, "ram_bytes": psutil.virtual_memory().total, "platform": platform.platform(),
         "python": platform.python_version(), "torch": env["torch"], "transformers": env["transformers"],
