@@ -225,3 +225,11 @@ def test_a_long_budget_keeps_only_the_window_in_sliding_layers(fm):
     for layer, spec in zip(cache.layers, fm.layer_layout):
         kept = layer.keys.shape[-2]
         assert kept == (spec["window"] - 1 if spec["kind"] == "sliding" else len(ids) + 119)
+
+
+def test_a_cache_decoded_into_stays_usable_outside_inference_mode(fm):
+    ids = fm.encode(LONG)
+    cache = new_cache(fm)
+    g = generate(fm, ids, max_new_tokens=5, cache=cache, eos=set())
+    logits = forward(fm, [g.token_ids[-1]], cache)  # a further step, as a caller might take
+    assert logits.shape[:2] == (1, 1) and cache.get_seq_length() == len(ids) + 5
