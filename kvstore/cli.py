@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--token-ids", metavar="1,2,3", help="comma-separated token ids, used as given")
     src.add_argument("--token-ids-file", type=Path, metavar="F.json", help="a JSON list of token ids")
     d.add_argument("--tag", action="append", default=[], metavar="T", help="tag the artifact (repeatable)")
+    d.add_argument("--profile", default="native", choices=["native", "portable"],
+                   help="determinism profile: the kernel paths (kvstore/environment.py)")
     d.set_defaults(run=_deposit)
 
     ls = _command(sub, "ls", "list artifacts")
@@ -144,10 +146,13 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
 
 def _deposit(args) -> int:
     from kvstore.capture import deposit_tokens
+    from kvstore.determinism import Determinism
+    from kvstore.environment import enter_profile
     from kvstore.model import load_frozen_model
 
+    enter_profile(args.profile)  # re-executes with the profile's kernel variables when not set
     store = _store(args)
-    fm = load_frozen_model(args.model)
+    fm = load_frozen_model(args.model, determinism=Determinism(profile=args.profile))
     ids, extra = _token_ids(args, fm)
     if not ids:
         raise KVStoreError("nothing to deposit: the token sequence is empty")
