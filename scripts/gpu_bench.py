@@ -1,0 +1,390 @@
+"""The GPU path, measured in one run (issue 11): exactness in bf16, TTFT graft vs recompute, restore GB/s vs a
+raw read, and energy, for random-weight models built from real architectures' configs (no download).
+
+    .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json                 # CUDA: the full run
+    .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json    # CPU dry run, tiny sizes
+
+Models (CONFIGS, hard-coded from the public config.json of each family; weights drawn from --seed):
+Gemma 3 1B-class and 12B-class text configs (sliding window + full attention, 1 and 8 KV heads), and a
+Llama 3.1 8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling). `--small` keeps
+each architecture's layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
+
+Per model:
+1. exactness: `kvstore.verify.check_graft` on --samples random (prefix, suffix) pairs in bf16, the graft half
+   run in a separate worker process that builds the same model (its fingerprint must match) and restores
+   each artifact from the store by id: verdict = suffix logits' SHA-256 equal to the fresh reference's;
+2. TTFT at --sizes tokens: recompute (prefill N + one token) vs graft (store.get + graft + one forward), with
+   the parts, and the ceiling recompute / forward;
+3. restore vs raw read: store.get (map + verify the id's hash) in GB/s vs `open().read()` of the same file,
+   warm page cache; the host-to-device copy is in the graft part;
+4. energy (NVML on CUDA, else RAPL, else declared unavailable): joules of recompute vs graft, repeated until
+   the window is >= 0.5 s (NVML's counter updates every 10-100 ms).
+Writes one JSON (--out). --budget-s stops starting new measurements when the run gets near its time limit
+(skips are recorded, never silent). On one H200 the full run is sized for 8 minutes.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (before torch starts CUDA)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.energy import make_meter  # noqa: E402
+from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit_tokens  # noqa: E402
+from kvstore.format import FORMAT, hash_threads  # noqa: E402
+from kvstore.model import FrozenModel, layer_layout, layout_string, model_fingerprint, tokenizer_fingerprint  # noqa: E402
+from kvstore.tiny import byte_tokenizer  # noqa: E402
+from kvstore.verify import Restored, graft_logits, reference_logits  # noqa: E402
+
+
+def _gemma_layers(n: int) -> list[str]:
+    return [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(n)]
+
+
+# model_type, config fields (google/gemma-3-1b-pt, google/gemma-3-12b-pt text_config, meta-llama/Llama-3.1-8B)
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "gemma3-1b-class": ("gemma3_text", dict(
+        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window=512, layer_types=_gemma_layers(26),
+        query_pre_attn_scalar=256, max_position_embeddings=32768, rms_norm_eps=1e-6)),
+    "gemma3-12b-class": ("gemma3_text", dict(
+        vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(48),
+        query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
+    "llama3-8b-class": ("llama", dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0)),
+}
+# --small: the same architectures and layer patterns, tiny dimensions
+SMALL: dict[str, dict] = {
+    "gemma3-1b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
+                            layer_types=_gemma_layers(6), query_pre_attn_scalar=16),
+    "gemma3-12b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=12,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+                             layer_types=_gemma_layers(12), query_pre_attn_scalar=16),
+    "llama3-8b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+}
+FULL_SIZES, SMALL_SIZES = (2048, 8192, 32768), (32, 64, 128)
+
+
+def model_config(name: str, small: bool):
+    """The transformers config of model `name` (CONFIGS), shrunk to SMALL dimensions when asked."""
+    from transformers import AutoConfig
+
+    model_type, fields = CONFIGS[name]
+    return AutoConfig.for_model(model_type, **{**fields, **(SMALL[name] if small else {})})
+
+
+def kv_bytes(cfg, tokens: int, itemsize: int = 2) -> int:
+    """Bytes of the KV state after `tokens` tokens (sliding layers keep window - 1 positions)."""
+    total = 0
+    for lyr in layer_layout(cfg):
+        cached = tokens if lyr["kind"] == "full" else min(tokens, lyr["window"] - 1)
+        total += 2 * cfg.num_key_value_heads * cached * cfg.head_dim * itemsize
+    return total
+
+
+def build_model(name: str, small: bool, det: Determinism, device: str, seed: int) -> FrozenModel:
+    """A frozen random-weight model of config `name`, initialised on `device` from `seed`, fingerprinted."""
+    from transformers import AutoModelForCausalLM
+
+    det.apply()
+    cfg = model_config(name, small)
+    cfg._attn_implementation = det.attn_implementation
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=det.torch_dtype)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tok = byte_tokenizer()
+    fm = FrozenModel(name=f"random:{name}{':small' if small else ''}:seed{seed}", model=model, tokenizer=tok,
+                     determinism=det)
+    fm.fingerprint = model_fingerprint(model)
+    fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
+    fm.layer_layout = layer_layout(model.config)
+    return fm
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def clock(device: str) -> float:
+    sync(device)
+    return time.perf_counter()
+
+
+# ------------------------------------------------------------------ the worker process (graft half of exactness)
+
+def worker(args: argparse.Namespace) -> int:
+    """Build the model, then answer one JSON line per request {aid, prefix, suffix, out}: graft from the store,
+    write the suffix logits to `out` (safetensors), reply {timing_s}."""
+    det = Determinism(dtype=args.dtype, threads=args.threads)
+    fm = build_model(args.worker, args.small, det, args.device, args.seed)
+    store = LocalStore(args.store)
+    print(json.dumps({"fingerprint": fm.fingerprint}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            r = graft_logits(fm, req["prefix"], req["suffix"], store=store, artifact_id=req["aid"])
+            save_file({"logits": r.logits.detach().contiguous().cpu()}, req["out"])
+            reply = {"timing_s": r.timing_s}
+        except Exception as e:  # reported to the parent, which records it as a failed sample
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+class Worker:
+    """The worker process as a `restore` callable for check_graft."""
+
+    def __init__(self, args: argparse.Namespace, name: str, store: Path, tmp: Path, device: str) -> None:
+        cmd = [sys.executable, __file__, "--worker", name, "--store", str(store), "--device", args.device,
+               "--dtype", args.dtype, "--threads", str(args.threads), "--seed", str(args.seed)]
+        cmd += ["--small"] if args.small else []
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.hello = json.loads(self.proc.stdout.readline() or "{}")
+        self.tmp, self.device, self.n = tmp, device, 0
+        self.prefix: list[int] = []
+        self.suffix: list[int] = []
+
+    def __call__(self, aid: str) -> Restored:
+        self.n += 1
+        out = self.tmp / f"logits{self.n}.safetensors"
+        self.proc.stdin.write(json.dumps({"aid": aid, "prefix": self.prefix, "suffix": self.suffix,
+                                          "out": str(out)}) + "\n")
+        self.proc.stdin.flush()
+        reply = json.loads(self.proc.stdout.readline() or '{"error": "worker exited"}')
+        if "error" in reply:
+            raise RuntimeError(f"worker: {reply['error']}")
+        logits = load_file(str(out))["logits"].to(self.device)
+        out.unlink()
+        return Restored(logits, reply["timing_s"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def exactness(args, fm: FrozenModel, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
+    store_dir = work / "exact"
+    store = LocalStore(store_dir)
+    w = Worker(args, name, store_dir, work, args.device)
+    if w.hello.get("fingerprint") != fm.fingerprint:
+        w.close()
+        return {"error": f"the worker built another model (fingerprint {w.hello.get('fingerprint')!r:.20})"}
+    vocab = fm.config.vocab_size
+    rows, t0 = [], time.perf_counter()
+    try:
+        for _ in range(args.samples):
+            n, m = rng.randint(1, max_prefix), rng.randint(1, 8)
+            w.prefix = [rng.randrange(vocab) for _ in range(n)]
+            w.suffix = [rng.randrange(vocab) for _ in range(m)]
+            try:
+                c = check_graft(fm, w.prefix, w.suffix, store, restore=w)
+                rows.append({"prefix": n, "suffix": m, "equal": c.equal, "max_abs_diff": c.max_abs_diff})
+                store.remove(c.artifact_id)
+            except Exception as e:  # noqa: BLE001 - a failed sample is a result, recorded with its reason
+                rows.append({"prefix": n, "suffix": m, "equal": False, "error": f"{type(e).__name__}: {e}"[:300]})
+    finally:
+        w.close()
+        shutil.rmtree(store_dir, ignore_errors=True)
+    equal = sum(r["equal"] for r in rows)
+    return {"samples": len(rows), "equal": equal, "all_equal": equal == len(rows) > 0,
+            "prefix_tokens": [min(r["prefix"] for r in rows), max(r["prefix"] for r in rows)] if rows else None,
+            "restore": "separate process, store.get by id", "failures": [r for r in rows if not r["equal"]][:5],
+            "seconds": time.perf_counter() - t0}
+
+
+def raw_read_s(path: Path) -> float:
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        f.read()
+    return time.perf_counter() - t0
+
+
+def energy(device: str, fn, min_window_s: float = 0.5) -> dict:
+    """Joules per call of fn, over enough calls to fill min_window_s (one warm-up call first)."""
+    fn()
+    meter = make_meter("auto")
+    calls, t0 = 0, clock(device)
+    meter.start()
+    while True:
+        fn()
+        calls += 1
+        if clock(device) - t0 >= min_window_s:
+            break
+    reading = meter.stop()
+    return {"calls": calls, "status": reading.status,
+            "joules_per_call": reading.joules / calls if reading.measured else None}
+
+
+def ttft_row(args, fm: FrozenModel, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
+    dev = args.device
+    vocab = fm.config.vocab_size
+    prefix, nxt = [rng.randrange(vocab) for _ in range(n)], [rng.randrange(vocab)]
+    store = LocalStore(work / f"ttft{n}")
+    try:
+        def recompute() -> int:
+            return int(torch.argmax(reference_logits(fm, prefix, nxt)[0, -1]))
+
+        rec = []
+        for _ in range(args.repeats):
+            t0 = clock(dev)
+            recompute()
+            rec.append(clock(dev) - t0)
+        t0 = clock(dev)
+        aid = store.put(deposit_tokens(fm, prefix))
+        deposit_s = clock(dev) - t0
+        size = store.info(aid).size
+        graft, parts = [], {"get": [], "graft": [], "forward": []}
+
+        def restore() -> int:
+            r = graft_logits(fm, prefix, nxt, store=store, artifact_id=aid)
+            for k in parts:
+                parts[k].append(r.timing_s[k])
+            return int(torch.argmax(r.logits[0, -1]))
+
+        same = restore() == recompute()
+        for _ in range(max(3, args.repeats)):
+            t0 = clock(dev)
+            restore()
+            graft.append(clock(dev) - t0)
+        path = store.path(aid)
+        reads = [raw_read_s(path) for _ in range(5)]
+        gets = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            store.get(aid)
+            gets.append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in parts.items()}
+        row = {"tokens": n, "artifact_bytes": size, "recompute_s": statistics.median(rec),
+               "graft_s": statistics.median(graft), "graft_parts_median_s": med, "deposit_s": deposit_s,
+               "ratio": statistics.median(rec) / statistics.median(graft),
+               "ratio_ceiling": statistics.median(rec) / med["forward"], "argmax_equal": same,
+               "read_GBps": size / statistics.median(reads) / 1e9, "restore_GBps": size / statistics.median(gets) / 1e9}
+        row["restore_vs_read"] = row["restore_GBps"] / row["read_GBps"]
+        row["ttft_vs_ceiling"] = row["ratio"] / row["ratio_ceiling"]
+        if time.perf_counter() < deadline:
+            row["energy"] = {"recompute": energy(dev, recompute, args.energy_window_s),
+                             "graft": energy(dev, restore, args.energy_window_s)}
+        else:
+            row["energy"] = {"skipped": "time budget"}
+        return row
+    finally:
+        shutil.rmtree(work / f"ttft{n}", ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> dict:
+    t_start = time.perf_counter()
+    deadline = t_start + args.budget_s
+    det = Determinism(dtype=args.dtype, threads=args.threads)
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else list(SMALL_SIZES if args.small else FULL_SIZES)
+    dev = args.device
+    out: dict = {
+        "device": torch.cuda.get_device_name(0) if dev.startswith("cuda") else platform.processor() or "cpu",
+        "device_kind": "cuda" if dev.startswith("cuda") else "cpu", "torch": torch.__version__,
+        "cuda": torch.version.cuda, "format": FORMAT, "hash_threads": hash_threads(),
+        "settings": {"small": args.small, "sizes": sizes, "samples": args.samples, "repeats": args.repeats,
+                     "dtype": args.dtype, "seed": args.seed, "budget_s": args.budget_s,
+                     "energy_window_s": args.energy_window_s,
+                     "determinism": det.to_dict()},
+        "models": {}, "skipped": [],
+    }
+    work = Path(tempfile.mkdtemp(prefix="kvgraft-gpu-bench-", dir=args.work))
+    rng = random.Random(args.seed)
+    try:
+        for name in args.models.split(","):
+            if time.perf_counter() > deadline:
+                out["skipped"].append(f"{name}: time budget")
+                continue
+            t0 = time.perf_counter()
+            fm = build_model(name, args.small, det, dev, args.seed)
+            cfg = fm.config
+            m = out["models"][name] = {
+                "layers": layout_string(fm.layer_layout), "parameters": sum(p.numel() for p in fm.model.parameters()),
+                "kv_bytes_per_token_full": kv_bytes(cfg, 1), "build_s": time.perf_counter() - t0, "ttft": []}
+            window = min((lyr["window"] for lyr in fm.layer_layout if lyr["window"]), default=None)
+            m["exactness"] = exactness(args, fm, name, work, rng, max_prefix=2 * window if window else min(sizes))
+            for n in sizes:
+                if time.perf_counter() > deadline:
+                    out["skipped"].append(f"{name} at {n} tokens: time budget")
+                    continue
+                try:
+                    m["ttft"].append(ttft_row(args, fm, work, n, rng, deadline))
+                except torch.cuda.OutOfMemoryError as e:
+                    out["skipped"].append(f"{name} at {n} tokens: out of memory ({str(e)[:120]})")
+            del fm
+            if dev.startswith("cuda"):
+                torch.cuda.empty_cache()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out["runtime_s"] = time.perf_counter() - t_start
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="the JSON to write")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--small", action="store_true", help="tiny dimensions (CPU dry run)")
+    ap.add_argument("--models", default=",".join(CONFIGS))
+    ap.add_argument("--sizes", default=None, help="prefix tokens for TTFT (default 2048,8192,32768; small 32,64,128)")
+    ap.add_argument("--samples", type=int, default=50, help="exactness samples per model")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=max(1, min(16, len(os.sched_getaffinity(0)))))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
+    ap.add_argument("--energy-window-s", type=float, default=0.5, help="shortest energy window (NVML: >= 0.1 s)")
+    ap.add_argument("--work", default=None, help="folder for the temporary stores (default: the system temp)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if args.out is None:
+        ap.error("--out is required")
+    unknown = sorted(set(args.models.split(",")) - set(CONFIGS))
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {list(CONFIGS)}")
+    result = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.out, (json.dumps(result, indent=2, default=float) + "\n").encode())
+    for name, m in result["models"].items():
+        ex = m["exactness"]
+        print(f"{name}: exact {ex.get('equal')}/{ex.get('samples')} ({m['layers']})")
+        for r in m["ttft"]:
+            print(f"  {r['tokens']:>6} tok  graft {r['graft_s'] * 1e3:8.1f} ms  "
+                  f"recompute {r['recompute_s'] * 1e3:8.1f} ms"
+                  f"  {r['ratio']:6.1f}x (ceiling {r['ratio_ceiling']:.1f}x)  restore {r['restore_GBps']:.2f} GB/s"
+                  f" vs read {r['read_GBps']:.2f} GB/s")
+    print(f"wrote {args.out} in {result['runtime_s']:.0f} s; skipped: {result['skipped'] or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
