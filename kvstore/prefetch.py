@@ -5,9 +5,10 @@
         ...
         snapshot = pf.get(next_id)      # verified; waits if it is still being read
 
-The worker thread calls `store.get(aid)`, which verifies the bytes the snapshot's tensors view (for a
-LocalStore: the mapped file hashes to its id) before returning it; so what `get` hands out is exactly what
-the store would have returned, only earlier. A prefetched snapshot is held until `get` (or `discard`) takes
+The worker thread calls `store.get(aid)` (a LocalStore's with private=True: read into the snapshot's own
+buffer, not mapped), which verifies the bytes the snapshot's tensors view (they hash to the id) before
+returning it; so `get` hands out exactly what the store would have returned, only earlier, and a change to
+the object file after the check cannot reach the tensors. A prefetched snapshot is held until `get` (or `discard`) takes
 it; the bytes held plus the one being read never exceed `max_bytes` (from the index's sizes). An id that is
 not scheduled, too large for the budget, or still waiting in the queue is read in the caller's thread instead
 (counted in `misses`), so asking out of order never deadlocks. A failure in the worker (damaged bytes, missing
@@ -22,7 +23,7 @@ from collections.abc import Iterable
 
 from kvstore.errors import KVStoreError
 from kvstore.format import Snapshot
-from kvstore.store import ArtifactId, Store
+from kvstore.store import ArtifactId, LocalStore, Store
 
 
 class Prefetcher:
@@ -134,6 +135,14 @@ class Prefetcher:
                 return path(aid).stat().st_size
             raise
 
+    def _load(self, aid: ArtifactId) -> Snapshot:
+        """The verified snapshot, in memory of its own: a LocalStore reads into a private buffer rather than
+        mapping the file, so that the bytes verified now are the bytes used later, even if the object file
+        were rewritten in place meanwhile (other stores' get already parses a private copy)."""
+        if isinstance(self.store, LocalStore):
+            return self.store.get(aid, private=True)
+        return self.store.get(aid)
+
     def _run(self) -> None:
         while True:
             with self._cv:
@@ -163,7 +172,7 @@ class Prefetcher:
                 self._held += size
                 self.peak_bytes = max(self.peak_bytes, self._held)
             try:
-                snap, err = self.store.get(aid), None
+                snap, err = self._load(aid), None
             except BaseException as e:  # noqa: BLE001 - handed to the caller of get(aid)
                 snap, err = None, e
             self._finish(aid, snap, err, size, pop=False)

@@ -458,12 +458,14 @@ class LocalStore(Store):
         self._check(aid, data)
         return data
 
-    def get(self, aid: str) -> Snapshot:
-        """The verified snapshot: the file's SHA-256 (its id, covering every byte) is checked before anything is
+    def get(self, aid: str, private: bool = False) -> Snapshot:
+        """The verified snapshot: the file's hash (its id, covering every byte) is checked before anything is
         returned; every tensor's own hash was checked when the artifact entered the store (`verify` re-checks
         both). The file is mapped, not copied: its tensors view the verified pages (copy-on-write), and the
-        id's hash runs on all usable CPUs (BLAKE3 for kvgraft-kv/2)."""
-        data = self._map(aid)
+        id's hash runs on all usable CPUs (BLAKE3 for kvgraft-kv/2). private=True reads the file into a fresh
+        buffer instead (one copy): the bytes checked are then the process's own, whatever later happens to the
+        file (the prefetcher uses it, as a snapshot may wait a while before it is used)."""
+        data = self._read(aid, writable=True) if private else self._map(aid)
         self._check(aid, data)
         return from_bytes(data, verify_tensors=False)
 

@@ -67,6 +67,22 @@ def test_a_tampered_byte_is_refused_through_the_prefetch_path(local):
         assert pf.get(ids[0]) is not None and pf.hits == 1
 
 
+def test_bytes_changed_on_disk_after_the_prefetch_do_not_reach_the_snapshot(local, assert_same_snapshot):
+    store, ids = local
+    want = store.get(ids[0], private=True)  # (a mapped get's tensors would follow the file: FORMAT.md 4)
+    with Prefetcher(store, max_bytes=1 << 30) as pf:
+        pf.schedule(ids[:1])
+        _wait(lambda: ids[0] in pf._ready)
+        path = store.path(ids[0])
+        data = bytearray(path.read_bytes())
+        data[-3] ^= 0x01
+        with open(path, "r+b") as f:  # rewritten in place after verification
+            f.write(bytes(data))
+        assert_same_snapshot(pf.get(ids[0]), want)  # the verified bytes, not the file's current ones
+    with pytest.raises(IntegrityError):
+        store.get(ids[0])
+
+
 def test_the_memory_bound_holds_and_out_of_order_gets_do_not_deadlock(local):
     store, ids = local
     size = store.info(ids[0]).size

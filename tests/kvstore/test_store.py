@@ -198,6 +198,21 @@ def test_a_mapped_snapshot_is_copy_on_write_and_never_writes_the_object(tmp_path
     store.verify(aid)
 
 
+def test_a_private_get_is_checked_and_keeps_its_bytes_when_the_file_changes_later(tmp_path, hand_built):
+    store = LocalStore(tmp_path / "s")
+    aid = store.put(hand_built())
+    path = store.path(aid)
+    good = path.read_bytes()
+    snap = store.get(aid, private=True)
+    bad = bytearray(good)
+    bad[-1] ^= 0x01
+    with open(path, "r+b") as f:  # an in-place edit (kvgraft never does this; FORMAT.md 4)
+        f.write(bytes(bad))
+    assert to_bytes(snap) == good  # its own buffer: the verified bytes
+    with pytest.raises(IntegrityError, match=aid):
+        store.get(aid, private=True)
+
+
 def test_the_parallel_tensor_verify_refuses_a_flipped_tensor_byte(hand_built, monkeypatch):
     import kvstore.format as fmt
 
