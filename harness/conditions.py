@@ -1,35 +1,63 @@
 """Conditions: how a problem is put to the frozen model. The registry `CONDITIONS` (config name -> class) is
 the only place that knows condition names; `build_condition` makes one from the typed config pieces.
 
-baseline  the model alone: prefill the query prompt, decode.
-graft     retrieve a verified library entry, graft its artifact (read from the store, verified) at its own
-          positions, prefill only the query prompt after it, decode with the same settings as baseline.
+baseline   the model alone: prefill the query prompt, decode.
+graft      retrieve a verified library entry, graft its artifact (read from the store, verified) at its own
+           positions, prefill only the query prompt after it, decode with the same settings as baseline.
+incontext  the control for graft: the same retrieval (same entry, same exclude_self), but the entry's tokens are
+           computed fresh in the same pinned schedule as its deposit (`kvstore.prefill`, the same
+           determinism.prefill_chunk as `deposit_tokens`), then the query. Its rows must be bit-identical to
+           graft's (harness/pairing.py checks that); it only costs the entry's prefill.
 
-A condition is built once per run and turns (problem, sample) into a `harness.record.Completion`.
+ttft_s of a row runs from the start of the problem (retrieval, artifact read and graft, or the entry's fresh
+prefill) to its first token.
+
+A condition is built once per run and turns (problem, samples) into `harness.record.Completion`s. With
+`decoding.batch_size` > 1 the samples of a problem decode together (`harness.decode.generate_batch`), in
+chunks of batch_size rows: each chunk's context is prefilled (or grafted) once and shared by its rows.
+Sample s samples with seed `decoding.seed + s` whatever the batch size; the batch size is still part of what a
+run's bits depend on (harness.run.comparable_key), since a batch need not give the bits of n single rows.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.config import DecodingConfig, LibraryConfig, PromptConfig
-from harness.decode import Generation, generate
+from harness.decode import Generation, generate_batch
 from harness.errors import ConfigError
 from harness.library import Library, Match, open_library
 from harness.problems import Problem
 from harness.prompts import render
 from harness.record import Completion, group_for
-from kvstore import FrozenModel, graft_snapshot
+from kvstore import FrozenModel, graft_snapshot, prefill
 
 
-def _completion(prompt: str, context_ids: list[int], gen: Generation, grafted: int, match: Match | None) -> Completion:
+@dataclass
+class Context:
+    """What the model sees before decoding: the rendered prompt, every context token, and how the cache that
+    holds a prefix of them is made (None: nothing cached, the whole context is prefilled)."""
+
+    prompt: str
+    context_ids: list[int]
+    make_cache: Callable[[], Any] | None = None  # a fresh cache holding `grafted` (or fresh-computed) tokens
+    grafted: int = 0  # tokens restored from an artifact (graft only)
+    match: Match | None = None
+
+
+def _completion(ctx: Context, gen: Generation, setup_s: float) -> Completion:
+    m = ctx.match
     return Completion(
-        prompt=prompt, context_ids=context_ids, text=gen.text, token_ids=gen.token_ids, stop_reason=gen.stop_reason,
-        prefill_tokens=gen.prefill_tokens, grafted_tokens=grafted, decode_tokens=gen.decode_tokens,
-        first_logits_sha256=getattr(gen, "first_logits_sha256", None), ttft_s=getattr(gen, "ttft_s", None),
-        entry_id=match.entry.entry_id if match else None, artifact_id=match.entry.artifact_id if match else None,
-        similarity=match.similarity if match else None, match=match.kind if match else None,
+        prompt=ctx.prompt, context_ids=ctx.context_ids, text=gen.text, token_ids=gen.token_ids,
+        stop_reason=gen.stop_reason, prefill_tokens=gen.prefill_tokens, grafted_tokens=ctx.grafted,
+        decode_tokens=gen.decode_tokens, first_logits_sha256=gen.first_logits_sha256,
+        ttft_s=round(setup_s + gen.ttft_s, 6),
+        seed=gen.seed, entry_id=m.entry.entry_id if m else None, artifact_id=m.entry.artifact_id if m else None,
+        similarity=m.similarity if m else None, match=m.kind if m else None,
     )  # fmt: skip
 
 
@@ -49,17 +77,31 @@ class Baseline:
         """recurring / held_out for conditions with a library (harness.record.group_for), else None."""
         return group_for(completion.match) if self.uses_library else None
 
-    def _decode(self, context_ids: list[int], sample: int, cache=None) -> Generation:
+    def context(self, problem: Problem) -> Context:
+        """The query prompt alone, prefilled whole."""
+        prompt = render(self.prompt.template, problem=problem.problem)
+        return Context(prompt, self.fm.encode(prompt))
+
+    def complete_samples(
+        self, problem: Problem, samples: Sequence[int], on_token: Callable[[int], None] | None = None
+    ) -> list[Completion]:
+        """Completions of `problem` for the given sample indices, decoded together (one shared context and
+        cache); `complete` and the run loop call it with chunks of at most decoding.batch_size samples."""
         d = self.decoding
-        return generate(
-            self.fm, context_ids, max_new_tokens=d.max_new_tokens, stop=list(self.prompt.stop), strategy=d.strategy,
-            temperature=d.temperature, top_p=d.top_p, seed=d.seed + sample, cache=cache,
+        t0 = time.perf_counter()
+        ctx = self.context(problem)
+        cache = ctx.make_cache() if ctx.make_cache is not None else None
+        setup_s = time.perf_counter() - t0  # retrieval, artifact read + graft (or fresh prefix): part of the TTFT
+        gens = generate_batch(
+            self.fm, ctx.context_ids, len(samples), [d.seed + s for s in samples], max_new_tokens=d.max_new_tokens,
+            stop=list(self.prompt.stop), strategy=d.strategy, temperature=d.temperature, top_p=d.top_p, cache=cache,
+            on_token=on_token,
         )  # fmt: skip
+        return [_completion(ctx, g, setup_s) for g in gens]
 
     def complete(self, problem: Problem, sample: int) -> Completion:
-        prompt = render(self.prompt.template, problem=problem.problem)
-        ids = self.fm.encode(prompt)
-        return _completion(prompt, ids, self._decode(ids, sample), 0, None)
+        """One sample of `problem` (batch size 1)."""
+        return self.complete_samples(problem, [sample])[0]
 
 
 class Graft(Baseline):
@@ -75,18 +117,43 @@ class Graft(Baseline):
     def describe(self) -> dict[str, Any]:
         return {"condition": self.name, "library": self.library.describe()}
 
-    def complete(self, problem: Problem, sample: int) -> Completion:
+    def _entry(self, problem: Problem):
+        """(rendered prompt, match, the entry's snapshot) or None when retrieval found nothing."""
         match = self.library.retrieve(problem)  # exclude_self and retrieval were fixed when it was opened
-        if match is None:  # nothing to graft: the query alone, recorded as such
-            return super().complete(problem, sample)
-        prompt = render(self.prompt.template, problem=problem.problem)
+        if match is None:
+            return None
         snapshot = self.library.store.get(match.entry.artifact_id)  # verifies bytes and tensors
+        return render(self.prompt.template, problem=problem.problem), match, snapshot
+
+    def context(self, problem: Problem) -> Context:
+        found = self._entry(problem)
+        if found is None:  # nothing to graft: the query alone, recorded as such
+            return super().context(problem)
+        prompt, match, snapshot = found
         context = snapshot.token_ids + self.fm.encode(prompt, add_bos=False)  # the entry ends in a blank line
-        cache = graft_snapshot(snapshot, self.fm, token_ids=context)  # checks model, tokenizer, layout, token prefix
-        return _completion(prompt, context, self._decode(context, sample, cache=cache), snapshot.token_count, match)
+        # checks model, tokenizer, layout and the token prefix; a fresh cache per chunk of rows
+        return Context(prompt, context, lambda: graft_snapshot(snapshot, self.fm, token_ids=context),
+                       snapshot.token_count, match)  # fmt: skip
 
 
-CONDITIONS: dict[str, type[Baseline]] = {"baseline": Baseline, "graft": Graft}
+class InContext(Graft):
+    """The graft's control: the same entry's tokens computed fresh (deposit schedule), then the query."""
+
+    name: ClassVar[str] = "incontext"
+
+    def context(self, problem: Problem) -> Context:
+        found = self._entry(problem)
+        if found is None:
+            return Baseline.context(self, problem)
+        prompt, match, snapshot = found
+        entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
+        context = entry_ids + self.fm.encode(prompt, add_bos=False)
+        # `prefill` from position 0 in chunks of determinism.prefill_chunk: deposit_tokens' schedule exactly,
+        # so the cache holds the bits the artifact holds, computed now instead of read.
+        return Context(prompt, context, lambda: prefill(self.fm, entry_ids)[0], 0, match)
+
+
+CONDITIONS: dict[str, type[Baseline]] = {"baseline": Baseline, "graft": Graft, "incontext": InContext}
 
 
 def condition_class(name: str) -> type[Baseline]:

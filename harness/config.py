@@ -69,12 +69,13 @@ class DecodingConfig:
     n_samples: int = 1
     temperature: float = 0.7
     top_p: float = 0.95
-    seed: int = 0
+    seed: int = 0  # sample s samples with seed + s
+    batch_size: int = 1  # samples of a problem decoded together (1: one at a time); part of comparable_key
 
 
 @dataclass
 class ConditionConfig:
-    name: str = "baseline"  # baseline | graft (harness.conditions.CONDITIONS)
+    name: str = "baseline"  # baseline | graft | incontext (harness.conditions.CONDITIONS)
 
 
 @dataclass
@@ -142,6 +143,8 @@ def typed(cfg: DictConfig | Config) -> Config:
         raise ConfigError(f"decoding.strategy={d.strategy!r}: use 'greedy' or 'sample' (configs/decoding/)")
     if d.n_samples < 1 or d.max_new_tokens < 1:
         raise ConfigError("decoding.n_samples and decoding.max_new_tokens must be >= 1")
+    if d.batch_size < 1:
+        raise ConfigError(f"decoding.batch_size={d.batch_size}: use 1 (one sample at a time) or more")
     if d.strategy == "greedy" and d.n_samples > 1:
         raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
     return c
