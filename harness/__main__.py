@@ -8,6 +8,8 @@ error prints one `error:` line (KVGRAFT_DEBUG=1 or HYDRA_FULL_ERROR=1 for the tr
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -15,7 +17,7 @@ from omegaconf import DictConfig
 from harness import config as _config  # noqa: F401  (registers the typed schema)
 from harness.errors import exit_on_error
 from harness.run import run
-from kvstore.environment import enter_profile
+from kvstore.environment import PROFILES, enter_profile
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
@@ -26,4 +28,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    for arg in sys.argv[1:]:  # re-execute before Hydra makes a run folder (main checks again for config files)
+        name, _, value = arg.lstrip("+").partition("=")
+        if name == "determinism.profile" and value in PROFILES:  # a sweep (a,b) is entered per job in main
+            enter_profile(value)
     main()
