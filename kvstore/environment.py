@@ -247,8 +247,8 @@ def enter_profile(profile: str) -> None:
             else:
                 os.environ.pop(var, None)
         return
-    if os.environ.get(_REEXEC_MARK) == profile:
-        check_profile(profile)  # re-executed once already and still not in force: say why
+    if os.environ.get(_REEXEC_MARK):
+        check_profile(profile)  # re-executed once already (one profile per process, e.g. not a sweep): say why
     env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES}
     env.update(want)
     env[_REEXEC_MARK] = profile
