@@ -1,24 +1,35 @@
 """Experiment tracking: log a finished run folder to MLflow, or record why it is pending.
 
-The run folder (``harness/RUN_FORMAT.md``) is the record; MLflow is an index over it. :func:`log_run_dir`
-reads the config, summary and manifest through ``harness.run_folder.RunFolder`` and logs
+The run folder (``harness/RUN_FORMAT.md``) is the record; MLflow is an index over it, laid out with MLflow 3's
+own concepts so its UI shows the work. :func:`log_run_dir` reads the folder through
+``harness.run_folder.RunFolder`` and logs one run:
 
-- params: the flattened resolved config (``decoding.max_new_tokens`` ...),
-- metrics: every numeric leaf of the summary (``scores.accuracy``, ``tokens.decode``,
-  ``groups.recurring.accuracy``; ``pass@1`` becomes ``pass_at_1`` because MLflow names may not contain ``@``),
-- tags: condition, model/tokenizer fingerprints, git commit, manifest SHA-256, run folder,
-- artifacts: every file of the folder,
+- name ``<condition> [recurring|held-out] | <dataset> | <model> | <folder>``, the real start and end time
+  (``summary.json`` ``started_at``/``finished_at``; older folders: summary.json's mtime minus ``run_wall_s``),
+  a description (``mlflow.note.content``) and tags condition, group, model, dataset, library, comparable_key,
+  fingerprints, git commit, manifest SHA-256, run folder;
+- params: the flattened resolved config (``decoding.max_new_tokens`` ...); metrics: every numeric leaf of the
+  summary (``scores.accuracy``, ``groups.recurring.accuracy``; ``pass@1`` becomes ``pass_at_1``);
+- the problem set as a dataset input (:func:`dataset_digest` of the manifest's problem hashes, source the
+  file or hub id), so the runs table's Datasets column and filter work;
+- the per-problem outputs as an MLflow table, ``outputs_table.json`` (:func:`outputs_table`);
+- every file of the folder as artifacts, and (``tracking.traces``, default on) one trace per attempt with
+  its score as feedback (``harness.tracing``);
 
 then writes ``tracking.json`` (``{"tracking_uri", "experiment", "run_id"}``) into the folder.
 :func:`try_log_run_dir` never raises: on failure it warns and writes ``tracking.json`` with
 ``{"pending": true, "reason", "tracking_uri", "experiment"}``; log such runs later with
-``python scripts/log_run.py RUN_DIR``. :func:`log_comparison` logs the compare job's ``comparison.json``
-(``harness.compare``) as a run of its own, its figures as metrics (``graft_recurring.comparison.token_reduction``).
+``python scripts/log_run.py RUN_DIR``. :func:`log_comparison` logs the compare job (``harness.compare``) as the
+parent run of the runs it compares (their ``mlflow.parentRunId``), with its figures as metrics and plots
+(``harness.report``) as image artifacts. The experiment is tagged ``mlflow.experimentKind =
+custom_model_development``, so the UI opens on its runs rather than on the GenAI trace overview.
 
 Pitfalls handled (``DESIGN.md``): the store is an absolute ``sqlite:////abs/path/runs/mlflow.db`` URI
 (the ``./mlruns`` file store is deprecated) with artifacts next to it in ``mlartifacts/``; the experiment
 is get-or-created once and every write is retried on SQLite's "database is locked" (parallel Hydra
-jobs). ``mlflow`` is imported lazily because importing it takes seconds.
+jobs). An ``http(s)`` URI fails fast: the server's port is probed first and MLflow's HTTP retries and
+timeout are bounded (``tracking.http_retries``, ``tracking.http_timeout_s``; MLflow's defaults wait ~250 s on a
+dead port). ``mlflow`` is imported lazily because importing it takes seconds.
 """
 
 from __future__ import annotations
@@ -29,29 +40,33 @@ import math
 import os
 import random
 import re
+import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
+from harness import run_view
 from harness.errors import RunFolderError, TrackingError
 from harness.run_folder import TRACKING, RunFolder
 
 if TYPE_CHECKING:
+    import pandas as pd
     from mlflow import MlflowClient
-
-    from harness.record import Summary
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
+    "EXPERIMENT_KIND",
     "MAX_PARAM_VALUE_LENGTH",
     "default_tracking_uri",
     "flatten",
+    "http_fail_fast",
     "log_comparison",
     "log_run_dir",
     "metric_leaves",
+    "log_report",
     "try_log_run_dir",
 ]
 
@@ -60,6 +75,7 @@ MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 _MAX_PARAMS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
 _MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 _LOCK_RETRIES = 8
+EXPERIMENT_KIND = "custom_model_development"  # mlflow.experimentKind: the UI opens on runs, not the GenAI overview
 _INVALID_NAME_CHARS = re.compile(r"[^/\w.\- ]")  # MLflow's portable name alphabet (no ':' on Windows)
 
 T = TypeVar("T")
@@ -178,45 +194,61 @@ def _store_init_lock(tracking_uri: str) -> Iterator[None]:
 
 
 def _get_or_create_experiment(client: MlflowClient, tracking_uri: str, name: str) -> str:
+    """The experiment's id (created with artifacts next to a SQLite store), tagged with EXPERIMENT_KIND unless
+    it already carries a kind (a choice made in the UI is kept)."""
     from mlflow.exceptions import MlflowException
 
     found = _retry(lambda: client.get_experiment_by_name(name), "get experiment")
+    if found is not None and found.lifecycle_stage == "deleted":
+        raise TrackingError(
+            f"MLflow experiment {name!r} is deleted in {tracking_uri}; restore it "
+            "(mlflow experiments restore) or choose another tracking.experiment"
+        )
+    if found is None:
+        try:
+            location = _artifact_location(tracking_uri, name)
+            experiment_id = _retry(lambda: client.create_experiment(name, artifact_location=location), "create")
+        except MlflowException:
+            # Another job created it between our lookup and create (RESOURCE_ALREADY_EXISTS).
+            found = _retry(lambda: client.get_experiment_by_name(name), "get experiment")
+            if found is None:
+                raise
     if found is not None:
-        if found.lifecycle_stage == "deleted":
-            raise TrackingError(
-                f"MLflow experiment {name!r} is deleted in {tracking_uri}; restore it "
-                "(mlflow experiments restore) or choose another tracking.experiment"
-            )
-        return found.experiment_id
+        experiment_id = found.experiment_id
+        if "mlflow.experimentKind" in found.tags:
+            return experiment_id
+    _retry(lambda: client.set_experiment_tag(experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND), "kind")
+    return experiment_id
+
+
+@contextlib.contextmanager
+def http_fail_fast(tracking_uri: str, *, retries: int = 2, timeout_s: int = 10) -> Iterator[None]:
+    """For an ``http(s)`` URI: probe the server's port (a dead one is a TrackingError in at most `timeout_s`),
+    then bound MLflow's HTTP retries and per-request timeout for the duration. Variables the user set win.
+    Other URIs pass through untouched."""
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme not in ("http", "https"):
+        yield
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
-        location = _artifact_location(tracking_uri, name)
-        return _retry(lambda: client.create_experiment(name, artifact_location=location), "create experiment")
-    except MlflowException:
-        # Another job created it between our lookup and create (RESOURCE_ALREADY_EXISTS).
-        found = _retry(lambda: client.get_experiment_by_name(name), "get experiment")
-        if found is None:
-            raise
-        return found.experiment_id
-
-
-def _tags(run_dir: Path, summary: Summary, manifest: dict[str, Any]) -> dict[str, str]:
-    inputs = manifest.get("inputs") or {}
-    code = inputs.get("code") or {}
-    energy = summary.energy
-    tags = {
-        "condition": summary.condition,
-        "model": summary.model,
-        "dataset": summary.dataset,
-        "model_fingerprint": inputs.get("model_fingerprint"),
-        "tokenizer_fingerprint": inputs.get("tokenizer_fingerprint"),
-        "git_commit": code.get("commit"),
-        "git_dirty": code.get("dirty"),
-        "mlflow.source.git.commit": code.get("commit"),
-        "manifest_sha256": manifest.get("manifest_sha256"),
-        "energy_status": energy.get("status") if isinstance(energy, dict) else None,
-        "run_dir": str(run_dir),
-    }
-    return {k: _scalar_text(v) for k, v in tags.items() if v is not None}
+        socket.create_connection((parsed.hostname or "localhost", port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise TrackingError(
+            f"MLflow tracking server {tracking_uri} is not reachable ({exc.strerror or exc}); start it, or set "
+            "tracking.uri to a reachable server (or tracking=off); the run folder is complete and can be logged "
+            "later with `make log-run RUN=<run folder>`"
+        ) from exc
+    values = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(retries), "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s),
+              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}  # fmt: skip
+    unset = [k for k in values if k not in os.environ]
+    for k in unset:
+        os.environ[k] = values[k]
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -246,33 +278,53 @@ def _log(
     params: dict[str, str],
     metrics: Any,
     files: list[tuple[Path, str | None]],
+    times_ms: tuple[int, int] | None = None,
+    datasets: list[Any] | None = None,
+    table: dict[str, list[Any]] | pd.DataFrame | None = None,
+    table_file: str = run_view.TABLE_FILE,
+    then: Callable[[MlflowClient, str, str], None] | None = None,
 ) -> str:
-    """Create one finished MLflow run with these tags, params, metrics and files; return its id."""
+    """Create one finished MLflow run (start/end `times_ms`, default now) with these tags, params, metrics,
+    dataset inputs, table and files; `then(client, experiment_id, run_id)` runs before it is marked finished.
+    Returns the run id."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
+    start_ms, end_ms = times_ms or (int(time.time() * 1000),) * 2
     with _store_init_lock(tracking_uri):
         client = MlflowClient(tracking_uri=tracking_uri)
         experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
-    run = _retry(lambda: client.create_run(experiment_id, run_name=run_name, tags=tags), "create run")
+    run = _retry(lambda: client.create_run(experiment_id, start_time=start_ms, tags=tags, run_name=run_name),
+                 "create run")  # fmt: skip
     run_id = run.info.run_id
     try:
-        now_ms = int(time.time() * 1000)
         params_ = [Param(_mlflow_name(k), v) for k, v in params.items()]
-        metrics_ = [Metric(k, v, now_ms, 0) for k, v in metric_leaves(metrics)]
+        metrics_ = [Metric(k, v, end_ms, 0) for k, v in metric_leaves(metrics)]
         for chunk in _chunks(params_, _MAX_PARAMS_PER_BATCH):
             _retry(lambda chunk=chunk: client.log_batch(run_id, params=chunk), "log params")
         for chunk in _chunks(metrics_, _MAX_METRICS_PER_BATCH):
             _retry(lambda chunk=chunk: client.log_batch(run_id, metrics=chunk), "log metrics")
+        if datasets:
+            _retry(lambda: client.log_inputs(run_id, datasets=datasets), "log dataset input")
+        if table is not None:
+            _retry(lambda: client.log_table(run_id, table, table_file), "log table")
         for path, parent in files:
             client.log_artifact(run_id, str(path), artifact_path=parent)
-        _retry(lambda: client.set_terminated(run_id, "FINISHED"), "finish run")
+        if then is not None:
+            then(client, experiment_id, run_id)
+        _retry(lambda: client.set_terminated(run_id, "FINISHED", end_time=end_ms), "finish run")
     except BaseException:
         with contextlib.suppress(Exception):  # keep the original error
-            client.set_terminated(run_id, "FAILED")
+            client.set_terminated(run_id, "FAILED", end_time=end_ms)
         raise
     return run_id
+
+
+def _tracking_settings(config: dict[str, Any]) -> dict[str, Any]:
+    t = config.get("tracking") if isinstance(config.get("tracking"), dict) else {}
+    return {"traces": bool(t.get("traces", True)), "retries": int(t.get("http_retries", 2)),
+            "timeout_s": int(t.get("http_timeout_s", 10))}  # fmt: skip
 
 
 def log_run_dir(
@@ -282,36 +334,103 @@ def log_run_dir(
     experiment: str,
     run_name: str | None = None,
     extra_tags: dict[str, Any] | None = None,
+    traces: bool | None = None,
 ) -> str:
-    """Log a complete run folder to MLflow, write ``tracking.json`` into it, and return the run id.
+    """Log a complete run folder to MLflow (module docstring), write ``tracking.json`` into it, return the run id.
 
-    Raises :class:`TrackingError` when a run file is missing or unreadable; MLflow/connection errors
-    propagate (use :func:`try_log_run_dir` when a failure must not stop the caller).
+    `traces` defaults to the run's ``tracking.traces`` (on when absent). Raises :class:`TrackingError` when a
+    run file is missing or unreadable, or an http(s) server is unreachable; other MLflow errors propagate
+    (use :func:`try_log_run_dir` when a failure must not stop the caller). A failure while logging traces
+    only warns: the run is logged, tagged ``traces=failed: <reason>``.
     """
     folder = RunFolder(Path(run_dir).resolve())
     try:
         config, summary, manifest = folder.read_config(), folder.read_summary(), folder.read_manifest()
+        rows, problems = folder.read_rows(), folder.read_problems()
     except RunFolderError as exc:
         raise TrackingError(f"{exc} (log_run_dir needs a complete run folder)") from exc
-    tags = _tags(folder.path, summary, manifest)
+    settings = _tracking_settings(config)
+    group = run_view.run_group(summary, config)
+    tags = run_view.run_tags(folder, summary, manifest, group, config)
     tags.update({k: _scalar_text(v) for k, v in (extra_tags or {}).items() if v is not None})
+    name = run_name or run_view.run_name(summary, group, folder)
     files = [(p, None if p.parent == folder.path else p.parent.relative_to(folder.path).as_posix())
              for p in _artifact_files(folder.path)]  # fmt: skip
-    run_id = _log(tracking_uri, experiment, run_name or folder.name, tags=tags, params=flatten(config),
-                  metrics=summary.to_json(), files=files)  # fmt: skip
+    times = run_view.run_times_ms(folder, summary)
+
+    def log_traces(client: MlflowClient, experiment_id: str, run_id: str) -> None:
+        from harness.tracing import log_traces
+
+        try:
+            log_traces(rows, tracking_uri=tracking_uri, experiment_id=experiment_id, run_id=run_id,
+                       started_at=summary.started_at, fallback_start_s=times[0] / 1000,
+                       tags={k: tags[k] for k in ("condition", "group", "model", "dataset") if k in tags})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the run itself is logged; say what is missing
+            client.set_tag(run_id, "traces", f"failed: {type(exc).__name__}: {exc}"[:500])
+            warnings.warn(f"MLflow traces of {folder.path} not logged ({type(exc).__name__}: {exc})",
+                          RuntimeWarning, stacklevel=2)  # fmt: skip
+
+    with http_fail_fast(tracking_uri, retries=settings["retries"], timeout_s=settings["timeout_s"]):
+        dataset = run_view.dataset_input(config, summary, manifest, problems)
+        run_id = _log(tracking_uri, experiment, name, tags=tags, params=flatten(config), metrics=summary.to_json(),
+                      files=files, times_ms=times, datasets=[dataset], table=run_view.outputs_table(rows),
+                      then=log_traces if (settings["traces"] if traces is None else traces) else None)  # fmt: skip
     folder.write_tracking({"tracking_uri": tracking_uri, "experiment": experiment, "run_id": run_id})
     return run_id
 
 
 def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str, experiment: str) -> str:
-    """Log the compare job's comparison (written at `path`) as an MLflow run named after its folder:
-    metrics are its numeric leaves, tags its comparable key and the runs it compares; returns the run id."""
-    tags = {"job": "compare", "comparable_key": comparison.get("comparable_key"),
-            **{f"run.{_slug(k)}": v for k, v in (comparison.get("runs") or {}).items()}}  # fmt: skip
+    """Log the compare job's comparison (written at `path`) as the parent run of the runs it compares.
+
+    Metrics are its numeric leaves (``graft_held_out.comparison.token_reduction``); tags its comparable key,
+    the runs it compares, model and dataset; plots (``harness.report.comparison_plots``) are written next to
+    `path` and logged as images; each compared run already logged to this store (its ``tracking.json``)
+    gets ``mlflow.parentRunId`` = this run, so the UI nests it. Returns the run id."""
+    from harness.report import comparison_plots
+
+    path = Path(path)
+    folders = {label: RunFolder(p) for label, p in (comparison.get("runs") or {}).items()}
+    summaries, rows, children = {}, {}, []
+    for label, folder in folders.items():
+        with contextlib.suppress(RunFolderError):
+            summaries[label], rows[label] = folder.read_summary(), folder.read_rows()
+        record = folder.read_tracking()
+        if record.get("run_id") and record.get("tracking_uri") == tracking_uri:
+            children.append(record["run_id"])
+    first = next(iter(summaries.values()), None)
+    model, dataset = (first.model, first.dataset) if first else (None, None)
+    starts = [run_view.run_times_ms(folders[k], s)[0] for k, s in summaries.items()]
+    end_ms = int(path.stat().st_mtime * 1000)
+    plots = comparison_plots(rows, comparison, path.parent)
     metrics = {_slug(label): figures for label, figures in (comparison.get("summaries") or {}).items()}
-    return _log(tracking_uri, experiment, f"compare-{Path(path).parent.name}",
-                tags={k: _scalar_text(v) for k, v in tags.items() if v is not None}, params={},
-                metrics=metrics, files=[(Path(path), None)])  # fmt: skip
+    lines = [f"**graft vs baseline** on `{dataset}` with `{model}`: runs nested below, figures as metrics "
+             "(`<run>.comparison.*`: accuracy_delta, token_reduction, wall/cpu/energy factors), plots as artifacts.",
+             "", f"comparison.json: `{path}`"]  # fmt: skip
+    tags = {"job": "compare", "condition": "compare", "comparable_key": comparison.get("comparable_key"),
+            "model": model, "dataset": dataset, "mlflow.note.content": "\n".join(lines),
+            **{f"run.{_slug(k)}": v for k, v in (comparison.get("runs") or {}).items()}}  # fmt: skip
+
+    def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
+        for child in children:
+            _retry(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
+
+    name = " | ".join(x for x in ("compare", dataset, model, path.parent.name) if x)
+    with http_fail_fast(tracking_uri):
+        return _log(tracking_uri, experiment, name, tags={k: _scalar_text(v) for k, v in tags.items() if v is not None},
+                    params={}, metrics=metrics, files=[(path, None), *((p, "plots") for p in plots)],
+                    times_ms=(min([*starts, end_ms]), end_ms), then=adopt)  # fmt: skip
+
+
+def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracking_uri: str, experiment: str) -> str:
+    """Log a sweep report (``harness.report``) as a run ``report | <folder>``: the table as ``report_table.json``
+    (an MLflow table), its files as artifacts. Returns the run id."""
+    note = (f"**Report** over the {len(table)} runs under `{root}`: accuracy with 95% intervals, tokens, time and "
+            "energy per config (`report_table.json`, `report.csv`, plots).")  # fmt: skip
+    tags = {"job": "report", "condition": "report", "run_dir": str(Path(root).resolve()), "mlflow.note.content": note}
+    with http_fail_fast(tracking_uri):
+        return _log(tracking_uri, experiment, f"report | {Path(root).resolve().name}", tags=tags, params={},
+                    metrics={}, files=[(Path(f), None) for f in files], table=table,
+                    table_file="report_table.json")  # fmt: skip
 
 
 def _slug(label: str) -> str:
