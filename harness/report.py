@@ -83,7 +83,8 @@ def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, An
                   [p if s == 0 else f"{p}#{s}" for p, s in keys], rotation=45, ha="right", fontsize=8)  # fmt: skip
     ax.set_ylabel("decode tokens")
     ax.set_title("decode tokens per problem")
-    ax.legend()
+    if rows:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "decode_tokens.png", dpi=100)
     plt.close(fig)

@@ -167,4 +167,120 @@ def test_log_comparison_logs_each_runs_figures_under_a_slug(tmp_path: Path, sqli
     assert run.data.metrics["graft_held_out.comparison.token_reduction"] == 3.25
     assert run.data.metrics["baseline.scores.accuracy"] == 0.0
     assert run.data.tags["run.graft_held_out"] == "runs/graft/b-held_out" and run.data.tags["job"] == "compare"
-    assert run.info.run_name == "compare-stamp"
+    assert run.info.run_name == "compare | stamp"
+
+
+def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: str) -> None:
+    """Name with condition/dataset/model, the real start and end from summary.json, a description, the
+    problem set as a dataset input whose digest is the manifest's, the per-problem table, the experiment kind."""
+    from mlflow import MlflowClient
+
+    from harness.run_folder import RunFolder
+    from harness.run_view import dataset_digest
+
+    summary = json.loads((fake_run / "summary.json").read_text())
+    summary["started_at"], summary["finished_at"] = "2026-01-02T03:04:05+00:00", "2026-01-02T03:05:07.500000+00:00"
+    (fake_run / "summary.json").write_text(json.dumps(summary))  # (the manifest hash no longer matches: unused)
+    run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    run = client.get_run(run_id)
+    assert run.info.run_name == f"baseline | toy | toy-model | {fake_run.name}"
+    assert run.info.end_time - run.info.start_time == 62_500
+    assert run.info.start_time == 1767323045000
+    assert {"condition": "baseline", "model": "toy-model", "dataset": "toy"}.items() <= run.data.tags.items()
+    assert "accuracy 0.750" in run.data.tags["mlflow.note.content"]
+    [dataset_input] = run.inputs.dataset_inputs
+    manifest = RunFolder(fake_run).read_manifest()
+    assert dataset_input.dataset.name == "toy"
+    assert dataset_input.dataset.digest == dataset_digest(manifest) and len(dataset_input.dataset.digest) == 32
+    assert json.loads(dataset_input.dataset.profile)["num_rows"] == 2
+    table = json.loads(Path(client.download_artifacts(run_id, "outputs_table.json")).read_text())
+    rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    assert [(r["problem_id"], r["sample"], r["extracted"], r["gold"], r["correct"]) for r in rows] == [
+        ("toy-1", 0, "42", "42", True), ("toy-1", 1, "32", "42", False), ("toy-2", 0, "9", "9", True)]
+    assert {"decode_tokens", "grafted_tokens", "prefill_tokens", "ttft_s", "entry_id", "similarity",
+            "stop_reason"} <= set(table["columns"])
+    experiment = client.get_experiment_by_name("kvgraft-test")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_folder_without_recorded_times_uses_its_summary_mtime_and_run_wall(fake_run: Path, sqlite_uri: str) -> None:
+    from mlflow import MlflowClient
+
+    mtime = (fake_run / "summary.json").stat().st_mtime
+    run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
+    info = MlflowClient(tracking_uri=sqlite_uri).get_run(run_id).info
+    assert info.end_time == int(mtime * 1000) and info.end_time - info.start_time == 2500  # run_wall_s 2.5
+
+
+def test_a_closed_http_port_marks_the_run_pending_within_seconds(
+    fake_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's own defaults (7 retries, 120 s timeout) wait minutes on a dead port; we fail in seconds."""
+    import socket
+    import time
+
+    for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as s:  # a port that was free a moment ago and now has no listener
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="not reachable"):
+        assert try_log_run_dir(fake_run, tracking_uri=f"http://127.0.0.1:{port}", experiment="x") is None
+    assert time.perf_counter() - t0 < 10
+    pending = json.loads((fake_run / "tracking.json").read_text())
+    assert pending["pending"] is True and "not reachable" in pending["reason"]
+
+
+def test_http_fail_fast_bounds_mlflow_retries_only_for_http_and_only_while_logging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+    import socket
+
+    from harness.tracking import http_fail_fast
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")  # the user's setting wins
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with http_fail_fast(f"http://127.0.0.1:{server.getsockname()[1]}", retries=1, timeout_s=5):
+            assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1"
+            assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3"
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+    with http_fail_fast("sqlite:////tmp/x.db", retries=1):
+        assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
+    tmp_path: Path, sqlite_uri: str, fakerun: ModuleType
+) -> None:
+    from mlflow import MlflowClient
+
+    from harness.compare import comparison
+    from harness.run_folder import RunFolder
+    from harness.tracking import log_comparison
+
+    folders = {label: RunFolder(fakerun.build_fake_run(tmp_path / name))
+               for label, name in [("baseline", "base"), ("graft (held-out)", "graft-held_out")]}  # fmt: skip
+    children = {label: log_run_dir(f.path, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
+                for label, f in folders.items()}  # fmt: skip
+    result = comparison("k" * 64, folders, {label: f.read_summary() for label, f in folders.items()})
+    path = tmp_path / "compare" / "2026-01-01_00-00-00-000000" / "comparison.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result))
+    parent = log_comparison(path, result, tracking_uri=sqlite_uri, experiment="kvgraft-test")
+
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    for child in children.values():
+        assert client.get_run(child).data.tags["mlflow.parentRunId"] == parent
+    run = client.get_run(parent)
+    assert run.info.run_name == "compare | toy | toy-model | 2026-01-01_00-00-00-000000"
+    assert run.data.metrics["graft_held_out.comparison.accuracy_delta"] == 0.0
+    starts = [client.get_run(c).info.start_time for c in children.values()]
+    assert run.info.start_time == min(starts) and run.info.end_time >= max(starts)
+    plots = {a.path for a in client.list_artifacts(parent, "plots")}
+    assert plots == {"plots/accuracy.png", "plots/decode_tokens.png", "plots/ttft.png"}
+    assert all((path.parent / Path(p).name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
