@@ -47,13 +47,15 @@ class Context:
     make_cache: Callable[[], Any] | None = None  # a fresh cache holding `grafted` (or fresh-computed) tokens
     grafted: int = 0  # tokens restored from an artifact (graft only)
     match: Match | None = None
+    precomputed: int = 0  # tokens make_cache computes fresh (incontext: the entry), counted as prefill
 
 
 def _completion(ctx: Context, gen: Generation, setup_s: float) -> Completion:
     m = ctx.match
     return Completion(
         prompt=ctx.prompt, context_ids=ctx.context_ids, text=gen.text, token_ids=gen.token_ids,
-        stop_reason=gen.stop_reason, prefill_tokens=gen.prefill_tokens, grafted_tokens=ctx.grafted,
+        stop_reason=gen.stop_reason, prefill_tokens=ctx.precomputed + gen.prefill_tokens,
+        grafted_tokens=ctx.grafted,
         decode_tokens=gen.decode_tokens, first_logits_sha256=gen.first_logits_sha256,
         ttft_s=round(setup_s + gen.ttft_s, 6),
         seed=gen.seed, entry_id=m.entry.entry_id if m else None, artifact_id=m.entry.artifact_id if m else None,
@@ -150,7 +152,7 @@ class InContext(Graft):
         context = entry_ids + self.fm.encode(prompt, add_bos=False)
         # `prefill` from position 0 in chunks of determinism.prefill_chunk: deposit_tokens' schedule exactly,
         # so the cache holds the bits the artifact holds, computed now instead of read.
-        return Context(prompt, context, lambda: prefill(self.fm, entry_ids)[0], 0, match)
+        return Context(prompt, context, lambda: prefill(self.fm, entry_ids)[0], 0, match, len(entry_ids))
 
 
 CONDITIONS: dict[str, type[Baseline]] = {"baseline": Baseline, "graft": Graft, "incontext": InContext}

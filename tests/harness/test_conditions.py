@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.conditions import CONDITIONS, Baseline, Graft, build_condition
+from harness.answers import score
+from harness.conditions import CONDITIONS, Baseline, Graft, InContext, build_condition
 from harness.config import compose_config, typed
 from harness.errors import ConfigError, LibraryError
 from harness.library import build_library, open_library
+from harness.pairing import pair
 from harness.problems import load_problems
-from harness.record import HELD_OUT, RECURRING
-from kvstore import load_frozen_model
+from harness.record import HELD_OUT, RECURRING, Row
+from kvstore import Determinism, load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,13 +51,13 @@ def _condition(name, cfg, fm, library_cfg=None):
 
 
 def test_the_registry_is_the_one_place_that_knows_condition_names():
-    assert CONDITIONS == {"baseline": Baseline, "graft": Graft}
+    assert CONDITIONS == {"baseline": Baseline, "graft": Graft, "incontext": InContext}
     assert all(cls.name == name for name, cls in CONDITIONS.items())
-    assert not Baseline.uses_library and Graft.uses_library
+    assert not Baseline.uses_library and Graft.uses_library and InContext.uses_library
 
 
 def test_an_unknown_condition_is_a_config_error_naming_the_choices(cfg, fm):
-    with pytest.raises(ConfigError, match=r"condition='grafted' is not one of \['baseline', 'graft'\]"):
+    with pytest.raises(ConfigError, match=r"condition='grafted' is not one of \['baseline', 'graft', 'incontext'\]"):
         _condition("grafted", cfg, fm)
 
 
@@ -103,3 +105,51 @@ def test_held_out_graft_with_no_retrieval_falls_back_to_the_query_alone(cfg, fm,
 def test_an_unknown_retrieval_is_refused_when_the_library_is_opened(fm, built):
     with pytest.raises(LibraryError, match="library.retrieval='dense'"):
         open_library(built.__class__(**{**built.__dict__, "retrieval": "dense"}), fm, REPO)
+
+
+def _rows(cond, problems, samples):
+    out = []
+    for p in problems:
+        for c, s in zip(cond.complete_samples(p, samples), samples, strict=True):
+            out.append(Row.scored(p.id, s, cond.name, cond.group(c), c, p.answer, score(c.text, p.answer), wall_s=0.0,
+                                  cpu_s=0.0, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("model,dtype", [("tiny-gemma3", "float32"), ("tiny-llama", "float32"),
+                                         ("tiny-gemma3", "bfloat16")])  # fmt: skip
+@pytest.mark.parametrize("exclude_self", [False, True])
+def test_incontext_rows_are_bit_identical_to_graft_rows(tmp_path_factory, problems, model, dtype, exclude_self):
+    """The control: the entry read in context (computed fresh, deposit schedule) gives the graft's rows exactly:
+    same context, same first-logits SHA-256, same completion tokens; sliding + full layers (tiny-gemma3, window
+    16, entries far longer) and full-only (tiny-llama); fp32 and bf16."""
+    fm = load_frozen_model(model, Determinism(dtype=dtype))
+    tmp = tmp_path_factory.mktemp(f"pair-{model}-{dtype}")
+    c = typed(compose_config([
+        "model=tiny_gemma3", f"model.source={model}", f"determinism.dtype={dtype}", f"project_root={REPO}",
+        "decoding=sample", "decoding.max_new_tokens=6", "decoding.n_samples=2", f"library.root={tmp}/library",
+        f"library.store={tmp}/store", "tracking=off", f"library.exclude_self={str(exclude_self).lower()}",
+    ]))  # fmt: skip
+    build_library(c.library, fm, REPO, progress=False)
+    some = problems[:3]
+    graft = _rows(_condition("graft", c, fm), some, [0, 1])
+    incontext = _rows(_condition("incontext", c, fm), some, [0, 1])
+    assert all(r.completion.match is not None and r.completion.grafted_tokens > 16 for r in graft)
+    assert all(r.completion.grafted_tokens == 0 for r in incontext)
+    assert [r.completion.prefill_tokens for r in incontext] == [
+        r.completion.prefill_tokens + r.completion.grafted_tokens for r in graft]
+    result = pair(graft, incontext)
+    assert result.ok and result.identical == 6, result.differences
+    assert len({r.completion.first_logits_sha256 for r in graft}) == 3  # one context per problem, distinct
+
+
+def test_batched_samples_reproduce_and_record_their_seeds(cfg, fm, problems, built):
+    d = replace(cfg.decoding, strategy="sample", n_samples=4, batch_size=4, max_new_tokens=8, seed=5)
+    cond = build_condition("graft", fm, cfg.prompt, d, built, REPO)
+    a = cond.complete_samples(problems[0], [0, 1, 2, 3])
+    b = cond.complete_samples(problems[0], [0, 1, 2, 3])
+    assert [x.seed for x in a] == [5, 6, 7, 8]
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.first_logits_sha256 for x in a] == [x.first_logits_sha256 for x in b]
+    assert len({tuple(x.token_ids) for x in a}) > 1  # the rows really sample with their own seeds
+    assert all(x.stop_reason in ("eos", "stop", "length") for x in a)
