@@ -20,6 +20,12 @@ from harness.metrics import summarize_groups, summarize_scores
 SUMMARY_FORMAT = "kvgraft-summary/1"
 RECURRING, HELD_OUT = "recurring", "held_out"
 TOKEN_KINDS = ("prompt", "prefill", "grafted", "decode")
+STOP_REASONS = ("eos", "stop", "length")  # harness.decode: end of sequence, a stop string, the token budget
+
+
+def stop_reason_counts(rows: Sequence[Row]) -> dict[str, int]:
+    """How many rows ended at EOS, at a stop string and at their token budget ("length")."""
+    return {k: sum(r.completion.stop_reason == k for r in rows) for k in STOP_REASONS}
 
 
 def group_for(match: str | None) -> str:
@@ -42,6 +48,7 @@ class Completion:
     decode_tokens: int  # generated tokens (forward passes after prefill)
     first_logits_sha256: str | None = None  # SHA-256 of the logits that picked the first token, if recorded
     ttft_s: float | None = None  # time to first token, if recorded
+    seed: int | None = None  # the sampling seed of this row (None for greedy)
     entry_id: str | None = None  # the library entry grafted (graft only)
     artifact_id: str | None = None
     similarity: float | None = None  # 1.0 for an exact match, the BM25 score otherwise
@@ -83,7 +90,7 @@ class Row:
             "gold_answer": self.gold, "extracted": self.extracted, "answer": self.answer, "correct": self.correct,
             "prompt_tokens": len(c.context_ids), "prefill_tokens": c.prefill_tokens,
             "grafted_tokens": c.grafted_tokens, "decode_tokens": c.decode_tokens,
-            "first_logits_sha256": c.first_logits_sha256, "ttft_s": c.ttft_s,
+            "first_logits_sha256": c.first_logits_sha256, "ttft_s": c.ttft_s, "seed": c.seed,
             "wall_s": self.wall_s, "cpu_s": self.cpu_s, "energy_j": self.energy_j,
             "energy_status": self.energy_status, "entry_id": c.entry_id, "artifact_id": c.artifact_id,
             "similarity": c.similarity, "match": c.match,
@@ -92,14 +99,14 @@ class Row:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Row:
         """The row of an outputs.jsonl line; keys added after format 1 began (group, first_logits_sha256,
-        ttft_s) read as None when absent. A missing original key raises KeyError naming it."""
+        ttft_s, seed) read as None when absent. A missing original key raises KeyError naming it."""
         completion = Completion(
             prompt=d["prompt"], context_ids=list(d["prompt_token_ids"]), text=d["completion"],
             token_ids=list(d["completion_token_ids"]), stop_reason=d["stop_reason"],
             prefill_tokens=d["prefill_tokens"], grafted_tokens=d["grafted_tokens"],
             decode_tokens=d["decode_tokens"], first_logits_sha256=d.get("first_logits_sha256"),
-            ttft_s=d.get("ttft_s"), entry_id=d.get("entry_id"), artifact_id=d.get("artifact_id"),
-            similarity=d.get("similarity"), match=d.get("match"),
+            ttft_s=d.get("ttft_s"), seed=d.get("seed"), entry_id=d.get("entry_id"),
+            artifact_id=d.get("artifact_id"), similarity=d.get("similarity"), match=d.get("match"),
         )  # fmt: skip
         return cls(d["problem_id"], d["sample"], d["condition"], d.get("group"), completion, d["gold_answer"],
                    d["extracted"], d["answer"], d["correct"], d["wall_s"], d["cpu_s"], d["energy_j"],
@@ -107,7 +114,8 @@ class Row:
 
 
 def totals(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
-    """Token and time totals over rows: {"tokens": {prompt, prefill, grafted, decode}, "time": {wall_s, cpu_s}}."""
+    """Token and time totals over rows: {"tokens": {prompt, prefill, grafted, decode},
+    "time": {wall_s, cpu_s, ttft_s}}."""
     per_kind = {
         "prompt": lambda r: len(r.completion.context_ids),
         "prefill": lambda r: r.completion.prefill_tokens,
@@ -116,7 +124,8 @@ def totals(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     }
     return {
         "tokens": {k: sum(per_kind[k](r) for r in rows) for k in TOKEN_KINDS},
-        "time": {"wall_s": sum(r.wall_s for r in rows), "cpu_s": sum(r.cpu_s for r in rows)},
+        "time": {"wall_s": sum(r.wall_s for r in rows), "cpu_s": sum(r.cpu_s for r in rows),
+                 "ttft_s": sum(r.completion.ttft_s or 0.0 for r in rows)},
     }
 
 
@@ -136,18 +145,22 @@ class Summary:
     groups: dict[str, dict[str, Any]] | None = None  # summarize_groups, for conditions with a library
     format: str = field(default=SUMMARY_FORMAT)
     exactness: str | None = None  # "not guaranteed exact: ..." when grafts may cross compute environments
+    stop_reasons: dict[str, int] | None = None  # stop_reason_counts of the rows
+    started_at: str | None = None  # when the run began and ended (ISO 8601, UTC); MLflow's start/end time
+    finished_at: str | None = None
 
     @classmethod
     def of(cls, rows: Sequence[Row], *, condition: str, model: str, dataset: str, run_dir: str,
            comparable_key: str | None, run_wall_s: float, energy_status: str, energy_j: float | None,
-           grouped: bool) -> Summary:
+           grouped: bool, started_at: str | None = None, finished_at: str | None = None) -> Summary:
         """The summary of a finished run's rows; `grouped` adds the recurring/held-out groups."""
         t = totals(rows)
         return cls(
             condition=condition, model=model, dataset=dataset, run_dir=run_dir,
             scores=summarize_scores(rows), tokens=t["tokens"], time={**t["time"], "run_wall_s": round(run_wall_s, 3)},
             energy={"status": energy_status, "joules": energy_j}, comparable_key=comparable_key,
-            groups=summarize_groups(rows) if grouped else None,
+            groups=summarize_groups(rows) if grouped else None, stop_reasons=stop_reason_counts(rows),
+            started_at=started_at, finished_at=finished_at,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -162,10 +175,16 @@ class Summary:
             out["groups"] = self.groups
         if self.exactness is not None:
             out["exactness"] = self.exactness
+        if self.stop_reasons is not None:
+            out["stop_reasons"] = self.stop_reasons
+        for key in ("started_at", "finished_at"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Summary:
         return cls(d["condition"], d["model"], d["dataset"], d["run_dir"], d["scores"], d["tokens"], d["time"],
                    d["energy"], d.get("comparable_key"), d.get("groups"), d.get("format", ""),
-                   d.get("exactness"))  # fmt: skip
+                   d.get("exactness"), d.get("stop_reasons"), d.get("started_at"),
+                   d.get("finished_at"))  # fmt: skip

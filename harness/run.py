@@ -12,6 +12,7 @@ import dataclasses
 import sys
 import time
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,12 +26,12 @@ from harness.config import Config, load_model, typed
 from harness.energy import make_meter
 from harness.hashing import sha256_json
 from harness.problems import load_problems
-from harness.record import Row, Summary
+from harness.record import STOP_REASONS, Row, Summary
 from harness.run_folder import RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import FrozenModel, environment_fingerprint
 
-__all__ = ["comparable_key", "load_model", "print_summary", "run"]
+__all__ = ["comparable_key", "load_model", "print_summary", "run", "run_rows"]
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get full tables
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
@@ -38,8 +39,12 @@ NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true 
 
 
 def comparable_key(cfg: DictConfig | Config, fm: FrozenModel) -> str:
-    """Runs with the same key differ only in condition/library: same model, data, prompt, decoding, settings."""
+    """Runs with the same key differ only in condition/library: same model, data, prompt, decoding (batch size
+    included: a batch need not give the bits of single rows), settings. batch_size 1 is left out of the key, so
+    runs from before it existed keep theirs."""
     c = dataclasses.asdict(typed(cfg))
+    if c["decoding"].get("batch_size") == 1:
+        del c["decoding"]["batch_size"]
     return sha256_json(
         {
             "model": fm.fingerprint,
@@ -58,6 +63,18 @@ def run(
 ) -> tuple[RunFolder, Summary]:
     """Run the configured condition over the configured problems, write the run folder (a new one under
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary."""
+    folder, summary, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing)
+    return folder, summary
+
+
+def run_rows(
+    cfg: DictConfig,
+    folder: RunFolder | str | Path | None = None,
+    fm: FrozenModel | None = None,
+    progress: bool = True,
+    build_library_if_missing: bool = False,
+) -> tuple[RunFolder, Summary, list[Row]]:
+    """`run`, also returning the rows in memory (the compare job pairs graft and incontext rows from them)."""
     c = typed(cfg)
     root = Path(c.project_root)
     if folder is None:
@@ -76,30 +93,41 @@ def run(
 
     folder.begin()
     rows: list[Row] = []
-    t_run = time.perf_counter()
+    t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
     run_meter.start()
-    jobs = [(p, s) for p in problems for s in range(c.decoding.n_samples)]
-    bar = tqdm(jobs, desc=f"{condition.name} {d.name}", unit="sample", disable=not progress)
-    for problem, sample in bar:
+    n, bs = c.decoding.n_samples, c.decoding.batch_size
+    jobs = [(p, list(range(s, min(s + bs, n)))) for p in problems for s in range(0, n, bs)]
+    bar = tqdm(total=len(problems) * n, desc=f"{condition.name} {d.name}", unit="sample", disable=not progress)
+    tokens = tqdm(total=len(problems) * n * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
+                  disable=not progress, leave=False)  # fmt: skip
+    for problem, samples in jobs:
         w0, c0 = time.perf_counter(), time.process_time()
         meter.start()
-        completion = condition.complete(problem, sample)
+        completions = condition.complete_samples(problem, samples, on_token=tokens.update)
         energy = meter.stop()
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        row = Row.scored(
-            problem.id, sample, condition.name, condition.group(completion), completion, problem.answer,
-            score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
-            energy_j=energy.joules, energy_status=energy.status,
-        )  # fmt: skip
-        rows.append(row)
-        folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+        # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
+        k = len(completions)
+        wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k
+        joules = energy.joules / k if energy.joules is not None else None
+        for sample, completion in zip(samples, completions, strict=True):
+            row = Row.scored(
+                problem.id, sample, condition.name, condition.group(completion), completion, problem.answer,
+                score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
+                energy_j=joules, energy_status=energy.status,
+            )  # fmt: skip
+            rows.append(row)
+            folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+        bar.update(k)
         bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
+    tokens.close()
+    bar.close()
     run_energy = run_meter.stop()
 
     summary = Summary.of(
         rows, condition=condition.name, model=fm.name, dataset=d.name, run_dir=str(folder.path),
         comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
         energy_status=run_energy.status, energy_j=run_energy.joules, grouped=condition.uses_library,
+        started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )  # fmt: skip
     exactness = NOT_EXACT if fm.determinism.allow_environment_mismatch else None
     if exactness:
@@ -120,12 +148,12 @@ def run(
     )
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
-        _track(folder, uri, c.tracking.experiment, f"{condition.name}-{folder.name}")
+        _track(folder, uri, c.tracking.experiment, None)  # tracking names it: condition, group, data, model
     print_summary(summary, folder)
-    return folder, summary
+    return folder, summary, rows
 
 
-def _track(folder: RunFolder, uri: str, experiment: str, run_name: str) -> None:
+def _track(folder: RunFolder, uri: str, experiment: str, run_name: str | None) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_id = try_log_run_dir(folder.path, tracking_uri=uri, experiment=experiment, run_name=run_name)
@@ -136,11 +164,18 @@ def _track(folder: RunFolder, uri: str, experiment: str, run_name: str) -> None:
         console.print(f"MLflow: run {run_id} in {uri} (experiment {experiment})")
 
 
+def stops_text(stop_reasons: dict[str, int] | None) -> str:
+    """"eos/stop/length" counts, e.g. "0/5/1"; "n/a" for a summary written before stop reasons were counted."""
+    if not stop_reasons:
+        return "n/a"
+    return "/".join(str(stop_reasons.get(k, 0)) for k in STOP_REASONS)
+
+
 def print_summary(summary: Summary, folder: RunFolder) -> None:
     s, t, e = summary.scores, summary.tokens, summary.energy
     table = Table(title=f"{summary.condition} on {summary.dataset} ({summary.model})")
-    for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok", "wall s",
-                "cpu s", "energy"):  # fmt: skip
+    for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
+                "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):  # fmt: skip
         table.add_column(col)
     table.add_row(
         str(s["n_problems"]),
@@ -149,11 +184,17 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
         str(t["prefill"]),
         str(t["grafted"]),
         str(t["decode"]),
+        f"{summary.time.get('ttft_s', 0.0) / max(s['n_rows'], 1):.3f}",
+        stops_text(summary.stop_reasons),
         f"{summary.time['wall_s']:.1f}",
         f"{summary.time['cpu_s']:.1f}",
         f"{e['joules']:.1f} J" if e["joules"] is not None else "unavailable",
     )
     console.print(table)
+    hit = (summary.stop_reasons or {}).get("length", 0)
+    if hit:
+        console.print(f"[yellow]{hit} of {s['n_rows']} rows hit the token budget (decoding.max_new_tokens): their "
+                      "answers were cut off[/]")  # fmt: skip
     console.print(f"energy: {e['status']}")
     if summary.exactness:
         console.print(f"[yellow]{summary.exactness}[/]")
