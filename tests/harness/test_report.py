@@ -1,0 +1,70 @@
+"""`make report`: one table and plots across the runs of a sweep (here a 2x2 sweep of hand-built run folders)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from harness.record import Summary
+from harness.report import main, sweep_table
+from harness.run_folder import RunFolder
+
+pytestmark = pytest.mark.usefixtures("fast_mlflow")
+
+
+def _sweep(root: Path, fakerun: ModuleType) -> Path:
+    """runs/multirun/<stamp>/<job>_baseline for max_new_tokens in (16, 32) x n_samples in (1, 2); the second
+    job of each size records energy, so the table must show joules for some and NaN (not 0) for others."""
+    sweep = root / "multirun" / "2026-01-01_00-00-00-000000"
+    rows = fakerun.make_rows()
+    for job, (tokens, samples) in enumerate([(16, 1), (16, 2), (32, 1), (32, 2)]):
+        folder = RunFolder(sweep / f"{job}_baseline")
+        config = {**fakerun.CONFIG, "decoding": {**fakerun.CONFIG["decoding"], "max_new_tokens": tokens,
+                                                 "samples": samples}, "runs_dir": f"/elsewhere/{job}"}  # fmt: skip
+        summary = Summary.of(rows[: 1 + job % 3], condition="baseline", model="toy-model", dataset="toy",
+                             run_dir=str(folder.path), comparable_key=None, run_wall_s=1.0 + job,
+                             energy_status="measured:rapl" if samples == 2 else "unavailable:no meter",
+                             energy_j=2.5 * tokens if samples == 2 else None, grouped=False)  # fmt: skip
+        folder.finish(config=config, problems=fakerun.PROBLEMS, rows=rows[: 1 + job % 3], summary=summary,
+                      prompt_template=fakerun.PROMPT_TEMPLATE, model_fingerprint="a" * 64,
+                      tokenizer_fingerprint="b" * 64, determinism={}, environment={})  # fmt: skip
+    return sweep
+
+
+def test_the_sweep_table_has_one_row_per_run_with_the_swept_keys_and_figures(tmp_path: Path, fakerun: ModuleType):
+    df = sweep_table(_sweep(tmp_path, fakerun))
+    assert list(df["run"]) == ["0_baseline", "1_baseline", "2_baseline", "3_baseline"]
+    swept = [c for c in df.columns if c.startswith("decoding.")]
+    assert swept == ["decoding.max_new_tokens", "decoding.samples"]  # runs_dir differs too, but says nothing
+    assert list(df["decoding.max_new_tokens"]) == [16, 16, 32, 32]
+    assert list(df["accuracy"]) == [1.0, 0.5, 0.75, 1.0]
+    assert list(df["n"]) == [1, 2, 3, 1]
+    assert all(lo <= a <= hi for lo, a, hi in zip(df["ci_low"], df["accuracy"], df["ci_high"], strict=True))
+    assert df["energy_j"][1] == 40.0 and math.isnan(df["energy_j"][0])  # unavailable is NaN, never 0
+
+
+def test_make_report_writes_its_table_and_plots_and_logs_them(tmp_path: Path, fakerun: ModuleType,
+                                                              sqlite_uri: str) -> None:  # fmt: skip
+    from mlflow import MlflowClient
+
+    sweep = _sweep(tmp_path, fakerun)
+    assert main([str(sweep), "--tracking-uri", sqlite_uri, "--experiment", "kvgraft-test"]) == 0
+    out = sweep / "report"
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["accuracy.png", "decode_tokens.png", "energy.png", "report.csv", "report.md", "wall_time.png"]
+    assert (out / "report.md").read_text().count("_baseline |") == 4
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    [run] = client.search_runs([client.get_experiment_by_name("kvgraft-test").experiment_id])
+    assert run.info.run_name == f"report | {sweep.name}"
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.csv", "report_table.json",
+                                                                        "accuracy.png"}  # fmt: skip
+
+
+def test_a_folder_without_runs_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--no-mlflow"])
+    assert "no complete run folder" in capsys.readouterr().err
+
