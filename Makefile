@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
-        verify-graft position-sweep replay clean
+        verify-graft position-sweep replay report clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,11 @@ rescore: setup
 log-run: setup
 	@test -n "$(RUN)" || { echo "usage: make log-run RUN=runs/<condition>/<run>"; exit 2; }
 	$(PY) scripts/log_run.py $(RUN)
+
+# One table + plots across the runs of a sweep (RUN=runs/multirun/<stamp> or any folder of run folders), logged to MLflow.
+report: setup
+	@test -n "$(RUN)" || { echo "usage: make report RUN=runs/multirun/<stamp>"; exit 2; }
+	$(PY) -m harness.report $(RUN) $(ARGS)
 
 mlflow-ui: setup
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
