@@ -1,14 +1,19 @@
-"""The main job (`make aime-graft`): graft condition vs its matching baseline, side by side.
+"""The main job (`make aime-graft`): graft vs its in-context control vs the matching baseline, side by side.
 
     python -m harness.compare [overrides]      e.g. dataset.limit=5 decoding.max_new_tokens=32
 
 1. builds the library if it is missing (library.*);
 2. finds the newest complete baseline run with the same model, dataset, prompt, decoding and determinism
    settings (summary.json `comparable_key`), or runs it first;
-3. runs the graft condition twice: recurring (the library may hold the evaluated problem) and held-out
+3. runs incontext and graft twice each: recurring (the library may hold the evaluated problem) and held-out
    (library.exclude_self=true: the evaluated problem never reaches the context);
-4. computes the comparison in memory from the three Summaries, prints it, and writes it once to
-   runs/compare/<stamp>/comparison.json (and to MLflow as a run of its own when tracking is on).
+4. computes the comparison in memory from the five Summaries and pairs every graft row with its incontext twin
+   (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it, and writes it once to
+   runs/compare/<stamp>/comparison.json (and to MLflow as a run of its own when tracking is on);
+5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
+
+`make rescore RUN=runs/compare/<stamp>` re-audits every run it lists and re-checks the pairing from the
+recorded rows (harness.audit.audit_comparison).
 """
 
 from __future__ import annotations
@@ -22,20 +27,24 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from harness.conditions import Baseline, Graft
+from harness.conditions import Baseline, Graft, InContext
 from harness.config import compose_config, load_model, typed
-from harness.errors import exit_on_error
+from harness.errors import PairingError, exit_on_error
 from harness.hashing import write_json
 from harness.library import open_library
-from harness.record import HELD_OUT, RECURRING, Summary
-from harness.run import comparable_key, console, run
+from harness.pairing import Pairing, pair
+from harness.record import HELD_OUT, RECURRING, Row, Summary
+from harness.run import comparable_key, console, run, run_rows, stops_text
 from harness.run_folder import RunFolder, stamp
 from harness.tracking import default_tracking_uri, log_comparison
 from kvstore.environment import enter_profile
 
-#: Labels of the three runs in the table and in comparison.json (graft label -> library.exclude_self).
+#: Labels of the runs in the table and in comparison.json; each group's (incontext, graft) pair and its
+#: library.exclude_self. The order is the table's.
 BASELINE_LABEL = "baseline"
-GRAFT_LABELS = {"graft (recurring)": (RECURRING, False), "graft (held-out)": (HELD_OUT, True)}
+GROUPS = {RECURRING: ("recurring", False), HELD_OUT: ("held-out", True)}
+PAIRS = {g: (f"{InContext.name} ({name})", f"{Graft.name} ({name})") for g, (name, _) in GROUPS.items()}
+GRAFT_LABELS = {PAIRS[g][1]: (g, exclude) for g, (_, exclude) in GROUPS.items()}
 
 
 def find_baseline(runs: Path, key: str) -> RunFolder | None:
@@ -59,8 +68,12 @@ def compare_summaries(baseline: Summary, other: Summary) -> dict[str, Any]:
 
     be, oe = baseline.energy, other.energy
     both_measured = be.get("joules") is not None and oe.get("joules") is not None
+    budget_hit = (baseline.stop_reasons or {}).get("length")
     return {
         "baseline_run": baseline.run_dir,
+        # rows where the baseline ran out of budget: a token reduction against them is against cut-off answers
+        "baseline_budget_hit_rows": budget_hit,
+        "baseline_rows": baseline.scores["n_rows"],
         "baseline_accuracy": baseline.scores["accuracy"],
         "baseline_accuracy_ci_low": baseline.scores["accuracy_ci_low"],
         "baseline_accuracy_ci_high": baseline.scores["accuracy_ci_high"],
@@ -69,6 +82,11 @@ def compare_summaries(baseline: Summary, other: Summary) -> dict[str, Any]:
         "baseline_decode_tokens": baseline.tokens["decode"],
         "decode_tokens": other.tokens["decode"],
         "token_reduction": factor(baseline.tokens["decode"], other.tokens["decode"]),
+        "token_reduction_note": (
+            f"against truncated answers: the baseline hit its token budget on {budget_hit} of "
+            f"{baseline.scores['n_rows']} rows" if budget_hit else None),
+        "prefill_factor": factor(baseline.tokens["prefill"], other.tokens["prefill"]),
+        "ttft_factor": factor(baseline.time.get("ttft_s"), other.time.get("ttft_s")),
         "wall_factor": factor(baseline.time["wall_s"], other.time["wall_s"]),
         "cpu_factor": factor(baseline.time["cpu_s"], other.time["cpu_s"]),
         "energy_factor": factor(be["joules"], oe["joules"]) if both_measured else None,
@@ -76,16 +94,25 @@ def compare_summaries(baseline: Summary, other: Summary) -> dict[str, Any]:
     }
 
 
-def comparison(key: str, folders: dict[str, RunFolder], summaries: dict[str, Summary]) -> dict[str, Any]:
-    """comparison.json, computed in memory: each run's figures and, for the grafts, the comparison with the
-    baseline (`summaries[BASELINE_LABEL]`)."""
+def comparison(key: str, folders: dict[str, RunFolder], summaries: dict[str, Summary],
+               pairings: dict[str, Pairing] | None = None) -> dict[str, Any]:
+    """comparison.json, computed in memory: each run's figures and, for the others, the comparison with the
+    baseline (`summaries[BASELINE_LABEL]`); `pairings` (group -> harness.pairing.Pairing of PAIRS[group]) adds
+    `pairs`: per group the two run folders, `identical_rows`, `differing_rows` and what differs."""
     base = summaries[BASELINE_LABEL]
+    pairs = {
+        group: {"graft_run": str(folders[PAIRS[group][1]].path), "incontext_run": str(folders[PAIRS[group][0]].path),
+                **p.to_json()}
+        for group, p in (pairings or {}).items()
+    }  # fmt: skip
     return {
         "comparable_key": key,
         "runs": {k: str(f.path) for k, f in folders.items()},
+        **({"pairs": pairs} if pairings is not None else {}),
         "summaries": {
             k: {
                 "scores": s.scores, "tokens": s.tokens, "time": s.time, "energy": s.energy,
+                "stop_reasons": s.stop_reasons,
                 **({"groups": s.groups} if s.groups is not None else {}),
                 "comparison": None if k == BASELINE_LABEL else compare_summaries(base, s),
             }
@@ -125,14 +152,33 @@ def print_comparison(title: str, result: dict[str, Any]) -> None:
     row("decode tokens (total)", lambda s, c: str(s["tokens"]["decode"]))
     row("decode tokens / problem", lambda s, c: f"{s['tokens']['decode'] / s[sc]['n_rows']:.1f}")
     row("grafted tokens (total)", lambda s, c: str(s["tokens"]["grafted"]))
-    row("prefill tokens (total)", lambda s, c: str(s["tokens"]["prefill"]))
+    row("prefill tokens (total)", lambda s, c: str(s["tokens"]["prefill"]) + factor("prefill_factor")(c))
+    row("TTFT s / row (factor)", lambda s, c: (
+        f"{s['time'].get('ttft_s', 0.0) / s[sc]['n_rows']:.3f}" + factor("ttft_factor")(c)))  # fmt: skip
+    row("stops eos/stop/length", lambda s, c: stops_text(s.get("stop_reasons")))
     row("token reduction (x)", lambda s, c: fmt(c.get("token_reduction")) if c else "1")
     row("wall time s (factor)", lambda s, c: f"{s['time']['wall_s']:.1f}" + factor("wall_factor")(c))
     row("cpu time s (factor)", lambda s, c: f"{s['time']['cpu_s']:.1f}" + factor("cpu_factor")(c))
     row("energy", lambda s, c: (
         (f"{s['energy']['joules']:.1f} J" if s["energy"]["joules"] is not None else "unavailable")
         + (f" ({fmt(c['energy_factor'])}x)" if c.get("energy_factor") else "")))  # fmt: skip
+    pairs = result.get("pairs") or {}
+    if pairs:
+        twin = {PAIRS[g][1]: p for g, p in pairs.items()}
+        table.add_row("rows identical to incontext", *[
+            f"{twin[k]['identical_rows']}/{twin[k]['identical_rows'] + twin[k]['differing_rows']}" if k in twin else ""
+            for k in rows])  # fmt: skip
     console.print(table)
+    for group, p in pairs.items():
+        n = p["identical_rows"] + p["differing_rows"]
+        style = "green" if p["differing_rows"] == 0 else "bold red"
+        console.print(f"[{style}]{PAIRS[group][1]} vs {PAIRS[group][0]}: {p['identical_rows']}/{n} rows identical "
+                      f"(completion token ids and first-logits SHA-256), {p['differing_rows']} differing[/]")
+    base_rows = rows[BASELINE_LABEL]
+    hit = (base_rows.get("stop_reasons") or {}).get("length")
+    if hit:
+        console.print(f"[yellow]the baseline hit its token budget on {hit} of {base_rows[sc]['n_rows']} rows: "
+                      "token reduction is measured against truncated answers[/]")
     base_energy = rows[BASELINE_LABEL]["energy"]
     if base_energy["joules"] is None:
         console.print(f"energy: {base_energy['status']}")
@@ -163,15 +209,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         console.print(f"matching baseline run: {found.path}")  # an earlier job's record: read, not recomputed
         folders[BASELINE_LABEL], summaries[BASELINE_LABEL] = found, found.read_summary()
-    for label, (group, exclude) in GRAFT_LABELS.items():
-        console.print(f"[bold]{label}[/]: library.exclude_self={str(exclude).lower()}")
-        graft_cfg = _with(cfg, condition__name=Graft.name, library__exclude_self=exclude)
-        folders[label], summaries[label] = run(graft_cfg, RunFolder.new(runs, Graft.name, group), fm=fm)
+    all_rows: dict[str, list[Row]] = {}
+    for group, (_, exclude) in GROUPS.items():
+        for cls, label in zip((InContext, Graft), PAIRS[group], strict=True):
+            console.print(f"[bold]{label}[/]: library.exclude_self={str(exclude).lower()}")
+            run_cfg = _with(cfg, condition__name=cls.name, library__exclude_self=exclude)
+            folders[label], summaries[label], all_rows[label] = run_rows(
+                run_cfg, RunFolder.new(runs, cls.name, group), fm=fm)
+    pairings = {g: pair(all_rows[PAIRS[g][1]], all_rows[PAIRS[g][0]]) for g in GROUPS}
 
-    result = comparison(key, folders, summaries)
+    result = comparison(key, folders, summaries, pairings)
     d = c.decoding
     print_comparison(
-        f"graft vs baseline: {c.dataset.name}, {fm.name}, max_new_tokens={d.max_new_tokens}, {d.strategy}", result
+        f"graft vs incontext vs baseline: {c.dataset.name}, {fm.name}, max_new_tokens={d.max_new_tokens}, "
+        f"{d.strategy}, batch_size={d.batch_size}", result
     )
     out = runs / "compare" / stamp() / "comparison.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +235,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written
             warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc})", RuntimeWarning,
                           stacklevel=1)  # fmt: skip
-    console.print(f"comparison: {out}; re-check each run with make rescore RUN=<run folder>")
+    console.print(f"comparison: {out}; re-check it (every run and the pairing) with make rescore RUN={out.parent}")
+    differing = [f"{PAIRS[g][1]} {why}" for g, p in pairings.items() for why in p.differences]
+    if differing:
+        shown = "; ".join(differing[:10]) + (f"; ... and {len(differing) - 10} more" if len(differing) > 10 else "")
+        raise PairingError(
+            f"{len(differing)} graft row(s) differ from their incontext twin (see {out}): {shown}. The graft must "
+            "give exactly the in-context rows; run `make verify-graft` and report these rows"
+        )
     return result
 
 

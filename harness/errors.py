@@ -23,6 +23,7 @@ __all__ = [
     "LibraryError",
     "ManifestError",
     "ProblemError",
+    "PairingError",
     "RunFolderError",
     "TrackingError",
     "exit_on_error",
@@ -84,6 +85,14 @@ class RunFolderError(HarnessError):
 
     Raised by harness.run_folder.RunFolder when reading a folder, and so by the audit, rescore and log-run.
     Pass a complete run folder (one with manifest.json), restore the named file, or re-run.
+    """
+
+
+class PairingError(HarnessError):
+    """A graft row differs from its in-context twin (harness/pairing.py): the graft did not carry exactly what
+    reading the entry in context carries. Raised by the compare job after comparison.json is written, and reported
+    by the rescore of a compare folder. A defect of the engine or the environment, never noise: re-run
+    `make verify-graft` and report the rows named.
     """
 
 

@@ -10,6 +10,12 @@ It re-hashes ``manifest.json``, ``outputs.jsonl`` (file and every row), ``summar
 ``problems.jsonl``, re-scores every completion with ``harness.answers.score`` and recomputes the
 summary scores and groups (``harness.audit.audit``), then prints recorded vs recomputed scores.
 
+Given a compare folder (``runs/compare/<stamp>``, holding ``comparison.json``), it audits every run the
+comparison lists and re-checks the graft-vs-incontext pairing from the recorded rows (same completion token
+ids and first-logits SHA-256; ``harness.audit.audit_comparison``)::
+
+    make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
+
 Exit status: 0 when everything matches, 1 on any mismatch (tampering, edited rows, changed scorer),
 2 when the folder or a required file is missing or unreadable.
 """
@@ -22,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.audit import RunCheck, audit, diff_values
+from harness.audit import COMPARISON, ComparisonCheck, RunCheck, audit, audit_comparison, diff_values
 from harness.errors import HarnessError
 from harness.run_folder import RunFolder
 
@@ -64,12 +70,45 @@ def _print_report(run_dir: Path, check: RunCheck) -> None:
             print(f"  - {finding}")
 
 
+def _print_comparison(compare_dir: Path, check: ComparisonCheck) -> None:
+    for label, run in check.runs.items():
+        print(f"run {label}: {'OK' if run.ok else 'FAILED'} ({run.n_rows} rows re-scored)")
+    for group, p in check.pairs.items():
+        n = p["identical_rows"] + p["differing_rows"]
+        print(f"pairing {group}: {p['identical_rows']}/{n} graft rows identical to their incontext twin")
+    if check.ok:
+        print(f"OK: {compare_dir}: every run re-scores, every hash matches, every graft row equals its twin")
+    else:
+        print(f"FAILED: {len(check.findings)} finding(s) in {compare_dir}:")
+        for finding in check.findings:
+            print(f"  - {finding}")
+
+
+def _main_comparison(compare_dir: Path, as_json: bool) -> int:
+    try:
+        check = audit_comparison(compare_dir)
+    except HarnessError as exc:
+        print(json.dumps({"ok": False, "error": str(exc)}) if as_json else f"error: {exc}",
+              file=sys.stdout if as_json else sys.stderr)  # fmt: skip
+        return 2
+    if as_json:
+        print(json.dumps({"ok": check.ok, "findings": check.findings, "pairs": check.pairs,
+                          "runs": {k: {"ok": r.ok, "n_rows": r.n_rows} for k, r in check.runs.items()}},
+                         indent=2, sort_keys=True))  # fmt: skip
+    else:
+        _print_comparison(compare_dir, check)
+    return 0 if check.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, verify the run folder, print the result; return the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="run folder (contains manifest.json)")
+    parser.add_argument("run_dir", type=Path,
+                        help="run folder (contains manifest.json) or compare folder (comparison.json)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     args = parser.parse_args(argv)
+    if (args.run_dir / COMPARISON).is_file():
+        return _main_comparison(args.run_dir, args.json)
     try:
         check = audit(RunFolder(args.run_dir))
     except HarnessError as exc:
