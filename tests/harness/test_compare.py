@@ -3,6 +3,7 @@ wrote is read back from disk. Uses the tiny random-weight model (plumbing only).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -49,7 +50,12 @@ def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
     ])  # fmt: skip
-    assert list(result["summaries"]) == ["baseline", "graft (recurring)", "graft (held-out)"]
+    assert list(result["summaries"]) == ["baseline", "incontext (recurring)", "graft (recurring)",
+                                         "incontext (held-out)", "graft (held-out)"]  # fmt: skip
+    for group in ("recurring", "held_out"):
+        p = result["pairs"][group]
+        assert (p["identical_rows"], p["differing_rows"], p["differences"]) == (2, 0, []), p
+    assert set(result["summaries"]["baseline"]["stop_reasons"]) == {"eos", "stop", "length"}
     assert result["summaries"]["graft (recurring)"]["groups"]["recurring"]["n_problems"] == 2
     assert set(result["summaries"]["graft (held-out)"]["groups"]) == {"held_out"}
     assert result["summaries"]["baseline"]["tokens"]["grafted"] == 0
@@ -58,3 +64,62 @@ def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None
     for label, path in result["runs"].items():
         assert (Path(path) / "manifest.json").is_file(), label
     assert Path(result["runs"]["graft (held-out)"]).name.endswith("-held_out")
+    assert Path(result["runs"]["incontext (held-out)"]).parent.name == "incontext"
+
+
+def _compare(tmp_path: Path, *extra: str) -> dict:
+    return compare.main([
+        "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
+        "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library",
+        f"library.store={tmp_path}/store", *extra,
+    ])  # fmt: skip
+
+
+def _rescore(path: Path) -> int:
+    spec = importlib.util.spec_from_file_location("kvgraft_rescore", REPO / "scripts" / "rescore.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main([str(path)])
+
+
+def _edit_first_row(path: Path, change) -> None:
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[0])
+    change(row)
+    lines[0] = json.dumps(row, ensure_ascii=False)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("tamper", ["first_logits_sha256", "completion_token_ids"])
+def test_rescore_of_a_compare_folder_rechecks_the_pairing_and_fails_on_a_tampered_row(tmp_path, tamper, capsys):
+    result = _compare(tmp_path)
+    compare_dir = next((tmp_path / "runs" / "compare").iterdir())
+    assert _rescore(compare_dir) == 0
+    out = capsys.readouterr().out
+    assert "pairing recurring: 2/2" in out and "pairing held_out: 2/2" in out
+
+    def change(row):
+        if tamper == "first_logits_sha256":
+            row["first_logits_sha256"] = "0" * 64
+        else:
+            row["completion_token_ids"] = [*row["completion_token_ids"], 7]
+
+    _edit_first_row(Path(result["runs"]["graft (recurring)"]) / "outputs.jsonl", change)
+    assert _rescore(compare_dir) == 1
+    out = capsys.readouterr().out
+    assert "graft row differs from its incontext twin: problem_id='kvg-001', sample=0" in out
+    assert ("first_logits_sha256" if tamper == "first_logits_sha256" else "completion token ids") in out
+
+
+def test_a_graft_row_differing_from_its_incontext_twin_fails_the_job_loudly(tmp_path, monkeypatch, capsys):
+    from harness.conditions import Baseline, InContext
+
+    # a broken control: the query alone instead of the entry, so the twins cannot agree
+    monkeypatch.setattr(InContext, "context", lambda self, problem: Baseline.context(self, problem))
+    with pytest.raises(SystemExit) as exc:
+        _compare(tmp_path)
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "graft row(s) differ from their incontext twin" in err and "problem_id='kvg-001', sample=0" in err
+    written = json.loads(next((tmp_path / "runs" / "compare").glob("*/comparison.json")).read_text())
+    assert written["pairs"]["recurring"]["differing_rows"] == 2  # written before the job fails
