@@ -398,6 +398,11 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
         if record.get("run_id") and record.get("tracking_uri") == tracking_uri:
             children.append(record["run_id"])
     first = next(iter(summaries.values()), None)
+    datasets = []  # the problem set all compared runs share (same comparable key), so the parent row shows it
+    with contextlib.suppress(RunFolderError, StopIteration):
+        f = folders[next(iter(summaries))]
+        datasets = [run_view.dataset_input(f.read_config(), summaries[next(iter(summaries))], f.read_manifest(),
+                                           f.read_problems())]  # fmt: skip
     model, dataset = (first.model, first.dataset) if first else (None, None)
     starts = [run_view.run_times_ms(folders[k], s)[0] for k, s in summaries.items()]
     end_ms = int(path.stat().st_mtime * 1000)
@@ -418,7 +423,7 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
     with http_fail_fast(tracking_uri):
         return _log(tracking_uri, experiment, name, tags={k: _scalar_text(v) for k, v in tags.items() if v is not None},
                     params={}, metrics=metrics, files=[(path, None), *((p, "plots") for p in plots)],
-                    times_ms=(min([*starts, end_ms]), end_ms), then=adopt)  # fmt: skip
+                    times_ms=(min([*starts, end_ms]), end_ms), datasets=datasets, then=adopt)  # fmt: skip
 
 
 def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracking_uri: str, experiment: str) -> str:

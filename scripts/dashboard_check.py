@@ -5,11 +5,11 @@
     .venv/bin/python scripts/dashboard_check.py --trace-cost 40     # logging time with and without traces
 
 Starts ``mlflow ui`` on a free local port against the store, finds the newest compare job (parent run, tag
-``job=compare``) and one of its nested runs, and saves PNGs of: the experiment's runs table, the nested run's
-overview, its ``outputs_table.json`` artifact, its traces, the experiment's traces page and the parent
-comparison's overview and plots. Needs Debian's ``chromium`` (``apt-get install -y chromium``). The server is
-stopped at the end. ``--trace-cost N`` instead logs a hand-built N-row run folder to a temporary store twice
-(traces off, then on) and prints both wall times.
+``job=compare``) and one of its nested runs, and saves PNGs of: the page the experiment opens on, its runs
+table, the nested run's overview, its ``outputs_table.json`` artifact, its traces, the experiment's traces page
+and the parent comparison's overview and plots. Needs Debian's ``chromium`` (``apt-get install -y chromium``).
+The server is stopped at the end. ``--trace-cost N`` instead logs a hand-built N-row run folder to a temporary
+store twice (traces off, then on) and prints both wall times.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def screenshots(store: Path, out: Path, budget_ms: int) -> None:
         _wait_up(base, server)
         run = f"{base}/#/experiments/{eid}/runs/{child.info.run_id}"
         pages = {
-            "1_runs_table.png": f"{base}/#/experiments/{eid}/runs",
+            "0_experiment_landing.png": f"{base}/#/experiments/{eid}",  # where the UI lands (experiment kind)
+            "1_runs_table.png": f"{base}/#/experiments/{eid}/runs?workflowType=machine_learning",
             "2_run_overview.png": run,
             "3_run_table_artifact.png": f"{run}/artifacts/outputs_table.json",
             "4_run_traces.png": f"{run}/traces",
