@@ -80,8 +80,11 @@ def screenshots(store: Path, out: Path, budget_ms: int) -> None:
         _wait_up(base, server)
         run = f"{base}/#/experiments/{eid}/runs/{child.info.run_id}"
         pages = {
-            "0_experiment_landing.png": f"{base}/#/experiments/{eid}",  # where the UI lands (experiment kind)
-            "1_runs_table.png": f"{base}/#/experiments/{eid}/runs?workflowType=machine_learning",
+            # MLflow 3.17's UI picks the view from a per-browser switch (GenAI | Model training, localStorage
+            # "mlflow.workflowType", default GenAI), not from the experiment's mlflow.experimentKind tag; the
+            # URL parameter sets it. 0: a fresh browser's default; 1: the link to give a reviewer.
+            "0_experiment_default.png": f"{base}/#/experiments/{eid}",
+            "1_runs_table.png": f"{base}/#/experiments/{eid}?workflowType=machine_learning",
             "2_run_overview.png": run,
             "3_run_table_artifact.png": f"{run}/artifacts/outputs_table.json",
             "4_run_traces.png": f"{run}/traces",
