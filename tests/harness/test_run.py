@@ -106,3 +106,20 @@ def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
     assert find_baseline(tmp_path / "runs", comparable_key(cfg, fm)) == folder
     other = _cfg(tmp_path, "tracking=off", "dataset.limit=2", "decoding.max_new_tokens=7")
     assert find_baseline(tmp_path / "runs", comparable_key(other, fm)) is None
+
+
+def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm):
+    cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "decoding.batch_size=3", "dataset.limit=2",
+               "decoding.max_new_tokens=5", "tracking=off", "condition=graft")  # fmt: skip
+    a, sa = run(cfg, tmp_path / "a", fm=fm, progress=False, build_library_if_missing=True)
+    b, _ = run(cfg, tmp_path / "b", fm=fm, progress=False)
+    ra, rb = a.read_rows(), b.read_rows()
+    assert [(r.problem_id, r.sample, r.completion.seed) for r in ra] == [
+        (p, s, s) for p in ("kvg-001", "kvg-002") for s in range(4)]  # chunks of 3 + 1, seeds = seed + sample
+    assert [r.completion.token_ids for r in ra] == [r.completion.token_ids for r in rb]
+    assert [r.completion.first_logits_sha256 for r in ra] == [r.completion.first_logits_sha256 for r in rb]
+    assert sum(sa.stop_reasons.values()) == 8 and "avg@4" in sa.scores and "pass@4" in sa.scores
+    assert audit(a).ok, audit(a).findings
+    one = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "dataset.limit=2", "decoding.max_new_tokens=5",
+               "tracking=off", "condition=graft")  # fmt: skip
+    assert comparable_key(cfg, fm) != comparable_key(one, fm)  # the batch size is part of what the bits depend on
