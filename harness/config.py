@@ -97,6 +97,9 @@ class TrackingConfig:
     enabled: bool = True
     uri: str | None = None  # default: sqlite:////<abs>/runs/mlflow.db
     experiment: str = DEFAULT_EXPERIMENT
+    traces: bool = True  # one MLflow trace per attempt (spans + score feedback), built from the run's rows
+    http_retries: int = 2  # an http(s) tracking URI: retries per request (MLflow's default, 7, waits ~250 s)
+    http_timeout_s: int = 10  # an http(s) tracking URI: seconds per request
 
 
 @dataclass
