@@ -33,6 +33,7 @@ import time
 import warnings
 from pathlib import Path
 
+import bench_decode
 import psutil
 import torch
 from experiments import DEFAULT_PROBLEMS, REPO, problem_texts, read_problems, stats
@@ -648,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the pinned default)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--new-tokens", type=int, default=None, help="decode tokens per prompt for figure 4")
+    ap.add_argument("--decode-threads", type=int, default=None,
+                    help="torch threads of the decode figures (batched sampling, dtype, llama.cpp); default --threads")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode figures (scripts/bench_decode.py)")
     args = ap.parse_args(argv)
 
     t_start = clock()
@@ -693,6 +697,20 @@ def main(argv: list[str] | None = None) -> int:
         fm, args.text, prompts=1 if args.quick else 3, new_tokens=args.new_tokens or (4 if args.quick else 32),
         repeats=args.repeats, llm=llm)
     summary["runtime_s"]["harness_overhead"] = clock() - t0
+    decode = None
+    if not args.no_decode:  # scripts/bench_decode.py: batched sampling, fp32 vs bf16, harness vs llama.cpp decode
+        t0 = clock()
+        other = "bfloat16" if det.dtype == "float32" else "float32"
+        q = args.quick
+        decode = bench_decode.measure(
+            model=args.model, problems=2 if q else 8, n=2 if q else 8, max_new_tokens=8 if q else 64,
+            dtypes=(det.dtype, other), prefill_tokens=64 if q else 256, decode_tokens=8 if q else 64,
+            threads=args.decode_threads or det.threads)
+        figs["batched_sampling"], figs["dtype"] = decode["batched_sampling"], decode["dtype"]
+        figs["decode_vs_llama_cpp"] = {"llama_cpp": decode["llama_cpp"],
+                                       "harness_vs_llama_cpp": decode["harness_vs_llama_cpp"],
+                                       "threads": decode["machine"]["torch_threads"]}
+        summary["runtime_s"]["decode"] = clock() - t0
     peer = figs["peer_llama_cpp"]
     summary["goals"] = [
         {"goal": figs["graft_vs_recompute"]["goal"], "met": figs["graft_vs_recompute"]["met"],
@@ -704,6 +722,14 @@ def main(argv: list[str] | None = None) -> int:
         {"goal": figs["harness_overhead"]["goal"], "met": figs["harness_overhead"]["met"],
          "note": figs["harness_overhead"]["note"]},
     ]
+    if decode is not None:
+        b, vs = decode["batched_sampling"], decode["harness_vs_llama_cpp"]
+        summary["goals"].append({"goal": f"batched sampling >= {b['goal']}x the tokens/s of batch size 1",
+                                 "met": b["met"], "note": f"speedup {b['speedup']}x"})
+        summary["goals"].append({
+            "goal": f"harness greedy decode >= {bench_decode.GOALS['harness_vs_llama_cpp']:.0%} of llama.cpp's",
+            "met": vs["met"] if vs else None,
+            "note": f"ratio {vs['ratio']}" if vs else f"llama.cpp: {decode['llama_cpp']}"})
     summary["machine"]["loadavg_end"] = os.getloadavg()
     if max(summary["machine"]["loadavg_start"][0], summary["machine"]["loadavg_end"][0]) > os.cpu_count():
         summary["machine"]["note"] = ("load average above the core count during the run: other processes shared "

@@ -36,7 +36,10 @@ def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
     assert f["tier"]["hits"] > 0 and isinstance(f["tier"]["pays"], bool)
     assert f["peer_llama_cpp"]["available"] is False and f["peer_llama_cpp"]["reason"]
     assert f["harness_overhead"]["same_tokens"] is True
-    assert len(s["goals"]) == 4
+    assert len(s["goals"]) == 6  # four of bench.py, two of the decode figures (scripts/bench_decode.py)
+    assert f["batched_sampling"]["speedup"] > 0 and set(f["dtype"]) == {"float32", "bfloat16"}
+    assert all(d["decode_tokens_per_s"] > 0 for d in f["dtype"].values())
+    assert "llama_cpp" in f["decode_vs_llama_cpp"]
     for png in s["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
     assert not (tmp_path / "_bench_store").exists()
