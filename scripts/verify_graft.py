@@ -200,6 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--suffix-tokens", type=int, default=16)
     p.add_argument("--min-prefix-tokens", type=int, default=None)
     p.add_argument("--max-prefix-tokens", type=int, default=None)
+    p.add_argument("--dtype", default=None, help="model dtype: float32 | bfloat16 (default: the pinned default)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--determinism", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -219,12 +220,19 @@ def _g(x: float | None) -> str:
     return "-" if x is None else "0" if x == 0 else f"{x:.2g}"
 
 
+def _determinism(args):
+    """The pinned settings, with --dtype when given."""
+    from kvstore import Determinism
+
+    return Determinism(dtype=args.dtype) if args.dtype else Determinism()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args)
 
-    from kvstore import Determinism, LocalStore, atomic_write, check_graft, environment_fingerprint, load_frozen_model
+    from kvstore import LocalStore, atomic_write, check_graft, environment_fingerprint, load_frozen_model
     from kvstore.gguf import BUNDLED
     from kvstore.model import smallest_window
 
@@ -243,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         # The restoring process loads its own copy of the model alongside this one, except the bundled model:
         # its first load converts the GGUF into a cache, which one process should do alone.
         if args.model != BUNDLED:
-            worker = Worker(args.model, store.root, Determinism().to_dict(), tmp / "worker.log")
-        fm = load_frozen_model(args.model, determinism=Determinism())
+            worker = Worker(args.model, store.root, _determinism(args).to_dict(), tmp / "worker.log")
+        fm = load_frozen_model(args.model, determinism=_determinism(args))
         load_s = time.perf_counter() - t_start
         if worker is None:
             worker = Worker(args.model, store.root, fm.determinism.to_dict(), tmp / "worker.log")
