@@ -404,12 +404,17 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
         datasets = [run_view.dataset_input(f.read_config(), summaries[next(iter(summaries))], f.read_manifest(),
                                            f.read_problems())]  # fmt: skip
     model, dataset = (first.model, first.dataset) if first else (None, None)
-    starts = [run_view.run_times_ms(folders[k], s)[0] for k, s in summaries.items()]
+    times = {k: run_view.run_times_ms(folders[k], s) for k, s in summaries.items()}
     end_ms = int(path.stat().st_mtime * 1000)
+    # the job's span: its runs; a baseline reused from an earlier job (ended long before the others) is not part of it
+    own = [t[0] for k, t in times.items() if k != "baseline"] or [end_ms]
+    starts = [t[0] for k, t in times.items() if k != "baseline" or t[1] >= min(own) - 60_000]
     plots = comparison_plots(rows, comparison, path.parent)
-    metrics = {_slug(label): figures for label, figures in (comparison.get("summaries") or {}).items()}
+    metrics: dict[str, Any] = {_slug(label): figures for label, figures in (comparison.get("summaries") or {}).items()}
+    metrics["pairs"] = comparison.get("pairs") or {}  # graft vs in-context twin: identical_rows, differing_rows
     lines = [f"**graft vs baseline** on `{dataset}` with `{model}`: runs nested below, figures as metrics "
-             "(`<run>.comparison.*`: accuracy_delta, token_reduction, wall/cpu/energy factors), plots as artifacts.",
+             "(`<run>.comparison.*`: accuracy_delta, token_reduction, wall/cpu/energy factors; `pairs.<group>.*`: "
+             "graft rows identical to their in-context twin), plots as artifacts.",
              "", f"comparison.json: `{path}`"]  # fmt: skip
     tags = {"job": "compare", "condition": "compare", "comparable_key": comparison.get("comparable_key"),
             "model": model, "dataset": dataset, "mlflow.note.content": "\n".join(lines),

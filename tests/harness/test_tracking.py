@@ -268,6 +268,7 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     children = {label: log_run_dir(f.path, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
                 for label, f in folders.items()}  # fmt: skip
     result = comparison("k" * 64, folders, {label: f.read_summary() for label, f in folders.items()})
+    result["pairs"] = {"held_out": {"identical_rows": 3, "differing_rows": 0, "differences": []}}
     path = tmp_path / "compare" / "2026-01-01_00-00-00-000000" / "comparison.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(result))
@@ -279,6 +280,7 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     run = client.get_run(parent)
     assert run.info.run_name == "compare | toy | toy-model | 2026-01-01_00-00-00-000000"
     assert run.data.metrics["graft_held_out.comparison.accuracy_delta"] == 0.0
+    assert run.data.metrics["pairs.held_out.identical_rows"] == 3 and run.data.metrics["pairs.held_out.differing_rows"] == 0
     starts = [client.get_run(c).info.start_time for c in children.values()]
     assert run.info.start_time == min(starts) and run.info.end_time >= max(starts)
     plots = {a.path for a in client.list_artifacts(parent, "plots")}
