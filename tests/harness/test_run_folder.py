@@ -22,7 +22,7 @@ from harness.run_folder import MANIFEST, OUTPUTS, PARTIAL, STAMP_FORMAT, RunFold
 ROW_KEYS = {
     "problem_id", "sample", "condition", "group", "prompt", "prompt_token_ids", "completion", "completion_token_ids",
     "stop_reason", "gold_answer", "extracted", "answer", "correct", "prompt_tokens", "prefill_tokens",
-    "grafted_tokens", "decode_tokens", "first_logits_sha256", "ttft_s", "wall_s", "cpu_s", "energy_j",
+    "grafted_tokens", "decode_tokens", "first_logits_sha256", "ttft_s", "seed", "wall_s", "cpu_s", "energy_j",
     "energy_status", "entry_id", "artifact_id", "similarity", "match",
 }  # fmt: skip
 
