@@ -100,9 +100,18 @@ def comparison(key: str, folders: dict[str, RunFolder], summaries: dict[str, Sum
     baseline (`summaries[BASELINE_LABEL]`); `pairings` (group -> harness.pairing.Pairing of PAIRS[group]) adds
     `pairs`: per group the two run folders, `identical_rows`, `differing_rows` and what differs."""
     base = summaries[BASELINE_LABEL]
+    def vs_incontext(group: str) -> dict[str, float | None]:
+        """What the graft saves against reading the same entry in context (factors are incontext / graft)."""
+        c, g = summaries[PAIRS[group][0]], summaries[PAIRS[group][1]]
+        ratio = lambda a, b: (a / b) if a is not None and b not in (None, 0) else None  # noqa: E731
+        return {"prefill_factor": ratio(c.tokens["prefill"], g.tokens["prefill"]),
+                "ttft_factor": ratio(c.time.get("ttft_s"), g.time.get("ttft_s")),
+                "wall_factor": ratio(c.time["wall_s"], g.time["wall_s"]),
+                "cpu_factor": ratio(c.time["cpu_s"], g.time["cpu_s"])}  # fmt: skip
+
     pairs = {
         group: {"graft_run": str(folders[PAIRS[group][1]].path), "incontext_run": str(folders[PAIRS[group][0]].path),
-                **p.to_json()}
+                **p.to_json(), "graft_vs_incontext": vs_incontext(group)}
         for group, p in (pairings or {}).items()
     }  # fmt: skip
     return {
@@ -174,6 +183,10 @@ def print_comparison(title: str, result: dict[str, Any]) -> None:
         style = "green" if p["differing_rows"] == 0 else "bold red"
         console.print(f"[{style}]{PAIRS[group][1]} vs {PAIRS[group][0]}: {p['identical_rows']}/{n} rows identical "
                       f"(completion token ids and first-logits SHA-256), {p['differing_rows']} differing[/]")
+        f = p.get("graft_vs_incontext") or {}
+        console.print("  the same rows for " + ", ".join(
+            f"{fmt(f.get(k))}x less {what}" for k, what in (("prefill_factor", "prefill"), ("ttft_factor", "TTFT"),
+                                                             ("wall_factor", "wall time"), ("cpu_factor", "CPU time"))))
     base_rows = rows[BASELINE_LABEL]
     hit = (base_rows.get("stop_reasons") or {}).get("length")
     if hit:
