@@ -34,7 +34,9 @@ def wilson_interval(successes: int, n: int, z: float = _Z_95) -> tuple[float, fl
     denom = 1.0 + z2 / n
     center = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1.0 - p) / n + z2 / (4.0 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+    # the interval always holds p; rounding can put it a last ulp outside (6/6 gave a high of 0.9999999999999999,
+    # which made a plot's error bar negative), so clamp it to p as well as to [0, 1]
+    return max(0.0, min(center - half, p)), min(1.0, max(center + half, p))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

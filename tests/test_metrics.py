@@ -186,3 +186,11 @@ def test_summary_unequal_sample_counts() -> None:
 def test_summary_rejects_bad_rows(rows: list[dict]) -> None:
     with pytest.raises((ValueError, TypeError)):
         summarize_scores(rows)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 7, 10, 40, 1000])
+def test_wilson_interval_always_holds_the_observed_proportion(n):
+    for successes in range(n + 1):
+        low, high = wilson_interval(successes, n)
+        assert 0.0 <= low <= successes / n <= high <= 1.0, (successes, n, low, high)
+    assert wilson_interval(n, n)[1] == 1.0 and wilson_interval(0, n)[0] == 0.0
