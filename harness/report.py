@@ -44,7 +44,7 @@ def _pyplot() -> Any:
 def _accuracy_plot(path: Path, labels: Sequence[str], acc: Sequence[float], low: Sequence[float],
                    high: Sequence[float], title: str) -> Path:  # fmt: skip
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(labels)), 4.5))
     yerr = [[a - lo for a, lo in zip(acc, low, strict=True)], [hi - a for a, hi in zip(acc, high, strict=True)]]
     ax.errorbar(range(len(labels)), acc, yerr=yerr, fmt="o", capsize=6)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
@@ -159,7 +159,8 @@ def _markdown(df: Any) -> str:
     def cell(v: Any) -> str:
         if isinstance(v, float):
             return "n/a" if math.isnan(v) else f"{v:.3f}".rstrip("0").rstrip(".")
-        return str(v).replace("|", "\\|")
+        text = "-" if v is None else str(v)  # long statuses (energy) are cut here; report.csv has them whole
+        return (text if len(text) <= 48 else text[:47] + "…").replace("|", "\\|")
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
@@ -168,7 +169,7 @@ def _markdown(df: Any) -> str:
 
 def _bar(path: Path, labels: list[str], values: list[float], ylabel: str, title: str, note: str = "") -> Path:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(labels)), 4.5))
     shown = [0.0 if math.isnan(v) else v for v in values]
     ax.bar(range(len(labels)), shown)
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
