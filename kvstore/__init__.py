@@ -12,16 +12,20 @@ Public API (what a user of the engine needs; everything else stays importable fr
                                         content-addressed storage, its host-memory tier, the one atomic write
     check_graft, GraftCheck, compare_logits, logits_sha256
                                         the exactness procedure: graft vs fresh reference (kvstore.verify)
+    Prefetcher                          read + verify upcoming artifacts in the background (kvstore.prefetch)
+    export_bundle, import_bundle, BundleInfo
+                                        move artifacts (and a library) between stores as one file (kvstore.bundle)
     KVStoreError and its subclasses     kvstore.errors
 
 Elsewhere on purpose: kvstore.gguf.BUNDLED (the bundled model's name), kvstore.tiny (test models),
 kvstore.graft.check_compatible / graft_repositioned (the checks alone; the position experiment),
 kvstore.store.Store / ArtifactInfo (the interface and the index rows), kvstore.verify.Comparison / the
-halves of the check, kvstore.bundle (export/import of artifacts as one file).
+halves of the check.
 Importing kvstore changes no process state; `Determinism.apply()` (called by `load_frozen_model`) is where
 torch's global settings are set.
 """
 
+from kvstore.bundle import BundleInfo, export_bundle, import_bundle
 from kvstore.capture import capture_snapshot, deposit_tokens, forward, new_cache, prefill
 from kvstore.determinism import Determinism
 from kvstore.errors import (
@@ -40,6 +44,7 @@ from kvstore.errors import (
 from kvstore.format import FORMAT, Snapshot, from_bytes, read_metadata, to_bytes, tokens_sha256
 from kvstore.graft import graft_snapshot
 from kvstore.model import FrozenModel, environment_fingerprint, load_frozen_model
+from kvstore.prefetch import Prefetcher
 from kvstore.store import ArtifactId, LocalStore, MemoryStore, atomic_write
 from kvstore.tier import CachedStore
 from kvstore.verify import GraftCheck, check_graft, compare_logits, logits_sha256
@@ -54,7 +59,9 @@ __all__ = [
     # the artifact and its bytes
     "FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256",
     # stores
-    "ArtifactId", "CachedStore", "LocalStore", "MemoryStore", "atomic_write",
+    "ArtifactId", "CachedStore", "LocalStore", "MemoryStore", "Prefetcher", "atomic_write",
+    # moving artifacts between stores
+    "BundleInfo", "export_bundle", "import_bundle",
     # exactness
     "GraftCheck", "check_graft", "compare_logits", "logits_sha256",
     # errors
