@@ -43,9 +43,10 @@ from kvstore.errors import (
 )
 from kvstore.format import FORMAT, Snapshot, from_bytes, read_metadata, to_bytes, tokens_sha256
 from kvstore.graft import graft_snapshot
+from kvstore.memory_store import MemoryStore
 from kvstore.model import FrozenModel, environment_fingerprint, load_frozen_model
 from kvstore.prefetch import Prefetcher
-from kvstore.store import ArtifactId, LocalStore, MemoryStore, atomic_write
+from kvstore.store import ArtifactId, LocalStore, atomic_write
 from kvstore.tier import CachedStore
 from kvstore.verify import GraftCheck, check_graft, compare_logits, logits_sha256
 

@@ -7,14 +7,13 @@ Layout of a LocalStore root (see FORMAT.md):
 Writes are atomic (temp file in the same folder, fsync, rename); an object file is never written in place.
 Every read re-hashes the bytes before anything is returned; `LocalStore.get` maps the file (no copy) and
 hashes it on all usable CPUs, so a verified restore runs at hashing speed.
-`MemoryStore` is the in-memory twin with the same interface, for tests.
+`MemoryStore` (kvstore/memory_store.py) is the in-memory twin with the same interface, for tests.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import sqlite3
 import time
 from abc import ABC, abstractmethod
@@ -25,98 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from kvstore.atomic import atomic_write, try_lock
 from kvstore.errors import FormatError, IndexDatabaseError, IntegrityError, InvalidIdError, KVStoreError, NotFoundError
-from kvstore.format import Snapshot, content_id, from_bytes, guard, to_bytes, tokens_sha256
+from kvstore.format import Snapshot, from_bytes, guard, to_bytes, tokens_sha256
+from kvstore.ids import ArtifactId, id_to_relpath, relpath_to_id
 
-try:  # POSIX: a writer holds an exclusive lock on its temp file, so gc can tell it is alive
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: gc relies on the grace period alone
-    fcntl = None  # type: ignore[assignment]
-
-_HEX = frozenset("0123456789abcdef")
 GC_GRACE_S = 3600.0  # gc never removes a temp file modified less than this long ago
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; EINVAL before
-
-
-class ArtifactId(str):
-    """A validated artifact id: 64 lowercase hex digits (`content_id` of the artifact's bytes: BLAKE3-256 for
-    kvgraft-kv/2, SHA-256 for kvgraft-kv/1)."""
-
-    def __new__(cls, value: str) -> ArtifactId:
-        if not isinstance(value, str) or len(value) != 64 or not set(value) <= _HEX:
-            raise InvalidIdError(f"{value!r:.80} is not an artifact id (64 lowercase hex digits); see `kvstore ls`")
-        return super().__new__(cls, value)
-
-    @classmethod
-    def of(cls, data: bytes | bytearray | memoryview, threads: int | None = None) -> ArtifactId:
-        """The id of these bytes (kvstore.format.content_id), hashed on `threads` threads (default: all CPUs)."""
-        return cls(content_id(data, threads))
-
-
-def id_to_relpath(aid: str) -> str:
-    """objects/<2 hex>/<62 hex> for an id."""
-    aid = ArtifactId(aid)
-    return f"objects/{aid[:2]}/{aid[2:]}"
-
-
-def relpath_to_id(rel: str) -> ArtifactId:
-    """Inverse of id_to_relpath; rejects anything that is not exactly such a path."""
-    parts = Path(rel).parts
-    if len(parts) != 3 or parts[0] != "objects" or len(parts[1]) != 2:
-        raise InvalidIdError(f"{rel!r} is not an object path (objects/ab/cdef...)")
-    return ArtifactId(parts[1] + parts[2])
-
-
-def _try_lock(fd: int, blocking: bool) -> bool:
-    """Exclusive flock on an open file; False when another process holds it (non-blocking mode)."""
-    if fcntl is None:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        return True
-    except BlockingIOError:
-        return False
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write bytes so that a crash leaves either the whole file or nothing: temp, fsync, os.replace.
-
-    The temp file `.<name>.<random>.tmp` is created with mode 0o666 (the process umask applies, as for any new
-    file) and stays locked (flock) until it is renamed, so a concurrent `gc` never removes it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        _try_lock(fd, blocking=True)
-        view = memoryview(data).cast("B")
-        n = 0
-        while n < len(view):
-            n += os.write(fd, view[n:])
-        os.fsync(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    finally:
-        os.close(fd)  # releases the lock, after the rename
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Best-effort fsync of a folder so the rename itself is durable (a no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -134,7 +48,7 @@ class ArtifactInfo:
 
 
 @dataclass(frozen=True)
-class _Row:
+class IndexRow:
     """The index fields of an admitted artifact, taken from its validated snapshot (never from raw metadata)."""
 
     id: str
@@ -145,12 +59,12 @@ class _Row:
     model_name: str
 
     @classmethod
-    def of(cls, aid: str, size: int, snap: Snapshot) -> _Row:
+    def of(cls, aid: str, size: int, snap: Snapshot) -> IndexRow:
         return cls(aid, size, snap.token_count, tokens_sha256(snap.token_ids), snap.model_fingerprint,
                    snap.model_name)
 
 
-def _admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:
+def admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:
     """Check bytes entering a store completely (structure, every invariant of FORMAT.md section 6, every
     tensor's SHA-256) and return their snapshot. Every stored object is therefore valid, and a read only has
     to check that the file still hashes to its id: that one SHA-256 covers every byte, tensors included.
@@ -160,7 +74,7 @@ def _admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:
     return from_bytes(data, verify_tensors=verify_tensors)
 
 
-def _tags(tags: Iterable[str]) -> tuple[str, ...]:
+def check_tags(tags: Iterable[str]) -> tuple[str, ...]:
     out = tuple(tags)
     if not all(isinstance(t, str) and 0 < len(t) <= 256 for t in out):
         raise KVStoreError(f"tags must be non-empty strings of at most 256 characters, got {out!r:.120}")
@@ -237,62 +151,6 @@ class Store(ABC):
         from_bytes(self.get_bytes(aid), verify_tensors=True)
 
 
-class MemoryStore(Store):
-    """In-memory twin of LocalStore (same interface and checks), for tests."""
-
-    def __init__(self) -> None:
-        self._data: dict[str, bytes] = {}
-        self._info: dict[str, ArtifactInfo] = {}
-
-    def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
-        tags = _tags(tags)
-        snap = _admit(data)
-        aid = ArtifactId.of(data)
-        row = _Row.of(aid, len(data), snap)
-        old = self._info.get(aid)
-        self._data[aid] = bytes(data)
-        self._info[aid] = ArtifactInfo(aid, row.size, row.token_count, row.tokens_sha256, row.model_fingerprint,
-                                       row.model_name, old.created if old else time.time(),
-                                       tuple(sorted(set((old.tags if old else ()) + tags))))
-        return aid
-
-    def get_bytes(self, aid: str) -> bytes:
-        aid = ArtifactId(aid)
-        if aid not in self._data:
-            raise NotFoundError(f"artifact {aid} is not in the memory store")
-        data = self._data[aid]
-        if ArtifactId.of(data) != aid:
-            raise IntegrityError(f"artifact {aid}: bytes hash to {ArtifactId.of(data)}; it is corrupted")
-        return data
-
-    def contains(self, aid: str) -> bool:
-        return ArtifactId(aid) in self._data
-
-    def info(self, aid: str) -> ArtifactInfo:
-        aid = ArtifactId(aid)
-        if aid not in self._info:
-            raise NotFoundError(f"artifact {aid} is not in the memory store")
-        return self._info[aid]
-
-    def list(self, tag: str | None = None) -> list[ArtifactInfo]:
-        return sorted((i for i in self._info.values() if tag is None or tag in i.tags), key=lambda i: i.id)
-
-    def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
-        return [ArtifactId(i.id) for i in self.list() if i.tokens_sha256 == tokens_sha256]
-
-    def add_tags(self, aid: str, tags: Iterable[str]) -> None:
-        """Tag a stored artifact (its bytes are not read)."""
-        tags = _tags(tags)
-        old = self.info(aid)
-        self._info[old.id] = ArtifactInfo(**{**old.__dict__, "tags": tuple(sorted(set(old.tags) | set(tags)))})
-
-    def remove(self, aid: str) -> None:
-        aid = ArtifactId(aid)
-        if aid not in self._data:
-            raise NotFoundError(f"artifact {aid} is not in the memory store")
-        del self._data[aid], self._info[aid]
-
-
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS artifacts (
   id TEXT PRIMARY KEY, size INTEGER NOT NULL, token_count INTEGER NOT NULL, tokens_sha256 TEXT NOT NULL,
@@ -340,10 +198,10 @@ class LocalStore(Store):
         return self.root / id_to_relpath(aid)
 
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
-        tags = _tags(tags)
-        snap = _admit(data)
+        tags = check_tags(tags)
+        snap = admit(data)
         aid = ArtifactId.of(data)
-        self._store_and_index([(aid, data, _Row.of(aid, len(data), snap))], tags)
+        self._store_and_index([(aid, data, IndexRow.of(aid, len(data), snap))], tags)
         return aid
 
     def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
@@ -353,21 +211,21 @@ class LocalStore(Store):
         """Batched put: every item is validated and written atomically (temp, fsync, rename) as in put_bytes,
         then all index rows go in one transaction. If indexing fails, the objects this call wrote are removed
         again; a crash in between leaves objects that `gc()` indexes."""
-        tags = _tags(tags)
+        tags = check_tags(tags)
         batch = []
         for x in items:
             if isinstance(x, Snapshot):
                 with guard("snapshot to store"):
                     data = to_bytes(x)
-                snap = _admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
+                snap = admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
             else:
-                data, snap = x, _admit(x)
+                data, snap = x, admit(x)
             aid = ArtifactId.of(data)
-            batch.append((aid, data, _Row.of(aid, len(data), snap)))
+            batch.append((aid, data, IndexRow.of(aid, len(data), snap)))
         self._store_and_index(batch, tags)
         return [aid for aid, _, _ in batch]
 
-    def _store_and_index(self, batch: list[tuple[ArtifactId, bytes, _Row]], tags: tuple[str, ...]) -> None:
+    def _store_and_index(self, batch: list[tuple[ArtifactId, bytes, IndexRow]], tags: tuple[str, ...]) -> None:
         written: list[ArtifactId] = []
         try:
             for aid, data, _row in batch:
@@ -394,7 +252,7 @@ class LocalStore(Store):
                 except FileNotFoundError:
                     pass
 
-    def _index_many(self, rows: list[_Row], tags: tuple[str, ...]) -> None:
+    def _index_many(self, rows: list[IndexRow], tags: tuple[str, ...]) -> None:
         now = time.time()
         with self._db(f"index {len(rows)} artifact(s)") as db:
             db.execute("BEGIN IMMEDIATE")
@@ -505,7 +363,7 @@ class LocalStore(Store):
 
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         """Tag a stored artifact (its bytes are not read). Raises NotFoundError if it is not indexed."""
-        aid, tags = ArtifactId(aid), _tags(tags)
+        aid, tags = ArtifactId(aid), check_tags(tags)
         self.info(aid)
         with self._db("add tags") as db:
             db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(aid, t) for t in tags])
@@ -559,7 +417,7 @@ class LocalStore(Store):
         for aid in sorted(on_disk - indexed):
             try:
                 data = self.get_bytes(aid)
-                self._index_many([_Row.of(aid, len(data), _admit(data))], ())
+                self._index_many([IndexRow.of(aid, len(data), admit(data))], ())
                 report["objects_indexed"] += 1
             except (KVStoreError, OSError) as e:
                 report["damaged"].append(f"{aid}: {e}")
@@ -573,7 +431,7 @@ class LocalStore(Store):
         except OSError:  # gone already (renamed by its writer), or unreadable: leave it
             return False
         try:
-            if now - os.fstat(fd).st_mtime < grace_s or not _try_lock(fd, blocking=False):
+            if now - os.fstat(fd).st_mtime < grace_s or not try_lock(fd, blocking=False):
                 return False
             p.unlink()
             return True
@@ -581,3 +439,7 @@ class LocalStore(Store):
             return False
         finally:
             os.close(fd)
+
+
+__all__ = ["ArtifactId", "ArtifactInfo", "GC_GRACE_S", "IndexRow", "LocalStore", "Store", "admit", "atomic_write",
+           "check_tags", "id_to_relpath", "relpath_to_id"]
