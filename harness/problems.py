@@ -98,30 +98,27 @@ def _json_lines(p: Path, lines: list[str]) -> Iterator[Row]:
             continue
         n += 1
         where = f"row {n} (line {line_no})"
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ProblemError(
-                f"{p}, {where}: invalid JSON at column {e.colno}: {e.msg}; fix that line "
-                "(each line must be one complete JSON object)"
-            ) from e
-        except RecursionError as e:
-            raise ProblemError(f"{p}, {where}: JSON nested too deeply; each line must be one flat object") from e
+        value = _parse_json(line, p, f"{p}, {where}", "fix that line (each line must be one complete JSON object)")
         yield n, where, _object(value, p, where)
+
+
+def _parse_json(text: str, p: Path, where: str | None, fix: str) -> object:
+    """json.loads with a ProblemError naming the file, line (or `where`), column and the fix."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        at = where or f"{p}, line {e.lineno}"
+        raise ProblemError(f"{at}: invalid JSON at column {e.colno}: {e.msg}; {fix}") from e
+    except RecursionError as e:
+        raise ProblemError(f"{where or p}: JSON nested too deeply; {fix}") from e
 
 
 def _read_json(p: Path, text: str, suffix: str) -> Iterator[Row]:
     lines = text.splitlines()
     if suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProblemError(
-                f"{p}, line {e.lineno}: invalid JSON at column {e.colno}: {e.msg}; fix the file "
-                "(a .json file holds one array of objects, or one object per line)"
-            ) from e
-        except RecursionError as e:
-            raise ProblemError(f"{p}: JSON nested too deeply; a .json file holds one array of flat objects") from e
+        items = _parse_json(
+            text, p, None, "fix the file (a .json file holds one array of objects, or one object per line)"
+        )
         for n, item in enumerate(items, start=1):
             where = f"row {n} (array item {n})"
             yield n, where, _object(item, p, where)

@@ -45,10 +45,7 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.fsync(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        discard(tmp)
         raise
     finally:
         os.close(fd)  # releases the lock, after the rename
@@ -67,3 +64,11 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def discard(path: str | os.PathLike) -> None:
+    """Remove a temp file after a failed write; already gone is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -116,14 +116,19 @@ def _read_library(folder: Path) -> dict[str, bytes]:
             out[name] = p.read_bytes()
         except OSError as e:
             raise BundleError(f"{folder} is not a library folder (needs index.jsonl and manifest.json): {e}") from None
-    try:
-        lm = json.loads(out["manifest.json"])
-    except ValueError as e:
-        raise BundleError(f"{folder / 'manifest.json'} is not JSON ({e}); rebuild the library") from None
-    if isinstance(lm, dict) and "index_sha256" in lm and lm["index_sha256"] != _sha(out["index.jsonl"]):
-        raise BundleError(f"{folder / 'index.jsonl'} does not hash to the index_sha256 in manifest.json: the library "
-                          "was modified; rebuild it (`make library`)")
+    _check_library_index(out, str(folder), "rebuild the library (`make library`)")
     return out
+
+
+def _check_library_index(lib: dict[str, bytes], where: str, fix: str) -> None:
+    """The library's manifest.json is JSON and its index_sha256 (when present) is that of index.jsonl."""
+    try:
+        lm = json.loads(lib["manifest.json"])
+    except ValueError as e:
+        raise BundleError(f"{where}/manifest.json is not JSON ({e}); {fix}") from None
+    if isinstance(lm, dict) and "index_sha256" in lm and lm["index_sha256"] != _sha(lib["index.jsonl"]):
+        raise BundleError(f"{where}/index.jsonl does not hash to the index_sha256 in manifest.json: the library was "
+                          f"modified; {fix}")
 
 
 def _library_artifact_ids(index: bytes, where: str) -> list[ArtifactId]:
@@ -301,13 +306,7 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
             if id_to_relpath(aid) not in listed:
                 raise BundleError(f"{where}: library/index.jsonl names artifact {aid}, which the bundle does not "
                                   f"carry. {_FIX}")
-        try:
-            lm = json.loads(lib["manifest.json"])
-        except ValueError as ex:
-            raise BundleError(f"{where}: library/manifest.json is not JSON ({ex}). {_FIX}") from None
-        if isinstance(lm, dict) and "index_sha256" in lm and lm["index_sha256"] != _sha(lib["index.jsonl"]):
-            raise BundleError(f"{where}: library/index.jsonl does not hash to the index_sha256 in "
-                              f"library/manifest.json. {_FIX}")
+        _check_library_index(lib, f"{where}: library", _FIX)
     return manifest, offsets, lib
 
 

@@ -34,20 +34,6 @@ _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; 
 
 
 @dataclass(frozen=True)
-class ArtifactInfo:
-    """One index row: what is known about an artifact without reading its tensors."""
-
-    id: str
-    size: int
-    token_count: int
-    tokens_sha256: str
-    model_fingerprint: str
-    model_name: str
-    created: float
-    tags: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class IndexRow:
     """The index fields of an admitted artifact, taken from its validated snapshot (never from raw metadata)."""
 
@@ -62,6 +48,14 @@ class IndexRow:
     def of(cls, aid: str, size: int, snap: Snapshot) -> IndexRow:
         return cls(aid, size, snap.token_count, tokens_sha256(snap.token_ids), snap.model_fingerprint,
                    snap.model_name)
+
+
+@dataclass(frozen=True)
+class ArtifactInfo(IndexRow):
+    """One index row as a store lists it: the admitted fields plus when it was stored and its tags."""
+
+    created: float
+    tags: tuple[str, ...]
 
 
 def admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:

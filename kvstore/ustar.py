@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from kvstore.atomic import discard
 from kvstore.errors import BundleError
 
 _BLOCK = 512
@@ -50,10 +51,7 @@ def write_tar(path: Path, members: Iterator[tuple[str, bytes]]) -> str:
             digest = hashlib.file_digest(f, "sha256").hexdigest()
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        discard(tmp)
         raise
     return digest
 
