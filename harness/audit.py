@@ -290,7 +290,7 @@ def _check_totals(summary: dict[str, Any], rows: list[dict[str, Any]], found: _F
                         f"{total}; the summary was edited")
     time = summary.get("time")
     if isinstance(time, dict):
-        for key in ("wall_s", "cpu_s"):
+        for key in ("wall_s", "cpu_s", "ttft_s"):
             if key in time:
                 total = math.fsum(r.get(key) or 0.0 for r in rows)
                 value = time[key]
