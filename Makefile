@@ -53,6 +53,7 @@ report: setup
 	$(PY) -m harness.report $(RUN) $(ARGS)
 
 mlflow-ui: setup
+	@echo "open http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning (runs view; the UI defaults to GenAI)"
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
 
 verify-graft: setup
