@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.answers import score
@@ -24,7 +23,7 @@ from harness.metrics import summarize_groups, summarize_scores
 from harness.record import STOP_REASONS, SUMMARY_FORMAT, TOKEN_KINDS, group_for
 from harness.run_folder import CONFIG, MANIFEST, OUTPUTS, PROBLEMS, SUMMARY, RunFolder
 
-__all__ = ["ComparisonCheck", "RunCheck", "audit", "audit_comparison", "diff_values"]
+__all__ = ["RunCheck", "audit", "diff_values"]
 
 _SCORE_FIELDS = ("extracted", "answer", "correct")
 _MAX_ROW_MESSAGES = 20  # per check, so a wholesale corruption does not print 10,000 lines
@@ -412,58 +411,3 @@ def audit(folder: RunFolder) -> RunCheck:
         n_rows=len(rows),
         scores=scores,
         recorded_scores=recorded_scores)
-
-
-COMPARISON = "comparison.json"
-
-
-@dataclass
-class ComparisonCheck:
-    """Result of :func:`audit_comparison`: each listed run's audit (label -> RunCheck), each group's pairing
-    re-derived from the recorded rows (group -> harness.pairing.Pairing), and findings (empty when ok)."""
-
-    ok: bool
-    findings: list[str]
-    runs: dict[str, RunCheck]
-    pairs: dict[str, Any]
-
-
-def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
-    """Re-check a compare job's folder without the model: audit every run folder comparison.json lists, then
-    pair each group's graft and incontext rows again from their outputs.jsonl (harness/pairing.py) and check the
-    recorded `identical_rows` / `differing_rows`. A graft row that differs from its twin is a finding even when
-    the recorded counts admit it. Raises RunFolderError when comparison.json is missing or unreadable."""
-    from harness.pairing import pair_folders
-
-    folder = RunFolder(compare_dir)
-    comp = folder.read_json(COMPARISON)
-    findings: list[str] = []
-    runs = comp.get("runs") if isinstance(comp.get("runs"), dict) else {}
-    if not runs:
-        findings.append(f"{folder.file(COMPARISON)}: no 'runs' listed; the file is damaged")
-    checks: dict[str, RunCheck] = {}
-    for label, path in runs.items():
-        try:
-            checks[label] = audit(RunFolder(path))
-        except RunFolderError as exc:
-            findings.append(f"run {label!r} ({path}): {exc}")
-            continue
-        findings.extend(f"run {label!r} ({path}): {f}" for f in checks[label].findings)
-    pairs: dict[str, Any] = {}
-    recorded_pairs = comp.get("pairs") if isinstance(comp.get("pairs"), dict) else {}
-    if "pairs" not in comp:
-        findings.append(f"{folder.file(COMPARISON)}: no 'pairs' section: written before the incontext control "
-                        "existed; re-run `make aime-graft` to get the graft-vs-incontext check")  # fmt: skip
-    for group, rec in recorded_pairs.items():
-        try:
-            p = pair_folders(RunFolder(rec["graft_run"]), RunFolder(rec["incontext_run"]))
-        except (KeyError, TypeError, RunFolderError) as exc:
-            findings.append(f"comparison.json pairs.{group}: cannot re-pair its runs ({exc})")
-            continue
-        pairs[group] = p.to_json()
-        for key in ("identical_rows", "differing_rows"):
-            if rec.get(key) != pairs[group][key]:
-                findings.append(f"comparison.json: pairs.{group}.{key} is {rec.get(key)!r} but the recorded rows "
-                                f"give {pairs[group][key]!r}; the comparison or a run was edited")  # fmt: skip
-        findings.extend(f"pairs.{group}: graft row differs from its incontext twin: {d}" for d in p.differences)
-    return ComparisonCheck(ok=not findings, findings=findings, runs=checks, pairs=pairs)

@@ -13,7 +13,7 @@
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
 `make rescore RUN=runs/compare/<stamp>` re-audits every run it lists and re-checks the pairing from the
-recorded rows (harness.audit.audit_comparison).
+recorded rows (harness.pairing.audit_comparison).
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ parent run of the runs it compares (their ``mlflow.parentRunId``), with its figu
 (``harness.report``) as image artifacts. The experiment is tagged ``mlflow.experimentKind =
 custom_model_development``, so the UI opens on its runs rather than on the GenAI trace overview.
 
-Pitfalls handled in harness/mlflow_store.py (``DESIGN.md``): the store is an absolute ``sqlite:////abs/path/runs/mlflow.db`` URI
-(the ``./mlruns`` file store is deprecated) with artifacts next to it in ``mlartifacts/``; the experiment
-is get-or-created once and every write is retried on SQLite's "database is locked" (parallel Hydra
-jobs). An ``http(s)`` URI fails fast: the server's port is probed first and MLflow's HTTP retries and
-timeout are bounded (``tracking.http_retries``, ``tracking.http_timeout_s``; MLflow's defaults wait ~250 s on a
+Pitfalls handled in harness/mlflow_store.py (``DESIGN.md``): the store is an absolute
+``sqlite:////abs/path/runs/mlflow.db`` URI (the ``./mlruns`` file store is deprecated) with artifacts next to it in
+``mlartifacts/``; the experiment is get-or-created once and every write is retried on SQLite's "database is locked"
+(parallel Hydra jobs). An ``http(s)`` URI fails fast: the server's port is probed first and MLflow's HTTP retries
+and timeout are bounded (``tracking.http_retries``, ``tracking.http_timeout_s``; MLflow's defaults wait ~250 s on a
 dead port). ``mlflow`` is imported lazily because importing it takes seconds.
 """
 

@@ -12,7 +12,7 @@ summary scores and groups (``harness.audit.audit``), then prints recorded vs rec
 
 Given a compare folder (``runs/compare/<stamp>``, holding ``comparison.json``), it audits every run the
 comparison lists and re-checks the graft-vs-incontext pairing from the recorded rows (same completion token
-ids and first-logits SHA-256; ``harness.audit.audit_comparison``)::
+ids and first-logits SHA-256; ``harness.pairing.audit_comparison``)::
 
     make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
 
@@ -28,8 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.audit import COMPARISON, ComparisonCheck, RunCheck, audit, audit_comparison, diff_values
+from harness.audit import RunCheck, audit, diff_values
 from harness.errors import HarnessError
+from harness.pairing import COMPARISON, ComparisonCheck, audit_comparison
 from harness.run_folder import RunFolder
 
 
