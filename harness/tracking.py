@@ -216,10 +216,10 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
     """Log the compare job's comparison (written at `path`) as the parent run of the runs it compares.
 
     Metrics are its numeric leaves (``graft_held_out.comparison.token_reduction``); tags its comparable key,
-    the runs it compares, model and dataset; plots (``harness.report.comparison_plots``) are written next to
+    the runs it compares, model and dataset; plots (``harness.plots.comparison_plots``) are written next to
     `path` and logged as images; each compared run already logged to this store (its ``tracking.json``)
     gets ``mlflow.parentRunId`` = this run, so the UI nests it. Returns the run id."""
-    from harness.report import comparison_plots
+    from harness.plots import comparison_plots
 
     path = Path(path)
     folders = {label: RunFolder(p) for label, p in (comparison.get("runs") or {}).items()}

@@ -1,0 +1,111 @@
+"""The plots of a comparison and of a sweep report (matplotlib, Agg backend: no display needed).
+
+:func:`comparison_plots` draws the compare job's plots (accuracy with 95% intervals per condition, decode
+tokens per problem, TTFT distribution); ``harness.tracking.log_comparison`` logs them. :func:`bar_plot` is one
+bar chart of the sweep report (harness/report.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.record import Row
+
+__all__ = ["bar_plot", "comparison_plots"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def accuracy_plot(path: Path, labels: Sequence[str], acc: Sequence[float], low: Sequence[float],
+                   high: Sequence[float], title: str) -> Path:  # fmt: skip
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(labels)), 4.5))
+    yerr = [[a - lo for a, lo in zip(acc, low, strict=True)], [hi - a for a, hi in zip(acc, high, strict=True)]]
+    ax.errorbar(range(len(labels)), acc, yerr=yerr, fmt="o", capsize=6)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy (95% interval)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The compare job's plots, written into `out_dir`: ``accuracy.png`` (accuracy with 95% intervals per
+    condition, from comparison.json), ``decode_tokens.png`` (decode tokens per problem and sample, one bar per
+    condition) and ``ttft.png`` (time to first token per condition; a note when no row recorded it)."""
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = comparison.get("summaries") or {}
+    labels = list(summaries)
+    scores = [summaries[k].get("scores") or {} for k in labels]
+    acc = [float(s.get("accuracy", math.nan)) for s in scores]
+    paths = [accuracy_plot(out_dir / "accuracy.png", labels, acc,
+                            [float(s.get("accuracy_ci_low", a)) for s, a in zip(scores, acc, strict=True)],
+                            [float(s.get("accuracy_ci_high", a)) for s, a in zip(scores, acc, strict=True)],
+                            "accuracy per condition")]  # fmt: skip
+
+    keys = sorted({(r.problem_id, r.sample) for rs in rows.values() for r in rs})
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(keys) * max(1, len(rows))), 4))
+    width = 0.8 / max(1, len(rows))
+    for i, (label, rs) in enumerate(rows.items()):
+        by_key = {(r.problem_id, r.sample): r.completion.decode_tokens for r in rs}
+        ax.bar([j + i * width for j in range(len(keys))], [by_key.get(k, 0) for k in keys], width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
+                  [p if s == 0 else f"{p}#{s}" for p, s in keys], rotation=45, ha="right", fontsize=8)  # fmt: skip
+    ax.set_ylabel("decode tokens")
+    ax.set_title("decode tokens per problem")
+    if rows:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "decode_tokens.png", dpi=100)
+    plt.close(fig)
+    paths.append(out_dir / "decode_tokens.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ttfts = {label: [r.completion.ttft_s for r in rs if r.completion.ttft_s is not None] for label, rs in rows.items()}
+    shown = {k: v for k, v in ttfts.items() if v}
+    if shown:
+        ax.boxplot(list(shown.values()), showfliers=True)
+        for i, values in enumerate(shown.values(), start=1):
+            ax.scatter([i] * len(values), values, s=12, alpha=0.6)
+        ax.set_xticks(range(1, len(shown) + 1), list(shown), rotation=20, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel("time to first token, s (log)")
+    else:
+        ax.text(0.5, 0.5, "no row recorded ttft_s", ha="center", va="center")
+    ax.set_title("time to first token")
+    fig.tight_layout()
+    fig.savefig(out_dir / "ttft.png", dpi=100)
+    plt.close(fig)
+    paths.append(out_dir / "ttft.png")
+    return paths
+
+
+def bar_plot(path: Path, labels: list[str], values: list[float], ylabel: str, title: str, note: str = "") -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(labels)), 4.5))
+    shown = [0.0 if math.isnan(v) else v for v in values]
+    ax.bar(range(len(labels)), shown)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if note:
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, wrap=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
