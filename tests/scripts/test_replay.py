@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore import environment_fingerprint
+from kvstore import Determinism, environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "replay.py"
@@ -101,6 +101,8 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     registry = json.loads(reg.read_text())
     entry = registry["profiles"]["native"]
     assert registry["params"]["samples"] == 3 and len(entry["samples"]) == 3 and len(entry["decode"]) == 2
+    # the subprocess ran under the default pinned settings; earlier tests may have changed this process's threads
+    Determinism().apply()
     assert entry["environment"] == environment_fingerprint() and entry["determinism"]["profile"] == "native"
 
     r = _run("--profile", "native", "--registry", str(reg))  # the parameters come from the registry
