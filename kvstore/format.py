@@ -8,6 +8,9 @@ function of the snapshot's content, so the artifact id (`content_id` of the byte
 `from_bytes` (hence every store admission and read) checks
 every invariant of FORMAT.md section 6 before it returns a tensor; `check_snapshot` checks the ones that
 concern an in-memory Snapshot (graft runs it before any tensor reaches a model).
+
+Length: ~430 lines because the byte framing, the tensor checks and both format versions belong together; the
+metadata invariants are in kvstore/invariants.py.
 """
 
 from __future__ import annotations
