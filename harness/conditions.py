@@ -34,7 +34,7 @@ from harness.library import Library, Match, open_library
 from harness.problems import Problem
 from harness.prompts import render
 from harness.record import Completion, group_for
-from kvstore import FrozenModel, graft_snapshot, prefill
+from kvstore import FrozenModel, Prefetcher, graft_snapshot, prefill
 
 
 @dataclass
@@ -105,6 +105,12 @@ class Baseline:
         """One sample of `problem` (batch size 1)."""
         return self.complete_samples(problem, [sample])[0]
 
+    def upcoming(self, problem: Problem) -> None:
+        """`problem` comes next: a condition may start reading what it will need (the baseline needs nothing)."""
+
+    def close(self) -> None:
+        """Release background resources (none for the baseline)."""
+
 
 class Graft(Baseline):
     """A verified library entry grafted at its own positions before the query prompt."""
@@ -112,9 +118,21 @@ class Graft(Baseline):
     name: ClassVar[str] = "graft"
     uses_library: ClassVar[bool] = True
 
-    def __init__(self, fm: FrozenModel, prompt: PromptConfig, decoding: DecodingConfig, library: Library) -> None:
+    def __init__(self, fm: FrozenModel, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
+                 prefetch_bytes: int = 0) -> None:
         super().__init__(fm, prompt, decoding)
         self.library = library
+        # the next problem's artifact is read + verified in the background while the current one decodes
+        self.prefetch = Prefetcher(library.store, prefetch_bytes) if prefetch_bytes > 0 else None
+
+    def upcoming(self, problem: Problem) -> None:
+        match = self.library.retrieve(problem)
+        if match is not None and self.prefetch is not None:
+            self.prefetch.schedule([match.entry.artifact_id])
+
+    def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
 
     def describe(self) -> dict[str, Any]:
         return {"condition": self.name, "library": self.library.describe()}
@@ -124,7 +142,8 @@ class Graft(Baseline):
         match = self.library.retrieve(problem)  # exclude_self and retrieval were fixed when it was opened
         if match is None:
             return None
-        snapshot = self.library.store.get(match.entry.artifact_id)  # verifies bytes and tensors
+        aid = match.entry.artifact_id  # verified on read (the prefetcher reads through the same store.get)
+        snapshot = self.prefetch.get(aid) if self.prefetch is not None else self.library.store.get(aid)
         return render(self.prompt.template, problem=problem.problem), match, snapshot
 
     def context(self, problem: Problem) -> Context:
@@ -179,4 +198,5 @@ def build_condition(
     cls = condition_class(name)
     if not cls.uses_library:
         return cls(fm, prompt, decoding)
-    return cls(fm, prompt, decoding, open_library(library, fm, project_root, build_if_missing=build_library_if_missing))
+    lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing)
+    return cls(fm, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)

@@ -90,6 +90,7 @@ class LibraryConfig:
     store: str = "runs/store"  # the artifact store the library's artifacts go to
     exclude_self: bool = False  # true: the evaluated problem never reaches the context (held-out)
     retrieval: str = "bm25"  # how a non-exact match is found: bm25 | none
+    prefetch_mb: int = 1024  # read + verify the next problem's artifact in the background, within this budget (0: off)
 
 
 @dataclass

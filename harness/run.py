@@ -100,7 +100,9 @@ def run_rows(
     bar = tqdm(total=len(problems) * n, desc=f"{condition.name} {d.name}", unit="sample", disable=not progress)
     tokens = tqdm(total=len(problems) * n * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
                   disable=not progress, leave=False)  # fmt: skip
-    for problem, samples in jobs:
+    for i, (problem, samples) in enumerate(jobs):
+        if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
+            condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
         w0, c0 = time.perf_counter(), time.process_time()
         meter.start()
         completions = condition.complete_samples(problem, samples, on_token=tokens.update)
@@ -121,6 +123,7 @@ def run_rows(
         bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
     tokens.close()
     bar.close()
+    condition.close()
     run_energy = run_meter.stop()
 
     summary = Summary.of(

@@ -153,3 +153,22 @@ def test_batched_samples_reproduce_and_record_their_seeds(cfg, fm, problems, bui
     assert [x.first_logits_sha256 for x in a] == [x.first_logits_sha256 for x in b]
     assert len({tuple(x.token_ids) for x in a}) > 1  # the rows really sample with their own seeds
     assert all(x.stop_reason in ("eos", "stop", "length") for x in a)
+
+
+def test_prefetched_artifacts_give_the_same_completions_as_direct_reads(cfg, fm, problems, built):
+    """The graft condition reads the next problem's artifact in the background (library.prefetch_mb); what it
+    hands out is what store.get returns, so every completion is the same as with prefetch off."""
+    direct = _condition("graft", cfg, fm, replace(built, prefetch_mb=0))
+    ahead = _condition("graft", cfg, fm, built)
+    assert direct.prefetch is None and ahead.prefetch is not None
+    some = problems[:4]
+    got, want = [], []
+    for i, p in enumerate(some):
+        if i + 1 < len(some):
+            ahead.upcoming(some[i + 1])
+        got.append(replace(ahead.complete(p, 0), ttft_s=None))
+        want.append(replace(direct.complete(p, 0), ttft_s=None))
+    assert got == want
+    assert ahead.prefetch.hits == 3 and ahead.prefetch.misses == 1  # the first problem had nothing ahead of it
+    ahead.close()
+    direct.close()
