@@ -407,9 +407,16 @@ class LocalStore(Store):
                 report["damaged"].append(f"{p}: not an object ({e}); move it out of the store")
         indexed = {i.id for i in self._rows()}
         for aid in sorted(indexed - on_disk):
+            # the scan above may predate a concurrent put (object written, then indexed): look again inside the
+            # write transaction, so a row is dropped only when its object is really gone
             with self._db(f"drop the row of missing object {aid}") as db:
+                db.execute("BEGIN IMMEDIATE")
+                if self.path(aid).exists():
+                    db.execute("COMMIT")
+                    continue
                 db.execute("DELETE FROM artifacts WHERE id = ?", (aid,))
                 db.execute("DELETE FROM tags WHERE id = ?", (aid,))
+                db.execute("COMMIT")
             report["rows_dropped"] += 1
         for aid in sorted(on_disk - indexed):
             try:
