@@ -62,12 +62,16 @@ def _print_report(run_dir: Path, check: RunCheck) -> None:
         )
         table.add_row(key, _fmt(recorded), _fmt(recomputed), "[green]yes[/]" if same else "[red]NO[/]")
     console.print(table)
-    # Plain prints: one unwrapped line per finding, easy to grep in logs.
-    if check.ok:
-        print(f"OK: {check.n_rows} rows re-scored, all hashes match")
+    _print_verdict(check.ok, f"{check.n_rows} rows re-scored, all hashes match", run_dir, check.findings)
+
+
+def _print_verdict(ok: bool, ok_text: str, where: Path, findings: list[str]) -> None:
+    """Plain prints: one unwrapped line per finding, easy to grep in logs."""
+    if ok:
+        print(f"OK: {ok_text}")
     else:
-        print(f"FAILED: {len(check.findings)} finding(s) in {run_dir}:")
-        for finding in check.findings:
+        print(f"FAILED: {len(findings)} finding(s) in {where}:")
+        for finding in findings:
             print(f"  - {finding}")
 
 
@@ -77,12 +81,8 @@ def _print_comparison(compare_dir: Path, check: ComparisonCheck) -> None:
     for group, p in check.pairs.items():
         n = p["identical_rows"] + p["differing_rows"]
         print(f"pairing {group}: {p['identical_rows']}/{n} graft rows identical to their incontext twin")
-    if check.ok:
-        print(f"OK: {compare_dir}: every run re-scores, every hash matches, every graft row equals its twin")
-    else:
-        print(f"FAILED: {len(check.findings)} finding(s) in {compare_dir}:")
-        for finding in check.findings:
-            print(f"  - {finding}")
+    _print_verdict(check.ok, f"{compare_dir}: every run re-scores, every hash matches, every graft row equals its twin",
+                   compare_dir, check.findings)
 
 
 def _main_comparison(compare_dir: Path, as_json: bool) -> int:
