@@ -124,10 +124,13 @@ class Graft(Baseline):
         self.library = library
         # the next problem's artifact is read + verified in the background while the current one decodes
         self.prefetch = Prefetcher(library.store, prefetch_bytes) if prefetch_bytes > 0 else None
+        self._ahead: dict[str, Match | None] = {}  # problem id -> its retrieval, done once when it was announced
 
     def upcoming(self, problem: Problem) -> None:
-        match = self.library.retrieve(problem)
-        if match is not None and self.prefetch is not None:
+        if self.prefetch is None:
+            return
+        match = self._ahead[problem.id] = self.library.retrieve(problem)
+        if match is not None:
             self.prefetch.schedule([match.entry.artifact_id])
 
     def close(self) -> None:
@@ -139,7 +142,8 @@ class Graft(Baseline):
 
     def _entry(self, problem: Problem):
         """(rendered prompt, match, the entry's snapshot) or None when retrieval found nothing."""
-        match = self.library.retrieve(problem)  # exclude_self and retrieval were fixed when it was opened
+        # exclude_self and retrieval were fixed when the library was opened; announced problems were retrieved then
+        match = self._ahead.pop(problem.id) if problem.id in self._ahead else self.library.retrieve(problem)
         if match is None:
             return None
         aid = match.entry.artifact_id  # verified on read (the prefetcher reads through the same store.get)
