@@ -48,16 +48,34 @@ class Generation:
     seed: int | None = None  # the sampling seed (None for greedy)
 
 
+def _pick_rows(
+    logits: torch.Tensor, strategy: str, temperature: float, top_p: float, gens: Sequence[torch.Generator | None]
+) -> list[int]:
+    """The next token of every row of `logits` (rows, vocab); row r samples with `gens[r]`.
+
+    Sampling draws from the nucleus's candidates only (`_nucleus_candidates`, in vocabulary order), not from
+    a vocabulary-sized vector: torch.multinomial draws one exponential per category, so a 262,144-entry
+    draw costs more than the rest of a row's sampling. Same distribution; one softmax for all rows.
+    """
+    if strategy == "greedy":
+        return [int(t) for t in torch.argmax(logits, dim=-1)]
+    probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
+    picks = []
+    for r in range(probs.shape[0]):
+        if top_p < 1.0:
+            vals, ids = _nucleus_candidates(probs[r], top_p)
+        else:
+            vals, ids = probs[r], None
+        j = int(torch.multinomial(vals, 1, generator=gens[r]))
+        picks.append(j if ids is None else int(ids[j]))
+    return picks
+
+
 def _pick(
     logits: torch.Tensor, strategy: str, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> int:
-    """The next token from one row of logits (vocab,)."""
-    if strategy == "greedy":
-        return int(torch.argmax(logits, dim=-1))
-    probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
-    if top_p < 1.0:
-        probs = _nucleus(probs, top_p)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """The next token from one row of logits (vocab,): `_pick_rows` on a batch of one."""
+    return _pick_rows(logits[None], strategy, temperature, top_p, [generator])[0]
 
 
 def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -67,15 +85,17 @@ def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, idx[keep], sorted_p[keep])
 
 
-def _nucleus(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> torch.Tensor:
-    """The same tensor as `_nucleus_by_sort`, bit for bit, from the top `candidates` probabilities only.
+def _nucleus_candidates(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-p nucleus of one row as (probabilities, token ids) in increasing token id: exactly the nonzero
+    entries of `_nucleus_by_sort`, bit for bit, found from the top `candidates` probabilities only.
 
     Sorting 262,144 probabilities costs more than a decode step's sampling otherwise does. The sorted
     prefix holds the same values whichever way it is found, and CPU cumsum is a sequential scan, so the keep
     test over the prefix gives the same booleans. The shortcut is taken only when it is unambiguous: the
     candidates' mass reaches past top_p (no later position can be kept), the kept positions are a prefix,
     and the last kept value is strictly above the next one (no tie whose order a sort would decide).
-    Otherwise it falls back to the full sort.
+    Otherwise it falls back to the full sort. Both paths give the candidates in token-id order, so the draw
+    made from them does not depend on which path found them.
     """
     k_cand = min(candidates, probs.shape[-1])
     top, idx = torch.topk(probs, k_cand)  # (k_cand,) descending
@@ -88,8 +108,17 @@ def _nucleus(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> torch
         and bool(keep[:k].all())
         and float(top[k - 1]) > float(top[k])
     ):
-        return torch.zeros_like(probs).scatter(-1, idx[:k], top[:k])
-    return _nucleus_by_sort(probs, top_p)
+        ids, order = torch.sort(idx[:k])
+        return top[:k][order], ids
+    full = _nucleus_by_sort(probs, top_p)
+    ids = torch.nonzero(full).flatten()
+    return full[ids], ids
+
+
+def _nucleus(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> torch.Tensor:
+    """`probs` with everything outside the nucleus set to 0, from `_nucleus_candidates` (= `_nucleus_by_sort`)."""
+    vals, ids = _nucleus_candidates(probs, top_p, candidates)
+    return torch.zeros_like(probs).scatter(-1, ids, vals)
 
 
 def generate(
@@ -199,8 +228,10 @@ def _generate_batch(
     position = len(prompt_ids)
     for step in range(max_new_tokens):
         running: list[int] = []  # indices into `active` of rows that continue
+        rows = logits if logits.shape[0] == len(active) else logits.expand(len(active), -1)  # step 0: shared
+        picks = _pick_rows(rows, strategy, temperature, top_p, [gens[i] for i in active])
         for j, i in enumerate(active):
-            tok = _pick(logits[j if logits.shape[0] > 1 else 0], strategy, temperature, top_p, gens[i])
+            tok = picks[j]
             if step == 0:
                 ttft[i] = time.perf_counter() - t0
             if tok in eos:

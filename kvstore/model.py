@@ -27,6 +27,7 @@ from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
 from kvstore.environment import current_environment
 from kvstore.errors import ModelLoadError, SettingsError
 from kvstore.gguf import BUNDLED, converted_checkpoint
+from kvstore.lm_head import block_lm_head
 from kvstore.tiny import TINY, build_tiny
 
 
@@ -173,6 +174,7 @@ def load_frozen_model(
     model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    block_lm_head(model)  # same bits, faster batched decode on CPU (kvstore/lm_head.py)
     fm = FrozenModel(name=source, model=model, tokenizer=tok, determinism=det)
     fm.fingerprint = model_fingerprint(model)
     fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
