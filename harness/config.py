@@ -81,11 +81,16 @@ class ConditionConfig:
 @dataclass
 class LibraryConfig:
     name: str = "kvgraft_original"
-    version: int = 1
+    version: int = 2
     source: str = "dataset"  # dataset (reference solutions) | harvest (a previous run's correct outputs)
     dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(path="problems/kvgraft_original.jsonl"))
     harvest_run: str | None = None  # run folder to harvest when source=harvest
-    entry_template: str = "Problem: {problem}\n\nSolution: {solution}\n\nFinal answer: {answer}\n\n"
+    # The entry restates the problem as the answer prompt asks it, then the verified answer, then the worked
+    # solution: a query that repeats the problem continues where the entry did, at "Final answer:".
+    entry_template: str = (
+        "Problem: {problem}\nGive the answer as an integer from 0 to 999.\nFinal answer: {answer}\n\n"
+        "Solution: {solution}\n\n"
+    )
     root: str = "runs/library"  # libraries live in <root>/<name>-v<version>-<model fingerprint[:12]>/
     store: str = "runs/store"  # the artifact store the library's artifacts go to
     exclude_self: bool = False  # true: the evaluated problem never reaches the context (held-out)

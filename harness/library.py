@@ -315,6 +315,14 @@ def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build
                 "build it with `make library` (or run `make aime-graft`, which builds it)"
             )
         build_library(lib_cfg, fm, project_root)
+    built_with = json.loads((path / "manifest.json").read_text()).get("entry_template_sha256")
+    if built_with != sha256_hex(lib_cfg.entry_template.encode()):
+        raise LibraryError(
+            f"{path / 'manifest.json'}: entry_template_sha256 {str(built_with)[:12]} is not the configured "
+            f"library.entry_template's ({sha256_hex(lib_cfg.entry_template.encode())[:12]}): the library was built "
+            "from other entry texts. Raise library.version to build one from this template, or set "
+            "library.entry_template back to the one it was built with"
+        )
     store = LocalStore(project_root / lib_cfg.store)
     return Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
 

@@ -86,3 +86,15 @@ def test_a_run_that_opts_in_is_marked_not_guaranteed_exact(moved, tmp_path):
     plain = compose_config(_overrides(tmp_path, "condition=baseline"))
     _, base = run(plain, tmp_path / "runs" / "baseline" / "r1", progress=False)
     assert base.exactness is None
+
+
+def test_a_library_built_from_another_entry_template_is_refused_by_name(tmp_path):
+    cfg = typed(compose_config(_overrides(tmp_path)))
+    fm = load_model(cfg)
+    build_library(cfg.library, fm, REPO, progress=False)
+    assert len(open_library(cfg.library, fm, REPO).entries) == 3
+    other = typed(compose_config(_overrides(tmp_path, "library.entry_template='Q: {problem} A: {answer}'")))
+    from harness.errors import LibraryError
+
+    with pytest.raises(LibraryError, match=r"entry_template_sha256 .* library\.version"):
+        open_library(other.library, fm, REPO)
