@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,7 +193,9 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     entries: dict[str, dict] = {}
     skipped = []
-    for p, solution in tqdm(candidates, desc=f"library {lib_cfg.name}", unit="entry", disable=not progress):
+    # Pass 1 (seconds): verify each solution, render and tokenize its entry, find those already deposited.
+    planned: list[tuple[Problem, str, dict, str, list[int], str | None]] = []
+    for p, solution in candidates:
         check = score(solution, p.answer)
         verification = {
             "scorer": "harness.answers.score",
@@ -215,14 +219,26 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
             a for a in store.find_tokens(tokens_sha256(ids))
             if store.info(a).model_fingerprint == fm.fingerprint and not settings_differences(store.get(a), fm)
         ]
-        if existing:
-            aid = existing[0]
+        planned.append((p, solution, verification, text, ids, str(existing[0]) if existing else None))
+    # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.
+    t0 = time.perf_counter()
+    todo = sum(len(ids) for *_, ids, aid in planned if aid is None)
+    reused = sum(aid is not None for *_, aid in planned)
+    if progress and reused:
+        print(f"library {lib_cfg.name}: {reused} of {len(planned)} entries already in the store (resumed)", flush=True)
+    bar = tqdm(total=todo, desc=f"library {lib_cfg.name}: depositing", unit="tok", unit_scale=True,
+               disable=not progress or todo == 0, miniters=1)
+    for p, solution, verification, text, ids, aid in planned:
+        if aid is not None:
             store.add_tags(aid, [tag])
         else:
             try:
-                aid = store.put(deposit_tokens(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag])
+                aid = str(store.put(deposit_tokens(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}),
+                                    tags=[tag]))
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
+            bar.update(len(ids))
+            bar.set_postfix_str(f"entry {p.id}", refresh=False)
         fp = problem_fingerprint(p.problem)
         entry = Entry(
             entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16],
@@ -230,12 +246,22 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
             problem_fingerprint=fp,
             problem=p.problem,
             answer=p.answer,
-            artifact_id=str(aid),
+            artifact_id=aid,
             tokens=len(ids),
             origin=origin,
             verification=verification,
         )
         entries.setdefault(entry.entry_id, entry.to_row())
+    bar.close()
+    if progress:
+        secs = time.perf_counter() - t0
+        disk = sum(store.info(e["artifact_id"]).size for e in entries.values())
+        toks = sum(e["tokens"] for e in entries.values())
+        print(f"library {lib_cfg.name}: deposited {len(planned) - reused} entries ({todo} tokens) in {secs:.0f} s"
+              + (f" = {todo / secs:.0f} tokens/s" if todo and secs > 0 else "")
+              + f"; {reused} already in the store; {len(skipped)} refused; {disk / 1e9:.2f} GB on disk for {toks} "
+              f"tokens ({disk / max(toks, 1) / 1e3:.1f} kB/token, {fm.determinism.dtype}); peak RSS "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB", flush=True)
     if not entries:
         raise LibraryError(f"library {lib_cfg.name}: no verified solution to deposit ({len(skipped)} skipped)")
     rows = list(entries.values())

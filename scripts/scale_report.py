@@ -1,0 +1,106 @@
+"""What a compare job's graft rows did, problem by problem: the decode-token distribution, the misses (with the
+answer the grafted entry held), and for the held-out group whether the model copied its neighbour's answer.
+
+    python scripts/scale_report.py runs/compare/<stamp>            # after make aime-graft
+    python scripts/scale_report.py runs/compare/<stamp> --show 8 --json runs/scale/report.json
+
+Reads only the run folders and the library index (entry id -> problem and verified answer), never the model.
+The library is found from the run manifest's library name, version and manifest SHA-256 under --library-root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.run_folder import RunFolder  # noqa: E402
+
+
+def find_library(manifest: dict, root: Path) -> Path:
+    lib = manifest["inputs"].get("library") or {}
+    for cand in sorted(root.glob(f"{lib.get('name')}-v{lib.get('version')}-*")):
+        m = json.loads((cand / "manifest.json").read_text())
+        if m.get("manifest_sha256") == lib.get("manifest_sha256"):
+            return cand
+    sha = str(lib.get("manifest_sha256"))[:12]
+    raise SystemExit(f"no library {lib.get('name')} v{lib.get('version')} with manifest {sha} under {root}; "
+                     "pass --library-root")
+
+
+def distribution(values: list[int]) -> dict:
+    s = sorted(values)
+    return {"n": len(s), "min": s[0], "median": statistics.median(s), "p90": s[int(0.9 * (len(s) - 1))],
+            "max": s[-1], "mean": round(sum(s) / len(s), 2), "histogram": dict(sorted(Counter(s).items()))}
+
+
+def group_report(run: Path, entries: dict[str, dict], show: int) -> dict:
+    rows = RunFolder(run).read_rows()
+    toks = [r.completion.decode_tokens for r in rows]
+    misses, copied, from_self = [], 0, 0
+    for r in rows:
+        e = entries.get(r.completion.entry_id or "")
+        entry_answer = str(e["answer"]) if e else None
+        if e and e["problem_id"] == r.problem_id:
+            from_self += 1
+        if entry_answer is not None and r.extracted == entry_answer:
+            copied += 1
+        if not r.correct:
+            misses.append({"problem_id": r.problem_id, "gold": r.gold, "extracted": r.extracted,
+                           "completion": r.completion.text[:60], "entry_problem": e["problem_id"] if e else None,
+                           "entry_answer": entry_answer, "stop_reason": r.completion.stop_reason})
+    n = len(rows)
+    return {"run": str(run), "rows": n, "correct": sum(r.correct for r in rows),
+            "accuracy": round(sum(r.correct for r in rows) / n, 4), "decode_tokens": distribution(toks),
+            "decode_tokens_total": sum(toks), "grafted_own_entry": from_self,
+            "answered_the_grafted_entry_answer": copied, "misses": len(misses), "examples": misses[:show]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("compare", type=Path, help="a compare folder (holds comparison.json)")
+    ap.add_argument("--library-root", type=Path, default=REPO / "runs" / "library")
+    ap.add_argument("--show", type=int, default=5, help="misses to list per group")
+    ap.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = ap.parse_args(argv)
+    comp = json.loads((args.compare / "comparison.json").read_text())
+    runs = {k: (REPO / v if not Path(v).is_absolute() else Path(v)) for k, v in comp["runs"].items()}
+    graft_runs = {k: v for k, v in runs.items() if k.startswith("graft")}
+    lib = find_library(RunFolder(next(iter(graft_runs.values()))).read_manifest(), args.library_root)
+    entries = {json.loads(line)["entry_id"]: json.loads(line) for line in (lib / "index.jsonl").read_text().splitlines()
+               if line.strip()}
+    report = {"compare": str(args.compare), "library": str(lib), "groups": {}}
+    base = runs.get("baseline")
+    if base:
+        b = RunFolder(base).read_rows()
+        report["baseline"] = {"rows": len(b), "correct": sum(r.correct for r in b),
+                              "decode_tokens": distribution([r.completion.decode_tokens for r in b]),
+                              "decode_tokens_total": sum(r.completion.decode_tokens for r in b)}
+    for label, run in sorted(graft_runs.items()):
+        g = report["groups"][label] = group_report(run, entries, args.show)
+        d = g["decode_tokens"]
+        print(f"{label}: {g['correct']}/{g['rows']} correct ({g['accuracy']:.3f}); decode tokens/problem min "
+              f"{d['min']} median {d['median']} p90 {d['p90']} max {d['max']} mean {d['mean']} (total "
+              f"{g['decode_tokens_total']}); grafted its own entry {g['grafted_own_entry']}x; answered the grafted "
+              f"entry's answer {g['answered_the_grafted_entry_answer']}x; histogram {d['histogram']}")
+        for m in g["examples"]:
+            print(f"  miss {m['problem_id']}: gold {m['gold']}, answered {m['extracted']!r} ({m['completion']!r}, "
+                  f"{m['stop_reason']}); grafted entry {m['entry_problem']} holds {m['entry_answer']}")
+    if base:
+        b = report["baseline"]
+        print(f"baseline: {b['correct']}/{b['rows']} correct; decode tokens total {b['decode_tokens_total']} "
+              f"(mean {b['decode_tokens']['mean']}/problem)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
