@@ -3,6 +3,8 @@ answer the grafted entry held), and for the held-out group whether the model cop
 
     python scripts/scale_report.py runs/compare/<stamp>            # after make aime-graft
     python scripts/scale_report.py runs/compare/<stamp> --show 8 --json runs/scale/report.json
+    python scripts/scale_report.py --graft recurring=runs/graft/<run> --graft held_out=runs/graft/<run> \
+        --baseline runs/baseline/<run> [--incontext recurring=runs/incontext/<run>]   # separate runs
 
 Reads only the run folders and the library index (entry id -> problem and verified answer), never the model.
 The library is found from the run manifest's library name, version and manifest SHA-256 under --library-root.
@@ -20,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.pairing import pair_folders  # noqa: E402
 from harness.run_folder import RunFolder  # noqa: E402
 
 
@@ -59,29 +62,51 @@ def group_report(run: Path, entries: dict[str, dict], show: int) -> dict:
     return {"run": str(run), "rows": n, "correct": sum(r.correct for r in rows),
             "accuracy": round(sum(r.correct for r in rows) / n, 4), "decode_tokens": distribution(toks),
             "decode_tokens_total": sum(toks), "grafted_own_entry": from_self,
+            "wall_s": round(sum(r.wall_s for r in rows), 1), "cpu_s": round(sum(r.cpu_s for r in rows), 1),
             "answered_the_grafted_entry_answer": copied, "misses": len(misses), "examples": misses[:show]}
+
+
+def _labelled(pairs: list[str], kind: str) -> dict[str, Path]:
+    out = {}
+    for p in pairs:
+        group, sep, path = p.partition("=")
+        if not sep:
+            raise SystemExit(f"--{kind} {p!r}: write GROUP=RUN_FOLDER, e.g. recurring=runs/{kind}/<run>")
+        out[f"{kind} ({group.replace('_', '-')})"] = Path(path)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("compare", type=Path, help="a compare folder (holds comparison.json)")
+    ap.add_argument("compare", type=Path, nargs="?", help="a compare folder (holds comparison.json)")
+    ap.add_argument("--graft", action="append", default=[], help="GROUP=RUN_FOLDER, without a compare folder")
+    ap.add_argument("--incontext", action="append", default=[], help="GROUP=RUN_FOLDER: pair with the graft run")
+    ap.add_argument("--baseline", type=Path, default=None)
     ap.add_argument("--library-root", type=Path, default=REPO / "runs" / "library")
     ap.add_argument("--show", type=int, default=5, help="misses to list per group")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
-    comp = json.loads((args.compare / "comparison.json").read_text())
-    runs = {k: (REPO / v if not Path(v).is_absolute() else Path(v)) for k, v in comp["runs"].items()}
+    if args.compare is not None:
+        comp = json.loads((args.compare / "comparison.json").read_text())
+        runs = {k: (REPO / v if not Path(v).is_absolute() else Path(v)) for k, v in comp["runs"].items()}
+    elif args.graft:
+        runs = {**_labelled(args.graft, "graft"), **_labelled(args.incontext, "incontext")}
+        if args.baseline:
+            runs["baseline"] = args.baseline
+    else:
+        raise SystemExit("give a compare folder, or --graft GROUP=RUN_FOLDER (and --baseline, --incontext)")
     graft_runs = {k: v for k, v in runs.items() if k.startswith("graft")}
     lib = find_library(RunFolder(next(iter(graft_runs.values()))).read_manifest(), args.library_root)
     entries = {json.loads(line)["entry_id"]: json.loads(line) for line in (lib / "index.jsonl").read_text().splitlines()
                if line.strip()}
-    report = {"compare": str(args.compare), "library": str(lib), "groups": {}}
+    report = {"compare": str(args.compare), "library": str(lib), "groups": {}, "pairings": {}}
     base = runs.get("baseline")
     if base:
         b = RunFolder(base).read_rows()
         report["baseline"] = {"rows": len(b), "correct": sum(r.correct for r in b),
                               "decode_tokens": distribution([r.completion.decode_tokens for r in b]),
-                              "decode_tokens_total": sum(r.completion.decode_tokens for r in b)}
+                              "decode_tokens_total": sum(r.completion.decode_tokens for r in b),
+                              "wall_s": round(sum(r.wall_s for r in b), 1), "cpu_s": round(sum(r.cpu_s for r in b), 1)}
     for label, run in sorted(graft_runs.items()):
         g = report["groups"][label] = group_report(run, entries, args.show)
         d = g["decode_tokens"]
@@ -92,10 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         for m in g["examples"]:
             print(f"  miss {m['problem_id']}: gold {m['gold']}, answered {m['extracted']!r} ({m['completion']!r}, "
                   f"{m['stop_reason']}); grafted entry {m['entry_problem']} holds {m['entry_answer']}")
+    for label, run in sorted(runs.items()):
+        twin = label.replace("incontext", "graft")
+        if label.startswith("incontext") and twin in graft_runs:
+            p = pair_folders(RunFolder(graft_runs[twin]), RunFolder(run))
+            report["pairings"][twin] = p.to_json()
+            print(f"{twin} vs {label}: {p.identical} rows identical (completion token ids and first-logits SHA-256), "
+                  f"{p.differing} differing")
     if base:
         b = report["baseline"]
         print(f"baseline: {b['correct']}/{b['rows']} correct; decode tokens total {b['decode_tokens_total']} "
-              f"(mean {b['decode_tokens']['mean']}/problem)")
+              f"(mean {b['decode_tokens']['mean']}/problem); rows' wall {b['wall_s']} s, CPU {b['cpu_s']} s")
+        for label, g in sorted(report["groups"].items()):
+            g["vs_baseline"] = {"decode_tokens": round(b["decode_tokens_total"] / max(g["decode_tokens_total"], 1), 2),
+                                "wall": round(b["wall_s"] / max(g["wall_s"], 1e-9), 2),
+                                "cpu": round(b["cpu_s"] / max(g["cpu_s"], 1e-9), 2)}
+            v = g["vs_baseline"]
+            print(f"  {label}: wall {g['wall_s']} s, CPU {g['cpu_s']} s; baseline / {label}: decode tokens "
+                  f"{v['decode_tokens']}x, wall {v['wall']}x, CPU {v['cpu']}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
