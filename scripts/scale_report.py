@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("give a compare folder, or --graft GROUP=RUN_FOLDER (and --baseline, --incontext)")
     graft_runs = {k: v for k, v in runs.items() if k.startswith("graft")}
     lib = find_library(RunFolder(next(iter(graft_runs.values()))).read_manifest(), args.library_root)
-    entries = {json.loads(line)["entry_id"]: json.loads(line) for line in (lib / "index.jsonl").read_text().splitlines()
-               if line.strip()}
+    rows = [json.loads(line) for line in (lib / "index.jsonl").read_text().splitlines() if line.strip()]
+    entries = {r["entry_id"]: r for r in rows}
     report = {"compare": str(args.compare), "library": str(lib), "groups": {}, "pairings": {}}
     base = runs.get("baseline")
     if base:
