@@ -26,6 +26,7 @@ This module imports torch only inside functions, so importing it changes nothing
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -259,8 +260,9 @@ def enter_profile(profile: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ machine facts
+@functools.lru_cache(maxsize=1)
 def _cpu_info() -> tuple[str, str]:
-    """(vendor, model name) from /proc/cpuinfo, else from platform."""
+    """(vendor, model name) from /proc/cpuinfo, else from platform (read once per process: every graft asks)."""
     vendor, model = "", ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -9,16 +9,14 @@ function of the snapshot's content, so the artifact id (`content_id` of the byte
 every invariant of FORMAT.md section 6 before it returns a tensor; `check_snapshot` checks the ones that
 concern an in-memory Snapshot (graft runs it before any tensor reaches a model).
 
-Length: ~430 lines because the byte framing, the tensor checks and both format versions belong together; the
-metadata invariants are in kvstore/invariants.py.
+The safetensors framing (header parsing and checks, tensors laid over the bytes) is kvstore/framing.py; the
+metadata invariants are kvstore/invariants.py.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +28,17 @@ import torch
 from safetensors.torch import save as st_save
 
 from kvstore.errors import FormatError, IntegrityError, KVStoreError, ValidationError
+from kvstore.framing import (  # noqa: F401  (FORMAT* and META_KEY are part of this module's API)
+    FORMAT,
+    FORMAT_V1,
+    FORMAT_V2,
+    FORMATS,
+    META_KEY,
+    canonical_json,
+    parse_header,
+    read_layout,
+    tensor_views,
+)
 from kvstore.invariants import (  # noqa: F401  (re-exported: the bounds are part of the format)
     DTYPE_TAGS,
     MAX_HEADER_BYTES,
@@ -43,16 +52,9 @@ from kvstore.invariants import (  # noqa: F401  (re-exported: the bounds are par
     cached_tokens,
     tensor_names,
 )
-from kvstore.invariants import check_meta as _check_meta
 from kvstore.invariants import is_int as _is_int
-from kvstore.invariants import loads_strict as _loads
 
-FORMAT_V1 = "kvgraft-kv/1"  # id = SHA-256 of the file; read, no longer written by default
-FORMAT_V2 = "kvgraft-kv/2"  # id = BLAKE3-256 of the file
-FORMAT = FORMAT_V2  # what to_bytes writes
-FORMATS = (FORMAT_V1, FORMAT_V2)  # what from_bytes reads
 PARALLEL_HASH_MIN = 1 << 20  # below this many bytes, one thread hashes faster than several
-META_KEY = "kvgraft"
 
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -197,151 +199,13 @@ def to_bytes(s: Snapshot, version: str = FORMAT) -> bytes:
         "extra": s.extra,
     }
     # One metadata key holding canonical JSON: safetensors' header order is then fully determined.
-    return st_save(tensors, metadata={META_KEY: _canonical_json(meta)})
-
-
-def _canonical_json(obj: object) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-# Every field to_bytes writes; a header declaring FORMAT with a field missing or added is malformed.
-_FIELDS = frozenset({
-    "format", "token_count", "start_position", "tokens_sha256", "model_fingerprint", "tokenizer_fingerprint",
-    "model_name", "dtype", "determinism", "environment", "layers", "tensor_sha256", "extra",
-})
-
-# safetensors dtype tags -> torch dtypes (those a KV artifact can hold).
-_ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-# ---- the safetensors framing ----
-
-def _header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]:
-    """(safetensors header, kvgraft metadata, offset of the data buffer); FormatError on anything malformed,
-    ValidationError/IntegrityError when the metadata breaks an invariant."""
-    if len(data) < 8:
-        raise FormatError(f"artifact is {len(data)} bytes: too short to be a safetensors file (truncated?)")
-    n = int.from_bytes(bytes(data[:8]), "little")
-    if n < 2 or n > MAX_HEADER_BYTES or 8 + n > len(data):
-        raise FormatError(
-            f"artifact header length {n} does not fit in {len(data)} bytes or exceeds the {MAX_HEADER_BYTES}-byte "
-            "limit (truncated or not an artifact)"
-        )
-    header = _loads(bytes(data[8 : 8 + n]), "safetensors header", max_string=MAX_HEADER_BYTES)
-    md = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(md, dict) or not isinstance(md.get(META_KEY), str):
-        raise FormatError(f"not a kvgraft KV artifact: header has no readable '{META_KEY}' metadata")
-    meta = _loads(md[META_KEY], f"'{META_KEY}' metadata")
-    version = meta.get("format") if isinstance(meta, dict) else None
-    if version not in FORMATS:
-        raise FormatError(
-            f"artifact format {version!r:.80} is not readable by this kvgraft (reads {list(FORMATS)}); "
-            "upgrade kvgraft or deposit the artifact again"
-        )
-    missing, unknown = sorted(_FIELDS - meta.keys()), sorted(meta.keys() - _FIELDS)
-    if missing or unknown:
-        raise FormatError(f"artifact metadata lacks the {version} fields {missing} or has unknown fields "
-                          f"{unknown[:4]}; deposit the artifact again")
-    if set(md) != {META_KEY} or md[META_KEY] != _canonical_json(meta):
-        raise FormatError(f"artifact metadata is not in the canonical form kvgraft writes ({version}: one "
-                          f"'{META_KEY}' entry of sorted, compact JSON); deposit the artifact again")
-    _check_meta(meta)
-    return header, meta, 8 + n
+    return st_save(tensors, metadata={META_KEY: canonical_json(meta)})
 
 
 def read_metadata(data: bytes | bytearray | memoryview) -> dict:
     """Parse and validate only the header's kvgraft metadata (cheap: no tensor is touched)."""
     with guard("artifact metadata"):
-        return _header(data)[1]
-
-
-@functools.lru_cache(maxsize=64)
-def _canonical_order(n_layers: int, tag: str) -> tuple[str, ...]:
-    """Tensor order safetensors writes for an artifact (it sorts by dtype, then name): asked of safetensors
-    itself with empty tensors, so it cannot drift from the writer."""
-    dtype = _ST_DTYPES[tag]
-    empty = {name: torch.empty(0, dtype=torch.int64 if name == "token_ids" else dtype)
-             for name in tensor_names(n_layers)}
-    raw = st_save(empty)
-    return tuple(k for k in json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")]) if k != "__metadata__")
-
-
-def _check_canonical_header(data: bytes | bytearray | memoryview, header: dict, meta: dict, start: int) -> None:
-    """The header must be byte for byte what `to_bytes` writes for these tensors and metadata: every snapshot
-    then has exactly one byte form and one id (no reordered keys, padding, duplicates or spelling variants)."""
-    out: dict[str, object] = {"__metadata__": {META_KEY: header["__metadata__"][META_KEY]}}
-    pos = 0
-    for name in _canonical_order(len(meta["layers"]), DTYPE_TAGS[meta["dtype"]]):
-        e = header[name]
-        size = e["data_offsets"][1] - e["data_offsets"][0]
-        out[name] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [pos, pos + size]}
-        pos += size
-    text = json.dumps(out, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)
-    if bytes(data[8:start]) != text:
-        raise FormatError("artifact header is not byte for byte the one kvgraft writes (reordered tensors, extra "
-                          "spaces or keys, or a different spelling); deposit the artifact again")
-
-
-def _tensor_views(buf: memoryview, header: dict, start: int, meta: dict) -> dict[str, torch.Tensor]:
-    """Tensors viewing `buf` (no copy), after checking the header describes exactly the tensors the metadata
-    names, with the recorded dtypes and shapes, back to back from 0 to the end of the file."""
-    names = tensor_names(len(meta["layers"]))
-    present = sorted(k for k in header if k != "__metadata__")
-    if present != names:
-        missing, extra = sorted(set(names) - set(present)), sorted(set(present) - set(names))
-        raise FormatError(f"artifact tensors do not match its {len(meta['layers'])} layers (missing {missing[:4]}, "
-                          f"unexpected {extra[:4]}); not an artifact kvgraft wrote")
-    tag = DTYPE_TAGS[meta["dtype"]]
-    entries = []
-    for name in names:
-        e = header[name]
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-            raise FormatError(f"artifact tensor {name!r}: header entry {e!r:.80} is not a safetensors tensor entry")
-        st_dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
-        if name == "token_ids":
-            want_dtype, want_shape = "I64", [meta["token_count"]]
-        else:
-            i = int(name.split(".")[1])
-            want_dtype, want_shape = tag, meta["layers"][i]["shape"]
-        if st_dtype != want_dtype:
-            raise ValidationError(f"artifact tensor {name!r} is stored as {st_dtype!r}, but the metadata says "
-                                  f"{want_dtype} (dtype {meta['dtype']}); its bytes would be read as the wrong "
-                                  "type. Deposit the artifact again")
-        if shape != want_shape:
-            raise ValidationError(f"artifact tensor {name!r} has shape {shape!r:.60}, the metadata says {want_shape} "
-                                  "(batch, kv_heads, cached_tokens, head_dim); deposit the artifact again")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x, 0, len(buf)) for x in offsets)):
-            raise FormatError(f"artifact tensor {name!r}: data_offsets {offsets!r:.60} are not two offsets in the file")
-        dtype = _ST_DTYPES[st_dtype]
-        numel = math.prod(shape)
-        b, end = offsets
-        if end - b != numel * dtype.itemsize:
-            raise FormatError(f"artifact tensor {name!r}: {end - b} bytes for shape {shape} of {st_dtype}")
-        entries.append((b, end, name, dtype, shape, numel))
-    entries.sort()
-    pos = 0
-    for b, end, name, *_ in entries:
-        if b != pos:
-            raise FormatError(f"artifact tensors could not be read: tensor {name!r} starts at {b}, expected {pos}")
-        pos = end
-    if start + pos != len(buf):
-        raise FormatError(
-            f"artifact tensors could not be read: header describes {start + pos} bytes, the artifact has {len(buf)} "
-            "(truncated or padded)"
-        )
-    _check_canonical_header(buf, header, meta, start)
-    tensors = {}
-    for b, _end, name, dtype, shape, numel in entries:
-        if (start + b) % dtype.itemsize:  # misaligned for its dtype (not written by to_bytes): copy out
-            tensors[name] = torch.frombuffer(bytearray(buf[start + b : start + _end]), dtype=dtype).reshape(shape)
-        else:
-            tensors[name] = torch.frombuffer(buf, dtype=dtype, count=numel, offset=start + b).reshape(shape)
-    return tensors
+        return parse_header(data)[1]
 
 
 def _verify_tensors(tensors: dict[str, torch.Tensor], expected: dict, names: list[str],
@@ -369,11 +233,12 @@ def from_bytes(data: bytes | bytearray | memoryview, verify_tensors: bool = True
     immutable bytes the caller (or a store) still holds.
     """
     with guard("artifact"):
-        header, meta, start = _header(data)
+        layout = read_layout(data)
+        meta = layout.meta
         buf = memoryview(data)
         if buf.readonly:
             buf = memoryview(bytearray(buf))
-        tensors = _tensor_views(buf.cast("B"), header, start, meta)
+        tensors = tensor_views(buf.cast("B"), layout)
         if verify_tensors:
             _verify_tensors(tensors, meta["tensor_sha256"], tensor_names(len(meta["layers"])))
         elif _sha(tensors["token_ids"]) != meta["tokens_sha256"]:  # cheap, and the index trusts it: always checked

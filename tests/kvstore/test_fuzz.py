@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import kvstore.format
+import kvstore.framing
 import kvstore.graft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +40,16 @@ def test_no_mutant_grafts_silently_wrong_and_every_refusal_is_a_kvstore_error(fu
     assert s["gc_after"]["damaged"] == 0
 
 
-def test_without_the_admission_checks_the_fuzz_finds_silent_wrong_grafts(fuzz_store, monkeypatch):
-    monkeypatch.setattr(kvstore.format, "_check_meta", lambda meta: None)
+@pytest.fixture
+def fresh_layout_memo():
+    """Headers admitted while checks are switched off must not stay remembered as checked."""
+    kvstore.framing.forget_layouts()
+    yield
+    kvstore.framing.forget_layouts()
+
+
+def test_without_the_admission_checks_the_fuzz_finds_silent_wrong_grafts(fuzz_store, monkeypatch, fresh_layout_memo):
+    monkeypatch.setattr(kvstore.framing, "_check_meta", lambda meta: None)
     monkeypatch.setattr(kvstore.format, "check_snapshot", lambda snapshot: None)
     monkeypatch.setattr(kvstore.graft, "check_snapshot", lambda snapshot: None)
     monkeypatch.setattr(kvstore.graft, "settings_differences", lambda snapshot, fm: [])
