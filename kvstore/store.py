@@ -31,6 +31,7 @@ from kvstore.atomic import atomic_write, try_lock
 from kvstore.errors import FormatError, IndexDatabaseError, IntegrityError, InvalidIdError, KVStoreError, NotFoundError
 from kvstore.format import Snapshot, from_bytes, guard, to_bytes, tokens_sha256
 from kvstore.ids import ArtifactId, id_to_relpath, relpath_to_id
+from kvstore.verified_read import verified_snapshot
 
 GC_GRACE_S = 3600.0  # gc never removes a temp file modified less than this long ago
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; EINVAL before
@@ -315,14 +316,13 @@ class LocalStore(Store):
 
     def get(self, aid: str, private: bool = False) -> Snapshot:
         """The verified snapshot: the file's hash (its id, covering every byte) is checked before anything is
-        returned; every tensor's own hash was checked when the artifact entered the store (`verify` re-checks
-        both). The file is mapped, not copied: its tensors view the verified pages (copy-on-write), and the
-        id's hash runs on all usable CPUs (BLAKE3 for kvgraft-kv/2). private=True reads the file into a fresh
-        buffer instead (one copy): the bytes checked are then the process's own, whatever later happens to the
-        file (the prefetcher uses it, as a snapshot may wait a while before it is used)."""
+        returned (kvstore/verified_read.py: the hash runs on all usable CPUs while the header is parsed);
+        every tensor's own hash was checked when the artifact entered the store (`verify` re-checks both).
+        The file is mapped, not copied: tensors view the verified pages (copy-on-write). private=True reads
+        it into a fresh buffer instead (one copy): the bytes checked are then the process's own, whatever later
+        happens to the file (the prefetcher uses it, as a snapshot may wait a while before it is used)."""
         data = self._read(aid, writable=True) if private else self._map(aid)
-        self._check(aid, data)
-        return from_bytes(data, verify_tensors=False)
+        return verified_snapshot(data, lambda got: self._check(aid, data, got))
 
     def contains(self, aid: str) -> bool:
         return self.path(aid).exists()
