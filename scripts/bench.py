@@ -269,7 +269,8 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         f"kvgraft-kv/1 id, {st['file_sha256'] * 1e3:.1f} ms = {sha_bps / 1e9:.2f} GB/s), parse + per-tensor SHA-256 "
         f"{st['parse_and_tensor_sha256'] * 1e3:.1f} ms (a deep check; get skips it: tensors are hash-checked when an "
         f"artifact enters the store), graft {st['graft'] * 1e3:.2f} ms. store.get maps the file (no copy) and "
-        f"hashes every byte against the id before parsing, against a {at['read_Bps']['median'] / 1e9:.2f} GB/s "
+        f"hashes every byte against the id (on a worker thread while the header is parsed; no tensor is returned "
+        f"before the hash matched), against a {at['read_Bps']['median'] / 1e9:.2f} GB/s "
         f"page-cache read into a fresh buffer: the hash alone caps restore at {fig['ceiling_file_hash_only']:.0%} "
         "of raw read. Tensors view the verified mapping (copy-on-write).")
     if not fig["met"]:
