@@ -36,7 +36,11 @@ def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
     assert f["tier"]["hits"] > 0 and isinstance(f["tier"]["pays"], bool)
     assert f["peer_llama_cpp"]["available"] is False and f["peer_llama_cpp"]["reason"]
     assert f["harness_overhead"]["same_tokens"] is True
-    assert len(s["goals"]) == 6  # four of bench.py, two of the decode figures (scripts/bench_decode.py)
+    assert len(s["goals"]) == 7  # five of bench.py, two of the decode figures (scripts/bench_decode.py)
+    g = f["graft_vs_recompute"]
+    assert isinstance(g["ceiling_met"], bool) and "64: " in g["ceiling_note"]
+    for r in rows:  # read ahead, the graft needs only the rebuild and the forward
+        assert r["graft_prefetched_s"]["median"] > 0 and r["prefetched_over_ceiling"] > 0
     assert f["batched_sampling"]["speedup"] > 0 and set(f["dtype"]) == {"float32", "bfloat16"}
     assert all(d["decode_tokens_per_s"] > 0 for d in f["dtype"].values())
     assert "llama_cpp" in f["decode_vs_llama_cpp"]
@@ -57,3 +61,24 @@ def test_bench_context_writes_the_curve(tmp_path):
         assert p["peak_rss_bytes"] > 0
     assert isinstance(c["flat"], bool) and c["note"]
     assert (tmp_path / "context.png").stat().st_size > 1000
+
+
+def test_bf16_restore_deposits_and_restores_in_bf16(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bf16_restore
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    stream = [2] + [4 + (3 * i) % 256 for i in range(80)]
+    out = bench_bf16_restore.measure("tiny-gemma3", stream, [16, 32, 64], repeats=2, workdir=tmp_path / "s",
+                                     max_tokens=32)
+    assert out["dtype"] == "bfloat16" and out["skipped_sizes"] == [64]
+    assert [r["tokens"] for r in out["rows"]] == [16, 32]
+    fp32 = bench_bf16_restore.LocalStore(tmp_path / "fp32")
+    from kvstore import deposit_tokens, load_frozen_model
+
+    full = fp32.info(fp32.put(deposit_tokens(load_frozen_model("tiny-gemma3"), stream[:32]))).size
+    for r in out["rows"]:
+        assert r["restore_s"]["n"] >= 5 and r["restore_s"]["median"] > 0
+        assert r["bytes_per_token"] == r["artifact_bytes"] / r["tokens"]
+    assert out["rows"][1]["artifact_bytes"] < full  # 2 bytes per value against 4 (the header is the same size)

@@ -1,0 +1,51 @@
+"""Part of `make bench`: verified restore (store.get + graft) of artifacts the model deposited in bfloat16.
+
+The per-token comparison with llama.cpp's state restore (scripts/bench.py, figure 3) is between two
+different byte counts when our model runs in float32: llama.cpp keeps an f16 KV cache, 2 bytes per value,
+ours holds the model's own dtype. Here the same tokens are deposited by the same model loaded in bfloat16
+(2 bytes per value, as a GPU deployment runs it), put into a LocalStore and restored by id, so the
+comparison can also be made at equal bytes per token. bf16 prefill is slow on a CPU without bf16 arithmetic,
+so only prefixes up to `max_tokens` are deposited.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from pathlib import Path
+
+from kvstore import Determinism, LocalStore, deposit_tokens, graft_snapshot, load_frozen_model
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workdir: Path,
+            threads: int | None = None, max_tokens: int = 2048) -> dict:
+    """{"dtype", "rows": [{tokens, artifact_bytes, bytes_per_token, restore_s, deposit_s}], "skipped_sizes"}."""
+    base = Determinism()
+    fm = load_frozen_model(model, Determinism(threads=threads or base.threads, dtype="bfloat16"))
+    store = LocalStore(workdir)
+    rows = []
+    try:
+        for n in [n for n in sizes if n <= max_tokens]:
+            t0 = time.perf_counter()
+            aid = store.put(deposit_tokens(fm, stream[:n]))
+            deposit_s = time.perf_counter() - t0
+            graft_snapshot(store.get(aid), fm)  # warm: page cache, layout memo
+            times = []
+            for _ in range(max(repeats, 5)):
+                t0 = time.perf_counter()
+                graft_snapshot(store.get(aid), fm)
+                times.append(time.perf_counter() - t0)
+            size = store.info(aid).size
+            rows.append({"tokens": n, "artifact_id": aid, "artifact_bytes": size, "bytes_per_token": size / n,
+                         "restore_s": _stats(times), "deposit_s": deposit_s})
+    finally:
+        del fm
+        gc.collect()
+    return {"dtype": "bfloat16", "rows": rows, "skipped_sizes": [n for n in sizes if n > max_tokens],
+            "note": f"deposited by the same model loaded in bfloat16; sizes above {max_tokens} tokens skipped "
+                    "(bf16 prefill is slow on a CPU without bf16 arithmetic)"}
