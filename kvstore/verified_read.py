@@ -22,17 +22,20 @@ from kvstore.format import Snapshot, from_bytes
 from kvstore.ids import ArtifactId
 
 OVERLAP_MIN = 1 << 20  # bytes: below this, hash then parse on the calling thread
+HASH_WORKERS = 8  # concurrent reads hashing at once (each hash itself runs on all usable CPUs)
 
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 _pool_lock = threading.Lock()
 
 
 def _hasher() -> ThreadPoolExecutor:
-    """One hashing thread per process (made again after a fork: a forked child has no threads)."""
+    """The process's hashing threads, started as reads need them: reads on several threads at once (a caller
+    and kvstore.Prefetcher) do not queue behind each other's hash. Made again after a fork: a forked child has
+    no threads."""
     global _pool
     with _pool_lock:
         if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgraft-id-hash"))
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=HASH_WORKERS, thread_name_prefix="kvgraft-id-hash"))
         return _pool[1]
 
 

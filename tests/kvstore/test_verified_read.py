@@ -5,6 +5,7 @@ overlapped path as on the serial one, also when the damage breaks the parse; a f
 from __future__ import annotations
 
 import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -79,3 +80,26 @@ def test_a_forked_child_reads_with_its_own_hashing_thread(stored, monkeypatch):
     child.start()
     child.join(60)
     assert child.exitcode == 0 and out.get(timeout=5) == "ok"
+
+
+def test_reads_on_several_threads_at_once_each_get_their_own_verified_snapshot(tiny_gemma3, tmp_path, monkeypatch,
+                                                                               assert_same_snapshot):
+    monkeypatch.setattr(verified_read, "OVERLAP_MIN", 0)
+    store = LocalStore(tmp_path / "store")
+    snaps = [deposit_tokens(tiny_gemma3, [2] + [4 + (k * i) % 256 for i in range(24)]) for k in (3, 5, 7)]
+    ids = [store.put(s) for s in snaps]
+    _damage(store, ids[2], store.path(ids[2]).stat().st_size - 1)
+
+    def read(i: int):
+        try:
+            return store.get(ids[i % 3], private=bool(i % 2))
+        except IntegrityError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        got = list(pool.map(read, range(24)))
+    for i, g in enumerate(got):
+        if i % 3 == 2:
+            assert isinstance(g, IntegrityError)
+        else:
+            assert_same_snapshot(g, snaps[i % 3])
