@@ -23,7 +23,6 @@ import argparse
 import ctypes
 import hashlib
 import json
-import mmap
 import os
 import platform
 import shutil
@@ -216,16 +215,6 @@ def raw_read(path: Path) -> bytes:
         return f.read()
 
 
-def mapped_id(path: Path) -> str:
-    """content_id of a file mapped privately (no copy), the way LocalStore.get hashes it."""
-    with open(path, "rb", buffering=0) as f:
-        m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    with memoryview(m) as view:
-        out = content_id(view)
-    m.close()
-    return out
-
-
 def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, quick: bool) -> tuple[dict, dict]:
     reps = max(repeats, 5)
     tier = CachedStore(store, max_bytes=2 << 30)
@@ -242,7 +231,8 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         # raw read, restore and the id's hash alone (BLAKE3 on all CPUs for v2, over the mapped file, as store.get
         # runs it) interleaved, in rotating order: a 28 MB file is most of this CPU's L3, so timings of one side
         # depend on what ran just before; side by side, each sees the same neighbours
-        sides = {"read": lambda p=path: raw_read(p), "restore": restore, "hash": lambda p=path: mapped_id(p)}
+        sides = {"read": lambda p=path: raw_read(p), "restore": restore,
+                 "hash": lambda s=store, aid=aid: content_id(s._map(aid))}  # the store's own mapping
         times: dict[str, list[float]] = {k: [] for k in sides}
         for i in range(reps):
             for k in list(sides)[i % 3:] + list(sides)[: i % 3]:

@@ -11,15 +11,12 @@ so only prefixes up to `max_tokens` are deposited.
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from pathlib import Path
 
+from experiments import stats
+
 from kvstore import Determinism, LocalStore, deposit_tokens, graft_snapshot, load_frozen_model
-
-
-def _stats(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workdir: Path,
@@ -42,7 +39,7 @@ def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workd
                 times.append(time.perf_counter() - t0)
             size = store.info(aid).size
             rows.append({"tokens": n, "artifact_id": aid, "artifact_bytes": size, "bytes_per_token": size / n,
-                         "restore_s": _stats(times), "deposit_s": deposit_s})
+                         "restore_s": stats(times), "deposit_s": deposit_s})
     finally:
         del fm
         gc.collect()
