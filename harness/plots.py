@@ -96,15 +96,25 @@ def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, An
 
 
 def bar_plot(path: Path, labels: list[str], values: list[float], ylabel: str, title: str, note: str = "") -> Path:
+    """One bar per label, each annotated with its value (a zero bar still says 0). With no finite value at all
+    (energy on a machine without a meter, say) the plot says "unavailable" in words, with `note` as the reason,
+    instead of drawing an empty axis."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(labels)), 4.5))
-    shown = [0.0 if math.isnan(v) else v for v in values]
-    ax.bar(range(len(labels)), shown)
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if note:
-        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, wrap=True)
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        ax.set_axis_off()
+        ax.text(0.5, 0.55, f"{ylabel}: unavailable", ha="center", va="center", fontsize=14, transform=ax.transAxes)
+        if note:
+            ax.text(0.5, 0.4, note, ha="center", va="center", fontsize=9, transform=ax.transAxes, wrap=True)
+        ax.set_title(title)
+    else:
+        shown = [0.0 if math.isnan(v) else v for v in values]
+        bars = ax.bar(range(len(labels)), shown)
+        ax.bar_label(bars, labels=["n/a" if math.isnan(v) else f"{v:.3g}" for v in values], padding=2)
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}\n{note}" if note else title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -104,7 +104,7 @@ def write_report(root: Path, out: Path | None = None) -> tuple[Any, list[Path]]:
     files.append(bar_plot(out / "wall_time.png", labels, list(df["wall_per_attempt_s"]), "wall s / attempt",
                       "time per config"))  # fmt: skip
     energy = list(df["energy_j"])
-    note = "" if any(not math.isnan(v) for v in energy) else f"energy unavailable: {df['energy_status'].iloc[0]}"
+    note = "" if any(not math.isnan(v) for v in energy) else str(df["energy_status"].iloc[0])
     files.append(bar_plot(out / "energy.png", labels, energy, "energy, J", "energy per config", note))
     return df, files
 
