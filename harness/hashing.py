@@ -7,18 +7,24 @@ Every hash in a manifest is taken over canonical JSON (or over raw file bytes wh
 All writers here are atomic (design invariant 3): the data goes to a temporary file in the same
 folder, is flushed and fsync'ed, then ``os.replace``'d over the target. On any exception the
 temporary file is removed and the target is left untouched.
+
+The writes go through the project's one atomic-write helper, ``kvstore/atomic.py``. This module does not import
+the ``kvstore`` package (its ``__init__`` imports torch), so that re-checking a run folder (``harness.audit``,
+``scripts/rescore.py``) works where torch is not installed: the helper's file, which imports only the standard
+library, is loaded on its own when ``kvstore`` is not already imported.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
+from functools import cache
 from pathlib import Path
 from typing import Any
-
-from kvstore import atomic_write
 
 __all__ = [
     "atomic_write_bytes",
@@ -47,10 +53,27 @@ def sha256_json(obj: Any) -> str:
     return sha256_hex(canonical_json(obj))
 
 
+@cache
+def _atomic_write() -> Callable[[Path, bytes], None]:
+    """``kvstore.atomic.atomic_write``, without importing the kvstore package (and torch) when it is not loaded."""
+    loaded = sys.modules.get("kvstore.atomic")
+    if loaded is not None:
+        return loaded.atomic_write
+    source = Path(__file__).resolve().parents[1] / "kvstore" / "atomic.py"
+    spec = importlib.util.spec_from_file_location("harness._kvstore_atomic", source)
+    if spec is None or spec.loader is None:  # pragma: no cover - the file ships with the package
+        from kvstore import atomic_write
+
+        return atomic_write
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.atomic_write
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: kvstore's one atomic-write helper (temp file in the same folder,
     fsync, ``os.replace``, directory fsync; the temp file is removed on any error)."""
-    atomic_write(Path(path), data)
+    _atomic_write()(Path(path), data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
