@@ -21,15 +21,17 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "canonical_json",
+    "fsync_dir",
     "jsonl_bytes",
     "sha256_hex",
     "sha256_json",
@@ -54,26 +56,31 @@ def sha256_json(obj: Any) -> str:
 
 
 @cache
-def _atomic_write() -> Callable[[Path, bytes], None]:
-    """``kvstore.atomic.atomic_write``, without importing the kvstore package (and torch) when it is not loaded."""
+def _kvstore_atomic() -> ModuleType:
+    """``kvstore.atomic``, without importing the kvstore package (and torch) when it is not loaded."""
     loaded = sys.modules.get("kvstore.atomic")
     if loaded is not None:
-        return loaded.atomic_write
+        return loaded
     source = Path(__file__).resolve().parents[1] / "kvstore" / "atomic.py"
     spec = importlib.util.spec_from_file_location("harness._kvstore_atomic", source)
     if spec is None or spec.loader is None:  # pragma: no cover - the file ships with the package
-        from kvstore import atomic_write
+        import kvstore.atomic
 
-        return atomic_write
+        return kvstore.atomic
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.atomic_write
+    return module
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Best-effort fsync of a folder so a rename into it is durable (kvstore.atomic.fsync_dir)."""
+    _kvstore_atomic().fsync_dir(Path(directory))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: kvstore's one atomic-write helper (temp file in the same folder,
     fsync, ``os.replace``, directory fsync; the temp file is removed on any error)."""
-    _atomic_write()(Path(path), data)
+    _kvstore_atomic().atomic_write(Path(path), data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 from harness.errors import TrackingError
+from harness.hashing import fsync_dir
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -227,12 +228,7 @@ def _create_atomically(db_path: Path) -> None:
                 "path. Free space or fix permissions in its folder, then log the run with `make log-run RUN=<run>`"
             ) from exc
         raise
-    with contextlib.suppress(OSError):
-        fd = os.open(db_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fsync_dir(db_path.parent)
 
 
 def ensure_sqlite_store(tracking_uri: str) -> None:
