@@ -8,7 +8,7 @@ engine. Building the manifest is harness/manifest.py; the folder's layout is har
     assert check.ok, check.findings     # each finding names the file, row (line, problem id, sample) or field
 
 Length: ~410 lines: one check per manifest field, kept in one place so a reader sees every re-check the
-rescore makes; the compare-folder audit is in harness/pairing.py.
+rescore makes; the compare-folder audit is in harness/comparison.py.
 """
 
 from __future__ import annotations

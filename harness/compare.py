@@ -4,16 +4,18 @@
 
 1. builds the library if it is missing (library.*);
 2. finds the newest complete baseline run with the same model, dataset, prompt, decoding and determinism
-   settings (summary.json `comparable_key`), or runs it first;
+   settings (summary.json `comparable_key`) that re-scores (harness.audit), saying why it passes over any that
+   do not, or runs it first;
 3. runs incontext and graft twice each: recurring (the library may hold the evaluated problem) and held-out
    (library.exclude_self=true: the evaluated problem never reaches the context);
 4. computes the comparison in memory from the five Summaries and pairs every graft row with its incontext twin
    (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it, and writes it once to
-   runs/compare/<stamp>/comparison.json (and to MLflow as a run of its own when tracking is on);
+   runs/compare/<stamp>/comparison.json with each run's manifest SHA-256 (and to MLflow as a run of its own when
+   tracking is on);
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
-`make rescore RUN=runs/compare/<stamp>` re-audits every run it lists and re-checks the pairing from the
-recorded rows (harness.pairing.audit_comparison).
+`make rescore RUN=runs/compare/<stamp>` re-audits every run it lists, checks they are the runs it was made from,
+re-pairs them and recomputes every figure (harness.comparison.audit_comparison).
 """
 
 from __future__ import annotations
@@ -21,34 +23,32 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
+from harness.audit import audit
+from harness.comparison import BASELINE_LABEL, GROUPS, PAIRS, comparison
 from harness.conditions import Baseline, Graft, InContext
 from harness.config import compose_config, load_model, typed
-from harness.errors import PairingError, exit_on_error
+from harness.errors import HarnessError, PairingError, exit_on_error
 from harness.hashing import write_json
 from harness.library import open_library
-from harness.pairing import Pairing, pair
-from harness.record import HELD_OUT, RECURRING, Row, Summary
+from harness.pairing import pair
+from harness.record import Row, Summary
 from harness.run import comparable_key, console, run, run_rows, stops_text
 from harness.run_folder import RunFolder, stamp
 from harness.tracking import default_tracking_uri, log_comparison
 from kvstore.environment import enter_profile
 
-#: Labels of the runs in the table and in comparison.json; each group's (incontext, graft) pair and its
-#: library.exclude_self. The order is the table's.
-BASELINE_LABEL = "baseline"
-GROUPS = {RECURRING: ("recurring", False), HELD_OUT: ("held-out", True)}
-PAIRS = {g: (f"{InContext.name} ({name})", f"{Graft.name} ({name})") for g, (name, _) in GROUPS.items()}
-GRAFT_LABELS = {PAIRS[g][1]: (g, exclude) for g, (_, exclude) in GROUPS.items()}
 
-
-def find_baseline(runs: Path, key: str) -> RunFolder | None:
-    """The newest complete baseline run folder under `runs` whose comparable_key is `key`."""
+def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: None) -> RunFolder | None:
+    """The newest complete baseline run folder under `runs` whose comparable_key is `key` and that re-scores
+    (harness.audit: every hash, row and figure of it re-checked); `say` is told why each other candidate is not
+    reused. None when no candidate passes (the caller then runs a fresh baseline)."""
     found = []
     for folder in RunFolder.find(runs):
         try:
@@ -57,77 +57,17 @@ def find_baseline(runs: Path, key: str) -> RunFolder | None:
             continue
         if s.condition == Baseline.name and s.comparable_key == key:
             found.append(folder)
-    return max(found, key=lambda f: f.file("manifest.json").stat().st_mtime) if found else None
-
-
-def compare_summaries(baseline: Summary, other: Summary) -> dict[str, Any]:
-    """Side-by-side figures of a run against its matching baseline (factors are baseline / other)."""
-
-    def factor(a: float | None, b: float | None) -> float | None:
-        return (a / b) if a is not None and b not in (None, 0) else None
-
-    be, oe = baseline.energy, other.energy
-    both_measured = be.get("joules") is not None and oe.get("joules") is not None
-    budget_hit = (baseline.stop_reasons or {}).get("length")
-    return {
-        "baseline_run": baseline.run_dir,
-        # rows where the baseline ran out of budget: a token reduction against them is against cut-off answers
-        "baseline_budget_hit_rows": budget_hit,
-        "baseline_rows": baseline.scores["n_rows"],
-        "baseline_accuracy": baseline.scores["accuracy"],
-        "baseline_accuracy_ci_low": baseline.scores["accuracy_ci_low"],
-        "baseline_accuracy_ci_high": baseline.scores["accuracy_ci_high"],
-        "accuracy": other.scores["accuracy"],
-        "accuracy_delta": other.scores["accuracy"] - baseline.scores["accuracy"],
-        "baseline_decode_tokens": baseline.tokens["decode"],
-        "decode_tokens": other.tokens["decode"],
-        "token_reduction": factor(baseline.tokens["decode"], other.tokens["decode"]),
-        "token_reduction_note": (
-            f"against truncated answers: the baseline hit its token budget on {budget_hit} of "
-            f"{baseline.scores['n_rows']} rows" if budget_hit else None),
-        "prefill_factor": factor(baseline.tokens["prefill"], other.tokens["prefill"]),
-        "ttft_factor": factor(baseline.time.get("ttft_s"), other.time.get("ttft_s")),
-        "wall_factor": factor(baseline.time["wall_s"], other.time["wall_s"]),
-        "cpu_factor": factor(baseline.time["cpu_s"], other.time["cpu_s"]),
-        "energy_factor": factor(be["joules"], oe["joules"]) if both_measured else None,
-        "energy_status": "measured" if both_measured else f"unavailable ({oe.get('status')})",
-    }
-
-
-def comparison(key: str, folders: dict[str, RunFolder], summaries: dict[str, Summary],
-               pairings: dict[str, Pairing] | None = None) -> dict[str, Any]:
-    """comparison.json, computed in memory: each run's figures and, for the others, the comparison with the
-    baseline (`summaries[BASELINE_LABEL]`); `pairings` (group -> harness.pairing.Pairing of PAIRS[group]) adds
-    `pairs`: per group the two run folders, `identical_rows`, `differing_rows` and what differs."""
-    base = summaries[BASELINE_LABEL]
-    def vs_incontext(group: str) -> dict[str, float | None]:
-        """What the graft saves against reading the same entry in context (factors are incontext / graft)."""
-        c, g = summaries[PAIRS[group][0]], summaries[PAIRS[group][1]]
-        ratio = lambda a, b: (a / b) if a is not None and b not in (None, 0) else None  # noqa: E731
-        return {"prefill_factor": ratio(c.tokens["prefill"], g.tokens["prefill"]),
-                "ttft_factor": ratio(c.time.get("ttft_s"), g.time.get("ttft_s")),
-                "wall_factor": ratio(c.time["wall_s"], g.time["wall_s"]),
-                "cpu_factor": ratio(c.time["cpu_s"], g.time["cpu_s"])}  # fmt: skip
-
-    pairs = {
-        group: {"graft_run": str(folders[PAIRS[group][1]].path), "incontext_run": str(folders[PAIRS[group][0]].path),
-                **p.to_json(), "graft_vs_incontext": vs_incontext(group)}
-        for group, p in (pairings or {}).items()
-    }  # fmt: skip
-    return {
-        "comparable_key": key,
-        "runs": {k: str(f.path) for k, f in folders.items()},
-        **({"pairs": pairs} if pairings is not None else {}),
-        "summaries": {
-            k: {
-                "scores": s.scores, "tokens": s.tokens, "time": s.time, "energy": s.energy,
-                "stop_reasons": s.stop_reasons,
-                **({"groups": s.groups} if s.groups is not None else {}),
-                "comparison": None if k == BASELINE_LABEL else compare_summaries(base, s),
-            }
-            for k, s in summaries.items()
-        },
-    }  # fmt: skip
+    for folder in sorted(found, key=lambda f: f.file("manifest.json").stat().st_mtime, reverse=True):
+        try:
+            check = audit(folder)
+        except HarnessError as exc:
+            say(f"baseline {folder.path} not reused: {exc}")
+            continue
+        if check.ok:
+            return folder
+        more = f" (and {len(check.findings) - 1} more finding(s))" if len(check.findings) > 1 else ""
+        say(f"baseline {folder.path} not reused: it does not re-score: {check.findings[0]}{more}")
+    return None
 
 
 def _with(cfg: DictConfig, **changes: Any) -> DictConfig:
@@ -215,9 +155,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     key = comparable_key(c, fm)
     folders: dict[str, RunFolder] = {}
     summaries: dict[str, Summary] = {}
-    found = find_baseline(runs, key)
+    found = find_baseline(runs, key, say=lambda why: console.print(f"[yellow]{why}[/]"))
     if found is None:
-        console.print("[bold]no matching baseline run: running the baseline first[/]")
+        console.print("[bold]no matching baseline run that re-scores: running the baseline first[/]")
         folders[BASELINE_LABEL], summaries[BASELINE_LABEL] = run(_with(cfg, condition__name=Baseline.name), fm=fm)
     else:
         console.print(f"matching baseline run: {found.path}")  # an earlier job's record: read, not recomputed
@@ -231,7 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run_cfg, RunFolder.new(runs, cls.name, group), fm=fm)
     pairings = {g: pair(all_rows[PAIRS[g][1]], all_rows[PAIRS[g][0]]) for g in GROUPS}
 
-    result = comparison(key, folders, summaries, pairings)
+    # the manifest SHA-256 of each run binds comparison.json to exactly these runs (make rescore checks it)
+    manifests = {label: f.read_manifest()["manifest_sha256"] for label, f in folders.items()}
+    result = comparison(key, folders, summaries, pairings, manifests)
     d = c.decoding
     print_comparison(
         f"graft vs incontext vs baseline: {c.dataset.name}, {fm.name}, max_new_tokens={d.max_new_tokens}, "

@@ -2,10 +2,14 @@
 problem fingerprint to artifact and the text used for retrieval.
 
 Nothing enters unverified: `harness.answers.score` checks each solution's final answer against the ground
-truth and that record stays with the entry. A library lives in `<root>/<name>-v<version>-<model fp[:12]>/`:
+truth and that record stays with the entry. A library is identified by everything that determines its content
+(`library_identity`: the source rows and file hash, the selection (path, columns, limit) or harvested run, the
+entry template, the model and tokenizer) and lives in `<root>/<name>-v<version>-<model fp[:12]>-<identity[:12]>/`,
+so a library built from other rows is never reused; opening one re-checks its manifest's own hash, its identity
+and every index row:
     index.jsonl    one entry per line (canonical JSON): entry_id, problem_id, problem_fingerprint, problem,
                    answer, artifact_id, tokens, origin, verification
-    manifest.json  name, version, fingerprints, template hash, entry hashes, skipped rows, manifest_sha256
+    manifest.json  name, version, identity, fingerprints, template hash, entry hashes, skipped rows, manifest_sha256
 Artifacts live in the shared content-addressed store (`library.store`) and are read one at a time, so a
 library of any size is served without holding its artifacts in memory. How it is searched is fixed when it
 is opened (`open_library`: `library.exclude_self`, `library.retrieval`).
@@ -17,7 +21,9 @@ is opened (`open_library`: `library.exclude_self`, `library.retrieval`).
 Exactness is a property of (artifact, environment) (kvstore/environment.py): a graft refuses an artifact
 deposited in another compute environment. `redeposit_library` recomputes each such entry from the token ids
 its artifact holds, under this process's settings and environment, keeping entry ids; the manifest records the
-environment its artifacts were computed in.
+environment its artifacts were computed in. The environment and determinism settings are bound per artifact,
+not in the identity: a graft refuses an artifact computed elsewhere, naming the field, and `--redeposit` fixes it
+in place.
 """
 
 from __future__ import annotations
@@ -35,16 +41,15 @@ from tqdm import tqdm
 
 from harness.answers import score
 from harness.config import compose_config, load_model
-from harness.errors import HarnessError, LibraryError, exit_on_error
+from harness.errors import LibraryError, exit_on_error
 from harness.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
-from harness.problems import Problem, load_problems, problem_fingerprint
+from harness.library_source import LIBRARY_FORMAT, library_identity, read_candidates
+from harness.problems import Problem, problem_fingerprint
 from harness.prompts import render
-from harness.run_folder import RunFolder
 from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, environment_fingerprint, tokens_sha256
 from kvstore.environment import enter_profile
 from kvstore.graft import settings_differences
 
-LIBRARY_FORMAT = "kvgraft-library/1"
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -75,8 +80,10 @@ class Match:
     kind: str  # "exact" | "bm25"
 
 
-def library_dir(root: str | Path, name: str, version: int, model_fingerprint: str) -> Path:
-    return Path(root) / f"{name}-v{version}-{model_fingerprint[:12]}"
+def library_dir(root: str | Path, name: str, version: int, model_fingerprint: str, identity_sha256: str) -> Path:
+    """`<root>/<name>-v<version>-<model fp[:12]>-<identity[:12]>`: one folder per content (`library_identity`)."""
+    return Path(root) / f"{name}-v{version}-{model_fingerprint[:12]}-{identity_sha256[:12]}"
+
 
 
 def _words(text: str) -> list[str]:
@@ -99,13 +106,21 @@ class Library:
         self.store = store
         self.exclude_self, self.retrieval = bool(exclude_self), retrieval
         try:
-            self.manifest = json.loads((self.path / "manifest.json").read_text())
+            self.manifest = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
             data = (self.path / "index.jsonl").read_bytes()
         except (OSError, ValueError) as e:
             raise LibraryError(
                 f"library {self.path} is missing or unreadable ({e}); build it with `make library`"
             ) from e
-        rows = [json.loads(line) for line in data.splitlines() if line.strip()]
+        if not isinstance(self.manifest, dict):
+            raise LibraryError(f"{self.path / 'manifest.json'}: expected a JSON object; rebuild it with `make library`")
+        body = {k: v for k, v in self.manifest.items() if k != "manifest_sha256"}
+        if sha256_json(body) != self.manifest.get("manifest_sha256"):
+            raise LibraryError(
+                f"{self.path / 'manifest.json'}: manifest_sha256 does not match the manifest's content; the library "
+                "was modified after it was built: restore it, or rebuild it with `make library`"
+            )
+        rows = _index_rows(self.path / "index.jsonl", data)
         recorded = self.manifest.get("entries", {})
         for i, row in enumerate(rows, start=1):
             if recorded.get(row.get("entry_id")) != sha256_json(row):
@@ -115,6 +130,9 @@ class Library:
                 )
         if len(rows) != len(recorded):
             raise LibraryError(f"{self.path}: index has {len(rows)} entries, manifest lists {len(recorded)}")
+        if "index_sha256" in self.manifest and sha256_hex(data) != self.manifest["index_sha256"]:
+            raise LibraryError(f"{self.path / 'index.jsonl'}: SHA-256 differs from manifest.json index_sha256 (rows "
+                               "reordered or reformatted); rebuild it with `make library`")  # fmt: skip
         self.entries = [Entry.from_row(r) for r in rows]
         self._by_fp = {e.problem_fingerprint: e for e in self.entries}
         self._bm25 = None
@@ -140,7 +158,14 @@ class Library:
         fp = problem.fingerprint
         exclude_self = self.exclude_self
         if not exclude_self and fp in self._by_fp:
-            return Match(self._by_fp[fp], 1.0, "exact")
+            entry = self._by_fp[fp]
+            if entry.answer != problem.answer:
+                raise LibraryError(
+                    f"problem {problem.id}: library {self.path} holds the same problem text (entry {entry.entry_id}, "
+                    f"problem {entry.problem_id}) with answer {entry.answer}, where this problem set says "
+                    f"{problem.answer}; one of the two is wrong: correct it (and rebuild the library)"
+                )
+            return Match(entry, 1.0, "exact")
         if self.retrieval == "none":
             return None
         if self._bm25 is None:
@@ -157,39 +182,32 @@ class Library:
         return Match(best, best_score, "bm25") if best is not None else None
 
 
-def _candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, str]], str]:
-    """(problem, solution text) pairs and the origin label."""
-    if lib_cfg.source == "dataset":
-        d = lib_cfg.dataset
-        path = str(project_root / d.path) if d.path else None
-        problems = load_problems(path, d.hub_id, d.subset, d.split, dict(d.columns), d.limit)
-        return [(p, p.solution) for p in problems if p.solution], f"dataset:{d.name}"
-    if lib_cfg.source == "harvest":
-        if not lib_cfg.harvest_run:
-            raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
-        run = RunFolder(project_root / lib_cfg.harvest_run)
+def _index_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
+    """The rows of index.jsonl; a line that is not UTF-8 JSON of an object is a LibraryError naming it."""
+    rows = []
+    for i, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
         try:
-            probs = {r["id"]: r for r in run.read_problems()}
-            rows = run.read_rows()
-        except HarnessError as e:
-            raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
-        out, seen = [], set()
-        for r in rows:
-            if r.correct and r.problem_id not in seen and r.problem_id in probs:
-                seen.add(r.problem_id)
-                pr = probs[r.problem_id]
-                text = r.completion.text
-                out.append((Problem(pr["id"], pr["problem"], pr["answer"], text, pr.get("source") or {}), text))
-        return out, f"harvest:{run.name}"
-    raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise LibraryError(f"{path}, line {i}: not valid UTF-8 JSON ({e}); the library was modified: restore "
+                               "it, or rebuild it with `make library`") from e  # fmt: skip
+        if not isinstance(row, dict):
+            raise LibraryError(f"{path}, line {i}: expected a JSON object (an entry), found {type(row).__name__}; "
+                               "the library was modified: restore it, or rebuild it with `make library`")  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> Path:
     """Verify, deposit and index every candidate solution. Resumable: an entry whose tokens are already in
     the store for this model is not recomputed. Returns the library folder."""
     store = LocalStore(project_root / lib_cfg.store)
-    out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
-    candidates, origin = _candidates(lib_cfg, project_root)
+    candidates, origin = read_candidates(lib_cfg, project_root)
+    identity = library_identity(lib_cfg, fm, project_root, candidates)
+    identity_sha256 = sha256_json(identity)
+    out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     entries: dict[str, dict] = {}
     skipped = []
@@ -270,6 +288,8 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         "name": lib_cfg.name,
         "version": lib_cfg.version,
         "origin": origin,
+        "identity": identity,
+        "identity_sha256": identity_sha256,
         "model_fingerprint": fm.fingerprint,
         "tokenizer_fingerprint": fm.tokenizer_fingerprint,
         "model_name": fm.name,
@@ -332,25 +352,31 @@ def redeposit_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), 
 
 
 def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build_if_missing: bool = False) -> Library:
-    """The library `lib_cfg` names for this model, searched as `lib_cfg.exclude_self` / `.retrieval` say."""
-    path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
+    """The library `lib_cfg` names for this model, searched as `lib_cfg.exclude_self` / `.retrieval` say: the one
+    built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index re-checked."""
+    identity = library_identity(lib_cfg, fm, project_root)
+    identity_sha256 = sha256_json(identity)
+    path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
     if not (path / "manifest.json").exists():
         if not build_if_missing:
             raise LibraryError(
-                f"no library {lib_cfg.name} v{lib_cfg.version} for model {fm.fingerprint[:12]} at {path}; "
-                "build it with `make library` (or run `make aime-graft`, which builds it)"
+                f"no library {lib_cfg.name} v{lib_cfg.version} built from this content (source rows "
+                f"{identity['candidates_sha256'][:12]}, template {identity['entry_template_sha256'][:12]}) for model "
+                f"{fm.fingerprint[:12]} at {path}; build it with `make library` (with the same library.* "
+                "overrides), or run `make aime-graft`, which builds it"
             )
         build_library(lib_cfg, fm, project_root)
-    built_with = json.loads((path / "manifest.json").read_text()).get("entry_template_sha256")
-    if built_with != sha256_hex(lib_cfg.entry_template.encode()):
-        raise LibraryError(
-            f"{path / 'manifest.json'}: entry_template_sha256 {str(built_with)[:12]} is not the configured "
-            f"library.entry_template's ({sha256_hex(lib_cfg.entry_template.encode())[:12]}): the library was built "
-            "from other entry texts. Raise library.version to build one from this template, or set "
-            "library.entry_template back to the one it was built with"
-        )
     store = LocalStore(project_root / lib_cfg.store)
-    return Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
+    lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
+    if lib.manifest.get("identity_sha256") != identity_sha256:
+        recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
+        differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
+        raise LibraryError(
+            f"{path / 'manifest.json'}: identity_sha256 is not that of the configured library (differs in: "
+            f"{', '.join(differs) or 'identity_sha256'}): the folder holds a library built from other content; "
+            "remove the folder and rebuild it with `make library`"
+        )
+    return lib
 
 
 @exit_on_error

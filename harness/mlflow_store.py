@@ -1,6 +1,13 @@
 """The MLflow store a run is logged to: its URI, the experiment (get-or-create, once), retries on SQLite's
 "database is locked", and HTTP servers that fail fast. Used by harness/tracking.py; ``mlflow`` is imported
 lazily because importing it takes seconds.
+
+A local SQLite store is never left half-built (:func:`ensure_sqlite_store`): MLflow creates its schema in place,
+table by table and migration by migration, so a crash or a full disk part-way leaves a database on which every
+later open re-runs a migration and fails ("duplicate column name: step"). Here the schema is created in a temp file
+next to it and renamed into place only when complete; a half-built database that holds no run (the only kind a
+failed creation leaves) is moved aside to ``mlflow.db.incomplete-<time>`` and created again. A database holding
+runs is never touched.
 """
 
 from __future__ import annotations
@@ -11,14 +18,20 @@ import math
 import os
 import random
 import re
+import secrets
 import socket
+import sqlite3
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from datetime import datetime
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 from harness.errors import TrackingError
+from harness.hashing import fsync_dir
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -100,10 +113,10 @@ def _retry(fn: Callable[[], T], what: str) -> T:
 
 def _sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI, or None for other stores (and in-memory SQLite)."""
-    if not tracking_uri.startswith("sqlite:"):
+    if not tracking_uri.startswith("sqlite:///"):  # sqlite:// alone is in-memory
         return None
-    db_path = unquote(urlparse(tracking_uri).path)
-    if not db_path or db_path == "/:memory:":
+    db_path = unquote(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])  # sqlite:////abs -> /abs, ///rel -> rel
+    if not db_path or db_path == ":memory:":
         return None
     return Path(db_path)
 
@@ -142,6 +155,102 @@ def _store_init_lock(tracking_uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+_SQLITE_SIDE_FILES = ("", "-journal", "-wal", "-shm")
+
+
+def _remove_db(path: Path) -> None:
+    for suffix in _SQLITE_SIDE_FILES:
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+@cache
+def _head_revision() -> str:
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
+
+
+def _incomplete(db_path: Path) -> str | None:
+    """Why the SQLite store at `db_path` is not a complete MLflow schema of this version, or None when it is."""
+    from mlflow.store.db.utils import _all_tables_exist, _get_schema_version, create_sqlalchemy_engine
+
+    engine = create_sqlalchemy_engine(f"sqlite:///{db_path.as_posix()}")
+    try:
+        if not _all_tables_exist(engine):
+            return "some of MLflow's tables are missing"
+        version = _get_schema_version(engine)
+        return None if version == _head_revision() else f"schema version {version}, expected {_head_revision()}"
+    finally:
+        engine.dispose()
+
+
+def _run_count(db_path: Path) -> int | None:
+    """How many runs the store holds: 0 when it has no runs table; None when that cannot be told."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return int(db.execute("SELECT count(*) FROM runs").fetchone()[0])
+    except sqlite3.OperationalError as exc:
+        return 0 if "no such table" in str(exc) else None
+    except sqlite3.Error:
+        return None
+
+
+def _forget_engine(tracking_uri: str) -> None:
+    """Drop MLflow's cached engine for `tracking_uri`: its pooled connections still point at the file moved aside."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = SqlAlchemyStore._engine_map.pop(tracking_uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _create_atomically(db_path: Path) -> None:
+    """Create MLflow's schema in `.<name>.<random>.tmp` next to `db_path`, then rename it into place."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    tmp = db_path.with_name(f".{db_path.name}.{secrets.token_hex(8)}.tmp")
+    uri = f"sqlite:///{tmp.as_posix()}"
+    try:
+        store = SqlAlchemyStore(uri, (db_path.parent / "mlartifacts").resolve().as_uri())
+        store.engine.dispose()
+        SqlAlchemyStore._engine_map.pop(uri, None)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, db_path)
+    except BaseException as exc:
+        _forget_engine(uri)
+        _remove_db(tmp)
+        if isinstance(exc, Exception):
+            raise TrackingError(
+                f"creating the MLflow store {db_path} failed ({type(exc).__name__}: {exc}); nothing was left at that "
+                "path. Free space or fix permissions in its folder, then log the run with `make log-run RUN=<run>`"
+            ) from exc
+        raise
+    fsync_dir(db_path.parent)
+
+
+def ensure_sqlite_store(tracking_uri: str) -> None:
+    """For a local SQLite URI, make sure a complete MLflow store exists (module docstring); other URIs pass.
+    Call it under :func:`_store_init_lock`. Raises TrackingError when the store cannot be created."""
+    db_path = _sqlite_path(tracking_uri)
+    if db_path is None:
+        return
+    for stale in db_path.parent.glob(f".{db_path.name}.*.tmp"):  # a creator killed part-way (we hold the lock)
+        _remove_db(stale)
+    if db_path.exists():
+        why = _incomplete(db_path)
+        if why is None or _run_count(db_path) != 0:
+            return  # complete, or holding runs (or unreadable): never touched; MLflow's own message says what to do
+        aside = db_path.with_name(f"{db_path.name}.incomplete-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S-%f')}")
+        for suffix in _SQLITE_SIDE_FILES:
+            if Path(f"{db_path}{suffix}").exists():
+                os.replace(f"{db_path}{suffix}", f"{aside}{suffix}")
+        _forget_engine(tracking_uri)
+        warnings.warn(f"MLflow store {db_path} was half-built ({why}) and held no run: moved aside to {aside.name} "
+                      "and created again", RuntimeWarning, stacklevel=2)  # fmt: skip
+    _create_atomically(db_path)
 
 
 def _get_or_create_experiment(client: MlflowClient, tracking_uri: str, name: str) -> str:

@@ -256,13 +256,28 @@ def load_problems(
         raise ProblemError("no dataset given: set dataset.path (a local file) or dataset.hub_id (a hub dataset)")
     problems: list[Problem] = []
     seen: dict[str, str] = {}
+    texts: dict[str, tuple[str, Problem]] = {}  # fingerprint -> (where, the first problem with that text)
     for _, loc, row in rows:
-        problems.append(_validate(row, f"{where}, {loc}", cols, seen))
+        problem = _validate(row, f"{where}, {loc}", cols, seen)
+        _check_same_text(problem, f"{where}, {loc}", texts)
+        problems.append(problem)
         if limit is not None and len(problems) >= limit:
             break
     if not problems:
         raise ProblemError(f"{where}: no problems in it; write one problem per row (fields id, problem, answer)")
     return problems
+
+
+def _check_same_text(problem: Problem, at: str, texts: dict[str, tuple[str, Problem]]) -> None:
+    """Two problems whose normalized texts are equal are one problem to the library (same fingerprint): with
+    different answers one would graft the other's entry as an exact match, so the set is refused."""
+    first = texts.setdefault(problem.fingerprint, (at, problem))
+    if first[1] is not problem and first[1].answer != problem.answer:
+        raise ProblemError(
+            f"{at} (id {problem.id}): same problem text (normalized: whitespace and case) as {first[0]} "
+            f"(id {first[1].id}) but answer {problem.answer} where that one has {first[1].answer}; a problem has one "
+            "answer: correct the wrong one, or drop or reword one of the two rows"
+        )
 
 
 def _suggest(row: Mapping[str, Any], cols: Mapping[str, str]) -> str:

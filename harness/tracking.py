@@ -55,6 +55,7 @@ from harness.mlflow_store import (
     _scalar_text,
     _store_init_lock,
     default_tracking_uri,
+    ensure_sqlite_store,
     flatten,
     http_fail_fast,
     metric_leaves,
@@ -126,6 +127,7 @@ def _log(
 
     start_ms, end_ms = times_ms or (int(time.time() * 1000),) * 2
     with _store_init_lock(tracking_uri):
+        ensure_sqlite_store(tracking_uri)  # never half-built: created in a temp file, a broken empty one rebuilt
         client = MlflowClient(tracking_uri=tracking_uri)
         experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
     run = _retry(lambda: client.create_run(experiment_id, start_time=start_ms, tags=tags, run_name=run_name),

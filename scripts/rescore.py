@@ -11,8 +11,10 @@ It re-hashes ``manifest.json``, ``outputs.jsonl`` (file and every row), ``summar
 summary scores and groups (``harness.audit.audit``), then prints recorded vs recomputed scores.
 
 Given a compare folder (``runs/compare/<stamp>``, holding ``comparison.json``), it audits every run the
-comparison lists and re-checks the graft-vs-incontext pairing from the recorded rows (same completion token
-ids and first-logits SHA-256; ``harness.pairing.audit_comparison``)::
+comparison lists, checks each is the run it was made from (manifest SHA-256), of the condition, group and
+comparable key its label says, re-checks the graft-vs-incontext pairing from the recorded rows (same completion
+token ids and first-logits SHA-256) and recomputes every figure of comparison.json from those runs, naming any
+field that differs (``harness.comparison.audit_comparison``)::
 
     make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
 
@@ -29,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.audit import RunCheck, audit, diff_values
+from harness.comparison import COMPARISON, ComparisonCheck, audit_comparison
 from harness.errors import HarnessError
-from harness.pairing import COMPARISON, ComparisonCheck, audit_comparison
 from harness.run_folder import RunFolder
 
 
@@ -81,7 +83,8 @@ def _print_comparison(compare_dir: Path, check: ComparisonCheck) -> None:
     for group, p in check.pairs.items():
         n = p["identical_rows"] + p["differing_rows"]
         print(f"pairing {group}: {p['identical_rows']}/{n} graft rows identical to their incontext twin")
-    _print_verdict(check.ok, f"{compare_dir}: every run re-scores, every hash matches, every graft row equals its twin",
+    _print_verdict(check.ok, f"{compare_dir}: every run re-scores and is the one compared, every hash matches, every "
+                   "figure recomputes, every graft row equals its twin",
                    compare_dir, check.findings)
 
 

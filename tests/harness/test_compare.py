@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from harness import compare
+from harness import compare, comparison
 from harness.record import Summary
 from harness.run_folder import RunFolder
 
@@ -30,7 +30,7 @@ def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Pa
     base = _summary(fakerun, "baseline", 1, 4.0)
     graft = _summary(fakerun, "graft", 4, 1.0)
     folders = {"baseline": RunFolder(tmp_path / "b"), "graft (recurring)": RunFolder(tmp_path / "g")}
-    result = compare.comparison("k", folders, {"baseline": base, "graft (recurring)": graft})
+    result = comparison.comparison("k", folders, {"baseline": base, "graft (recurring)": graft})
     assert set(result) == {"comparable_key", "runs", "summaries"}
     assert result["summaries"]["baseline"]["comparison"] is None
     c = result["summaries"]["graft (recurring)"]["comparison"]
@@ -41,11 +41,16 @@ def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Pa
 
 
 def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
-    def no_read_back(self, *args, **kwargs):
-        raise AssertionError(f"the compare job read {self.path} back from disk")
+    """Nothing but each run's manifest SHA-256, which comparison.json records to bind itself to those runs."""
+    def no_read_back(original):
+        def read(self, name="", *args, **kwargs):
+            if name == "manifest.json":
+                return original(self, name)
+            raise AssertionError(f"the compare job read {self.path} back from disk")
+        return read
 
     for name in ("read_summary", "read_rows", "read_json", "read_jsonl", "read_config", "read_bytes"):
-        monkeypatch.setattr(RunFolder, name, no_read_back)
+        monkeypatch.setattr(RunFolder, name, no_read_back(getattr(RunFolder, name)))
     result = compare.main([
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",

@@ -69,9 +69,10 @@ def test_redeposit_keeps_entry_ids_and_restores_exact_grafts(moved, capsys):
 
 
 def test_the_redeposit_command_line(moved, capsys, tmp_path):
+    here = environment_fingerprint(moved[1].device)
+    differ = ", ".join(f"environment.{k}" for k in sorted(ELSEWHERE) if here.get(k) != ELSEWHERE[k])  # Intel or AMD
     main(["--redeposit", *_overrides(tmp_path)])
-    assert "3 of 3 entries re-deposited in this compute environment (differed in: environment.cpu_model, " \
-        "environment.cpu_vendor, environment.mkl_cbwr)" in capsys.readouterr().out
+    assert f"3 of 3 entries re-deposited in this compute environment (differed in: {differ})" in capsys.readouterr().out
 
 
 def test_a_run_that_opts_in_is_marked_not_guaranteed_exact(moved, tmp_path):
@@ -88,13 +89,3 @@ def test_a_run_that_opts_in_is_marked_not_guaranteed_exact(moved, tmp_path):
     assert base.exactness is None
 
 
-def test_a_library_built_from_another_entry_template_is_refused_by_name(tmp_path):
-    cfg = typed(compose_config(_overrides(tmp_path)))
-    fm = load_model(cfg)
-    build_library(cfg.library, fm, REPO, progress=False)
-    assert len(open_library(cfg.library, fm, REPO).entries) == 3
-    other = typed(compose_config(_overrides(tmp_path, "library.entry_template='Q: {problem} A: {answer}'")))
-    from harness.errors import LibraryError
-
-    with pytest.raises(LibraryError, match=r"entry_template_sha256 .* library\.version"):
-        open_library(other.library, fm, REPO)

@@ -273,3 +273,24 @@ def test_the_public_aime_config_loads_all_975_problems_from_the_file_the_library
     problems = load_problems(str(REPO / cfg.dataset.path), columns=dict(cfg.dataset.columns))
     assert len(problems) == 975 and len({p.id for p in problems}) == 975
     assert {p.source["year"] for p in problems} == set(range(1983, 2024))
+
+
+def test_the_same_text_with_another_answer_is_refused_naming_both_rows(tmp_path):
+    rows = [ROWS[0], ROWS[1], {"id": "c", "problem": "  what is $1+1$?\n", "answer": "3"}]
+    path = _jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(ProblemError) as exc:
+        load_problems(str(path))
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert f"{path}, row 3 (line 3) (id c): same problem text" in msg
+    assert f"as {path}, row 1 (line 1) (id a) but answer 3 where that one has 2" in msg
+
+
+def test_the_same_text_with_the_same_answer_loads(tmp_path):
+    rows = [ROWS[0], {"id": "c", "problem": "WHAT IS $1+1$?", "answer": "2"}]
+    assert [p.id for p in load_problems(str(_jsonl(tmp_path / "p.jsonl", rows)))] == ["a", "c"]
+
+
+def test_a_duplicate_text_after_the_limit_is_not_read(tmp_path):
+    rows = [ROWS[0], ROWS[1], {"id": "c", "problem": "What is $1+1$?", "answer": "3"}]
+    assert len(load_problems(str(_jsonl(tmp_path / "p.jsonl", rows)), limit=2)) == 2

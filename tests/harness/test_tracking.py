@@ -259,7 +259,7 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
 ) -> None:
     from mlflow import MlflowClient
 
-    from harness.compare import comparison
+    from harness.comparison import comparison
     from harness.run_folder import RunFolder
     from harness.tracking import log_comparison
 
