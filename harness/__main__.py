@@ -25,23 +25,30 @@ from harness.config import check_overrides
 from harness.errors import ConfigError, debugging, exit_on_error
 from harness.run import run
 from harness.run_folder import RunFolder
-from kvstore.environment import PROFILES, enter_profile
+from kvstore.environment import PROFILES, enter_profile, profile_problems
+
+
+def _discard(out: Path, multirun: bool) -> None:
+    """Remove this job's folder when it holds no rows, and its sweep folder when nothing but multirun.yaml is left."""
+    RunFolder(out).discard()
+    sweep = out.parent
+    if multirun and sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml"}:
+        shutil.rmtree(sweep, ignore_errors=True)
 
 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 @exit_on_error
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    out = Path(hc.runtime.output_dir)
+    out, multirun = Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN
     try:
+        if profile_problems(cfg.determinism.profile):
+            _discard(out, multirun)  # enter_profile re-executes the command, which claims its own folder
         enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
         # a single run resumes an interrupted sibling with the same config; a sweep job keeps its own folder
-        run(cfg, out, resume_from=out.parent if hc.mode == RunMode.RUN else None)
+        run(cfg, out, resume_from=None if multirun else out.parent)
     except BaseException:
-        RunFolder(out).discard()  # a failed job leaves no empty folder (one with rows stays resumable)
-        sweep = out.parent
-        if hc.mode == RunMode.MULTIRUN and sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml"}:
-            shutil.rmtree(sweep, ignore_errors=True)
+        _discard(out, multirun)  # a failed job leaves no empty folder (one with rows stays resumable)
         raise
 
 
