@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import signal
 import sys
 import time
@@ -32,7 +33,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from harness.answers import score
-from harness.conditions import build_condition
+from harness.conditions import CONDITIONS, build_condition
 from harness.config import Config, load_model, typed
 from harness.energy import make_meter
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
@@ -44,7 +45,9 @@ from harness.run_folder import RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import FrozenModel, environment_fingerprint
 
-__all__ = ["comparable_key", "fit_context", "load_model", "print_summary", "resume_key", "run", "run_rows"]
+__all__ = [
+    "check_condition", "comparable_key", "fit_context", "load_model", "print_summary", "resume_key", "run", "run_rows",
+]  # fmt: skip
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get full tables
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
@@ -66,6 +69,15 @@ def comparable_key(cfg: DictConfig | Config, fm: FrozenModel) -> str:
     if c["run"]["context_overflow"] != "refuse":  # truncated prompts are other inputs; refuse changes nothing
         key["context_overflow"] = c["run"]["context_overflow"]
     return sha256_json(key)
+
+
+def check_condition(name: str) -> None:
+    """A ConfigError naming condition.name, with the near miss, when the registry has no such condition: raised
+    before the model loads."""
+    if name not in CONDITIONS:
+        near = difflib.get_close_matches(name, list(CONDITIONS), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ConfigError(f"condition.name={name!r}: {hint}use one of {', '.join(CONDITIONS)} (configs/condition/)")
 
 
 def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel, library: str | None) -> str:
@@ -192,6 +204,7 @@ def run_rows(
 ) -> tuple[RunFolder, Summary, list[Row]]:
     """`run`, also returning the rows in memory (the compare job pairs graft and incontext rows from them)."""
     c = typed(cfg)
+    check_condition(c.condition.name)
     root = Path(c.project_root)
     runs = root / c.runs_dir
     d = c.dataset
