@@ -2,13 +2,22 @@
 
 One dataclass per config group (configs/<group>/*.yaml); `Config` ties them together. `run(cfg)` in
 harness/run.py takes the composed config (`compose_config` here, or Hydra's in `python -m harness`);
-`typed(cfg)` turns it into these dataclasses, the pieces conditions are built from; `load_model(cfg)` loads
-the frozen model it names.
+`typed(cfg)` turns it into these dataclasses, the pieces conditions are built from, and refuses values that
+cannot work (one ConfigError line naming the key and what it may be) before any model loads; `load_model(cfg)`
+checks the device, then loads the frozen model it names.
+
+`check_overrides(args)` refuses a misspelt override in one line with the near miss ("did you mean
+decoding.max_new_tokens?"); every entry point runs it (`python -m harness` before Hydra, `compose_config` for
+`python -m harness.compare` and `python -m harness.library`). The `kvgraft.claim_dir` resolver (configs/config.yaml's
+hydra.run.dir and hydra.sweep.dir) creates the run or sweep folder exclusively (harness.run_folder.claim).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
+from harness.run_folder import claim
 from harness.tracking import DEFAULT_EXPERIMENT
 from kvstore import Determinism, FrozenModel, load_frozen_model
 
@@ -114,6 +124,19 @@ class EnergyConfig:
 
 
 @dataclass
+class RunConfig:
+    """How a run starts and what it does with input it cannot take whole (not part of comparable_key)."""
+
+    fresh: bool = False  # true: start over in a new folder instead of resuming an interrupted run of the same config
+    # a prompt (+ decoding.max_new_tokens) longer than the model's context: refuse (error naming the problem) or
+    # truncate the problem text to fit (recorded in problems.jsonl's source and on screen)
+    context_overflow: str = "refuse"
+
+
+CONTEXT_OVERFLOW = ("refuse", "truncate")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
@@ -124,6 +147,7 @@ class Config:
     library: LibraryConfig = field(default_factory=LibraryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     runs_dir: str = "runs"
     project_root: str = "."  # relative paths in the config resolve against this
 
@@ -144,24 +168,75 @@ def _as(cls: type[D], data: Any) -> D:
 
 
 def typed(cfg: DictConfig | Config) -> Config:
-    """The composed config as the typed `Config` (resolved), and checked: decoding settings that cannot work
-    are a ConfigError naming the key."""
+    """The composed config as the typed `Config` (resolved), and checked (`validate`): a value that cannot work
+    is a ConfigError naming the key and what it may be, raised before any model loads."""
     c = cfg if isinstance(cfg, Config) else _as(Config, OmegaConf.to_container(cfg, resolve=True))
-    d = c.decoding
-    if d.strategy not in ("greedy", "sample"):
-        raise ConfigError(f"decoding.strategy={d.strategy!r}: use 'greedy' or 'sample' (configs/decoding/)")
-    if d.n_samples < 1 or d.max_new_tokens < 1:
-        raise ConfigError("decoding.n_samples and decoding.max_new_tokens must be >= 1")
-    if d.batch_size < 1:
-        raise ConfigError(f"decoding.batch_size={d.batch_size}: use 1 (one sample at a time) or more")
-    if d.strategy == "greedy" and d.n_samples > 1:
-        raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
+    validate(c)
     return c
 
 
+def _at_least(key: str, value: Any, low: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{key}={value!r}: must be an integer >= {low} ({hint})")
+
+
+def validate(c: Config) -> None:
+    """Refuse settings that cannot work, one ConfigError line each: decoding (strategy, budgets, temperature > 0
+    for sampling, 0 < top_p <= 1), problem limits, determinism counts, run choices. The condition name is checked
+    against the registry by harness.run (harness.conditions imports this module), also before the model loads."""
+    d = c.decoding
+    if d.strategy not in ("greedy", "sample"):
+        raise ConfigError(f"decoding.strategy={d.strategy!r}: use 'greedy' or 'sample' (configs/decoding/)")
+    _at_least("decoding.max_new_tokens", d.max_new_tokens, 1, "the token budget of each answer")
+    _at_least("decoding.n_samples", d.n_samples, 1, "samples per problem")
+    _at_least("decoding.batch_size", d.batch_size, 1, "1 decodes one sample at a time")
+    if d.strategy == "greedy" and d.n_samples > 1:
+        raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
+    for key, value in (("decoding.temperature", d.temperature), ("decoding.top_p", d.top_p)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r}: must be a finite number")
+    if d.strategy == "sample" and d.temperature <= 0:
+        raise ConfigError(f"decoding.temperature={d.temperature}: sampling needs temperature > 0 (0 is greedy "
+                          "decoding: use decoding=greedy, whose rows are recorded as greedy)")  # fmt: skip
+    if d.temperature < 0:
+        raise ConfigError(f"decoding.temperature={d.temperature}: must be > 0 (greedy decoding ignores it)")
+    if not 0 < d.top_p <= 1:
+        raise ConfigError(f"decoding.top_p={d.top_p}: must be in (0, 1] (1 keeps every token; 0 keeps none)")
+    for key, ds in (("dataset", c.dataset), ("library.dataset", c.library.dataset)):
+        if ds.limit is not None:
+            _at_least(f"{key}.limit", ds.limit, 1, "the first N problems; null takes them all")
+    _at_least("determinism.threads", c.determinism.threads, 1, "torch intra-op threads")
+    _at_least("determinism.prefill_chunk", c.determinism.prefill_chunk, 1, "tokens per prefill step")
+    if c.run.context_overflow not in CONTEXT_OVERFLOW:
+        raise ConfigError(f"run.context_overflow={c.run.context_overflow!r}: use one of {', '.join(CONTEXT_OVERFLOW)}")
+
+
+def check_device(spec: str) -> None:
+    """A ConfigError naming model.device when this machine has no such device (cuda without a GPU, cuda:3 on a
+    one-GPU machine), before torch is asked to put a model there."""
+    import torch
+
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"model.device={spec!r}: not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return
+    backend = getattr(torch, dev.type, None)
+    available = bool(getattr(backend, "is_available", lambda: False)())
+    if not available:
+        raise ConfigError(f"model.device={spec!r}: this machine has no {dev.type} device (torch {torch.__version__} "
+                          "sees none); use model.device=cpu")  # fmt: skip
+    count = int(getattr(backend, "device_count", lambda: 1)())
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"model.device={spec!r}: this machine has {count} {dev.type} device(s) "
+                          f"({dev.type}:0..{count - 1})")  # fmt: skip
+
+
 def load_model(cfg: DictConfig | Config) -> FrozenModel:
-    """The frozen model the config names, under its pinned determinism settings."""
+    """The frozen model the config names, under its pinned determinism settings (its device checked first)."""
     c = typed(cfg)
+    check_device(c.model.device)
     det = Determinism(**dataclasses.asdict(c.determinism))
     return load_frozen_model(c.model.source, det, device=c.model.device)
 
@@ -176,7 +251,7 @@ _SECTIONS: dict[tuple[type, str], type] = {
     (Config, "model"): ModelConfig, (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
     (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
     (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
-    (LibraryConfig, "dataset"): DatasetConfig,
+    (LibraryConfig, "dataset"): DatasetConfig, (Config, "run"): RunConfig,
 }  # fmt: skip
 register()
 
@@ -184,9 +259,117 @@ register()
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def compose_config(overrides: list[str] | None = None, config_name: str = "config"):
-    """Compose the config tree without Hydra's app runner (for library/compare CLIs and tests)."""
-    from hydra import compose, initialize_config_dir
+#: Free space a Hydra run needs before its job starts: Hydra writes .hydra/ and its log into the folder itself,
+#: where a full disk would give its traceback instead of our one line.
+HYDRA_MIN_FREE = 64 << 10
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="kvgraft"):
-        return compose(config_name=config_name, overrides=list(overrides or []))
+
+def _claim_dir(parent: str, name: str) -> str:
+    """`${kvgraft.claim_dir:parent,name}`: parent/name created exclusively (parent/name-2 ... when taken). Cached
+    per config (use_cache, copied into each sweep job by Hydra), so a sweep's jobs share their one sweep folder.
+    Only Hydra's app runner resolves it: a read-only or full runs folder prints one `error:` line and exits 1
+    there (an exception would reach the user as OmegaConf's 60-line interpolation traceback)."""
+    import os
+    import sys
+
+    from harness.errors import HarnessError, StorageError, debugging
+
+    try:
+        probe = Path(parent).absolute()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        st = os.statvfs(probe)
+        if st.f_bavail * st.f_frsize < HYDRA_MIN_FREE:
+            raise StorageError(
+                f"{parent}: no space left on the device (ENOSPC: {st.f_bavail * st.f_frsize >> 10} KiB free, a run "
+                f"needs at least {HYDRA_MIN_FREE >> 10} KiB to start); free space there or point runs_dir= at "
+                "another disk"
+            )
+        return str(claim(parent, name))
+    except HarnessError as exc:
+        if debugging():
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+OmegaConf.register_new_resolver("kvgraft.claim_dir", _claim_dir, use_cache=True, replace=True)
+
+
+def _keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
+    """Every dotted key of the schema `cls`, and the keys of its free-form mappings (dataset.columns)."""
+    keys, mappings = set(), set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        keys.add(key)
+        sub = _SECTIONS.get((cls, f.name))
+        if sub is not None:
+            k, m = _keys(sub, key + ".")
+            keys |= k
+            mappings |= m
+        elif typing.get_origin(hints[f.name]) is dict:
+            mappings.add(key)
+    return keys, mappings
+
+
+def _groups() -> dict[str, list[str]]:
+    """Config groups (configs/<group>/) and their options."""
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in CONFIG_DIR.iterdir() if d.is_dir()}
+
+
+def _near(word: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"did you mean {near[0]}? " if near else ""
+
+
+def check_overrides(args: list[str]) -> None:
+    """Refuse, in one ConfigError line with the near miss, an override whose key the schema does not have
+    (`decoding.max_new_token=8`: did you mean decoding.max_new_tokens?) or a group option that does not exist
+    (`condition=graf`). Hydra flags, `hydra.*` and `~key` deletions are left to Hydra."""
+    keys, mappings = _keys(Config)
+    groups = _groups()
+    for arg in args:
+        if arg.startswith("-") or arg.startswith("~") or "=" not in arg:
+            continue
+        key, _, value = arg.lstrip("+").partition("=")
+        if key.startswith("hydra") or "/" in key or "@" in key:
+            continue
+        if key in groups:
+            for option in value.split(","):  # a sweep lists several
+                option = option.strip()
+                if option not in groups[key] and option != "null":
+                    raise ConfigError(f"{key}={option}: no such option in configs/{key}/; {_near(option, groups[key])}"
+                                      f"the options are {', '.join(groups[key])}")  # fmt: skip
+            continue
+        if key in keys or any(key.startswith(m + ".") for m in mappings):
+            continue
+        hint = _near(key, sorted(keys))
+        raise ConfigError(f"{arg}: no config key {key!r}; {hint}the keys are in harness/config.py "
+                          "(python -m harness --cfg job lists them)")  # fmt: skip
+
+
+def _one_line(exc: Exception) -> str:
+    """Hydra's / OmegaConf's message in one line (their first line, plus the key it names when there is one)."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        first = f"{first} ({str(cause).strip().splitlines()[0]})"
+    return first
+
+
+def compose_config(overrides: list[str] | None = None, config_name: str = "config"):
+    """Compose the config tree without Hydra's app runner (for library/compare CLIs and tests). A bad override
+    is one ConfigError line (with the near miss for a misspelt key), never a traceback."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    check_overrides(overrides)
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="kvgraft"):
+            return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(f"bad override in {' '.join(overrides) or '(none)'}: {_one_line(exc)}") from None

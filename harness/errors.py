@@ -7,10 +7,14 @@ can catch the whole family in one place and report a clean message instead of a 
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -22,11 +26,15 @@ __all__ = [
     "HarnessError",
     "LibraryError",
     "ManifestError",
-    "ProblemError",
     "PairingError",
+    "ProblemError",
     "RunFolderError",
+    "RunInterrupted",
+    "StorageError",
+    "Terminated",
     "TrackingError",
     "exit_on_error",
+    "storage_error",
 ]
 
 
@@ -88,6 +96,52 @@ class RunFolderError(HarnessError):
     """
 
 
+class StorageError(HarnessError):
+    """The file system refused a write the harness needs: the disk is full (ENOSPC, EDQUOT) or the folder is
+    read-only (EROFS, EACCES). Raised by harness.run_folder while a run folder is created or written; the message
+    names the path. Free space, or point `runs_dir=` at a writable folder; rows already written stay in
+    outputs.partial.jsonl, so re-running the same command resumes the run.
+    """
+
+
+class RunInterrupted(HarnessError):
+    """A run was stopped by Ctrl-C (SIGINT) or SIGTERM. Raised by harness.run after the rows so far are on disk
+    (outputs.partial.jsonl) and the folder is unlocked: re-run the same command to resume, `run.fresh=true` to
+    start over. `exit_code` is 128 + the signal number, as a shell reports a process the signal killed.
+    """
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt) by the handler every entry point
+    installs (`exit_on_error`): a run stops between rows exactly as it does on Ctrl-C. Not a HarnessError, so no
+    `except HarnessError` (or `except Exception`) swallows it."""
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def storage_error(exc: OSError, path: str | Path, doing: str) -> HarnessError | None:
+    """The one-line StorageError for a full disk or a read-only folder met while `doing` (e.g. "writing the run
+    folder") at `path` (the file named by the OSError when it names one); None for any other OSError."""
+    where = exc.filename or path
+    if exc.errno in _DISK_FULL:
+        return StorageError(
+            f"{where}: no space left on the device ({errno.errorcode[exc.errno]}) while {doing}; free space there or "
+            "point runs_dir= at another disk, then re-run the same command (the rows written so far are kept)"
+        )
+    if exc.errno in _READ_ONLY:
+        return StorageError(
+            f"{where}: the folder is read-only ({errno.errorcode[exc.errno]}) while {doing}; make it writable or "
+            "point runs_dir= at a writable folder"
+        )
+    return None
+
+
 class PairingError(HarnessError):
     """A graft row differs from its in-context twin (harness/pairing.py): the graft did not carry exactly what
     reading the entry in context carries. Raised by the compare job after comparison.json is written, and reported
@@ -96,20 +150,44 @@ class PairingError(HarnessError):
     """
 
 
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def debugging() -> bool:
+    """KVGRAFT_DEBUG=1 or HYDRA_FULL_ERROR=1: errors keep their traceback."""
+    return any(os.environ.get(v, "") not in ("", "0") for v in ("KVGRAFT_DEBUG", "HYDRA_FULL_ERROR"))
+
+
 def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
     """Wrap an entry point: a HarnessError or KVStoreError prints one `error: <message>` line (the message
-    names the file, row or field and the fix) and exits with status 1, without a traceback. Set
-    KVGRAFT_DEBUG=1 (or HYDRA_FULL_ERROR=1) to get the traceback instead."""
+    names the file, row or field and the fix) and exits with status 1, without a traceback; an interrupted run
+    (Ctrl-C, or SIGTERM, which the wrapper turns into `Terminated`) prints one `stopped:` line and exits with
+    128 + the signal number. Set KVGRAFT_DEBUG=1 (or HYDRA_FULL_ERROR=1) to get the traceback instead."""
     from kvstore import KVStoreError
 
     @functools.wraps(main)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             return main(*args, **kwargs)
+        except RunInterrupted as exc:
+            if debugging():
+                raise
+            print(f"stopped: {exc}", file=sys.stderr)
+            raise SystemExit(exc.exit_code) from None
         except (HarnessError, KVStoreError) as exc:
-            if any(os.environ.get(v, "") not in ("", "0") for v in ("KVGRAFT_DEBUG", "HYDRA_FULL_ERROR")):
+            if debugging():
                 raise
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
+        except KeyboardInterrupt as exc:  # outside a run's row loop (loading, composing): nothing was written
+            if debugging():
+                raise
+            signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+            print(f"stopped: {signal.Signals(signum).name} (no run was writing rows; re-run the same command)",
+                  file=sys.stderr)
+            raise SystemExit(128 + int(signum)) from None
 
     return wrapper

@@ -4,16 +4,28 @@ MLflow. `run(cfg)` takes a composed config and returns (RunFolder, Summary); `py
 
 The run folder format is harness/RUN_FORMAT.md. Everything is written locally before tracking is tried,
 so an unreachable MLflow never loses a run.
+
+The lifecycle (docs/reliability.md): the config is checked before the model loads (harness.config.validate),
+prompts against the model's context once the tokenizer is there (`fit_context`); a run killed (kill -9, power)
+is resumed by the next run of the same config (same resume key: resolved config, problem rows, model and
+tokenizer fingerprints, library manifest) from its outputs.partial.jsonl, in the same folder, with the same
+seeds (`run.fresh=true` starts over); Ctrl-C and SIGTERM stop between rows with one line
+(harness.errors.RunInterrupted) and leave the folder resumable; a run that fails before its first row removes
+its folder.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
+import signal
 import sys
 import time
 import warnings
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
@@ -21,17 +33,21 @@ from rich.table import Table
 from tqdm import tqdm
 
 from harness.answers import score
-from harness.conditions import build_condition
+from harness.conditions import CONDITIONS, build_condition
 from harness.config import Config, load_model, typed
 from harness.energy import make_meter
+from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.hashing import sha256_json
-from harness.problems import load_problems
+from harness.problems import Problem, load_problems
+from harness.prompts import render
 from harness.record import STOP_REASONS, Row, Summary
 from harness.run_folder import RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import FrozenModel, environment_fingerprint
 
-__all__ = ["comparable_key", "load_model", "print_summary", "run", "run_rows"]
+__all__ = [
+    "check_condition", "comparable_key", "fit_context", "load_model", "print_summary", "resume_key", "run", "run_rows",
+]  # fmt: skip
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get full tables
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
@@ -45,13 +61,81 @@ def comparable_key(cfg: DictConfig | Config, fm: FrozenModel) -> str:
     c = dataclasses.asdict(typed(cfg))
     if c["decoding"].get("batch_size") == 1:
         del c["decoding"]["batch_size"]
-    return sha256_json(
-        {
-            "model": fm.fingerprint,
-            "tokenizer": fm.tokenizer_fingerprint,
-            **{k: c[k] for k in ("dataset", "prompt", "decoding", "determinism")},
-        }
+    key = {
+        "model": fm.fingerprint,
+        "tokenizer": fm.tokenizer_fingerprint,
+        **{k: c[k] for k in ("dataset", "prompt", "decoding", "determinism")},
+    }
+    if c["run"]["context_overflow"] != "refuse":  # truncated prompts are other inputs; refuse changes nothing
+        key["context_overflow"] = c["run"]["context_overflow"]
+    return sha256_json(key)
+
+
+def check_condition(name: str) -> None:
+    """A ConfigError naming condition.name, with the near miss, when the registry has no such condition: raised
+    before the model loads."""
+    if name not in CONDITIONS:
+        near = difflib.get_close_matches(name, list(CONDITIONS), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ConfigError(f"condition.name={name!r}: {hint}use one of {', '.join(CONDITIONS)} (configs/condition/)")
+
+
+def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel, library: str | None) -> str:
+    """What an interrupted run must share with this one to be resumed by it: the resolved config (run.fresh left
+    out), the problem rows, the model and tokenizer fingerprints and the library manifest."""
+    config = copy.deepcopy(config)
+    config.get("run", {}).pop("fresh", None)
+    return sha256_json({
+        "config": config, "problems": [p.to_row() for p in problems], "model": fm.fingerprint,
+        "tokenizer": fm.tokenizer_fingerprint, "library": library,
+    })  # fmt: skip
+
+
+def context_size(fm: FrozenModel) -> int | None:
+    """The most positions the model takes (its config's max_position_embeddings), None when it does not say."""
+    config = fm.config
+    n = getattr(config, "max_position_embeddings", None) or getattr(
+        getattr(config, "text_config", None), "max_position_embeddings", None
     )
+    return int(n) if n else None
+
+
+def fit_context(problems: list[Problem], fm: FrozenModel, c: Config) -> list[Problem]:
+    """Every problem whose prompt plus decoding.max_new_tokens exceeds the model's context: refused (a ConfigError
+    naming it, run.context_overflow=refuse) or its text cut to fit (truncate: said on screen and recorded in the
+    problem row's source as {"context_overflow": {"prompt_tokens", "kept_problem_tokens"}}). Checked after the
+    tokenizer loads and before any prefill; a library condition's grafted entry adds to the prompt (not counted)."""
+    limit = context_size(fm)
+    if limit is None:
+        return problems
+    budget = limit - c.decoding.max_new_tokens
+    out = []
+    for p in problems:
+        n = len(fm.encode(render(c.prompt.template, problem=p.problem)))
+        if n <= budget:
+            out.append(p)
+            continue
+        if budget <= 0 or c.run.context_overflow == "refuse":
+            raise ConfigError(
+                f"problem {p.id}: its prompt is {n:,} tokens, and with decoding.max_new_tokens="
+                f"{c.decoding.max_new_tokens} exceeds the model's context of {limit:,}; drop the problem, lower "
+                "decoding.max_new_tokens, or set run.context_overflow=truncate to cut its text to fit"
+            )
+        ids = fm.encode(p.problem, add_bos=False)
+        keep = len(ids) - (n - budget)
+        while keep > 0:
+            text = fm.decode(ids[:keep])
+            if len(fm.encode(render(c.prompt.template, problem=text))) <= budget:
+                break
+            keep -= max(1, keep // 100)
+        if keep <= 0:
+            raise ConfigError(f"problem {p.id}: the prompt template alone exceeds the model's context of {limit:,}")
+        console.print(f"[yellow]problem {p.id}: prompt of {n:,} tokens > context {limit:,} - "
+                      f"{c.decoding.max_new_tokens} new tokens: text cut to its first {keep:,} tokens "
+                      "(run.context_overflow=truncate)[/]")  # fmt: skip
+        source = {**p.source, "context_overflow": {"prompt_tokens": n, "kept_problem_tokens": keep}}
+        out.append(dataclasses.replace(p, problem=text, source=source))
+    return out
 
 
 def run(
@@ -60,11 +144,54 @@ def run(
     fm: FrozenModel | None = None,
     progress: bool = True,
     build_library_if_missing: bool = False,
+    resume_from: str | Path | None = None,
 ) -> tuple[RunFolder, Summary]:
     """Run the configured condition over the configured problems, write the run folder (a new one under
-    `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary."""
-    folder, summary, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing)
+    `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
+    An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
+    the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/)."""
+    folder, summary, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing, resume_from)
     return folder, summary
+
+
+def _open_folder(
+    folder: RunFolder | str | Path | None, search: Path | None, runs: Path, condition: str, key: str, fresh: bool
+) -> tuple[RunFolder, list[Row], str | None]:
+    """The folder this run writes (locked) and the rows an interrupted attempt left there (resume), plus the
+    attempt's start time. A given folder nobody resumes into is discarded when it holds nothing yet."""
+    given = None if folder is None else folder if isinstance(folder, RunFolder) else RunFolder(folder)
+    if not fresh:
+        found = None
+        if given is not None and given.path.is_dir() and given.resume_info().get("resume_key") == key:
+            found = given if given.lock() and not given.is_complete() else None
+        if found is None and search is not None:
+            found = RunFolder.find_resumable(search, key)
+        if found is not None:
+            done = found.resume()
+            if given is not None and given != found:
+                given.discard()  # Hydra's fresh folder for this attempt: the run continues in the old one
+            return found, done, found.resume_info().get("started_at")
+    return (given or RunFolder.new(runs, condition)), [], None
+
+
+def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder: RunFolder) -> list[Row]:
+    """The rows of an interrupted attempt that this run keeps: the longest prefix covering whole jobs (a batch is
+    redone whole: its bits depend on the batch), each row the (problem, sample) the plan has at its place."""
+    expected = [(p.id, s) for p, samples in jobs for s in samples]
+    for i, r in enumerate(rows):
+        if i >= len(expected) or (r.problem_id, r.sample) != expected[i]:
+            want = f"{expected[i][0]} sample {expected[i][1]}" if i < len(expected) else "no more rows"
+            raise RunFolderError(
+                f"{folder.file('outputs.partial.jsonl')}, line {i + 1}: {r.problem_id} sample {r.sample} where this "
+                f"run's plan has {want}; start over with run.fresh=true"
+            )
+    keep, n = 0, 0
+    for _, samples in jobs:
+        if n + len(samples) > len(rows):
+            break
+        n += len(samples)
+        keep = n
+    return rows[:keep]
 
 
 def run_rows(
@@ -73,58 +200,61 @@ def run_rows(
     fm: FrozenModel | None = None,
     progress: bool = True,
     build_library_if_missing: bool = False,
+    resume_from: str | Path | None = None,
 ) -> tuple[RunFolder, Summary, list[Row]]:
     """`run`, also returning the rows in memory (the compare job pairs graft and incontext rows from them)."""
     c = typed(cfg)
+    check_condition(c.condition.name)
     root = Path(c.project_root)
-    if folder is None:
-        folder = RunFolder.new(root / c.runs_dir, c.condition.name)
-    elif not isinstance(folder, RunFolder):
-        folder = RunFolder(folder)
+    runs = root / c.runs_dir
     d = c.dataset
     problems = load_problems(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
     fm = fm or load_model(c)
+    problems = fit_context(problems, fm, c)
     condition = build_condition(
         c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing
     )
-    meter, run_meter = make_meter(c.energy.meter), make_meter(c.energy.meter)
-
-    folder.begin()
-    rows: list[Row] = []
-    t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
-    run_meter.start()
+    desc = condition.describe()
+    config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(c)
+    key = resume_key(config, problems, fm, desc.get("library", {}).get("manifest_sha256"))
+    search = Path(resume_from) if resume_from is not None else (runs / c.condition.name if folder is None else None)
     n, bs = c.decoding.n_samples, c.decoding.batch_size
     jobs = [(p, list(range(s, min(s + bs, n)))) for p in problems for s in range(0, n, bs)]
-    bar = tqdm(total=len(problems) * n, desc=f"{condition.name} {d.name}", unit="sample", disable=not progress)
-    tokens = tqdm(total=len(problems) * n * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
-                  disable=not progress, leave=False)  # fmt: skip
-    for i, (problem, samples) in enumerate(jobs):
-        if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
-            condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
-        w0, c0 = time.perf_counter(), time.process_time()
-        meter.start()
-        completions = condition.complete_samples(problem, samples, on_token=tokens.update)
-        energy = meter.stop()
-        # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
-        k = len(completions)
-        wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k
-        joules = energy.joules / k if energy.joules is not None else None
-        for sample, completion in zip(samples, completions, strict=True):
-            row = Row.scored(
-                problem.id, sample, condition.name, condition.group(completion), completion, problem.answer,
-                score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
-                energy_j=joules, energy_status=energy.status,
-            )  # fmt: skip
-            rows.append(row)
-            folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
-        bar.update(k)
-        bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
-    tokens.close()
-    bar.close()
-    condition.close()
-    run_energy = run_meter.stop()
+    try:
+        folder, done, first_started = _open_folder(folder, search, runs, c.condition.name, key, c.run.fresh)
+    except BaseException:
+        condition.close()
+        raise
+    rows: list[Row] = []
+    try:
+        if done:
+            rows = _done_prefix(done, jobs, folder)
+            if len(rows) != len(done):
+                folder.keep_rows(rows)
+            console.print(f"resuming the interrupted run in {folder.path}: {len(rows)} of {len(problems) * n} rows "
+                          "already done (outputs.partial.jsonl), same seeds; run.fresh=true starts over")  # fmt: skip
+        else:
+            folder.begin(key, datetime.now(UTC).isoformat())
+        rows, run_energy, t_run, started_at = _decode(c, condition, jobs, folder, rows, progress)
+    except KeyboardInterrupt as exc:
+        condition.close()
+        signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        folder.release()
+        kept = folder.has_rows()
+        if not kept:
+            folder.discard()
+        where = (f"{folder.path} keeps them: re-run the same command to resume (run.fresh=true starts over)" if kept
+                 else "nothing to resume, the empty folder was removed")  # fmt: skip
+        raise RunInterrupted(f"{signal.Signals(signum).name}: the run stopped after {len(rows)} of "
+                             f"{len(problems) * n} rows; {where}", signum) from None  # fmt: skip
+    except BaseException:
+        condition.close()
+        folder.release()
+        folder.discard()  # only when it holds no rows: a run with rows stays resumable
+        raise
+    started_at = first_started or started_at
 
     summary = Summary.of(
         rows, condition=condition.name, model=fm.name, dataset=d.name, run_dir=str(folder.path),
@@ -135,25 +265,77 @@ def run_rows(
     exactness = NOT_EXACT if fm.determinism.allow_environment_mismatch else None
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
-    desc = condition.describe()
-    folder.finish(
-        config=OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(c),
-        problems=[p.to_row() for p in problems],
-        rows=rows,
-        summary=summary,
-        prompt_template=c.prompt.template,
-        model_fingerprint=fm.fingerprint,
-        tokenizer_fingerprint=fm.tokenizer_fingerprint,
-        determinism=fm.determinism.to_dict(),
-        environment=environment_fingerprint(fm.device),
-        library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc else None,
-        exactness=exactness,
-    )
+    try:
+        folder.finish(
+            config=config,
+            problems=[p.to_row() for p in problems],
+            rows=rows,
+            summary=summary,
+            prompt_template=c.prompt.template,
+            model_fingerprint=fm.fingerprint,
+            tokenizer_fingerprint=fm.tokenizer_fingerprint,
+            determinism=fm.determinism.to_dict(),
+            environment=environment_fingerprint(fm.device),
+            library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
+            else None,
+            exactness=exactness,
+        )  # fmt: skip
+    finally:
+        folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
         _track(folder, uri, c.tracking.experiment, None)  # tracking names it: condition, group, data, model
     print_summary(summary, folder)
     return folder, summary, rows
+
+
+def _decode(
+    c: Config, condition: Any, jobs: list[tuple[Problem, list[int]]], folder: RunFolder, rows: list[Row],
+    progress: bool,
+) -> tuple[list[Row], Any, float, str]:
+    """Decode every job past the rows already done, appending each row to the folder as it finishes; returns all
+    rows (`rows` itself, extended as rows finish), the run's energy reading, its start (perf counter) and start
+    time."""
+    meter, run_meter = make_meter(c.energy.meter), make_meter(c.energy.meter)
+    t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
+    run_meter.start()
+    n_total = sum(len(samples) for _, samples in jobs)
+    bar = tqdm(total=n_total, initial=len(rows), desc=f"{condition.name} {c.dataset.name}", unit="sample",
+               disable=not progress)  # fmt: skip
+    tokens = tqdm(total=n_total * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
+                  disable=not progress, leave=False)  # fmt: skip
+    skip, first = len(rows), 0
+    while first < len(jobs) and skip >= len(jobs[first][1]):  # whole jobs the interrupted attempt finished
+        skip -= len(jobs[first][1])
+        first += 1
+    try:
+        for i in range(first, len(jobs)):
+            problem, samples = jobs[i]
+            if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
+                condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
+            w0, c0 = time.perf_counter(), time.process_time()
+            meter.start()
+            completions = condition.complete_samples(problem, samples, on_token=tokens.update)
+            energy = meter.stop()
+            # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
+            k = len(completions)
+            wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k
+            joules = energy.joules / k if energy.joules is not None else None
+            for sample, completion in zip(samples, completions, strict=True):
+                row = Row.scored(
+                    problem.id, sample, condition.name, condition.group(completion), completion, problem.answer,
+                    score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
+                    energy_j=joules, energy_status=energy.status,
+                )  # fmt: skip
+                rows.append(row)
+                folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+            bar.update(k)
+            bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
+    finally:
+        tokens.close()
+        bar.close()
+    condition.close()
+    return rows, run_meter.stop(), t_run, started_at
 
 
 def _track(folder: RunFolder, uri: str, experiment: str, run_name: str | None) -> None:

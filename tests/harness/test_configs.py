@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra.errors import ConfigCompositionException
-from omegaconf.errors import ConfigKeyError
 
-from harness.config import CONFIG_DIR, compose_config
+from harness.config import CONFIG_DIR, check_overrides, compose_config
+from harness.errors import ConfigError
 
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
 
@@ -27,10 +26,32 @@ def test_every_group_option_composes(group: str, option: str):
     assert cfg[group] is not None
 
 
-@pytest.mark.parametrize("override", ["decoding.max_new_tokns=5", "dataset.limt=3", "model.sorce=x"])
-def test_a_misspelt_key_is_an_error(override: str):
-    with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+@pytest.mark.parametrize("override,near", [
+    ("decoding.max_new_tokns=5", "decoding.max_new_tokens"), ("dataset.limt=3", "dataset.limit"),
+    ("model.sorce=x", "model.source"), ("+decoding.max_new_token=8", "decoding.max_new_tokens"),
+    ("condition=graf", "graft"), ("decoding=sampel", "sample"), ("run.frsh=true", "run.fresh"),
+])  # fmt: skip
+def test_a_misspelt_key_is_one_line_naming_the_near_miss(override: str, near: str):
+    with pytest.raises(ConfigError, match=f"did you mean {near}\\?") as caught:
         compose_config([override])
+    assert "\n" not in str(caught.value) and override.lstrip("+").split("=")[0] in str(caught.value)
+
+
+def test_a_key_with_no_near_miss_and_a_bad_value_are_still_one_line():
+    with pytest.raises(ConfigError, match="no config key 'zzz'") as caught:
+        compose_config(["zzz=1"])
+    assert "did you mean" not in str(caught.value)
+    with pytest.raises(ConfigError, match="bad override") as caught:
+        compose_config(["decoding.max_new_tokens=["])
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="decoding.max_new_tokens") as caught:
+        compose_config(["decoding.max_new_tokens=many"])
+    assert "\n" not in str(caught.value)
+
+
+def test_overrides_the_schema_allows_pass_the_check():
+    check_overrides(["-m", "--cfg", "job", "decoding.max_new_tokens=3,5", "dataset.columns.id=ID", "hydra.verbose=true",
+                     "~tracking.uri", "condition=baseline,graft", "model=null", "library.dataset.limit=2"])  # fmt: skip
 
 
 def test_config_groups_mirror_the_harness_concepts():

@@ -123,3 +123,29 @@ def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm
     one = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "dataset.limit=2", "decoding.max_new_tokens=5",
                "tracking=off", "condition=graft")  # fmt: skip
     assert comparable_key(cfg, fm) != comparable_key(one, fm)  # the batch size is part of what the bits depend on
+
+
+def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterrupted_rows(tmp_path, fm):
+    from omegaconf import OmegaConf
+
+    from harness.run import resume_key
+    from harness.run_folder import RunFolder
+
+    cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "decoding.batch_size=2", "dataset.limit=2",
+               "tracking=off")  # fmt: skip
+    clean, _ = run(cfg, tmp_path / "clean", fm=fm, progress=False)
+    rows = clean.read_rows()
+    problems = load_problems(str(REPO / cfg.dataset.path), limit=2)
+    key = resume_key(OmegaConf.to_container(cfg, resolve=True), problems, fm, None)
+    cut = RunFolder(tmp_path / "runs" / "baseline" / "cut")
+    cut.begin(key, "2026-01-01T00:00:00+00:00")
+    for r in rows[:3]:  # the second batch (samples 2, 3 of the first problem) was cut after one row
+        cut.append(r)
+    cut.release()
+    resumed, summary = run(cfg, fm=fm, progress=False)  # the same config: finds the cut run under runs/baseline
+    assert resumed == cut and audit(resumed).ok
+    timing = {"wall_s", "cpu_s", "energy_j", "energy_status", "ttft_s"}
+    strip = lambda rs: [{k: v for k, v in r.to_json().items() if k not in timing} for r in rs]  # noqa: E731
+    assert strip(resumed.read_rows()) == strip(rows) and summary.started_at == "2026-01-01T00:00:00+00:00"
+    assert resumed.read_rows()[:2] == rows[:2]  # the whole first batch was kept as it was, timings included
+    assert resumed.read_rows()[2] != rows[2]  # the cut batch was decoded again (its timing differs)

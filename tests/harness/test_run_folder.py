@@ -129,7 +129,8 @@ def test_a_new_folder_name_follows_the_one_stamp_format(tmp_path: Path) -> None:
     stamp, label = folder.name.rsplit("-", 1)
     assert label == "held_out"
     datetime.strptime(stamp, STAMP_FORMAT)
-    hydra_dir = re.search(r"dir: \$\{runs_dir\}/\$\{condition.name\}/\$\{now:(.+)\}", (CONFIG_DIR / "config.yaml").read_text())
+    hydra_dir = re.search(r"dir: \$\{kvgraft.claim_dir:\$\{runs_dir\}/\$\{condition.name\},\$\{now:(.+)\}\}",
+                          (CONFIG_DIR / "config.yaml").read_text())
     assert hydra_dir and hydra_dir.group(1) == STAMP_FORMAT
 
 
@@ -138,3 +139,56 @@ def test_find_lists_complete_run_folders_only(tmp_path: Path, fakerun: ModuleTyp
     fakerun.build_fake_run(tmp_path / "runs" / "mlartifacts" / "x" / "a")  # MLflow's copy: not a run
     RunFolder(tmp_path / "runs" / "baseline" / "b").begin()  # interrupted: no manifest
     assert list(RunFolder.find(tmp_path / "runs")) == [RunFolder(done)]
+
+
+def test_resume_drops_a_last_line_the_kill_cut_off_and_rewrites_the_file(tmp_path: Path, fakerun: ModuleType) -> None:
+    rows = fakerun.make_rows()
+    folder = RunFolder(tmp_path / "r")
+    folder.begin("key-1", "2026-01-01T00:00:00+00:00")
+    for r in rows[:2]:
+        folder.append(r)
+    torn = json.dumps(rows[2].to_json())[:40].encode()  # killed in the middle of the third row's write
+    with folder.file(PARTIAL).open("ab") as f:
+        f.write(torn)
+    folder.release()
+    again = RunFolder(folder.path)
+    assert again.resume() == rows[:2]
+    assert folder.file(PARTIAL).read_bytes().endswith(b"}\n") and folder.file(PARTIAL).read_bytes().count(b"\n") == 2
+    again.release()
+
+
+def test_a_bad_line_inside_the_partial_rows_is_named(tmp_path: Path, fakerun: ModuleType) -> None:
+    folder = RunFolder(tmp_path / "r")
+    folder.begin("k")
+    folder.file(PARTIAL).write_bytes(b'{"not": "a row"}\n' + json.dumps(fakerun.make_rows()[0].to_json()).encode() + b"\n")
+    folder.release()
+    with pytest.raises(RunFolderError, match=r"outputs.partial.jsonl, line 1: .*run.fresh=true"):
+        RunFolder(folder.path).resume()
+
+
+def test_a_folder_whose_writer_lives_is_never_resumed_and_never_shared(tmp_path: Path) -> None:
+    live = RunFolder(tmp_path / "runs" / "a")
+    live.begin("same-key")  # holds run.lock, as a running process does
+    assert RunFolder.find_resumable(tmp_path / "runs", "same-key") is None
+    with pytest.raises(RunFolderError, match="another process is writing this run folder"):
+        RunFolder(live.path).begin("same-key")
+    live.release()  # the writer died: its flock is gone with it
+    found = RunFolder.find_resumable(tmp_path / "runs", "same-key")
+    assert found == live and RunFolder.find_resumable(tmp_path / "runs", "other-key") is None
+    found.release()
+
+
+def test_discard_removes_a_folder_without_rows_and_keeps_one_with_rows(tmp_path: Path, fakerun: ModuleType) -> None:
+    empty = RunFolder(tmp_path / "empty")
+    empty.begin("k")
+    (empty.path / ".hydra").mkdir()
+    (empty.path / "__main__.log").write_text("")
+    assert empty.discard() and not empty.path.exists()
+    with_rows = RunFolder(tmp_path / "rows")
+    with_rows.begin("k")
+    with_rows.append(fakerun.make_rows()[0])
+    assert not with_rows.discard() and with_rows.file(PARTIAL).is_file()
+    foreign = RunFolder(tmp_path / "foreign")
+    foreign.begin("k")
+    (foreign.path / "notes.txt").write_text("mine")
+    assert not foreign.discard() and (foreign.path / "notes.txt").is_file()

@@ -1,0 +1,111 @@
+"""Out-of-range input is refused before the model loads, in one ConfigError line naming the key and what it may
+be (harness.config.validate, check_device); prompts longer than the model's context are refused or cut to fit as
+a recorded choice (harness.run.fit_context), never prefilled silently."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.audit import audit
+from harness.config import compose_config, load_model, typed
+from harness.errors import ConfigError
+from harness.problems import Problem
+from harness.run import fit_context, run
+from kvstore import load_frozen_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("overrides,names", [
+    (["decoding=sample", "decoding.temperature=0"], "decoding.temperature=0"),
+    (["decoding=sample", "decoding.temperature=-1"], "decoding.temperature=-1"),
+    (["decoding.temperature=-0.5"], "decoding.temperature=-0.5"),
+    (["decoding=sample", "decoding.temperature=nan"], "decoding.temperature=nan"),
+    (["decoding.top_p=1.5"], "decoding.top_p=1.5"),
+    (["decoding.top_p=0"], "decoding.top_p=0"),
+    (["decoding=sample", "decoding.top_p=-0.1"], "decoding.top_p=-0.1"),
+    (["decoding.max_new_tokens=0"], "decoding.max_new_tokens=0"),
+    (["decoding=sample", "decoding.n_samples=0"], "decoding.n_samples=0"),
+    (["decoding.batch_size=0"], "decoding.batch_size=0"),
+    (["decoding.strategy=beam"], "decoding.strategy='beam'"),
+    (["decoding.n_samples=4"], "greedy decoding with n_samples > 1"),
+    (["dataset.limit=0"], "dataset.limit=0"),
+    (["dataset.limit=-2"], "dataset.limit=-2"),
+    (["library.dataset.limit=0"], "library.dataset.limit=0"),
+    (["determinism.threads=0"], "determinism.threads=0"),
+    (["determinism.prefill_chunk=0"], "determinism.prefill_chunk=0"),
+    (["run.context_overflow=ignore"], "run.context_overflow='ignore'"),
+])  # fmt: skip
+def test_each_out_of_range_value_is_one_line_naming_the_key(overrides, names):
+    with pytest.raises(ConfigError) as caught:
+        typed(compose_config(overrides))
+    message = str(caught.value)
+    assert names in message and "\n" not in message
+
+
+def test_values_in_range_pass():
+    typed(compose_config(["decoding=sample", "decoding.temperature=0.01", "decoding.top_p=1", "dataset.limit=1"]))
+    typed(compose_config(["decoding.temperature=0"]))  # greedy ignores the temperature: 0 is no contradiction
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "xpu:7", "mps", "gpu"])
+def test_a_device_this_machine_lacks_is_refused_before_the_model_loads(device):
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"model.device={device!r}"):
+        load_model(compose_config(["model=tiny_gemma3", f"model.device={device}"]))
+    assert time.perf_counter() - t0 < 5  # no model was loaded
+
+
+@pytest.mark.parametrize("name,says", [("grft", "condition.name='grft': did you mean graft?"),
+                                       ("nothing", "condition.name='nothing': use one of baseline, graft, incontext")])
+def test_an_unknown_condition_fails_before_the_model_loads(tmp_path, name, says):
+    cfg = compose_config([f"condition.name={name}", f"runs_dir={tmp_path}", "tracking=off"])  # the real model
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=says):
+        run(cfg)
+    assert time.perf_counter() - t0 < 5 and not any(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def short_fm():
+    """The tiny model, told its context is 256 positions (its weights take far more, so a cut prompt still runs)."""
+    fm = load_frozen_model("tiny-gemma3")
+    fm.config.max_position_embeddings = 256
+    return fm
+
+
+def _long(words: int) -> Problem:
+    return Problem("long-1", " ".join(["seven"] * words) + " What is 3+4?", "7")
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_default(short_fm):
+    c = typed(compose_config(["model=tiny_gemma3", "decoding.max_new_tokens=8"]))
+    ok = Problem("short-1", "What is 1+1?", "2")
+    assert fit_context([ok], short_fm, c) == [ok]
+    with pytest.raises(ConfigError, match="problem long-1: its prompt is [0-9,]+ tokens") as caught:
+        fit_context([ok, _long(200)], short_fm, c)
+    assert "context of 256" in str(caught.value) and "run.context_overflow=truncate" in str(caught.value)
+
+
+def test_truncate_cuts_the_problem_to_fit_and_records_it(short_fm, tmp_path):
+    overrides = ["model=tiny_gemma3", "decoding.max_new_tokens=8", "run.context_overflow=truncate"]
+    c = typed(compose_config(overrides))
+    (p,) = fit_context([_long(200)], short_fm, c)
+    info = p.source["context_overflow"]
+    assert info["prompt_tokens"] > 256 and 0 < info["kept_problem_tokens"] < 200
+    assert len(short_fm.encode(c.prompt.template.format(problem=p.problem))) + 8 <= 256
+    assert p.problem.startswith("seven seven")
+
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"id": "long-1", "problem": _long(200).problem, "answer": "7"}) + "\n")
+    cfg = compose_config([*overrides, "dataset=file", f"dataset.path={data}", "tracking=off", f"runs_dir={tmp_path}/r"])
+    folder, _ = run(cfg, fm=short_fm, progress=False)
+    (row,) = folder.read_problems()
+    assert row["source"]["context_overflow"] == info  # recorded in problems.jsonl, so in the manifest's hashes
+    (out,) = folder.read_rows()
+    assert len(out.completion.context_ids) + out.completion.decode_tokens <= 256
+    assert audit(folder).ok
