@@ -172,7 +172,7 @@ def _capture_layer(i: int, layer: object, fresh: object, spec: dict, token_count
     seen = int(layer.cumulative_length) if sliding else int(keys.shape[-2])
     if seen != token_count:
         raise IncompatibleError(f"cache layer {i} has seen {seen} tokens, but {token_count} token ids were given")
-    return LayerKV(kind, spec["window"], seen, keys, values)
+    return LayerKV("full" if kind == "full" else "sliding", spec["window"], seen, keys, values)  # stored kind
 
 
 def _check_rebuild(fm: FrozenModel, cache: DynamicCache, layers: list[LayerKV]) -> None:
@@ -180,6 +180,9 @@ def _check_rebuild(fm: FrozenModel, cache: DynamicCache, layers: list[LayerKV]) 
     original's, bit for bit: whatever the checks above did not name, this catches."""
     rebuilt = new_cache(fm)
     for i, (layer, lyr) in enumerate(zip(rebuilt.layers, layers)):
+        if not hasattr(layer, "lazy_initialization"):
+            raise CaptureError(f"cannot capture {_where(i, fm.layer_layout[i], layer)}: the model's cache layer "
+                               "cannot be filled from keys and values; kvgraft cannot deposit this model")
         fill_layer(layer, lyr.keys, lyr.values, lyr.cumulative_length)
         diffs = state_differences(cache.layers[i], layer)
         if diffs:

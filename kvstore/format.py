@@ -67,7 +67,7 @@ class LayerKV:
     min(n, window-1) positions, as `DynamicSlidingWindowLayer` keeps them.
     """
 
-    kind: str  # "full" | "sliding" | "chunked" (FORMAT.md section 9)
+    kind: str  # "full" | "sliding"
     window: int | None
     cumulative_length: int  # tokens the layer has seen (== token_count for a snapshot from position 0)
     keys: torch.Tensor
@@ -281,10 +281,10 @@ def check_snapshot(s: Snapshot) -> None:
     want = _TORCH[s.dtype]
     for i, lyr in enumerate(s.layers):
         where = f"{name}: layer {i}"
-        if lyr.kind not in ("full", "sliding", "chunked") or (lyr.kind == "full") != (lyr.window is None) or (
-                lyr.kind != "full" and not _is_int(lyr.window, 2, MAX_POSITION)):
+        if lyr.kind not in ("full", "sliding") or (lyr.kind == "full") != (lyr.window is None) or (
+                lyr.kind == "sliding" and not _is_int(lyr.window, 2, MAX_POSITION)):
             raise ValidationError(f"{where}: kind {lyr.kind!r} with window {lyr.window!r} is not 'full' with no "
-                                  "window or 'sliding'/'chunked' with a window >= 2")
+                                  "window or 'sliding' with a window >= 2")
         if lyr.cumulative_length != t or isinstance(lyr.cumulative_length, bool):
             raise ValidationError(f"{where}: cumulative_length {lyr.cumulative_length!r} differs from the token count "
                                   f"{t}; a graft would mask and position the suffix wrongly. Deposit it again")

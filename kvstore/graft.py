@@ -14,11 +14,11 @@ import torch
 from transformers import DynamicCache
 
 from kvstore.cache_state import fill_layer, layer_state, summary, uncaptured
-from kvstore.capture import CAPTURABLE, new_cache
+from kvstore.capture import new_cache
 from kvstore.environment import environment_differences
 from kvstore.errors import IncompatibleError, ValidationError
 from kvstore.format import Snapshot, check_snapshot, guard
-from kvstore.model import WINDOWED, FrozenModel, environment_fingerprint, layout_string
+from kvstore.model import FrozenModel, environment_fingerprint, layout_string, stored_layout
 
 
 def settings_differences(snapshot: Snapshot, fm: FrozenModel) -> list[str]:
@@ -116,7 +116,7 @@ def _check_compatible(
     if env:
         warnings.warn(f"{name}: grafted across compute environments (not guaranteed exact): {'; '.join(env)}",
                       RuntimeWarning, stacklevel=4)
-    if snapshot.layout != fm.layer_layout:
+    if snapshot.layout != stored_layout(fm.layer_layout):  # chunked layers are stored as sliding (FORMAT.md 9)
         raise IncompatibleError(
             f"{name}: layer layout differs (artifact {len(snapshot.layers)} layers "
             f"{layout_string(snapshot.layout)}, model {len(fm.layer_layout)} layers {layout_string(fm.layer_layout)})"
@@ -187,9 +187,10 @@ def _rebuild(snapshot: Snapshot, fm: FrozenModel, keys_override: list[torch.Tens
                                 f"{len(snapshot.layers)}; deposit it again with this model")
     device = fm.device
     for i, (layer, lyr) in enumerate(zip(cache.layers, snapshot.layers)):
-        where = f"layer {i} ({lyr.kind}, {type(layer).__name__})"
+        kind = fm.layer_layout[i]["kind"] if i < len(fm.layer_layout) else lyr.kind
+        where = f"layer {i} ({kind}, {type(layer).__name__})"
         slots = uncaptured(layer_state(layer))
-        if lyr.kind not in CAPTURABLE or slots or not hasattr(layer, "lazy_initialization"):
+        if lyr.kind not in ("full", "sliding") or slots or not hasattr(layer, "lazy_initialization"):
             raise IncompatibleError(
                 f"cannot graft {where}: the model's cache layer holds "
                 f"{summary(slots) if slots else 'no keys/values of its own'}, which an artifact does not fill; "
@@ -197,7 +198,7 @@ def _rebuild(snapshot: Snapshot, fm: FrozenModel, keys_override: list[torch.Tens
             )
         k = (keys_override[i] if keys_override is not None else lyr.keys).to(device)
         fill_layer(layer, k, lyr.values.to(device), lyr.cumulative_length)
-        if getattr(layer, "is_sliding", False) != (lyr.kind in WINDOWED) or layer.keys is not k:
+        if getattr(layer, "is_sliding", False) != (lyr.kind == "sliding") or layer.keys is not k:
             raise IncompatibleError(f"cannot graft {where}: the rebuilt layer does not hold the artifact's "
                                     f"{lyr.kind} state; kvgraft cannot graft into this model")
     return cache

@@ -30,7 +30,7 @@ _DETERMINISM_FIELDS = ("threads", "deterministic_algorithms", "attn_implementati
 
 def cached_tokens(kind: str, window: int | None, token_count: int) -> int:
     """Positions a layer holds after seeing `token_count` tokens: all of them (full attention), or the last
-    window - 1 (sliding and chunked: transformers' DynamicSlidingWindowLayer keeps `[-window + 1:]`)."""
+    window - 1 (transformers' DynamicSlidingWindowLayer keeps `[-window + 1:]`)."""
     return token_count if kind == "full" else min(token_count, int(window) - 1)
 
 
@@ -186,11 +186,11 @@ def _check_layer_meta(i: int, lm: object, t: int, dtype: str) -> None:
     if kind == "full":
         if window is not None:
             raise _bad(f"{where}.window", window, "null for a full-attention layer")
-    elif kind in ("sliding", "chunked"):  # the same cache (the last window - 1 positions); only the mask differs
+    elif kind == "sliding":
         if not is_int(window, 2, MAX_POSITION):
-            raise _bad(f"{where}.window", window, f"an integer >= 2 for a {kind} layer")
+            raise _bad(f"{where}.window", window, "an integer >= 2 for a sliding-window layer")
     else:
-        raise _bad(f"{where}.kind", kind, "'full', 'sliding' or 'chunked'")
+        raise _bad(f"{where}.kind", kind, "'full' or 'sliding'")
     if lm["cumulative_length"] != t or not is_int(lm["cumulative_length"], 1, MAX_TOKENS):
         raise _bad(f"{where}.cumulative_length", lm["cumulative_length"],
                    f"the token count {t} (the tokens the layer has seen)")

@@ -76,6 +76,18 @@ _KINDS = {
 _LETTERS = {"full": "F", "sliding": "S", "chunked": "C", "linear": "L", "conv": "V", "hybrid": "H",
             "hybrid-sliding": "H", "indexed": "I", "shared": "X", "none": "N", "latent": "A"}
 WINDOWED = ("sliding", "chunked", "hybrid-sliding")  # kinds whose layers keep only the last window - 1 positions
+# How an artifact records a layer kind it can hold (FORMAT.md sections 6 V4 and 9): a chunked layer's cache is a
+# sliding-window cache (transformers builds both as DynamicSlidingWindowLayer; only the attention mask differs),
+# so its bytes are those of a sliding layer and the artifact says "sliding".
+_STORED = {"full": "full", "sliding": "sliding", "chunked": "sliding"}
+
+
+def stored_layout(layout: list[dict]) -> list[dict]:
+    """The layer layout as an artifact records it ({"kind": "full"|"sliding", "window"}); None for a layout
+    with a kind no artifact can hold."""
+    if any(x["kind"] not in _STORED for x in layout):
+        return None
+    return [{"kind": _STORED[x["kind"]], "window": x["window"]} for x in layout]
 
 
 def layer_layout(config) -> list[dict]:

@@ -170,3 +170,17 @@ def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_
         graft_snapshot(snap, tiny_llama)
     message = _one_line(info.value)
     assert "cannot graft layer 1 (full, DynamicLayer)" in message and "summary_state" in message
+
+
+def test_a_chunked_layer_is_stored_as_the_sliding_cache_it_is(folders):
+    """transformers builds chunked and sliding layers as the same DynamicSlidingWindowLayer; the artifact records
+    the bytes it holds ("sliding", the last window - 1 positions), the model's layout names the kind ("chunked")."""
+    from kvstore.model import stored_layout
+
+    fm = load_frozen_model(folders["llama4-text"])
+    snap = deposit_tokens(fm, prompt_ids(20))
+    assert [x["kind"] for x in fm.layer_layout] == ["chunked"] * 3 + ["full"]
+    assert snap.layout == stored_layout(fm.layer_layout) == [{"kind": "sliding", "window": 8}] * 3 + [
+        {"kind": "full", "window": None}]
+    assert [lyr.keys.shape[-2] for lyr in snap.layers] == [7, 7, 7, 20]
+    assert stored_layout([{"kind": "linear", "window": None}]) is None
