@@ -109,6 +109,10 @@ _ARCHITECTURES: dict[str, tuple[str, dict, str | None]] = {
     "zamba2": ("Zamba2Config", dict(_MAMBA, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"],
                                     mamba_headdim=8, mamba_ngroups=1, n_mamba_heads=8, attention_head_dim=16,
                                     num_mem_blocks=1, use_mem_rope=True), None),
+    # the same with its hybrid (mamba + attention) layer first: keys/values *and* recurrent state in one layer
+    "zamba2-hybrid-first": ("Zamba2Config", dict(_MAMBA, num_hidden_layers=2, layers_block_type=["hybrid", "mamba"],
+                                                 mamba_headdim=8, mamba_ngroups=1, n_mamba_heads=8,
+                                                 attention_head_dim=16, num_mem_blocks=1, use_mem_rope=True), None),
     "mamba2": ("Mamba2Config", dict(vocab_size=260, hidden_size=32, num_hidden_layers=2, state_size=4, conv_kernel=4,
                                     expand=2, head_dim=8, num_heads=8, n_groups=1, pad_token_id=0, eos_token_id=1,
                                     bos_token_id=2), "eager"),

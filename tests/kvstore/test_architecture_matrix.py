@@ -52,6 +52,8 @@ EXPECTED: dict[str, tuple[str, str, object]] = {
                                                    "recurrent_states[0]"])),
     "jamba": ("sdpa", "LF", (CaptureError, ["layer 0 (linear, LinearAttentionLayer)", "conv_states[0]"])),
     "zamba2": ("sdpa", "LH", (CaptureError, ["layer 0 (linear, LinearAttentionLayer)", "recurrent_states[0]"])),
+    "zamba2-hybrid-first": ("sdpa", "HL", (CaptureError, ["layer 0 (hybrid, LinearAttentionAndFullAttentionLayer)",
+                                                          "besides keys and values", "conv_states[0]"])),
     "mamba2": ("eager", "LL", (CaptureError, ["layer 0 (linear, LinearAttentionLayer)", "conv_states[0]"])),
     "deepseek-v3": ("sdpa", "AA", (CaptureError, ["layer 0 (latent, DynamicLayer)", "keys (1, 1, 5, 16)",
                                                   "values (1, 1, 5, 8)"])),
