@@ -254,7 +254,7 @@ def _show(args) -> int:
         ("start position", str(meta["start_position"])),
         ("tokens sha256", meta["tokens_sha256"]),
         ("dtype", meta["dtype"]),
-        ("layers", f"{len(layers)} ({kinds}; F full, S sliding, C chunked"
+        ("layers", f"{len(layers)} ({kinds}; F full, S sliding or chunked"
                    + (f" window {', '.join(map(str, windows))}" if windows else "") + ")"),
         ("kv shape", f"(batch, kv_heads, cached, head_dim) = {tuple(shape)}; cached per layer {cached}"),
         ("model fingerprint", meta["model_fingerprint"]),
