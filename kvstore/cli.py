@@ -1,6 +1,7 @@
 """The `kvstore` command: deposit, list, inspect, verify and remove KV artifacts in a local store.
 
     kvstore [--store DIR] [--model SOURCE] deposit --text "..." [--tag T ...]   # prints the artifact id
+            [--attn-implementation eager] [--dtype bfloat16] [--threads N] [--prefill-chunk N] [--profile P]
     kvstore ls [--tag T] [--json]
     kvstore show ID [--json]
     kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged
@@ -10,7 +11,9 @@
     kvstore import BUNDLE [--library-dir DIR]   # verify every byte, then add all or nothing
 
 The store defaults to $KVGRAFT_STORE or runs/store; the model to the bundled Gemma 3 270M. Ids may be
-abbreviated to a unique prefix of at least 8 hex digits. Errors print `kvstore: error: ...` and exit 2.
+abbreviated to a unique prefix of at least 8 hex digits. Every failure prints one line, `kvstore: error: ...`, and
+exits 2; KVGRAFT_DEBUG=1 prints the full traceback as well. A model kvgraft cannot capture exactly is refused at
+deposit in one line naming the layer (docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import hashlib
 import json
 import os
 import sys
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from kvstore.determinism import ATTN_IMPLEMENTATIONS
 from kvstore.errors import InvalidIdError, KVStoreError, NotFoundError
 from kvstore.format import read_metadata
-from kvstore.model import BUNDLED
+from kvstore.model import BUNDLED, layout_string
 from kvstore.store import ArtifactId, LocalStore
 
 MIN_PREFIX = 8
@@ -36,11 +41,25 @@ _EPILOG = (f"Ids may be abbreviated to a unique prefix of at least {MIN_PREFIX} 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 verification failed, 2 error)."""
     args = _parser().parse_args(argv)
+    debug = os.environ.get("KVGRAFT_DEBUG", "") not in ("", "0")
     try:
         return args.run(args)
     except (KVStoreError, OSError) as e:
-        print(f"kvstore: error: {e}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"kvstore: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except Exception as e:  # a failure kvstore did not name: still one line, the traceback on request
+        if debug:
+            traceback.print_exc()
+        print(f"kvstore: error: {type(e).__name__}: {_one_line(str(e))} (an unexpected failure; run with "
+              "KVGRAFT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return " ".join(lines) if len(lines) <= 3 else lines[0] + " ..."
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--token-ids-file", type=Path, metavar="F.json", help="a JSON list of token ids")
     d.add_argument("--tag", action="append", default=[], metavar="T", help="tag the artifact (repeatable)")
     d.add_argument("--profile", default="native", choices=["native", "portable"],
-                   help="determinism profile: the kernel paths (kvstore/environment.py)")
+                   help="determinism.profile: the kernel paths (kvstore/environment.py)")
+    d.add_argument("--attn-implementation", choices=list(ATTN_IMPLEMENTATIONS), default=None,
+                   help="determinism.attn_implementation (default sdpa; some architectures need eager)")
+    d.add_argument("--dtype", default=None, help="determinism.dtype: float32 (default), bfloat16 or float16")
+    d.add_argument("--threads", type=int, default=None, help="determinism.threads (default 2)")
+    d.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="determinism.prefill_chunk: tokens per prefill pass (default 512; 0 = all at once)")
     d.set_defaults(run=_deposit)
 
     ls = _command(sub, "ls", "list artifacts")
@@ -151,8 +176,13 @@ def _deposit(args) -> int:
     from kvstore.model import load_frozen_model
 
     enter_profile(args.profile)  # re-executes with the profile's kernel variables when not set
+    if os.environ.get("KVGRAFT_DEBUG", "") in ("", "0"):  # transformers' notes on fallback kernels are not ours
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
     store = _store(args)
-    fm = load_frozen_model(args.model, determinism=Determinism(profile=args.profile))
+    fm = load_frozen_model(args.model, determinism=Determinism(**determinism_options(args)))
     ids, extra = _token_ids(args, fm)
     if not ids:
         raise KVStoreError("nothing to deposit: the token sequence is empty")
@@ -160,6 +190,14 @@ def _deposit(args) -> int:
     print(f"deposited {len(ids)} tokens with {fm.name} into {store.root}", file=sys.stderr)
     print(aid)
     return 0
+
+
+def determinism_options(args) -> dict:
+    """The determinism settings given on the command line (--profile, --attn-implementation, --dtype, --threads,
+    --prefill-chunk), as Determinism keyword arguments; the others keep their defaults."""
+    given = {"profile": args.profile, "attn_implementation": args.attn_implementation, "dtype": args.dtype,
+             "threads": args.threads, "prefill_chunk": args.prefill_chunk}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _ls(args) -> int:
@@ -202,7 +240,7 @@ def _show(args) -> int:
         print(json.dumps({"id": aid, "size": len(data), "tags": tags, "metadata": meta}, indent=2, sort_keys=True))
         return 0
     layers = meta["layers"]
-    kinds = "".join("S" if x["kind"] == "sliding" else "F" for x in layers)
+    kinds = layout_string(layers)
     windows = sorted({x["window"] for x in layers if x["window"]})
     cached = [x["shape"][-2] for x in layers]
     shape = layers[0]["shape"] if layers else []
@@ -216,7 +254,7 @@ def _show(args) -> int:
         ("start position", str(meta["start_position"])),
         ("tokens sha256", meta["tokens_sha256"]),
         ("dtype", meta["dtype"]),
-        ("layers", f"{len(layers)} ({kinds}; F full, S sliding"
+        ("layers", f"{len(layers)} ({kinds}; F full, S sliding or chunked"
                    + (f" window {', '.join(map(str, windows))}" if windows else "") + ")"),
         ("kv shape", f"(batch, kv_heads, cached, head_dim) = {tuple(shape)}; cached per layer {cached}"),
         ("model fingerprint", meta["model_fingerprint"]),

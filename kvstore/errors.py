@@ -67,3 +67,17 @@ class BundleError(KVStoreError):
     import: malformed, damaged, truncated or hostile (links, devices, path traversal, unlisted or duplicate
     members, oversized manifest, bytes that do not hash to their id). Nothing was added to the target store.
     The message names the member; export the bundle again from its source store with `kvstore export`."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model is not a kind kvgraft supports: kvgraft captures and grafts causal LMs (decoder-only models with
+    attention KV caches, loaded with AutoModelForCausalLM), not encoder-decoder or encoder-only models. Use a
+    causal LM."""
+
+
+class CaptureError(IncompatibleError):
+    """Deposit refused: after prefill, the model's cache holds state for the prefix that an artifact cannot hold
+    (recurrent or convolution state, a layer without keys/values of its own, keys and values of different shapes,
+    or any attribute that a rebuild from the captured tensors does not reproduce bit for bit), so a graft would
+    continue from a wrong state (FORMAT.md section 9). The message names the layer index, its kind and class and
+    what cannot be captured. Nothing was stored; this model cannot be deposited by this kvgraft version."""

@@ -13,11 +13,12 @@ import warnings
 import torch
 from transformers import DynamicCache
 
+from kvstore.cache_state import fill_layer, layer_state, summary, uncaptured
 from kvstore.capture import new_cache
 from kvstore.environment import environment_differences
 from kvstore.errors import IncompatibleError, ValidationError
 from kvstore.format import Snapshot, check_snapshot, guard
-from kvstore.model import FrozenModel, environment_fingerprint
+from kvstore.model import FrozenModel, environment_fingerprint, layout_string, stored_layout
 
 
 def settings_differences(snapshot: Snapshot, fm: FrozenModel) -> list[str]:
@@ -115,10 +116,10 @@ def _check_compatible(
     if env:
         warnings.warn(f"{name}: grafted across compute environments (not guaranteed exact): {'; '.join(env)}",
                       RuntimeWarning, stacklevel=4)
-    if snapshot.layout != fm.layer_layout:
+    if snapshot.layout != stored_layout(fm.layer_layout):  # chunked layers are stored as sliding (FORMAT.md 9)
         raise IncompatibleError(
             f"{name}: layer layout differs (artifact {len(snapshot.layers)} layers "
-            f"{_layout_str(snapshot.layout)}, model {len(fm.layer_layout)} layers {_layout_str(fm.layer_layout)})"
+            f"{layout_string(snapshot.layout)}, model {len(fm.layer_layout)} layers {layout_string(fm.layer_layout)})"
         )
     try:
         check_snapshot(snapshot)
@@ -153,10 +154,6 @@ def _check_compatible(
             )
 
 
-def _layout_str(layout: list[dict]) -> str:
-    return "".join("S" if x["kind"] == "sliding" else "F" for x in layout)
-
-
 def graft_snapshot(
     snapshot: Snapshot,
     fm: FrozenModel,
@@ -182,15 +179,28 @@ def graft_snapshot(
 
 
 def _rebuild(snapshot: Snapshot, fm: FrozenModel, keys_override: list[torch.Tensor] | None = None) -> DynamicCache:
+    """The cache the model builds for itself (kvstore.new_cache), every layer filled from the snapshot; refuses
+    (IncompatibleError naming the layer) a layer class with state an artifact cannot fill (FORMAT.md section 9)."""
     cache = new_cache(fm)
+    if len(cache.layers) != len(snapshot.layers):
+        raise IncompatibleError(f"the model's cache has {len(cache.layers)} layers, the artifact "
+                                f"{len(snapshot.layers)}; deposit it again with this model")
     device = fm.device
     for i, (layer, lyr) in enumerate(zip(cache.layers, snapshot.layers)):
+        kind = fm.layer_layout[i]["kind"] if i < len(fm.layer_layout) else lyr.kind
+        where = f"layer {i} ({kind}, {type(layer).__name__})"
+        slots = uncaptured(layer_state(layer))
+        if lyr.kind not in ("full", "sliding") or slots or not hasattr(layer, "lazy_initialization"):
+            raise IncompatibleError(
+                f"cannot graft {where}: the model's cache layer holds "
+                f"{summary(slots) if slots else 'no keys/values of its own'}, which an artifact does not fill; "
+                "kvgraft cannot graft into this model"
+            )
         k = (keys_override[i] if keys_override is not None else lyr.keys).to(device)
-        v = lyr.values.to(device)
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
-        if getattr(layer, "is_sliding", False):
-            layer.cumulative_length = lyr.cumulative_length
+        fill_layer(layer, k, lyr.values.to(device), lyr.cumulative_length)
+        if getattr(layer, "is_sliding", False) != (lyr.kind == "sliding") or layer.keys is not k:
+            raise IncompatibleError(f"cannot graft {where}: the rebuilt layer does not hold the artifact's "
+                                    f"{lyr.kind} state; kvgraft cannot graft into this model")
     return cache
 
 

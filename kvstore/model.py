@@ -25,7 +25,7 @@ import torch
 
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
 from kvstore.environment import current_environment
-from kvstore.errors import ModelLoadError, SettingsError
+from kvstore.errors import KVStoreError, ModelLoadError, SettingsError, UnsupportedModelError
 from kvstore.gguf import BUNDLED, converted_checkpoint
 from kvstore.lm_head import block_lm_head
 from kvstore.tiny import TINY, build_tiny
@@ -60,36 +60,77 @@ class FrozenModel:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+# transformers' cache layer types (cache_utils.get_layer_types_and_kwargs) -> the kind a layer layout names.
+# A type not listed keeps its own name: no unknown kind is ever called "full".
+_KINDS = {
+    "full_attention": "full",  # keys/values of every position
+    "sliding_attention": "sliding",  # keys/values of the last window - 1 positions
+    "chunked_attention": "chunked",  # the same cache as sliding; the mask restarts every chunk
+    "linear_attention": "linear",  # recurrent + convolution state (state-space / linear-attention layers)
+    "conv": "conv",  # convolution state only
+    "hybrid": "hybrid",  # recurrent state and full-attention keys/values
+    "hybrid_sliding": "hybrid-sliding",
+    "indexed_attention": "indexed",  # keys/values plus indexer keys
+}
+# One letter per kind for `layout_string`; "?" for a kind this table does not know.
+_LETTERS = {"full": "F", "sliding": "S", "chunked": "C", "linear": "L", "conv": "V", "hybrid": "H",
+            "hybrid-sliding": "H", "indexed": "I", "shared": "X", "none": "N", "latent": "A"}
+WINDOWED = ("sliding", "chunked", "hybrid-sliding")  # kinds whose layers keep only the last window - 1 positions
+# How an artifact records a layer kind it can hold (FORMAT.md sections 6 V4 and 9): a chunked layer's cache is a
+# sliding-window cache (transformers builds both as DynamicSlidingWindowLayer; only the attention mask differs),
+# so its bytes are those of a sliding layer and the artifact says "sliding".
+_STORED = {"full": "full", "sliding": "sliding", "chunked": "sliding"}
+
+
+def stored_layout(layout: list[dict]) -> list[dict]:
+    """The layer layout as an artifact records it ({"kind": "full"|"sliding", "window"}); None for a layout
+    with a kind no artifact can hold."""
+    if any(x["kind"] not in _STORED for x in layout):
+        return None
+    return [{"kind": _STORED[x["kind"]], "window": x["window"]} for x in layout]
+
+
 def layer_layout(config) -> list[dict]:
-    """Per layer: {"kind": "full"|"sliding", "window": int|None} from a (text) config.
+    """Per layer: {"kind": ..., "window": int|None} from a (text) config.
+
+    Kinds: "full", "sliding" and "chunked" (with their window; kvgraft can capture these), "linear", "conv",
+    "hybrid", "hybrid-sliding", "indexed", "shared" (a layer that reads another layer's keys/values), "none"
+    (a layer without attention, e.g. MoE/MLP-only), "latent" (full attention caching a compressed latent, MLA:
+    the config has `kv_lora_rank`), or transformers' own layer-type name for anything else.
 
     The same rule as transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs): `layer_types` when
     the config has them, otherwise every layer is sliding when `sliding_window` is set (Mistral-style configs)
-    and full otherwise. Sliding and chunked layers keep the window the cache is built with.
+    and full otherwise; KV-sharing consumers and attention-free layers become its "dummy" type.
     """
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     types, kwargs = get_layer_types_and_kwargs(cfg)
+    sharing = getattr(cfg, "kv_sharing_modes", None) or [None] * len(types)
+    latent = bool(getattr(cfg, "kv_lora_rank", None))
     out = []
-    for t, kw in zip(types[: cfg.num_hidden_layers], kwargs):
-        window = kw.get("sliding_window")
-        if t in ("sliding_attention", "chunked_attention") and window:
-            out.append({"kind": "sliding", "window": int(window)})
+    for t, kw, mode in zip(types[: cfg.num_hidden_layers], kwargs, sharing):
+        if t == "dummy":
+            kind = "shared" if mode == "reuse" else "none"
         else:
-            out.append({"kind": "full", "window": None})
+            kind = _KINDS.get(t, str(t))
+        if kind == "full" and latent:
+            kind = "latent"
+        window = kw.get("sliding_window") if kind in WINDOWED else None
+        out.append({"kind": kind, "window": int(window) if window else None})
     return out
 
 
 def smallest_window(layout: list[dict]) -> int | None:
-    """The smallest sliding window of a layer layout (None when every layer is full attention)."""
-    windows = [x["window"] for x in layout if x["kind"] == "sliding" and x["window"]]
+    """The smallest window of a layer layout's sliding/chunked layers (None when there are none)."""
+    windows = [x["window"] for x in layout if x["kind"] in WINDOWED and x["window"]]
     return min(windows) if windows else None
 
 
 def layout_string(layout: list[dict]) -> str:
-    """A layer layout in one word: S per sliding-window layer, F per full-attention layer (e.g. "SSFSSF")."""
-    return "".join("S" if x["kind"] == "sliding" else "F" for x in layout)
+    """A layer layout in one word, a letter per layer: F full, S sliding, C chunked, L linear (recurrent),
+    V conv, H hybrid, I indexed, X shared, N none, A latent, ? any other kind (e.g. "SSFSSF")."""
+    return "".join(_LETTERS.get(x["kind"], "?") for x in layout)
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -163,13 +204,27 @@ def load_frozen_model(
             model, tok = build_tiny(source, det, seed)
         else:
             model, tok = _load_hf(source, det)
-    except ValueError as e:  # transformers refuses an attention implementation with a plain ValueError
-        if "attention implementation" not in str(e):
-            raise ModelLoadError(f"model source {source!r} could not be loaded: {e}") from e
+    except KVStoreError:
+        raise
+    except ValueError as e:  # transformers refuses an attention implementation or a model class with ValueError
+        text = str(e)
+        if "Unrecognized configuration class" in text:
+            raise UnsupportedModelError(
+                f"model {source!r} is a {_model_type(source)} model, not a causal LM: kvgraft supports causal LMs "
+                "(decoder-only, attention KV caches; AutoModelForCausalLM), not encoder-decoder or encoder-only "
+                "models"
+            ) from e
+        if "attention implementation" not in text:
+            raise ModelLoadError(f"model source {source!r} could not be loaded: {_first_line(text)}") from e
         others = [a for a in ATTN_IMPLEMENTATIONS if a != det.attn_implementation]
         raise SettingsError(
             f"model {source!r} does not support determinism.attn_implementation={det.attn_implementation!r}; "
-            f"set determinism.attn_implementation={others[0]} (transformers: {str(e).split('. ')[0]})"
+            f"set determinism.attn_implementation={others[0]} (kvstore deposit / scripts/verify_graft.py: "
+            f"--attn-implementation {others[0]}; transformers: {text.split('. ')[0]})"
+        ) from e
+    except (OSError, RuntimeError, KeyError, TypeError, AttributeError, ImportError) as e:
+        raise ModelLoadError(
+            f"model source {source!r} could not be loaded: {type(e).__name__}: {_first_line(str(e))}"
         ) from e
     model = model.to(device).eval()
     for p in model.parameters():
@@ -180,6 +235,21 @@ def load_frozen_model(
     fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
     fm.layer_layout = layer_layout(model.config)
     return fm
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _model_type(source: str) -> str:
+    """The checkpoint's `model_type` and architectures as one phrase (for a refusal), or "non-causal"."""
+    try:
+        cfg = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+        arch = ", ".join(cfg.get("architectures") or [])
+        return f"{cfg.get('model_type', '?')}" + (f" ({arch})" if arch else "")
+    except (OSError, ValueError, AttributeError):
+        return "non-causal"
 
 
 def _load_hf(source: str, det: Determinism):

@@ -5,7 +5,9 @@ Run from the repository root::
     python scripts/verify_graft.py --samples 50 --out runs/verify_graft.json       # or: make verify-graft
     python scripts/verify_graft.py --samples 6 --model tiny-gemma3 --out /tmp/vg.json --problems P.jsonl
 
-Options: --model (gemma3-270m), --problems (problems/kvgraft_original.jsonl), --store DIR (a temporary store,
+Options: --model (gemma3-270m; a tiny name or a checkpoint folder), --attn-implementation sdpa|eager, --dtype,
+--threads, --prefill-chunk (the determinism settings; an error that names one says which flag sets it),
+--problems (problems/kvgraft_original.jsonl), --store DIR (a temporary store,
 removed afterwards, by default), --seed 0, --suffix-tokens 16, --min/--max-prefix-tokens (default: scaled to
 the model's sliding window, from ~W/32 to ~1.75 W, so about a quarter of the prefixes outgrow the window).
 
@@ -22,7 +24,9 @@ procedure ``kvstore.check_graft(fm, prefix, suffix, store, oneshot=True, restore
       compared with the reference. A different computation (other GEMM/attention shapes): information only.
 
 Writes the JSON report to --out, prints a table and a final verdict line. Exit status 0 when every graft is
-SHA-256-equal to its reference, 1 otherwise (or when the worker fails).
+SHA-256-equal to its reference, 1 otherwise (or when the worker fails), 2 when the run cannot start or a deposit is
+refused (a model kvgraft cannot capture exactly, docs/exactness.md): one line `verify_graft: error: ...`, the full
+traceback only with KVGRAFT_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -200,7 +204,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--suffix-tokens", type=int, default=16)
     p.add_argument("--min-prefix-tokens", type=int, default=None)
     p.add_argument("--max-prefix-tokens", type=int, default=None)
-    p.add_argument("--dtype", default=None, help="model dtype: float32 | bfloat16 (default: the pinned default)")
+    p.add_argument("--dtype", default=None, help="determinism.dtype: float32 | bfloat16 (default: the pinned default)")
+    p.add_argument("--attn-implementation", choices=["sdpa", "eager"], default=None,
+                   help="determinism.attn_implementation (default sdpa; some architectures need eager)")
+    p.add_argument("--threads", type=int, default=None, help="determinism.threads (default 2)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="determinism.prefill_chunk: tokens per prefill pass (default 512; 0 = all at once)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--determinism", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -221,10 +230,12 @@ def _g(x: float | None) -> str:
 
 
 def _determinism(args):
-    """The pinned settings, with --dtype when given."""
+    """The pinned settings, with --dtype, --attn-implementation, --threads and --prefill-chunk where given."""
     from kvstore import Determinism
 
-    return Determinism(dtype=args.dtype) if args.dtype else Determinism()
+    given = {"dtype": args.dtype, "attn_implementation": args.attn_implementation, "threads": args.threads,
+             "prefill_chunk": args.prefill_chunk}
+    return Determinism(**{k: v for k, v in given.items() if v is not None})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,9 +407,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if n_equal == len(per_sample) else 1
 
 
-if __name__ == "__main__":
+def _one_line(text: str) -> str:
+    lines = [x.strip() for x in str(text).strip().splitlines() if x.strip()]
+    return " ".join(lines) if len(lines) <= 3 else lines[0] + " ..."
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    """main() with the failures a user meets as one line: a kvstore refusal or any other error exits 2, a
+    worker that died or disagreed exits 1 ("graft: FAILED"); KVGRAFT_DEBUG=1 adds the traceback."""
+    import traceback
+
+    from kvstore import KVStoreError
+
+    debug = os.environ.get("KVGRAFT_DEBUG", "") not in ("", "0")
+    if not debug:  # transformers' progress bars and notes on fallback kernels are not this script's output
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
     try:
-        sys.exit(main())
+        return main(argv)
+    except KVStoreError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"verify_graft: error: {_one_line(e)}", file=sys.stderr, flush=True)
+        return 2
     except RuntimeError as e:  # the worker died or disagreed: say so on the last line
-        print(f"graft: FAILED — {e}", flush=True)
-        sys.exit(1)
+        if debug:
+            traceback.print_exc()
+        print(f"graft: FAILED — {_one_line(e)}", flush=True)
+        return 1
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        print(f"verify_graft: error: {type(e).__name__}: {_one_line(e)} (run with KVGRAFT_DEBUG=1 for the "
+              "traceback)", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli())

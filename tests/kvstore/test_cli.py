@@ -167,3 +167,64 @@ def test_verify_and_gc_report_an_object_whose_tokens_sha256_lies(kvstore, hand_b
     rc, out, _ = kvstore("gc")
     assert rc == 1 and "objects indexed     0" in out and aid in out and "temp files kept     0" in out
     assert store.find_tokens(tokens_sha256([2, 3])) == []
+
+
+# ---- architectures (issue 20): one line and exit 2 for a refusal, the attention implementation settable
+
+
+@pytest.fixture(scope="module")
+def arch_folders(tmp_path_factory) -> dict[str, str]:
+    from kvstore.tiny import save_architecture
+
+    root = tmp_path_factory.mktemp("arch")
+    return {n: str(save_architecture(n, root / n)) for n in ("gemma2", "qwen3-next", "deepseek-v3", "t5")}
+
+
+def _run_model(tmp_path, capsys, model: str, *args: str) -> tuple[int, str, str]:
+    rc = main(["--model", model, "--store", str(tmp_path / "store"), *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("qwen3-next", ["cannot capture layer 0 (linear, LinearAttentionLayer)", "conv_states[0]"]),
+    ("deepseek-v3", ["cannot capture layer 0 (latent, DynamicLayer)", "keys (1, 1, 5, 16) and values (1, 1, 5, 8)"]),
+    ("t5", ["kvgraft supports causal LMs (decoder-only, attention KV caches", "not encoder-decoder"]),
+])
+def test_deposit_of_a_refused_architecture_prints_one_line_and_exits_2(arch_folders, tmp_path, capsys, name, words):
+    rc, out, err = _run_model(tmp_path, capsys, arch_folders[name], "deposit", "--token-ids", "2,50,51,52,53")
+    assert rc == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("kvstore: error: ") and "Traceback" not in err
+    for w in words:
+        assert w in line
+    assert not (tmp_path / "store").exists() or not LocalStore(tmp_path / "store").list()  # nothing stored
+
+
+def test_deposit_sets_the_attention_implementation_an_error_asks_for(arch_folders, tmp_path, capsys):
+    rc, _, err = _run_model(tmp_path, capsys, arch_folders["gemma2"], "deposit", "--token-ids", "2,50,51,52")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "set determinism.attn_implementation=eager" in err and "--attn-implementation eager" in err
+    rc, out, err = _run_model(tmp_path, capsys, arch_folders["gemma2"], "deposit", "--token-ids", "2,50,51,52",
+                              "--attn-implementation", "eager", "--prefill-chunk", "2")
+    assert rc == 0, err
+    aid = out.strip()
+    meta = LocalStore(tmp_path / "store").get(aid).determinism
+    assert meta["attn_implementation"] == "eager" and meta["prefill_chunk"] == 2
+
+
+def test_an_unexpected_failure_is_one_line_and_the_traceback_needs_kvgraft_debug(kvstore, monkeypatch):
+    import kvstore.capture as capture
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'Widget' object has no attribute 'get_seq_length'")
+
+    monkeypatch.setattr(capture, "deposit_tokens", broken)
+    monkeypatch.delenv("KVGRAFT_DEBUG", raising=False)
+    rc, _, err = kvstore("deposit", "--text", TEXT)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("kvstore: error: AttributeError: 'Widget' object") and "KVGRAFT_DEBUG=1" in err
+    monkeypatch.setenv("KVGRAFT_DEBUG", "1")
+    rc, _, err = kvstore("deposit", "--text", TEXT)
+    assert rc == 2 and "Traceback (most recent call last)" in err
+    assert err.strip().splitlines()[-1].startswith("kvstore: error: AttributeError")

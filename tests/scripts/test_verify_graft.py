@@ -71,3 +71,42 @@ def test_grafts_are_byte_identical_on_tiny_llama(tmp_path):
     proc, report = _run(tmp_path, "tiny-llama", 6, "--max-prefix-tokens", "60")
     _assert_all_exact(proc, report, "tiny-llama", 6)
     assert report["sliding_window"] is None
+
+
+# ---- architectures (issue 20): refusals are one line and non-zero; the attention implementation is settable
+
+
+def _run_any(tmp_path: Path, model: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "KVGRAFT_DEBUG"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", model, "--samples", "2", "--problems", str(_problems(tmp_path)),
+         "--out", str(tmp_path / "report.json"), "--max-prefix-tokens", "30", "--suffix-tokens", "16", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_an_architecture_that_needs_eager_is_refused_in_one_line_then_grafts_exactly_with_the_flag(tmp_path):
+    from kvstore.tiny import save_architecture
+
+    folder = str(save_architecture("gemma2", tmp_path / "gemma2"))
+    proc = _run_any(tmp_path, folder)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    [line] = proc.stderr.strip().splitlines()[-1:]
+    assert line.startswith("verify_graft: error: ") and "--attn-implementation eager" in line
+    assert not (tmp_path / "report.json").exists()
+    proc = _run_any(tmp_path, folder, "--attn-implementation", "eager")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["sha256_equal"] == 2 and report["determinism"]["attn_implementation"] == "eager"
+    assert proc.stdout.strip().splitlines()[-1].startswith("graft: 2/2 SHA-256 equal")
+
+
+def test_an_architecture_whose_cache_cannot_be_captured_is_refused_in_one_line(tmp_path):
+    from kvstore.tiny import save_architecture
+
+    proc = _run_any(tmp_path, str(save_architecture("jamba", tmp_path / "jamba")))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.strip().splitlines() if x.startswith("verify_graft:")]
+    assert len(lines) == 1 and proc.stderr.strip().splitlines()[-1] == lines[0]
+    assert "cannot capture layer 0 (linear, LinearAttentionLayer)" in lines[0] and "conv_states[0]" in lines[0]
