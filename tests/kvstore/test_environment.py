@@ -65,20 +65,27 @@ def test_an_artifact_is_deposited_with_this_environment(tiny_gemma3):
     assert "allow_environment_mismatch" not in snap.determinism  # a graft policy, not a setting
 
 
+def _foreign_cpu() -> tuple[str, str]:
+    """A CPU vendor and model other than this machine's (the tests run on Intel and AMD machines alike)."""
+    if environment_fingerprint()["cpu_vendor"] == "GenuineIntel":
+        return "AuthenticAMD", "AMD EPYC 9654 96-Core Processor"
+    return "GenuineIntel", "Intel(R) Xeon(R) Platinum"
+
+
 def test_graft_refuses_an_artifact_from_another_environment_naming_each_difference(tiny_gemma3):
-    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_vendor="GenuineIntel", mkl_cbwr="AVX512",
-                      cpu_model="Intel(R) Xeon(R) Platinum")
+    vendor, model = _foreign_cpu()
+    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_vendor=vendor, mkl_cbwr="AVX512", cpu_model=model)
     with pytest.raises(IncompatibleError) as info:
         graft_snapshot(snap, tiny_gemma3, token_ids=IDS)
     msg = str(info.value)
-    assert "environment.cpu_vendor: artifact 'GenuineIntel'" in msg
+    assert f"environment.cpu_vendor: artifact {vendor!r}" in msg
     assert "environment.mkl_cbwr: artifact 'AVX512', this process None" in msg
     assert "environment.cpu_model" in msg
     assert "--redeposit" in msg and "allow_environment_mismatch" in msg  # says what to do
 
 
 def test_the_opt_in_grafts_anyway_and_warns(tiny_gemma3):
-    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_model="Intel(R) Xeon(R) Platinum")
+    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_model=_foreign_cpu()[1])
     with pytest.warns(RuntimeWarning, match="not guaranteed exact.*environment.cpu_model"):
         graft_snapshot(snap, tiny_gemma3, token_ids=IDS, allow_environment_mismatch=True)
     allowing = dataclasses.replace(tiny_gemma3, determinism=dataclasses.replace(
@@ -107,8 +114,9 @@ def test_an_artifact_recorded_before_the_environment_value_is_compared_on_its_ow
     legacy = from_bytes(to_bytes(dataclasses.replace(snap, environment=legacy_env, determinism=legacy_det)))
     check = check_graft(tiny_gemma3, IDS[:20], IDS[20:], snapshot=legacy)  # same machine: still exact
     assert check.equal
-    moved = _elsewhere(legacy, cpu_isa="AVX512")
-    with pytest.raises(IncompatibleError, match="environment.aten_cpu_capability: artifact 'AVX512'"):
+    other_isa = "AVX2" if now["aten_cpu_capability"] == "AVX512" else "AVX512"
+    moved = _elsewhere(legacy, cpu_isa=other_isa)
+    with pytest.raises(IncompatibleError, match=f"environment.aten_cpu_capability: artifact '{other_isa}'"):
         graft_snapshot(moved, tiny_gemma3, token_ids=IDS)
     # the kernel variables it did not record were unset then: a portable process does not match it
     portable = {**now, "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2"}

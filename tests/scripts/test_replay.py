@@ -40,7 +40,9 @@ def _entry(env: dict, hashes=("a1", "b2"), first="c3", tokens=(5, 6)) -> dict:
 
 
 ENV = environment_fingerprint()
-OTHER = {**ENV, "cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R)"}
+# another machine than this one (the tests run on Intel and AMD machines alike)
+OTHER = {**ENV, **({"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC"} if ENV["cpu_vendor"] == "GenuineIntel"
+                   else {"cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R)"})}
 
 
 def test_same_environment_and_every_hash_reproduced_passes():
@@ -110,7 +112,7 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     assert "profile native: 5/5 reproduced; environment matches the registered one -> PASS" in r.stdout
 
     entry["samples"][1]["logits_sha256"] = "0" * 64
-    entry["environment"]["cpu_model"] = "Intel(R) Xeon(R)"
+    entry["environment"]["cpu_model"] = OTHER["cpu_model"]
     reg.write_text(json.dumps(registry))
     r = _run("--registry", str(reg))  # every registered profile, each in its own process
     assert r.returncode == 1
