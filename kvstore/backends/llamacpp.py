@@ -360,8 +360,11 @@ class LlamaCppBackend:
                 pos, n_seq = take("iI")
                 ids = [take("i") for _ in range(n_seq)]
                 if pos != t - cells + j or ids != [0]:
+                    hint = ("" if self.cfg.swa_full else "; set model.llamacpp.swa_full=true (the sliding-window "
+                            "cache then holds its positions in order, as a graft rebuilds them)")
                     raise IncompatibleError(f"llamacpp: cache cell {j} holds position {pos} of sequences {ids}; a "
-                                            f"deposit holds positions {t - cells}..{t - 1} of sequence 0 only")
+                                            f"deposit holds positions {t - cells}..{t - 1} of sequence 0 in order"
+                                            f"{hint}")
             v_trans, n_layer = take("II")
             k_rows, v_rows, k_type, row = [], [], None, None
             for _ in range(n_layer):
