@@ -39,7 +39,8 @@ from harness.problems import Problem
 from harness.prompts import render
 from harness.record import Completion, group_for
 from kvstore import FrozenModel, Prefetcher
-from kvstore.backend import Backend, as_backend
+from kvstore.backend import Backend
+from kvstore.backends import as_backend
 
 
 @dataclass

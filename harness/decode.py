@@ -25,7 +25,8 @@ import torch
 
 from harness.errors import ConfigError, HarnessError
 from kvstore import FrozenModel, logits_sha256
-from kvstore.backend import Backend, as_backend
+from kvstore.backend import Backend
+from kvstore.backends import as_backend
 
 StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")

@@ -27,8 +27,8 @@ Importing kvstore changes no process state; `Determinism.apply()` (called by `lo
 torch's global settings are set.
 """
 
-from kvstore.backend import Backend, as_backend
-from kvstore.backends import load_backend
+from kvstore.backend import Backend
+from kvstore.backends import as_backend, load_backend
 from kvstore.bundle import BundleInfo, export_bundle, import_bundle
 from kvstore.capture import capture_snapshot, deposit_tokens, forward, new_cache, prefill
 from kvstore.determinism import Determinism

@@ -15,7 +15,7 @@ for tests). The harness and `check_graft` talk to a backend only through these v
 kvstore.errors.IncompatibleError naming the first difference; an artifact records the backend that made it
 (`determinism["backend"]`, absent = transformers, kvstore/FORMAT.md section 9) and never grafts into another.
 
-    from kvstore.backend import as_backend
+    from kvstore.backends import as_backend
     be = as_backend(load_frozen_model())          # a FrozenModel becomes the transformers backend
     state, logits = be.prefill(be.encode("Problem: ..."))
 
@@ -86,21 +86,3 @@ class Backend(Protocol):
 
     def settings(self) -> dict: ...
     def environment(self) -> dict: ...
-
-
-def as_backend(model: Any) -> Backend:
-    """`model` as a Backend: a backend is returned as it is, a kvstore.FrozenModel becomes its transformers
-    backend (one per FrozenModel, so repeated calls share it)."""
-    if isinstance(model, Backend):
-        return model
-    from kvstore.model import FrozenModel
-
-    if isinstance(model, FrozenModel):
-        from kvstore.backends.transformers import TransformersBackend
-
-        be = model.__dict__.get("_backend")
-        if be is None:
-            be = model.__dict__["_backend"] = TransformersBackend(model)
-        return be
-    raise IncompatibleError(f"{type(model).__name__} is neither a kvstore backend nor a FrozenModel; load one with "
-                            "kvstore.load_frozen_model() or kvstore.backends.load_backend()")

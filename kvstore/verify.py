@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvstore.backend import TRANSFORMERS, Backend, as_backend
+from kvstore.backend import TRANSFORMERS, Backend
+from kvstore.backends import as_backend
 from kvstore.errors import KVStoreError
 from kvstore.format import Snapshot
 from kvstore.graft import graft_repositioned

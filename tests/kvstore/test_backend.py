@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvstore import LocalStore, check_graft, forward, load_frozen_model, logits_sha256, prefill
-from kvstore.backend import Backend, artifact_backend, as_backend
-from kvstore.backends import load_backend
+from kvstore.backend import Backend, artifact_backend
+from kvstore.backends import as_backend, load_backend
 from kvstore.backends.fake import FakeBackend
 from kvstore.backends.transformers import TransformersBackend
 from kvstore.errors import IncompatibleError, ModelLoadError

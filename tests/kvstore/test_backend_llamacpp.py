@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup builds it)")
 
 from kvstore import LocalStore, check_graft  # noqa: E402
-from kvstore.backend import as_backend  # noqa: E402
+from kvstore.backends import as_backend  # noqa: E402
 from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings  # noqa: E402
 from kvstore.errors import IncompatibleError  # noqa: E402
 
