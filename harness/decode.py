@@ -9,6 +9,9 @@ The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` c
     from harness.decode import generate, generate_batch
     g = generate(fm, fm.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
     gs = generate_batch(fm, ids, 8, seeds=range(8), max_new_tokens=64, strategy="sample")
+
+`fm` is any kvstore backend (kvstore.backend.Backend: transformers, llama.cpp, the scripted fake) or a
+kvstore.FrozenModel (its transformers backend); every model-shaped step goes through the backend's verbs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Literal
 import torch
 
 from harness.errors import ConfigError, HarnessError
-from kvstore import FrozenModel, logits_sha256, new_cache, prefill
+from kvstore import FrozenModel, logits_sha256
+from kvstore.backend import Backend
+from kvstore.backends import as_backend
 
 StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
@@ -122,7 +127,7 @@ def _nucleus(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> torch
 
 
 def generate(
-    fm: FrozenModel,
+    fm: FrozenModel | Backend,
     prompt_ids: list[int],
     *,
     max_new_tokens: int,
@@ -147,7 +152,7 @@ def generate(
 
 
 def generate_batch(
-    fm: FrozenModel,
+    fm: FrozenModel | Backend,
     prompt_ids: list[int],
     n: int,
     seeds: Sequence[int] | None = None,
@@ -176,13 +181,13 @@ def generate_batch(
     """
     with torch.inference_mode():
         return _generate_batch(
-            fm, prompt_ids, n, seeds, max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
+            as_backend(fm), prompt_ids, n, seeds, max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
             temperature=temperature, top_p=top_p, cache=cache, on_token=on_token, eos=eos,
         )
 
 
 def _generate_batch(
-    fm: FrozenModel,
+    be: Backend,
     prompt_ids: list[int],
     n: int,
     seeds: Sequence[int] | None,
@@ -206,20 +211,20 @@ def _generate_batch(
     seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != n:
         raise ConfigError(f"{len(seeds)} seeds for a batch of n={n} rows: give one seed per row")
-    cache = cache if cache is not None else new_cache(fm)
-    seen = cache.get_seq_length()
+    cache = cache if cache is not None else be.new_state()
+    seen = be.seen(cache)
     if seen >= len(prompt_ids):
         raise HarnessError(
             f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
         )
     gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds] if strategy == "sample" else [None] * n
-    eos = eos_ids(fm) if eos is None else set(eos)
+    eos = be.eos_ids() if eos is None else set(eos)
     stop = [s for s in stop if s]
     # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
     # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
     tail = max((len(s) for s in stop), default=0) + 4
 
-    cache, logits = prefill(fm, prompt_ids[seen:], cache)  # (1, vocab): shared by every row's first token
+    cache, logits = be.prefill(prompt_ids[seen:], cache)  # (1, vocab): shared by every row's first token
     first_sha = logits_sha256(logits)
     outs: list[list[int]] = [[] for _ in range(n)]
     reasons: list[StopReason] = ["length"] * n
@@ -238,7 +243,7 @@ def _generate_batch(
                 reasons[i] = "eos"
                 continue
             outs[i].append(tok)
-            if stop and _first_stop(fm.decode(outs[i][-tail:]), stop) is not None:
+            if stop and _first_stop(be.decode(outs[i][-tail:]), stop) is not None:
                 reasons[i] = "stop"
                 continue
             running.append(j)
@@ -248,18 +253,15 @@ def _generate_batch(
             break
         if step == 0:
             if len(running) > 1:
-                cache.batch_repeat_interleave(len(running))  # every row starts from the same context
+                be.repeat_rows(cache, len(running))  # every row starts from the same context
         elif len(running) < len(active):
-            cache.batch_select_indices(torch.tensor(running, dtype=torch.long, device=fm.device))
+            be.keep_rows(cache, running)
         active = [active[j] for j in running]
-        ids = torch.tensor([[outs[i][-1]] for i in active], dtype=torch.long, device=fm.device)  # (rows, 1)
-        pos = torch.full((len(active), 1), position + step, dtype=torch.long, device=fm.device)
-        out = fm.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
-        logits = out.logits[:, -1, :]  # (rows, vocab)
+        logits = be.step(cache, [outs[i][-1] for i in active], position + step)  # (rows, vocab)
 
     gens_out = []
     for i in range(n):
-        text = fm.decode(outs[i])
+        text = be.decode(outs[i])
         hit = _first_stop(text, stop)
         if hit is not None:
             text = text[:hit]
@@ -270,15 +272,10 @@ def _generate_batch(
     return gens_out
 
 
-def eos_ids(fm: FrozenModel) -> set[int]:
-    """Token ids that end generation: the config's eos_token_id (int or list) and the tokenizer's."""
-    ids: set[int] = set()
-    for v in (getattr(fm.config, "eos_token_id", None), fm.tokenizer.eos_token_id):
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(int(x) for x in v)
-    return ids
+def eos_ids(fm: FrozenModel | Backend) -> set[int]:
+    """Token ids that end generation (the backend's `eos_ids`; transformers: the config's eos_token_id, int or
+    list, and the tokenizer's)."""
+    return as_backend(fm).eos_ids()
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -3,6 +3,8 @@
 Public API (what a user of the engine needs; everything else stays importable from its module):
     load_frozen_model, FrozenModel, Determinism, environment_fingerprint
                                         the frozen model, the pinned settings, the machine facts (kvstore.model)
+    Backend, as_backend, load_backend   the generation-engine seam (kvstore.backend): transformers, llamacpp,
+                                        fake; check_graft and the harness talk to a model through it
     prefill, forward, new_cache, capture_snapshot, deposit_tokens
                                         compute a prefix under the pinned schedule and snapshot its cache
     graft_snapshot                      rebuild a fresh cache from a snapshot at its own position
@@ -25,6 +27,8 @@ Importing kvstore changes no process state; `Determinism.apply()` (called by `lo
 torch's global settings are set.
 """
 
+from kvstore.backend import Backend
+from kvstore.backends import as_backend, load_backend
 from kvstore.bundle import BundleInfo, export_bundle, import_bundle
 from kvstore.capture import capture_snapshot, deposit_tokens, forward, new_cache, prefill
 from kvstore.determinism import Determinism
@@ -53,6 +57,8 @@ from kvstore.verify import GraftCheck, check_graft, compare_logits, logits_sha25
 __all__ = [
     # model and settings
     "Determinism", "FrozenModel", "environment_fingerprint", "load_frozen_model",
+    # the backend seam
+    "Backend", "as_backend", "load_backend",
     # compute and capture
     "capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill",
     # graft

@@ -16,8 +16,13 @@ The halves are public so that a benchmark can time them alone and a script can r
 `reference_logits`, `graft_logits` (returns `Restored`: logits + timings), `oneshot_logits`; `check_graft`
 takes a `restore` callable for the cross-process case (scripts/verify_graft.py).
 
+Every model-shaped step goes through the backend (kvstore.backend.Backend): `fm` is a backend (transformers,
+llama.cpp, ...) or a kvstore.FrozenModel, which stands for its transformers backend. The procedure is the same
+on every backend: its own pinned prefill schedule on both sides, its own capture and graft.
+
 `offset` > 0 is the position experiment (scripts/position_sweep.py): the reference is computed at positions
-offset.., the graft re-rotates the keys (`graft_repositioned`); only offset 0 is expected to be exact.
+offset.., the graft re-rotates the keys (`graft_repositioned`, transformers only); only offset 0 is expected to
+be exact.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvstore.capture import deposit_tokens, forward, new_cache, prefill
+from kvstore.backend import TRANSFORMERS, Backend
+from kvstore.backends import as_backend
 from kvstore.errors import KVStoreError
 from kvstore.format import Snapshot
-from kvstore.graft import graft_repositioned, graft_snapshot
+from kvstore.graft import graft_repositioned
 from kvstore.model import FrozenModel
 from kvstore.store import Store
 
@@ -74,16 +80,27 @@ def compare_logits(a: torch.Tensor, b: torch.Tensor) -> Comparison:
 
 
 # --------------------------------------------------------------------------------------------- the halves
-def reference_logits(fm: FrozenModel, prefix_ids: list[int], suffix_ids: list[int], offset: int = 0) -> torch.Tensor:
+def _offset_backend(fm: FrozenModel | Backend, offset: int) -> Backend:
+    be = as_backend(fm)
+    if offset and be.name != TRANSFORMERS:
+        raise KVStoreError(f"offset {offset}: re-rotating keys (the position experiment) exists on the transformers "
+                           f"backend only, this is {be.name}; use offset 0 (own position, the exact graft)")
+    return be
+
+
+def reference_logits(fm: FrozenModel | Backend, prefix_ids: list[int], suffix_ids: list[int],
+                     offset: int = 0) -> torch.Tensor:
     """(a) The fresh reference: prefill the prefix at positions offset.. in the pinned schedule, then the
     suffix. Returns the suffix logits (1, len(suffix), vocab)."""
-    cache, _ = prefill(fm, prefix_ids, position=offset)
-    return forward(fm, suffix_ids, cache, position=offset + len(prefix_ids))
+    be = _offset_backend(fm, offset)
+    state, _ = be.prefill(list(prefix_ids), position=offset)
+    return be.forward(list(suffix_ids), state, position=offset + len(prefix_ids))
 
 
-def oneshot_logits(fm: FrozenModel, prefix_ids: list[int], suffix_ids: list[int]) -> torch.Tensor:
-    """(c) One forward over prefix+suffix on a fresh cache, sliced to the suffix: (1, len(suffix), vocab)."""
-    return forward(fm, list(prefix_ids) + list(suffix_ids), new_cache(fm))[:, len(prefix_ids) :, :]
+def oneshot_logits(fm: FrozenModel | Backend, prefix_ids: list[int], suffix_ids: list[int]) -> torch.Tensor:
+    """(c) One forward over prefix+suffix on a fresh state, sliced to the suffix: (1, len(suffix), vocab)."""
+    be = as_backend(fm)
+    return be.forward(list(prefix_ids) + list(suffix_ids), be.new_state())[:, len(prefix_ids) :, :]
 
 
 @dataclass(frozen=True)
@@ -96,7 +113,7 @@ class Restored:
 
 
 def graft_logits(
-    fm: FrozenModel,
+    fm: FrozenModel | Backend,
     prefix_ids: list[int],
     suffix_ids: list[int],
     snapshot: Snapshot | None = None,
@@ -107,6 +124,7 @@ def graft_logits(
 ) -> Restored:
     """(b) The graft half: the snapshot (or `store.get(artifact_id)`, bytes verified) grafted into a fresh
     cache, checked against prefix+suffix, then the suffix forward. offset > 0 re-rotates the keys instead."""
+    be = _offset_backend(fm, offset)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     if snapshot is None:
@@ -116,13 +134,13 @@ def graft_logits(
         timing["get"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     if offset == 0:
-        cache = graft_snapshot(snapshot, fm, token_ids=list(prefix_ids) + list(suffix_ids))
+        cache = be.graft(snapshot, token_ids=list(prefix_ids) + list(suffix_ids))
     else:
         if list(snapshot.token_ids) != list(prefix_ids):
             raise KVStoreError("graft_logits: the snapshot's token ids are not the prefix given")
-        cache = graft_repositioned(snapshot, fm, offset)
+        cache = graft_repositioned(snapshot, be.fm, offset)  # type: ignore[attr-defined]  (transformers only)
     t2 = time.perf_counter()
-    logits = forward(fm, suffix_ids, cache, position=offset + len(prefix_ids))
+    logits = be.forward(list(suffix_ids), cache, position=offset + len(prefix_ids))
     timing.update(graft=t2 - t1, forward=time.perf_counter() - t2)
     return Restored(logits, timing)
 
@@ -179,7 +197,7 @@ class GraftCheck:
 
 
 def check_graft(
-    fm: FrozenModel,
+    fm: FrozenModel | Backend,
     prefix_ids: list[int],
     suffix_ids: list[int],
     store: Store | None = None,
@@ -204,6 +222,7 @@ def check_graft(
     keep_logits: keep both logits tensors on the result (reference_logits, graft_logits).
     """
     prefix_ids, suffix_ids = list(prefix_ids), list(suffix_ids)
+    be = _offset_backend(fm, offset) if offset >= 0 else as_backend(fm)
     if not prefix_ids or not suffix_ids:
         raise KVStoreError(f"check_graft needs a non-empty prefix and suffix (got {len(prefix_ids)} and "
                            f"{len(suffix_ids)} tokens)")
@@ -214,7 +233,9 @@ def check_graft(
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     if snapshot is None:
-        snapshot = deposit_tokens(fm, prefix_ids, extra=extra)
+        state, _ = be.prefill(prefix_ids)  # the deposit: prefill from position 0, then capture
+        snapshot = be.capture(state, prefix_ids, extra=extra)
+        del state
         timing["deposit"] = time.perf_counter() - t0
     aid = None
     if store is not None:
@@ -224,19 +245,19 @@ def check_graft(
         snapshot = None  # from here on the artifact exists only in the store
 
     t0 = time.perf_counter()
-    reference = reference_logits(fm, prefix_ids, suffix_ids, offset)
+    reference = reference_logits(be, prefix_ids, suffix_ids, offset)
     timing["reference"] = time.perf_counter() - t0
     shot = None
     if oneshot:
         t0 = time.perf_counter()
-        shot = compare_logits(reference, oneshot_logits(fm, prefix_ids, suffix_ids))
+        shot = compare_logits(reference, oneshot_logits(be, prefix_ids, suffix_ids))
         timing["oneshot"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     if restore is not None:
         restored = restore(aid)
     else:
-        restored = graft_logits(fm, prefix_ids, suffix_ids, snapshot, store=store, artifact_id=aid, offset=offset)
+        restored = graft_logits(be, prefix_ids, suffix_ids, snapshot, store=store, artifact_id=aid, offset=offset)
     timing["restore"] = time.perf_counter() - t0
     timing.update(restored.timing_s)
     return GraftCheck(

