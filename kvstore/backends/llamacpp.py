@@ -7,7 +7,7 @@ its per-sequence state (llama_state_seq_get_data / set_data) turned into ordinar
     snap = be.capture(state, ids)                                  # a Snapshot: store.put / get / graft
     state = be.graft(snap, ids + more)                             # checked, then llama_state_seq_set_data
 
-What an artifact holds (kvstore/FORMAT.md section 9): llama.cpp's sequence state, parsed into the format's
+What an artifact holds (kvstore/FORMAT.md section 10): llama.cpp's sequence state, parsed into the format's
 layers, every byte kept: per layer the K rows and V rows llama.cpp wrote, as (1, kv_heads, cells, head_dim)
 tensors in the cache type (f16 by default). Layers come in the order llama.cpp's state holds them: the
 full-attention cache's layers, then the sliding-window cache's (interleaved SWA models such as Gemma 3). A

@@ -3,7 +3,7 @@
 Every verb calls the engine's own functions (kvstore.capture.prefill/forward/capture_snapshot,
 kvstore.graft.graft_snapshot), so the bits are those of the code before the seam existed (`make replay`
 reproduces the registered hashes). Its artifacts record no `determinism["backend"]` (absent = transformers,
-kvstore/FORMAT.md section 9), so every library deposited before the seam still grafts.
+kvstore/FORMAT.md section 10), so every library deposited before the seam still grafts.
 """
 
 from __future__ import annotations
