@@ -43,6 +43,7 @@ from harness.run_folder import RunFolder
 from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, environment_fingerprint, tokens_sha256
 from kvstore.environment import enter_profile
 from kvstore.graft import settings_differences
+from kvstore.store import open_store  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
 
 LIBRARY_FORMAT = "kvgraft-library/1"
 _WORD = re.compile(r"[a-z0-9]+")
@@ -187,7 +188,7 @@ def _candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, str]],
 def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> Path:
     """Verify, deposit and index every candidate solution. Resumable: an entry whose tokens are already in
     the store for this model is not recomputed. Returns the library folder."""
-    store = LocalStore(project_root / lib_cfg.store)
+    store = open_store(lib_cfg.store, project_root)
     out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint)
     candidates, origin = _candidates(lib_cfg, project_root)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
@@ -349,7 +350,7 @@ def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build
             "from other entry texts. Raise library.version to build one from this template, or set "
             "library.entry_template back to the one it was built with"
         )
-    store = LocalStore(project_root / lib_cfg.store)
+    store = open_store(lib_cfg.store, project_root)
     return Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
 
 
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
               f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
         return
     path = build_library(cfg.library, fm, root)
-    m = Library(path, LocalStore(root / cfg.library.store)).manifest
+    m = Library(path, open_store(cfg.library.store, root)).manifest
     print(
         f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "
         f"{m['tokens_total']} tokens deposited -> {path} (manifest {m['manifest_sha256'][:12]})"

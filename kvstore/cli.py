@@ -26,7 +26,7 @@ from pathlib import Path
 from kvstore.errors import InvalidIdError, KVStoreError, NotFoundError
 from kvstore.format import read_metadata
 from kvstore.model import BUNDLED
-from kvstore.store import ArtifactId, LocalStore
+from kvstore.store import ArtifactId, LocalStore, open_store
 
 MIN_PREFIX = 8
 _EPILOG = (f"Ids may be abbreviated to a unique prefix of at least {MIN_PREFIX} hex digits.\nExit status: 0 ok, "
@@ -117,7 +117,7 @@ def resolve_id(store: LocalStore, given: str) -> ArtifactId:
 
 
 def _store(args) -> LocalStore:
-    return LocalStore(args.store)
+    return open_store(args.store)  # a folder, or s3://BUCKET/PREFIX (docs/scale-out.md)
 
 
 def _token_ids(args, fm) -> tuple[list[int], dict]:

@@ -255,3 +255,24 @@ def test_an_s3_url_is_checked_before_any_request():
     for bad in ("http://bucket/x", "s3://", "s3://b/../x", "s3://b/x?y=1"):
         with pytest.raises(KVStoreError):
             S3Bytes(bad, client=object())
+
+
+def test_a_library_built_into_s3_grafts_rows_identical_to_one_in_a_local_store(url, s3_env, tmp_path, tiny_gemma3):
+    """`library.store=s3://...`: build, then a graft run (with prefetch) whose rows equal the local store's."""
+    from harness.config import compose_config
+    from harness.run import run
+
+    def rows(store: str, tag: str) -> list[tuple]:
+        cfg = compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs-{tag}",
+                              f"library.root={tmp_path}/library-{tag}", f"library.store={store}",
+                              "library.dataset.limit=3", "dataset.limit=3", "decoding.max_new_tokens=3",
+                              "tracking=off", "condition=graft"])
+        folder, _ = run(cfg, tmp_path / f"run-{tag}", fm=tiny_gemma3, progress=False, build_library_if_missing=True)
+        return [(r.problem_id, r.completion.artifact_id, r.completion.context_ids, r.completion.token_ids,
+                 r.completion.text, r.correct) for r in folder.read_rows()]
+
+    in_s3 = rows(url, "s3")
+    assert in_s3 == rows(str(tmp_path / "store"), "local")
+    assert all(artifact for _, artifact, *_ in in_s3)
+    store = S3Store(url, endpoint_url=s3_env.endpoint)
+    assert {a for _, a, *_ in in_s3} <= {i.id for i in store.list()}
