@@ -66,8 +66,8 @@ mlflow-server: setup
 setup-s3: setup
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[s3]'
 
-# Ray and its Hydra launcher. hydra-ray-launcher 1.2.2 declares cloudpickle<3; the stack pins cloudpickle 3.1.3
-# (mlflow), which the launcher runs on: it is installed without its dependencies, which are all pinned here.
+# Ray and its Hydra launcher. hydra-ray-launcher 1.2.2 declares cloudpickle<3; the stack pins cloudpickle 3.1.3,
+# which the launcher runs on (only its ray_aws path imports it): installed --no-deps, its dependencies pinned here.
 setup-ray: setup
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[ray]'
 	$(PY) -m pip install --quiet -c constraints.txt --no-deps hydra-ray-launcher==1.2.2
