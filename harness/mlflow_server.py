@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from harness.errors import TrackingError
+from kvstore.local_s3 import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +65,8 @@ class MlflowServer:
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(server_command(self.runs, self.port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=server_env(), start_new_session=True)
+                                         stdin=subprocess.DEVNULL, env=server_env(), start_new_session=True,
+                                         preexec_fn=die_with_parent)
         while time.monotonic() - t0 < self.start_timeout_s:
             if self.proc.poll() is not None:
                 raise TrackingError(f"mlflow server exited with {self.proc.returncode} at start; see {self.log_path}")

@@ -53,6 +53,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def die_with_parent() -> None:
+    """In a child before exec: ask Linux to SIGTERM it when its parent dies (PR_SET_PDEATHSIG), so a server
+    started by a test or benchmark that is killed does not outlive it. A no-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalS3:
     """One `weed mini` process on 127.0.0.1 with its data under `data_dir`; `endpoint` is its S3 URL."""
 
@@ -77,7 +88,8 @@ class LocalS3:
         env["S3_BUCKET"] = ",".join(self.buckets)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, cwd=self.data_dir, start_new_session=True)
+                                         env=env, cwd=self.data_dir, start_new_session=True,
+                                         preexec_fn=die_with_parent)
         self._wait_ready()
         return self
 
