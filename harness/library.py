@@ -43,7 +43,7 @@ from harness.run_folder import RunFolder
 from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, environment_fingerprint, tokens_sha256
 from kvstore.environment import enter_profile
 from kvstore.graft import settings_differences
-from kvstore.store import open_store  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
+from kvstore.open_store import open_store  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
 
 LIBRARY_FORMAT = "kvgraft-library/1"
 _WORD = re.compile(r"[a-z0-9]+")

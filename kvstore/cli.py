@@ -26,7 +26,8 @@ from pathlib import Path
 from kvstore.errors import InvalidIdError, KVStoreError, NotFoundError
 from kvstore.format import read_metadata
 from kvstore.model import BUNDLED
-from kvstore.store import ArtifactId, LocalStore, open_store
+from kvstore.open_store import open_store
+from kvstore.store import ArtifactId, LocalStore
 
 MIN_PREFIX = 8
 _EPILOG = (f"Ids may be abbreviated to a unique prefix of at least {MIN_PREFIX} hex digits.\nExit status: 0 ok, "

@@ -564,18 +564,6 @@ class LocalStore(Store):
             os.close(fd)
 
 
-def open_store(spec: str | os.PathLike, base: str | os.PathLike | None = None) -> Store:
-    """The store a config value or a command line names: `s3://BUCKET[/PREFIX]` is an S3Store (endpoint and
-    credentials from boto3's chain: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...), anything else a LocalStore folder
-    (relative to `base` when given)."""
-    text = os.fspath(spec)
-    if text.startswith("s3://"):
-        from kvstore.s3_store import S3Store
-
-        return S3Store(text)
-    return LocalStore(Path(base) / text if base is not None else text)
-
-
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
@@ -594,4 +582,4 @@ def _storage_error(e: OSError, path: Path, doing: str) -> KVStoreError:
 
 
 __all__ = ["ArtifactId", "ArtifactInfo", "GC_GRACE_S", "IndexRow", "LocalStore", "Store", "admit", "atomic_write",
-           "check_tags", "id_to_relpath", "open_store", "relpath_to_id"]
+           "check_tags", "id_to_relpath", "relpath_to_id"]
