@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from harness.distributed import ExecutionConfig
 from harness.errors import ConfigError
 from harness.tracking import DEFAULT_EXPERIMENT
 from kvstore import Determinism, FrozenModel, load_frozen_model
@@ -124,6 +125,7 @@ class Config:
     library: LibraryConfig = field(default_factory=LibraryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)  # execution=ray: harness/distributed.py
     runs_dir: str = "runs"
     project_root: str = "."  # relative paths in the config resolve against this
 
@@ -176,7 +178,7 @@ _SECTIONS: dict[tuple[type, str], type] = {
     (Config, "model"): ModelConfig, (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
     (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
     (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
-    (LibraryConfig, "dataset"): DatasetConfig,
+    (LibraryConfig, "dataset"): DatasetConfig, (Config, "execution"): ExecutionConfig,
 }  # fmt: skip
 register()
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from harness.answers import score
 from harness.conditions import build_condition
 from harness.config import Config, load_model, typed
+from harness.distributed import completer
 from harness.energy import make_meter
 from harness.hashing import sha256_json
 from harness.problems import load_problems
@@ -97,6 +98,8 @@ def run_rows(
     run_meter.start()
     n, bs = c.decoding.n_samples, c.decoding.batch_size
     jobs = [(p, list(range(s, min(s + bs, n)))) for p in problems for s in range(0, n, bs)]
+    # scale-out hook: execution=ray computes the same jobs on Ray actors, handed back in this order
+    complete = completer(c, condition, fm, problems, jobs, build_library_if_missing)
     bar = tqdm(total=len(problems) * n, desc=f"{condition.name} {d.name}", unit="sample", disable=not progress)
     tokens = tqdm(total=len(problems) * n * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
                   disable=not progress, leave=False)  # fmt: skip
@@ -105,7 +108,7 @@ def run_rows(
             condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
         w0, c0 = time.perf_counter(), time.process_time()
         meter.start()
-        completions = condition.complete_samples(problem, samples, on_token=tokens.update)
+        completions = complete(problem, samples, on_token=tokens.update)
         energy = meter.stop()
         # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
         k = len(completions)
