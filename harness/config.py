@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from harness.distributed import ExecutionConfig
 from harness.errors import ConfigError
+from harness.execution import ExecutionConfig
 from harness.tracking import DEFAULT_EXPERIMENT
 from kvstore import Determinism, FrozenModel, load_frozen_model
 

@@ -22,19 +22,9 @@ import dataclasses
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-EXECUTIONS = ("local", "ray")
-
-
-@dataclass
-class ExecutionConfig:
-    """configs/execution/*.yaml: where the problems of one run are computed."""
-
-    name: str = "local"  # local | ray
-    workers: int = 2  # ray: actors, each with the model loaded once
-    address: str | None = None  # ray: a running cluster (host:port); None: RAY_ADDRESS, else a private local Ray
+from harness.execution import EXECUTIONS, ExecutionConfig  # noqa: F401 - the config dataclass, re-exported
 
 
 class _Worker:
