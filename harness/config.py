@@ -26,6 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
+from harness.execution import ExecutionConfig
 from harness.run_folder import claim
 from harness.tracking import DEFAULT_EXPERIMENT
 from kvstore import Determinism, FrozenModel, load_frozen_model
@@ -148,6 +149,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)  # execution=ray: harness/distributed.py
     runs_dir: str = "runs"
     project_root: str = "."  # relative paths in the config resolve against this
 
@@ -251,7 +253,7 @@ _SECTIONS: dict[tuple[type, str], type] = {
     (Config, "model"): ModelConfig, (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
     (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
     (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
-    (LibraryConfig, "dataset"): DatasetConfig, (Config, "run"): RunConfig,
+    (LibraryConfig, "dataset"): DatasetConfig, (Config, "run"): RunConfig, (Config, "execution"): ExecutionConfig,
 }  # fmt: skip
 register()
 

@@ -49,6 +49,7 @@ from harness.prompts import render
 from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, environment_fingerprint, tokens_sha256
 from kvstore.environment import enter_profile
 from kvstore.graft import settings_differences
+from kvstore.open_store import open_store  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -203,7 +204,7 @@ def _index_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
 def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> Path:
     """Verify, deposit and index every candidate solution. Resumable: an entry whose tokens are already in
     the store for this model is not recomputed. Returns the library folder."""
-    store = LocalStore(project_root / lib_cfg.store)
+    store = open_store(lib_cfg.store, project_root)
     candidates, origin = read_candidates(lib_cfg, project_root)
     identity = library_identity(lib_cfg, fm, project_root, candidates)
     identity_sha256 = sha256_json(identity)
@@ -366,7 +367,7 @@ def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build
                 "overrides), or run `make aime-graft`, which builds it"
             )
         build_library(lib_cfg, fm, project_root)
-    store = LocalStore(project_root / lib_cfg.store)
+    store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
     if lib.manifest.get("identity_sha256") != identity_sha256:
         recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
               f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
         return
     path = build_library(cfg.library, fm, root)
-    m = Library(path, LocalStore(root / cfg.library.store)).manifest
+    m = Library(path, open_store(cfg.library.store, root)).manifest
     print(
         f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "
         f"{m['tokens_total']} tokens deposited -> {path} (manifest {m['manifest_sha256'][:12]})"

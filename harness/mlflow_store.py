@@ -267,7 +267,11 @@ def _get_or_create_experiment(client: MlflowClient, tracking_uri: str, name: str
     if found is None:
         try:
             location = _artifact_location(tracking_uri, name)
-            experiment_id = _retry(lambda: client.create_experiment(name, artifact_location=location), "create")
+            # the kind tag is created with the experiment (one transaction): parallel jobs against a server that
+            # all set it afterwards race on the experiment_tags key (IntegrityError, a 500 from the server)
+            experiment_id = _retry(lambda: client.create_experiment(
+                name, artifact_location=location, tags={"mlflow.experimentKind": EXPERIMENT_KIND}), "create")
+            return experiment_id
         except MlflowException:
             # Another job created it between our lookup and create (RESOURCE_ALREADY_EXISTS).
             found = _retry(lambda: client.get_experiment_by_name(name), "get experiment")
@@ -277,7 +281,11 @@ def _get_or_create_experiment(client: MlflowClient, tracking_uri: str, name: str
         experiment_id = found.experiment_id
         if "mlflow.experimentKind" in found.tags:
             return experiment_id
-    _retry(lambda: client.set_experiment_tag(experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND), "kind")
+    try:
+        _retry(lambda: client.set_experiment_tag(experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND), "kind")
+    except MlflowException:  # another job tagged it at the same moment: fine when the tag is there now
+        if "mlflow.experimentKind" not in client.get_experiment(experiment_id).tags:
+            raise
     return experiment_id
 
 

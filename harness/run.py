@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from tqdm import tqdm
 from harness.answers import score
 from harness.conditions import CONDITIONS, build_condition
 from harness.config import Config, load_model, typed
+from harness.distributed import completer
 from harness.energy import make_meter
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.hashing import sha256_json
@@ -237,7 +239,10 @@ def run_rows(
                           "already done (outputs.partial.jsonl), same seeds; run.fresh=true starts over")  # fmt: skip
         else:
             folder.begin(key, datetime.now(UTC).isoformat())
-        rows, run_energy, t_run, started_at = _decode(c, condition, jobs, folder, rows, progress)
+        # scale-out hook: execution=ray computes the remaining jobs on Ray actors, handed back in job order
+        rows, run_energy, t_run, started_at = _decode(
+            c, condition, jobs, folder, rows, progress,
+            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing))
     except KeyboardInterrupt as exc:
         condition.close()
         signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
@@ -291,7 +296,7 @@ def run_rows(
 
 def _decode(
     c: Config, condition: Any, jobs: list[tuple[Problem, list[int]]], folder: RunFolder, rows: list[Row],
-    progress: bool,
+    progress: bool, completer_for: Callable[[list[tuple[Problem, list[int]]]], Callable[..., Any]] | None = None,
 ) -> tuple[list[Row], Any, float, str]:
     """Decode every job past the rows already done, appending each row to the folder as it finishes; returns all
     rows (`rows` itself, extended as rows finish), the run's energy reading, its start (perf counter) and start
@@ -308,6 +313,7 @@ def _decode(
     while first < len(jobs) and skip >= len(jobs[first][1]):  # whole jobs the interrupted attempt finished
         skip -= len(jobs[first][1])
         first += 1
+    complete = completer_for(jobs[first:]) if completer_for is not None else condition.complete_samples
     try:
         for i in range(first, len(jobs)):
             problem, samples = jobs[i]
@@ -315,7 +321,7 @@ def _decode(
                 condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
             w0, c0 = time.perf_counter(), time.process_time()
             meter.start()
-            completions = condition.complete_samples(problem, samples, on_token=tokens.update)
+            completions = complete(problem, samples, on_token=tokens.update)
             energy = meter.stop()
             # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
             k = len(completions)

@@ -31,6 +31,7 @@ from kvstore.determinism import ATTN_IMPLEMENTATIONS
 from kvstore.errors import InvalidIdError, KVStoreError, NotFoundError
 from kvstore.format import read_metadata
 from kvstore.model import BUNDLED, layout_string
+from kvstore.open_store import open_store
 from kvstore.store import ArtifactId, LocalStore
 
 MIN_PREFIX = 8
@@ -142,7 +143,7 @@ def resolve_id(store: LocalStore, given: str) -> ArtifactId:
 
 
 def _store(args) -> LocalStore:
-    return LocalStore(args.store)
+    return open_store(args.store)  # a folder, or s3://BUCKET/PREFIX (docs/scale-out.md)
 
 
 def _token_ids(args, fm) -> tuple[list[int], dict]:

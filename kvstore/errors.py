@@ -81,3 +81,21 @@ class CaptureError(IncompatibleError):
     or any attribute that a rebuild from the captured tensors does not reproduce bit for bit), so a graft would
     continue from a wrong state (FORMAT.md section 9). The message names the layer index, its kind and class and
     what cannot be captured. Nothing was stored; this model cannot be deposited by this kvgraft version."""
+
+
+class ReadOnlyStoreError(KVStoreError):
+    """A write (put, tag, remove, gc) was asked of a store that is read-only: a published library on a read-only
+    mount, a folder this user may not write, or a store opened with read_only=True. Reads, listing, verify and
+    graft work. Deposit into a writable store instead, or remount / chmod the store read-write."""
+
+
+class StoreFullError(KVStoreError):
+    """The device holding a store ran out of space (ENOSPC, or a quota: EDQUOT) while an artifact or its index
+    row was written. Nothing partial is left: the write was undone. Free space on that device, or point the store
+    at another one, and run again (a library build resumes from the entries already stored)."""
+
+
+class StoreUnavailableError(KVStoreError):
+    """A remote store (an S3 endpoint) could not be reached or refused the request (connection refused, timeout,
+    access denied, no such bucket). Nothing was changed by the failed call. Start the server or fix the
+    endpoint, bucket and credentials the message names, then run again."""

