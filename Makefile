@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt --no-deps hydra-ray-launcher==1.2.2  # see setup-ray
 	@echo "building llama-cpp-python from source (no wheel for this platform; ~8 min on 2 cores)"
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	  $(PY) -m pip install --quiet -c constraints.txt -e '.[llamacpp]'
