@@ -23,6 +23,8 @@ __all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison"]
 
 WIDE_COLUMNS = 150  # the side-by-side table needs about this many columns
 _MAX_MISSES = 20
+_NARROW: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True,
+                           "title_justify": "left"}  # fmt: skip
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -45,7 +47,7 @@ def _energy(s: dict[str, Any]) -> str:
 
 def _acc(s: dict[str, Any]) -> str:
     sc = s["scores"]
-    return f"{sc['accuracy']:.3f} [{sc['accuracy_ci_low']:.2f}, {sc['accuracy_ci_high']:.2f}]"
+    return f"{sc['accuracy']:.2f} [{sc['accuracy_ci_low']:.2f}, {sc['accuracy_ci_high']:.2f}]"
 
 
 def _identical(result: dict[str, Any]) -> dict[str, str]:
@@ -57,33 +59,35 @@ def _identical(result: dict[str, Any]) -> dict[str, str]:
 def _narrow(console: Console, title: str, result: dict[str, Any]) -> None:
     runs = result["summaries"]
     same = _identical(result)
-    t = Table(title=f"scores and tokens: {title}", box=box.SIMPLE_HEAD, title_justify="left",
-              caption="accuracy [95% CI]; tokens per row; stops: eos/stop/length rows; twin: rows identical to "
-                      "the incontext run of the same group", caption_justify="left")  # fmt: skip
-    for name, justify in (("run", "left"), ("n", "right"), ("accuracy [95% CI]", "right"), ("decode", "right"),
-                          ("prefill", "right"), ("grafted", "right"), ("stops", "right"), ("twin", "right")):
+    n = next(iter(runs.values()))["scores"]["n_problems"]
+    t = Table(title=f"scores and tokens, {n} problems: {title}", **_NARROW,
+              caption="decode, prefill, graft: tokens per row; stops: rows ending at eos/stop/length; twin: "
+                      "rows identical to the incontext run of the same group", caption_justify="left")  # fmt: skip
+    for name, justify in (("run", "left"), ("accuracy [95% CI]", "right"), ("decode", "right"),
+                          ("prefill", "right"), ("graft", "right"), ("stops", "right"), ("twin", "right")):
         t.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for label, s in runs.items():
         tk = s["tokens"]
-        t.add_row(label, str(s["scores"]["n_problems"]), _acc(s), f"{_per_row(s, tk['decode']):.1f}",
+        t.add_row(label, _acc(s), f"{_per_row(s, tk['decode']):.1f}",
                   f"{_per_row(s, tk['prefill']):.0f}", f"{_per_row(s, tk['grafted']):.0f}", _stops(s),
                   same.get(label, ""))  # fmt: skip
     console.print(t)
-    t = Table(title=f"time per row: {title}", box=box.SIMPLE_HEAD, title_justify="left",
+    t = Table(title=f"time per row: {title}", **_NARROW,
               caption="x: baseline / this run (above 1: this run is faster or needs fewer tokens)",
               caption_justify="left")  # fmt: skip
-    for name in ("run", "TTFT s", "x", "wall s", "x", "cpu s", "x", "tokens x", "energy"):
+    energy = any(s["energy"].get("joules") is not None for s in runs.values())  # else one status line below
+    for name in ("run", "TTFT s", "x", "wall s", "x", "cpu s", "x", "tokens x", *(("energy",) if energy else ())):
         t.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
     for label, s in runs.items():
         c, tm = s["comparison"] or {}, s["time"]
         fx = (lambda k, c=c: _fmt(c.get(k)) if c else "1")  # noqa: E731 - one formatter per row
         t.add_row(label, f"{_per_row(s, tm.get('ttft_s')):.3f}", fx("ttft_factor"), f"{_per_row(s, tm['wall_s']):.2f}",
                   fx("wall_factor"), f"{_per_row(s, tm['cpu_s']):.2f}", fx("cpu_factor"), fx("token_reduction"),
-                  _energy(s))  # fmt: skip
+                  *((_energy(s),) if energy else ()))  # fmt: skip
     console.print(t)
     pairs = result.get("pairs") or {}
     if pairs:
-        t = Table(title=f"graft vs its in-context twin: {title}", box=box.SIMPLE_HEAD, title_justify="left",
+        t = Table(title=f"graft vs its in-context twin: {title}", **_NARROW,
                   caption="x: incontext / graft (above 1: the graft is cheaper for the same rows)",
                   caption_justify="left")  # fmt: skip
         for name in ("group", "identical", "prefill x", "TTFT x", "wall x", "cpu x"):
