@@ -53,17 +53,21 @@ def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
 def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
     """What the runs table shows, condition and group first so names differ in their first characters:
     ``graft recurring``, ``incontext held-out``, ``baseline``; a sweep job adds its job name (which carries the
-    swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline 1_decoding.max_new_tokens=5``.
+    swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5``.
     Dataset, model and folder are tags (and in the description), not part of the name."""
     name = summary.condition + (f" {group}" if group else "")
-    job = _sweep_job(folder)
+    job = _sweep_job(folder, summary.condition)
     return f"{name} {job}" if job else name
 
 
-def _sweep_job(folder: RunFolder) -> str | None:
-    """A multirun job's folder name (``<job number>[_<overrides>]_<condition>`` under a sweep), else None."""
-    name = folder.name
-    return name if name[:1].isdigit() and "_" in name[:4] else None
+def _sweep_job(folder: RunFolder, condition: str) -> str | None:
+    """A multirun job as ``#<number> <swept values>`` from its folder name (``<number>_<condition>_<overrides>``,
+    older sweeps ``<number>_<condition>``), else None."""
+    num, _, rest = folder.name.partition("_")
+    if not num.isdigit() or not rest:
+        return None
+    overrides = rest.removeprefix(condition).lstrip("_")
+    return f"#{num} {overrides}".strip()
 
 
 def headline_metrics(summary: Summary) -> dict[str, float]:
