@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
                                     per_problem=table, params=_job_params(c, fm.name, lib))
-            console.print(f"MLflow: comparison logged as run {run_id} in {uri}")
+            console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui`, then its description "
+                          "links the summary page and the runs table with the headline columns")
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written
             warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc})", RuntimeWarning,
                           stacklevel=1)  # fmt: skip

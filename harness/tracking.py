@@ -73,12 +73,15 @@ __all__ = [
     "default_tracking_uri",
     "flatten",
     "http_fail_fast",
+    "HEADLINE_COLUMNS",
+    "VIEW_KEY",
     "comparison_metrics",
     "log_comparison",
     "log_run_dir",
     "metric_leaves",
     "log_report",
     "try_log_run_dir",
+    "view_url",
 ]
 
 _MAX_PARAMS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
@@ -267,9 +270,34 @@ def _comparison_note(comparison: dict[str, Any], dataset: str | None, model: str
     warning = load_warning(comparison)
     if warning:
         lines.append(f"- **{warning}**")
-    lines += ["", f"[Summary page (table, misses, per-problem view, plots)]({page_link}); per-problem table "
+    experiment_id = page_link.split("/")[2]
+    lines += ["", f"[Summary page (table, misses, per-problem view, plots)]({page_link}); "
+              f"[runs table with the headline columns]({view_url(experiment_id)}); per-problem table "
               "`per_problem_table.json`; every figure in `comparison.json`."]  # fmt: skip
     return "\n".join(lines)
+
+
+#: The experiment's shared runs-table view (MLflow 3's "share view": an experiment tag
+#: ``mlflow.sharedViewState.<key>`` holding the UI state as JSON, opened with ``?viewStateShareKey=<key>``): the
+#: headline metrics as columns, newest first, the compare parent expanded to its nested runs.
+VIEW_KEY = "kvgraft-headline"
+HEADLINE_COLUMNS = ("accuracy", "accuracy_ci_low", "accuracy_ci_high", "decode_tokens_per_problem", "ttft_s_per_row",
+                    "recurring.identical_rows", "recurring.paired_rows", "held_out.identical_rows",
+                    "held_out.paired_rows")  # fmt: skip
+
+
+def view_url(experiment_id: str) -> str:
+    """The runs table in the shared headline view (a UI fragment: append it to the server's address)."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}&workflowType=machine_learning"
+
+
+def _share_view(client: MlflowClient, experiment_id: str, parent_run_id: str) -> None:
+    import json
+
+    state = {"selectedColumns": [f"metrics.`{m}`" for m in HEADLINE_COLUMNS], "orderByKey": "attributes.start_time",
+             "orderByAsc": False, "runsExpanded": {parent_run_id: True}}  # fmt: skip
+    _retry(lambda: client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state)),
+           "share the headline view")  # fmt: skip
 
 
 def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str, experiment: str,
@@ -331,6 +359,7 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
             _retry(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
         if library:
             _log_library(library, run_id, tracking_uri=tracking_uri, experiment=experiment)
+        _share_view(client, experiment_id, run_id)
 
     name = f"compare {path.parent.name[:19]}"
     with http_fail_fast(tracking_uri):

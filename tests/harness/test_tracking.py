@@ -295,6 +295,9 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     assert lib.info.run_name == "library toylib v1" and lib.data.metrics["build_s"] == 12.5
     assert lib.data.metrics["bytes"] == 1_234_567 and lib.data.metrics["entries"] == 2
     assert lib.info.end_time - lib.info.start_time == 12_500
+    view = json.loads(client.get_experiment(run.info.experiment_id).tags["mlflow.sharedViewState.kvgraft-headline"])
+    assert "metrics.`accuracy`" in view["selectedColumns"] and view["runsExpanded"] == {parent: True}
+    assert "viewStateShareKey=kvgraft-headline" in note
     everything = client.search_runs([run.info.experiment_id])
     # short names (both fake runs are baselines: a compare job's five differ in condition and group)
     assert {r.info.run_name for r in everything} == {"baseline", "compare 2026-01-01_00-00-00", "library toylib v1"}
