@@ -9,8 +9,9 @@ Starts ``mlflow ui`` on a free local port against the store, finds the newest co
 (``harness.tracking.view_url``), the parent run, a nested (held-out graft) run, the parent's per-problem table,
 its summary page and the library run (``--docs docs/img`` copies them there); ``--all`` adds the page the
 experiment opens on, the nested run's outputs table and traces, the experiment's traces and the accuracy plot.
-Needs Debian's ``chromium`` (``apt-get install -y chromium``). The server is stopped at the end. ``--trace-cost N`` instead logs a hand-built N-row run folder to a temporary
-store twice (traces off, then on) and prints both wall times.
+Needs Debian's ``chromium`` (``apt-get install -y chromium``). The server is stopped at the end.
+``--trace-cost N`` instead logs a hand-built N-row run folder to a temporary store twice (traces off, then on)
+and prints both wall times.
 """
 
 from __future__ import annotations
