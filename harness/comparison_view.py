@@ -152,6 +152,10 @@ def print_comparison(title: str, result: dict[str, Any], *, misses: Sequence[str
                      reprint: str | None = None) -> None:  # fmt: skip
     """Print the comparison (module docstring) to `console` (default: a terminal-width console)."""
     console = console or Console()
+    order = [BASELINE_LABEL, *(label for pair in PAIRS.values() for label in pair)]  # comparison.json sorts its keys
+    runs = result["summaries"]
+    rank = {k: (k not in order, order.index(k) if k in order else 0, k) for k in runs}
+    result = {**result, "summaries": {k: runs[k] for k in sorted(runs, key=rank.__getitem__)}}
     (_wide if console.width >= WIDE_COLUMNS else _narrow)(console, title, result)
     for group, p in (result.get("pairs") or {}).items():
         n = p["identical_rows"] + p["differing_rows"]
