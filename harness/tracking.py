@@ -391,15 +391,42 @@ def _log_library(library: dict[str, Any], parent_run_id: str, *, tracking_uri: s
 
 
 def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracking_uri: str, experiment: str) -> str:
-    """Log a sweep report (``harness.report``) as a run ``report | <folder>``: the table as ``report_table.json``
-    (an MLflow table), its files as artifacts. Returns the run id."""
-    note = (f"**Report** over the {len(table)} runs under `{root}`: accuracy with 95% intervals, tokens, time and "
-            "energy per config (`report_table.json`, `report.csv`, plots).")  # fmt: skip
-    tags = {"job": "report", "condition": "report", "run_dir": str(Path(root).resolve()), "mlflow.note.content": note}
+    """Log a sweep report (``harness.report``) as a run ``report <folder>`` over the sweep: the jobs logged to this
+    store nest under it, its span is theirs (first start to now), its metrics each job's headline figures
+    (``job_<n>.accuracy``, ``job_<n>.ci_low`` ...), its description their table; the table as
+    ``report_table.json`` (an MLflow table), its files as artifacts. Returns the run id."""
+    root = Path(root).resolve()
+    metrics: dict[str, Any] = {"jobs": len(table)}
+    children, spans, lines = [], [], []
+    for record in table.to_dict("records"):
+        job = str(record["run"])
+        num = job.split("_", 1)[0]
+        key = f"job_{num}" if num.isdigit() else _slug(job)
+        for name in ("accuracy", "ci_low", "ci_high", "decode_per_attempt", "wall_per_attempt_s"):
+            metrics[f"{key}.{name}"] = record.get(name)
+        lines.append(f"| {job} | {record.get('accuracy', 0):.3f} [{record.get('ci_low', 0):.3f}, "
+                     f"{record.get('ci_high', 0):.3f}] | {record.get('decode_per_attempt', 0):.1f} |")
+        folder = RunFolder(root / job)
+        with contextlib.suppress(RunFolderError, OSError):
+            spans.append(run_view.run_times_ms(folder, folder.read_summary()))
+            tracked = folder.read_tracking()
+            if tracked.get("run_id") and tracked.get("tracking_uri") == tracking_uri:
+                children.append(tracked["run_id"])
+    note = "\n".join([f"**Report** over the {len(table)} jobs under `{root}` (nested below): accuracy with 95% "
+                      "intervals and decode tokens per attempt; the rest in `report_table.json`, `report.csv` and the "
+                      "plots.", "", "| job | accuracy [95% CI] | decode tokens / attempt |", "|---|---|---|", *lines])
+    tags = {"job": "report", "condition": "report", "run_dir": str(root), "mlflow.note.content": note}
+
+    def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
+        for child in children:
+            _retry(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
+
+    end = int(time.time() * 1000)
+    times = (min(s for s, _ in spans), max(max(e for _, e in spans), end)) if spans else None
     with http_fail_fast(tracking_uri):
-        return _log(tracking_uri, experiment, f"report | {Path(root).resolve().name}", tags=tags, params={},
-                    metrics={}, files=[(Path(f), None) for f in files], table=table,
-                    table_file="report_table.json")  # fmt: skip
+        return _log(tracking_uri, experiment, f"report {root.name}", tags=tags, params={},
+                    metrics={k: v for k, v in metrics.items() if v is not None}, files=[(Path(f), None) for f in files],
+                    table=table, table_file="report_table.json", times_ms=times, then=adopt)  # fmt: skip
 
 
 def _slug(label: str) -> str:
