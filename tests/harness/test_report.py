@@ -78,3 +78,13 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path: Path, capsys: pytest.C
         main([str(tmp_path), "--no-mlflow"])
     assert "no complete run folder" in capsys.readouterr().err
 
+
+
+def test_the_terminal_table_is_narrow_and_uncut(tmp_path: Path, fakerun: ModuleType,
+                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from harness.report import print_table
+
+    print_table(sweep_table(_sweep(tmp_path, fakerun)), "report over 4 jobs")
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    assert "1_baseline" in out and "0.50 [" in out
