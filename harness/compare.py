@@ -9,9 +9,12 @@
 3. runs incontext and graft twice each: recurring (the library may hold the evaluated problem) and held-out
    (library.exclude_self=true: the evaluated problem never reaches the context);
 4. computes the comparison in memory from the five Summaries and pairs every graft row with its incontext twin
-   (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it, and writes it once to
-   runs/compare/<stamp>/comparison.json with each run's manifest SHA-256 (and to MLflow as a run of its own when
-   tracking is on);
+   (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it (harness/comparison_view.py:
+   narrow tables below 150 columns, the misses, a warning when the load average exceeded the cores), and writes it
+   once to runs/compare/<stamp>/comparison.json with each run's manifest SHA-256, the load average before and after
+   each run and the library's record (size, time this job spent opening or building it), plus per_problem.json
+   (harness/per_problem.py); MLflow gets it as the parent run of the five when tracking is on (harness.tracking);
+   `python scripts/show_comparison.py runs/compare/<stamp>` re-prints it;
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
 `make rescore RUN=runs/compare/<stamp>` re-audits every run it lists, checks they are the runs it was made from,
