@@ -9,9 +9,12 @@
 3. runs incontext and graft twice each: recurring (the library may hold the evaluated problem) and held-out
    (library.exclude_self=true: the evaluated problem never reaches the context);
 4. computes the comparison in memory from the five Summaries and pairs every graft row with its incontext twin
-   (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it, and writes it once to
-   runs/compare/<stamp>/comparison.json with each run's manifest SHA-256 (and to MLflow as a run of its own when
-   tracking is on);
+   (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it (harness/comparison_view.py:
+   narrow tables below 150 columns, the misses, a warning when the load average exceeded the cores), and writes it
+   once to runs/compare/<stamp>/comparison.json with each run's manifest SHA-256, the load average before and after
+   each run and the library's record (size, time this job spent opening or building it), plus per_problem.json
+   (harness/per_problem.py); MLflow gets it as the parent run of the five when tracking is on (harness.tracking);
+   `python scripts/show_comparison.py runs/compare/<stamp>` re-prints it;
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
 `make rescore RUN=runs/compare/<stamp>` re-audits every run it lists, checks they are the runs it was made from,
@@ -20,26 +23,29 @@ re-pairs them and recomputes every figure (harness.comparison.audit_comparison).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from rich.table import Table
 
+from harness import comparison_view, per_problem
 from harness.audit import audit
 from harness.comparison import BASELINE_LABEL, GROUPS, PAIRS, comparison
 from harness.conditions import Baseline, Graft, InContext
 from harness.config import compose_config, load_model, typed
-from harness.errors import HarnessError, PairingError, exit_on_error
+from harness.errors import HarnessError, PairingError, RunFolderError, exit_on_error
 from harness.hashing import write_json
 from harness.library import open_library
 from harness.pairing import pair
 from harness.record import Row, Summary
-from harness.run import comparable_key, console, run, run_rows, stops_text
+from harness.run import comparable_key, console, run_rows
 from harness.run_folder import RunFolder, stamp
 from harness.tracking import default_tracking_uri, log_comparison
 from kvstore.environment import enter_profile
@@ -78,63 +84,44 @@ def _with(cfg: DictConfig, **changes: Any) -> DictConfig:
     return c
 
 
-def print_comparison(title: str, result: dict[str, Any]) -> None:
-    table = Table(title=title)
-    table.add_column("")
-    rows = result["summaries"]
-    for label in rows:
-        table.add_column(label, justify="right")
+def print_comparison(title: str, result: dict[str, Any], misses: list[str] | None = None,
+                     reprint: str | None = None) -> None:
+    """Print the comparison to the terminal (harness/comparison_view.py: narrow tables below 150 columns)."""
+    comparison_view.print_comparison(title, result, misses=misses or (), console=console, reprint=reprint)
 
-    def row(name, fn):
-        table.add_row(name, *[fn(s, s["comparison"] or {}) for s in rows.values()])
 
-    def fmt(x, spec=".2f"):
-        return "n/a" if x is None else format(x, spec)
+def comparison_title(summary: Summary, config: Any) -> str:
+    """The title of the printed comparison: dataset, model and decoding settings."""
+    d = config.decoding
+    return (f"{summary.dataset}, {summary.model}, max_new_tokens={d.max_new_tokens}, {d.strategy}, "
+            f"batch_size={d.batch_size}")
 
-    def factor(key):
-        return lambda c: f" ({fmt(c[key])}x)" if c else ""
 
-    sc = "scores"
-    row("problems", lambda s, c: str(s[sc]["n_problems"]))
-    row("accuracy [95% CI]", lambda s, c: (
-        f"{s[sc]['accuracy']:.3f} [{s[sc]['accuracy_ci_low']:.3f}, {s[sc]['accuracy_ci_high']:.3f}]"))  # fmt: skip
-    row("decode tokens (total)", lambda s, c: str(s["tokens"]["decode"]))
-    row("decode tokens / problem", lambda s, c: f"{s['tokens']['decode'] / s[sc]['n_rows']:.1f}")
-    row("grafted tokens (total)", lambda s, c: str(s["tokens"]["grafted"]))
-    row("prefill tokens (total)", lambda s, c: str(s["tokens"]["prefill"]) + factor("prefill_factor")(c))
-    row("TTFT s / row (factor)", lambda s, c: (
-        f"{s['time'].get('ttft_s', 0.0) / s[sc]['n_rows']:.3f}" + factor("ttft_factor")(c)))  # fmt: skip
-    row("stops eos/stop/length", lambda s, c: stops_text(s.get("stop_reasons")))
-    row("token reduction (x)", lambda s, c: fmt(c.get("token_reduction")) if c else "1")
-    row("wall time s (factor)", lambda s, c: f"{s['time']['wall_s']:.1f}" + factor("wall_factor")(c))
-    row("cpu time s (factor)", lambda s, c: f"{s['time']['cpu_s']:.1f}" + factor("cpu_factor")(c))
-    row("energy", lambda s, c: (
-        (f"{s['energy']['joules']:.1f} J" if s["energy"]["joules"] is not None else "unavailable")
-        + (f" ({fmt(c['energy_factor'])}x)" if c.get("energy_factor") else "")))  # fmt: skip
-    pairs = result.get("pairs") or {}
-    if pairs:
-        twin = {PAIRS[g][1]: p for g, p in pairs.items()}
-        table.add_row("rows identical to incontext", *[
-            f"{twin[k]['identical_rows']}/{twin[k]['identical_rows'] + twin[k]['differing_rows']}" if k in twin else ""
-            for k in rows])  # fmt: skip
-    console.print(table)
-    for group, p in pairs.items():
-        n = p["identical_rows"] + p["differing_rows"]
-        style = "green" if p["differing_rows"] == 0 else "bold red"
-        console.print(f"[{style}]{PAIRS[group][1]} vs {PAIRS[group][0]}: {p['identical_rows']}/{n} rows identical "
-                      f"(completion token ids and first-logits SHA-256), {p['differing_rows']} differing[/]")
-        f = p.get("graft_vs_incontext") or {}
-        console.print("  the same rows for " + ", ".join(
-            f"{fmt(f.get(k))}x less {what}" for k, what in (("prefill_factor", "prefill"), ("ttft_factor", "TTFT"),
-                                                             ("wall_factor", "wall time"), ("cpu_factor", "CPU time"))))
-    base_rows = rows[BASELINE_LABEL]
-    hit = (base_rows.get("stop_reasons") or {}).get("length")
-    if hit:
-        console.print(f"[yellow]the baseline hit its token budget on {hit} of {base_rows[sc]['n_rows']} rows: "
-                      "token reduction is measured against truncated answers[/]")
-    base_energy = rows[BASELINE_LABEL]["energy"]
-    if base_energy["joules"] is None:
-        console.print(f"energy: {base_energy['status']}")
+def _load() -> dict[str, Any]:
+    one, five, _ = os.getloadavg()
+    return {"one": round(one, 2), "five": round(five, 2)}
+
+
+def _library_record(lib: Any, seconds: float, built: bool, started_at: float) -> dict[str, Any]:
+    """What comparison.json records of the library: which, how big, and how long this job spent opening or
+    building it (the job's own time; MLflow logs it as a nested run)."""
+    m = lib.manifest
+    size = 0
+    for e in lib.entries:
+        with contextlib.suppress(Exception):  # a missing artifact is the graft's error to raise, not this record's
+            size += lib.store.info(e.artifact_id).size
+    return {"name": m.get("name"), "version": m.get("version"), "path": str(lib.path), "entries": len(lib.entries),
+            "tokens": m.get("tokens_total"), "bytes": size, "built": built, "seconds": round(seconds, 3),
+            "started_at": started_at, "manifest_sha256": m.get("manifest_sha256")}  # fmt: skip
+
+
+def _job_params(c: Any, model: str, lib: Any) -> dict[str, Any]:
+    """The settings the comparison holds fixed, as the parent run's MLflow parameters."""
+    d = c.decoding
+    return {"dataset": c.dataset.name, "limit": c.dataset.limit, "model": model, "max_new_tokens": d.max_new_tokens,
+            "strategy": d.strategy, "batch_size": d.batch_size, "n_samples": d.n_samples,
+            "library": f"{lib.manifest.get('name')}-v{lib.manifest.get('version')}",
+            "library_entries": len(lib.entries), "dtype": c.determinism.dtype}  # fmt: skip
 
 
 @exit_on_error
@@ -146,7 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(c.project_root)
     runs = root / c.runs_dir
     fm = load_model(c)
+    t_lib, wall_lib = time.perf_counter(), time.time()
     lib = open_library(c.library, fm, root, build_if_missing=True)
+    built = (lib.path / "manifest.json").stat().st_mtime >= wall_lib - 1
+    library = _library_record(lib, time.perf_counter() - t_lib, built, wall_lib)
     console.print(
         f"library {lib.manifest['name']} v{lib.manifest['version']}: {len(lib.entries)} verified entries "
         f"({lib.manifest['tokens_total']} tokens of KV) in {lib.path}"
@@ -155,38 +145,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     key = comparable_key(c, fm)
     folders: dict[str, RunFolder] = {}
     summaries: dict[str, Summary] = {}
+    load: dict[str, Any] = {"cores": os.cpu_count(), "runs": {}}
+    all_rows: dict[str, list[Row]] = {}
     found = find_baseline(runs, key, say=lambda why: console.print(f"[yellow]{why}[/]"))
     if found is None:
         console.print("[bold]no matching baseline run that re-scores: running the baseline first[/]")
-        folders[BASELINE_LABEL], summaries[BASELINE_LABEL] = run(_with(cfg, condition__name=Baseline.name), fm=fm)
+        start = _load()
+        folders[BASELINE_LABEL], summaries[BASELINE_LABEL], all_rows[BASELINE_LABEL] = run_rows(
+            _with(cfg, condition__name=Baseline.name), fm=fm)
+        load["runs"][BASELINE_LABEL] = {"start": start["one"], "end": _load()["one"]}
     else:
         console.print(f"matching baseline run: {found.path}")  # an earlier job's record: read, not recomputed
         folders[BASELINE_LABEL], summaries[BASELINE_LABEL] = found, found.read_summary()
-    all_rows: dict[str, list[Row]] = {}
     for group, (_, exclude) in GROUPS.items():
         for cls, label in zip((InContext, Graft), PAIRS[group], strict=True):
             console.print(f"[bold]{label}[/]: library.exclude_self={str(exclude).lower()}")
             run_cfg = _with(cfg, condition__name=cls.name, library__exclude_self=exclude)
+            start = _load()
             folders[label], summaries[label], all_rows[label] = run_rows(
                 run_cfg, RunFolder.new(runs, cls.name, group), fm=fm)
+            load["runs"][label] = {"start": start["one"], "end": _load()["one"]}
     pairings = {g: pair(all_rows[PAIRS[g][1]], all_rows[PAIRS[g][0]]) for g in GROUPS}
 
     # the manifest SHA-256 of each run binds comparison.json to exactly these runs (make rescore checks it)
     manifests = {label: f.read_manifest()["manifest_sha256"] for label, f in folders.items()}
-    result = comparison(key, folders, summaries, pairings, manifests)
-    d = c.decoding
-    print_comparison(
-        f"graft vs incontext vs baseline: {c.dataset.name}, {fm.name}, max_new_tokens={d.max_new_tokens}, "
-        f"{d.strategy}, batch_size={d.batch_size}", result
-    )
+    result = {**comparison(key, folders, summaries, pairings, manifests), "load": load, "library": library}
+    if BASELINE_LABEL not in all_rows:  # a reused baseline: an earlier job's rows, for the per-problem view
+        with contextlib.suppress(RunFolderError):
+            all_rows[BASELINE_LABEL] = folders[BASELINE_LABEL].read_rows()
+    table = per_problem.per_problem({k: all_rows[k] for k in folders if k in all_rows},
+                                    per_problem.entry_answers(lib.entries))  # fmt: skip
     out = runs / "compare" / stamp() / "comparison.json"
+    print_comparison(comparison_title(summaries[BASELINE_LABEL], c), result, per_problem.misses(table),
+                     reprint=f"python scripts/show_comparison.py {out.parent}")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
+    write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri(runs.resolve())
         try:
-            run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment)
-            console.print(f"MLflow: comparison logged as run {run_id} in {uri}")
+            run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
+                                    per_problem=table, params=_job_params(c, fm.name, lib))
+            console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui`, then its description "
+                          "links the summary page and the runs table with the headline columns")
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written
             warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc})", RuntimeWarning,
                           stacklevel=1)  # fmt: skip

@@ -23,8 +23,8 @@ from harness.pairing import Pairing, pair_folders
 from harness.record import HELD_OUT, RECURRING, Summary
 from harness.run_folder import RunFolder
 
-__all__ = ["BASELINE_LABEL", "COMPARISON", "GROUPS", "PAIRS", "ComparisonCheck", "audit_comparison",
-           "compare_summaries", "comparison"]  # fmt: skip
+__all__ = ["BASELINE_LABEL", "COMPARISON", "GROUPS", "MACHINE_FIELDS", "PAIRS", "ComparisonCheck",
+           "audit_comparison", "compare_summaries", "comparison"]  # fmt: skip
 
 COMPARISON = "comparison.json"
 #: Labels of the runs in the table and in comparison.json; each group's (incontext, graft) pair and its
@@ -34,6 +34,9 @@ GROUPS = {RECURRING: ("recurring", False), HELD_OUT: ("held-out", True)}
 PAIRS = {g: (f"incontext ({name})", f"graft ({name})") for g, (name, _) in GROUPS.items()}
 _CONDITION = {BASELINE_LABEL: "baseline", **{label: label.split(" ")[0] for p in PAIRS.values() for label in p}}
 _MAX_FIELD_MESSAGES = 30
+#: What the machine was like while the job ran (load average per run, the library's build): recorded in
+#: comparison.json for an honest reading of its timings, not recomputable from the runs, so not re-checked.
+MACHINE_FIELDS = ("load", "library")
 
 
 def _factor(a: float | None, b: float | None) -> float | None:
@@ -203,7 +206,7 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
     elif set(summaries) == set(runs):  # every run readable: recompute every figure from them
         recomputed = comparison(comp.get("comparable_key"), folders, summaries,
                                 pairings if "pairs" in comp else None, manifests)  # fmt: skip
-        recorded = {k: v for k, v in comp.items() if k != "run_manifests"}  # checked run by run above
+        recorded = {k: v for k, v in comp.items() if k != "run_manifests" and k not in MACHINE_FIELDS}
         recomputed.pop("run_manifests", None)
         diffs = diff_values(recorded, recomputed, "")
         for path, old, new in diffs[:_MAX_FIELD_MESSAGES]:

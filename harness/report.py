@@ -109,6 +109,23 @@ def write_report(root: Path, out: Path | None = None) -> tuple[Any, list[Path]]:
     return df, files
 
 
+def print_table(df: Any, title: str) -> None:
+    """The sweep in the terminal: one row per job with its headline figures (the whole table is report.md)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title_justify="left",
+              caption="per attempt; every column in report.md / report.csv", caption_justify="left")  # fmt: skip
+    for name in ("job", "n", "accuracy [95% CI]", "decode", "wall s"):
+        t.add_column(name, justify="left" if name == "job" else "right", overflow="fold")
+    for r in df.to_dict("records"):
+        job = str(r["run"]) + (f" ({r['group']})" if r.get("group") else "")
+        t.add_row(job, str(r["n"]), f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
+                  f"{r['decode_per_attempt']:.1f}", f"{r['wall_per_attempt_s']:.2f}")
+    Console().print(t)
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     """`make report RUN=...`: write the report, log it to MLflow (unless --no-mlflow); print the table."""
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.run.is_dir():
         raise HarnessError(f"{args.run}: not a folder; pass a multirun or runs folder (make report RUN=<dir>)")
     df, files = write_report(args.run, args.out)
-    print(_markdown(df))
+    print_table(df, f"report over {len(df)} jobs: {args.run}")
     print("written:", *[str(f) for f in files], sep="\n  ")
     if not args.no_mlflow:
         uri = args.tracking_uri or default_tracking_uri(Path(__file__).resolve().parents[1] / "runs")

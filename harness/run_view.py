@@ -14,8 +14,8 @@ from harness.hashing import sha256_json
 from harness.record import Row, Summary
 from harness.run_folder import SUMMARY, RunFolder
 
-__all__ = ["TABLE_FILE", "dataset_digest", "dataset_input", "outputs_table", "run_group", "run_name", "run_tags",
-           "run_times_ms"]  # fmt: skip
+__all__ = ["TABLE_FILE", "dataset_digest", "dataset_input", "headline_metrics", "outputs_table", "run_group",
+           "run_name", "run_tags", "run_times_ms"]  # fmt: skip
 
 TABLE_FILE = "outputs_table.json"  # the per-problem outputs, an MLflow table (mlflow.log_table)
 _MAX_DIGEST = 32  # MLflow keeps at most 36 characters of a dataset digest (MAX_DATASET_DIGEST_SIZE)
@@ -51,15 +51,46 @@ def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
 
 
 def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
-    """``<condition> [recurring|held-out] | <dataset> | <model> | <folder>``: what the runs table shows."""
-    return " | ".join([summary.condition + (f" {group}" if group else ""), summary.dataset, summary.model,
-                       _folder_label(folder)])  # fmt: skip
+    """What the runs table shows, condition and group first so names differ in their first characters:
+    ``graft recurring``, ``incontext held-out``, ``baseline``; a sweep job adds its job name (which carries the
+    swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5``.
+    Dataset, model and folder are tags (and in the description), not part of the name."""
+    name = summary.condition + (f" {group}" if group else "")
+    job = _sweep_job(folder, summary.condition)
+    return f"{name} {job}" if job else name
 
 
-def _folder_label(folder: RunFolder) -> str:
-    """The folder's name; a multirun job (``<sweep stamp>/<job>_<condition>``) keeps its sweep's stamp."""
-    name = folder.name
-    return f"{folder.path.parent.name}/{name}" if name[:1].isdigit() and "_" in name[:4] else name
+def _sweep_job(folder: RunFolder, condition: str) -> str | None:
+    """A multirun job as ``#<number> <swept values>`` from its folder name (``<number>_<condition>_<overrides>``,
+    older sweeps ``<number>_<condition>``), else None."""
+    num, _, rest = folder.name.partition("_")
+    if not num.isdigit() or not rest:
+        return None
+    overrides = rest.removeprefix(condition).lstrip("_")
+    return f"#{num} {overrides}".strip()
+
+
+def headline_metrics(summary: Summary) -> dict[str, float]:
+    """The few figures a reviewer reads first, under short names: accuracy with its 95% interval, decode
+    tokens per problem, TTFT and wall time per row (means, not sums), problems and rows; per group
+    (``recurring.accuracy``) for conditions with a library. Everything else stays in ``summary.json``."""
+    s, rows = summary.scores, max(int(summary.scores.get("n_rows") or 0), 1)
+    out: dict[str, float] = {
+        "accuracy": s.get("accuracy"), "accuracy_ci_low": s.get("accuracy_ci_low"),
+        "accuracy_ci_high": s.get("accuracy_ci_high"), "n_problems": s.get("n_problems"), "n_rows": s.get("n_rows"),
+        "decode_tokens_per_problem": summary.tokens.get("decode", 0) / rows,
+        "prefill_tokens_per_row": summary.tokens.get("prefill", 0) / rows,
+        "grafted_tokens_per_row": summary.tokens.get("grafted", 0) / rows,
+        "ttft_s_per_row": (summary.time.get("ttft_s") or 0.0) / rows,
+        "wall_s_per_row": (summary.time.get("wall_s") or 0.0) / rows,
+        "run_wall_s": summary.time.get("run_wall_s"),
+    }  # fmt: skip
+    if summary.energy.get("joules") is not None:
+        out["energy_j"] = summary.energy["joules"]
+    for group, g in (summary.groups or {}).items():
+        if isinstance(g, dict) and g.get("accuracy") is not None:
+            out[f"{group}.accuracy"] = g["accuracy"]
+    return {k: float(v) for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def dataset_digest(manifest: dict[str, Any]) -> str:

@@ -1,15 +1,17 @@
 """Look at the MLflow dashboard as a reviewer would: screenshots of its pages in headless Chromium (by hand, not CI).
 
     make aime-graft ARGS="dataset.limit=4 decoding.max_new_tokens=16"
-    .venv/bin/python scripts/dashboard_check.py [--store runs/mlflow.db] [--out runs/dashboard]
+    .venv/bin/python scripts/dashboard_check.py [--store runs/mlflow.db] [--out runs/dashboard] [--docs docs/img]
     .venv/bin/python scripts/dashboard_check.py --trace-cost 40     # logging time with and without traces
 
 Starts ``mlflow ui`` on a free local port against the store, finds the newest compare job (parent run, tag
-``job=compare``) and one of its nested runs, and saves PNGs of: the page the experiment opens on, its runs
-table, the nested run's overview, its ``outputs_table.json`` artifact, its traces, the experiment's traces page
-and the parent comparison's overview and plots. Needs Debian's ``chromium`` (``apt-get install -y chromium``).
-The server is stopped at the end. ``--trace-cost N`` instead logs a hand-built N-row run folder to a temporary
-store twice (traces off, then on) and prints both wall times.
+``job=compare``) and saves PNGs of what a reviewer reads: the runs table in the shared headline view
+(``harness.tracking.view_url``), the parent run, a nested (held-out graft) run, the parent's per-problem table,
+its summary page and the library run (``--docs docs/img`` copies them there); ``--all`` adds the page the
+experiment opens on, the nested run's outputs table and traces, the experiment's traces and the accuracy plot.
+Needs Debian's ``chromium`` (``apt-get install -y chromium``). The server is stopped at the end.
+``--trace-cost N`` instead logs a hand-built N-row run folder to a temporary store twice (traces off, then on)
+and prints both wall times.
 """
 
 from __future__ import annotations
@@ -49,14 +51,17 @@ def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
 
 
 def _shoot(chromium: str, url: str, png: Path, budget_ms: int) -> None:
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={png}",
-           "--window-size=1600,1000", f"--virtual-time-budget={budget_ms}", url]  # fmt: skip
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--no-first-run", "--hide-scrollbars", f"--screenshot={png}", "--window-size=1600,1000",
+           f"--virtual-time-budget={budget_ms}", url]  # fmt: skip
     subprocess.run(cmd, check=False, capture_output=True, timeout=budget_ms / 1000 + 120)
     print(f"{png.name}: {url}" + ("" if png.is_file() else "  (no screenshot written)"))
 
 
-def screenshots(store: Path, out: Path, budget_ms: int) -> None:
+def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None, full: bool = False) -> None:
     from mlflow import MlflowClient
+
+    from harness.tracking import view_url
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -71,6 +76,8 @@ def screenshots(store: Path, out: Path, budget_ms: int) -> None:
     eid = parent.info.experiment_id
     children = client.search_runs([eid], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     child = next((r for r in children if r.data.tags.get("group") == "held-out"), children[0] if children else parent)
+    children = [*children, *client.search_runs([eid], f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
+                                                     "tags.job = 'library'")]
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -79,6 +86,25 @@ def screenshots(store: Path, out: Path, budget_ms: int) -> None:
     try:
         _wait_up(base, server)
         run = f"{base}/#/experiments/{eid}/runs/{child.info.run_id}"
+        top = f"{base}/#/experiments/{eid}/runs/{parent.info.run_id}"
+        library = next((r for r in children if r.data.tags.get("job") == "library"), None)
+        reviewer = {  # what docs/tracking.md shows (copied to docs/img/ with --docs)
+            "a_runs_headline_view.png": f"{base}/{view_url(eid)}",
+            "b_parent_run.png": top,
+            "c_child_run.png": run,
+            "d_per_problem_table.png": f"{top}/artifacts/per_problem_table.json",
+            "e_summary_page.png": f"{top}/artifacts/summary.html",
+            **({"f_library_run.png": f"{base}/#/experiments/{eid}/runs/{library.info.run_id}"} if library else {}),
+        }
+        for name, url in reviewer.items():
+            _shoot(chromium, url, out / name, budget_ms)
+        if docs is not None:
+            docs.mkdir(parents=True, exist_ok=True)
+            for name in reviewer:
+                if (out / name).is_file():
+                    shutil.copyfile(out / name, docs / name)
+        if not full:
+            return
         pages = {
             # MLflow 3.17's UI picks the view from a per-browser switch (GenAI | Model training, localStorage
             # "mlflow.workflowType", default GenAI), not from the experiment's mlflow.experimentKind tag; the
@@ -145,12 +171,14 @@ def main() -> int:
     p.add_argument("--store", type=Path, default=REPO / "runs" / "mlflow.db")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "dashboard")
     p.add_argument("--budget-ms", type=int, default=20000, help="virtual time Chromium gives each page to render")
+    p.add_argument("--docs", type=Path, default=None, help="also copy the reviewer's screenshots here (docs/img)")
+    p.add_argument("--all", action="store_true", help="also the default page, outputs table, traces and plot")
     p.add_argument("--trace-cost", type=int, metavar="N", help="measure logging time with/without traces, N rows")
     args = p.parse_args()
     if args.trace_cost:
         trace_cost(args.trace_cost)
     else:
-        screenshots(args.store, args.out, args.budget_ms)
+        screenshots(args.store, args.out, args.budget_ms, docs=args.docs, full=args.all)
     return 0
 
 

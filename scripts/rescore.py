@@ -18,6 +18,11 @@ field that differs (``harness.comparison.audit_comparison``)::
 
     make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
 
+Given a sweep folder (``runs/multirun/<stamp>``, or any folder holding run or compare folders), it re-checks
+every job in it and prints one line per job::
+
+    make rescore RUN=runs/multirun/2025-01-01_12-00-00
+
 Exit status: 0 when everything matches, 1 on any mismatch (tampering, edited rows, changed scorer),
 2 when the folder or a required file is missing or unreadable.
 """
@@ -104,6 +109,35 @@ def _main_comparison(compare_dir: Path, as_json: bool) -> int:
     return 0 if check.ok else 1
 
 
+def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
+    """Re-check every job of a sweep folder (``runs/multirun/<stamp>``: run folders one level down, or compare
+    folders): one line per job, then the verdict. Exit 2 when the folder holds no run at all."""
+    jobs = sorted({*(p.parent for p in sweep_dir.glob(f"*/{COMPARISON}")),
+                   *(f.path for f in RunFolder.find(sweep_dir))})  # fmt: skip
+    if not jobs:
+        message = f"{sweep_dir}: no run folder (manifest.json) or compare folder (comparison.json) in it or below it"
+        print(json.dumps({"ok": False, "error": message}) if as_json else f"error: {message}",
+              file=sys.stdout if as_json else sys.stderr)  # fmt: skip
+        return 2
+    results, findings = {}, []
+    for job in jobs:
+        try:
+            check = audit_comparison(job) if (job / COMPARISON).is_file() else audit(RunFolder(job))
+            ok, found = check.ok, check.findings
+        except HarnessError as exc:
+            ok, found = False, [str(exc)]
+        results[str(job)] = {"ok": ok, "findings": found}
+        findings += [f"{job.relative_to(sweep_dir)}: {f}" for f in found]
+        if not as_json:
+            print(f"{'OK' if ok else 'FAILED'}  {job.relative_to(sweep_dir)}")
+    ok = not findings and all(r["ok"] for r in results.values())
+    if as_json:
+        print(json.dumps({"ok": ok, "jobs": results}, indent=2, sort_keys=True))
+    else:
+        _print_verdict(ok, f"{sweep_dir}: all {len(jobs)} jobs re-check", sweep_dir, findings)
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, verify the run folder, print the result; return the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.run_dir / COMPARISON).is_file():
         return _main_comparison(args.run_dir, args.json)
+    if args.run_dir.is_dir() and not (args.run_dir / "manifest.json").exists():
+        return _main_sweep(args.run_dir, args.json)
     try:
         check = audit(RunFolder(args.run_dir))
     except HarnessError as exc:

@@ -20,7 +20,8 @@ def test_a_multirun_sweep_writes_one_verified_run_folder_per_job(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=600)
     jobs = sorted(p.parent for p in (tmp_path / "runs" / "multirun").glob("*/*/manifest.json"))
-    assert [p.name for p in jobs] == ["0_baseline", "1_baseline"]
+    assert [p.name for p in jobs] == ["0_baseline_dataset.limit=2,decoding.max_new_tokens=3,model=tiny_gemma3",
+                                      "1_baseline_dataset.limit=2,decoding.max_new_tokens=5,model=tiny_gemma3"]
     for job in jobs:
         assert audit(RunFolder(job)).ok
         assert "run_id" in (job / "tracking.json").read_text()

@@ -50,15 +50,25 @@ def test_make_report_writes_its_table_and_plots_and_logs_them(tmp_path: Path, fa
                                                               sqlite_uri: str) -> None:  # fmt: skip
     from mlflow import MlflowClient
 
+    from harness.tracking import log_run_dir
+
     sweep = _sweep(tmp_path, fakerun)
+    jobs = {log_run_dir(p, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
+            for p in sorted(sweep.glob("*_baseline"))}  # fmt: skip
     assert main([str(sweep), "--tracking-uri", sqlite_uri, "--experiment", "kvgraft-test"]) == 0
     out = sweep / "report"
     names = sorted(p.name for p in out.iterdir())
     assert names == ["accuracy.png", "decode_tokens.png", "energy.png", "report.csv", "report.md", "wall_time.png"]
     assert (out / "report.md").read_text().count("_baseline |") == 4
     client = MlflowClient(tracking_uri=sqlite_uri)
-    [run] = client.search_runs([client.get_experiment_by_name("kvgraft-test").experiment_id])
-    assert run.info.run_name == f"report | {sweep.name}"
+    eid = client.get_experiment_by_name("kvgraft-test").experiment_id
+    [run] = client.search_runs([eid], "tags.job = 'report'")
+    assert run.info.run_name == f"report {sweep.name}"
+    nested = client.search_runs([eid], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    assert {r.info.run_id for r in nested} == jobs  # the report nests over its sweep
+    assert run.data.metrics["jobs"] == 4 and run.data.metrics["job_1.accuracy"] == 0.5
+    assert "job_3.ci_low" in run.data.metrics and run.info.end_time > run.info.start_time
+    assert "| 1_baseline | 0.500 [" in run.data.tags["mlflow.note.content"]
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.csv", "report_table.json",
                                                                         "accuracy.png"}  # fmt: skip
 
@@ -68,3 +78,13 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path: Path, capsys: pytest.C
         main([str(tmp_path), "--no-mlflow"])
     assert "no complete run folder" in capsys.readouterr().err
 
+
+
+def test_the_terminal_table_is_narrow_and_uncut(tmp_path: Path, fakerun: ModuleType,
+                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from harness.report import print_table
+
+    print_table(sweep_table(_sweep(tmp_path, fakerun)), "report over 4 jobs")
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    assert "1_baseline" in out and "0.50 [" in out

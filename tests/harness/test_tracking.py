@@ -65,8 +65,9 @@ def test_log_run_dir_writes_params_metrics_tags_artifacts(
     assert run.info.status == "FINISHED"
     assert run.data.params["decoding.max_new_tokens"] == "64"
     assert run.data.params["condition.name"] == "baseline"
-    assert run.data.metrics["scores.accuracy"] == pytest.approx(0.75)
-    assert run.data.metrics["tokens.grafted"] == 0
+    assert run.data.metrics["accuracy"] == pytest.approx(0.75)
+    assert run.data.metrics["grafted_tokens_per_row"] == 0
+    assert "scores.accuracy" not in run.data.metrics  # the rest of summary.json is its artifact
     assert run.data.tags["condition"] == "baseline"
     assert run.data.tags["model_fingerprint"] == "a" * 64
     assert run.data.tags["tokenizer_fingerprint"] == "b" * 64
@@ -105,7 +106,7 @@ def test_unreachable_server_leaves_pending_record_then_log_run_logs_it(
     from mlflow import MlflowClient
 
     run = MlflowClient(tracking_uri=uri).get_run(record["run_id"])
-    assert run.data.metrics["scores.accuracy"] == pytest.approx(0.75)
+    assert run.data.metrics["accuracy"] == pytest.approx(0.75)
 
     again = _log_run_script(repo_root, str(fake_run), "--tracking-uri", uri)
     assert again.returncode == 0 and "skip" in again.stdout
@@ -146,30 +147,6 @@ def test_parallel_jobs_share_one_sqlite_store(tmp_path: Path, fakerun: ModuleTyp
     assert len(client.search_runs([experiment.experiment_id])) == 3
 
 
-def test_log_comparison_logs_each_runs_figures_under_a_slug(tmp_path: Path, sqlite_uri: str) -> None:
-    from mlflow import MlflowClient
-
-    from harness.tracking import log_comparison
-
-    comparison = {
-        "comparable_key": "k" * 64,
-        "runs": {"baseline": "runs/baseline/a", "graft (held-out)": "runs/graft/b-held_out"},
-        "summaries": {
-            "baseline": {"scores": {"accuracy": 0.0}, "comparison": None},
-            "graft (held-out)": {"scores": {"accuracy": 0.5}, "comparison": {"token_reduction": 3.25}},
-        },
-    }
-    path = tmp_path / "compare" / "stamp" / "comparison.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(comparison))
-    run_id = log_comparison(path, comparison, tracking_uri=sqlite_uri, experiment="kvgraft-test")
-    run = MlflowClient(tracking_uri=sqlite_uri).get_run(run_id)
-    assert run.data.metrics["graft_held_out.comparison.token_reduction"] == 3.25
-    assert run.data.metrics["baseline.scores.accuracy"] == 0.0
-    assert run.data.tags["run.graft_held_out"] == "runs/graft/b-held_out" and run.data.tags["job"] == "compare"
-    assert run.info.run_name == "compare | stamp"
-
-
 def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: str) -> None:
     """Name with condition/dataset/model, the real start and end from summary.json, a description, the
     problem set as a dataset input whose digest is the manifest's, the per-problem table, the experiment kind."""
@@ -184,7 +161,7 @@ def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: s
     run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
     client = MlflowClient(tracking_uri=sqlite_uri)
     run = client.get_run(run_id)
-    assert run.info.run_name == f"baseline | toy | toy-model | {fake_run.name}"
+    assert run.info.run_name == "baseline"  # condition (+ group) first and only: dataset, model, folder are tags
     assert run.info.end_time - run.info.start_time == 62_500
     assert run.info.start_time == 1767323045000
     assert {"condition": "baseline", "model": "toy-model", "dataset": "toy"}.items() <= run.data.tags.items()
@@ -257,8 +234,12 @@ def test_http_fail_fast_bounds_mlflow_retries_only_for_http_and_only_while_loggi
 def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     tmp_path: Path, sqlite_uri: str, fakerun: ModuleType
 ) -> None:
+    """What the dashboard screenshots rely on: short distinct names, headline metrics under short names, the
+    comparison's params, identical rows as k and n, a description with the figures linking the summary page,
+    the per-problem table, and the library recorded as a nested run with its time and size."""
     from mlflow import MlflowClient
 
+    from harness import per_problem
     from harness.comparison import comparison
     from harness.run_folder import RunFolder
     from harness.tracking import log_comparison
@@ -268,21 +249,55 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     children = {label: log_run_dir(f.path, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
                 for label, f in folders.items()}  # fmt: skip
     result = comparison("k" * 64, folders, {label: f.read_summary() for label, f in folders.items()})
-    result["pairs"] = {"held_out": {"identical_rows": 3, "differing_rows": 0, "differences": []}}
+    result["pairs"] = {"held_out": {"identical_rows": 3, "differing_rows": 0, "differences": [],
+                                    "graft_vs_incontext": {"ttft_factor": 2.5, "prefill_factor": 4.0}}}
+    result["load"] = {"cores": 2, "runs": {"baseline": {"start": 0.5, "end": 3.5}}}
+    result["library"] = {"name": "toylib", "version": 1, "path": "/x/lib", "entries": 2, "tokens": 300,
+                         "bytes": 1_234_567, "built": True, "seconds": 12.5, "started_at": 1767225600.0}
+    table = per_problem.per_problem({k: f.read_rows() for k, f in folders.items()}, {})
     path = tmp_path / "compare" / "2026-01-01_00-00-00-000000" / "comparison.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(result))
-    parent = log_comparison(path, result, tracking_uri=sqlite_uri, experiment="kvgraft-test")
+    parent = log_comparison(path, result, tracking_uri=sqlite_uri, experiment="kvgraft-test", per_problem=table,
+                            params={"dataset": "toy", "limit": 2, "max_new_tokens": 16, "model": "toy-model",
+                                    "library": "toylib-v1"})  # fmt: skip
 
     client = MlflowClient(tracking_uri=sqlite_uri)
     for child in children.values():
         assert client.get_run(child).data.tags["mlflow.parentRunId"] == parent
     run = client.get_run(parent)
-    assert run.info.run_name == "compare | toy | toy-model | 2026-01-01_00-00-00-000000"
-    assert run.data.metrics["graft_held_out.comparison.accuracy_delta"] == 0.0
-    assert run.data.metrics["pairs.held_out.identical_rows"] == 3 and run.data.metrics["pairs.held_out.differing_rows"] == 0
+    assert run.info.run_name == "compare 2026-01-01_00-00-00"
+    assert run.data.params == {"dataset": "toy", "limit": "2", "max_new_tokens": "16", "model": "toy-model",
+                               "library": "toylib-v1"}  # fmt: skip
+    m = run.data.metrics
+    assert m["graft_held_out.accuracy"] == pytest.approx(0.75) and "graft_held_out.accuracy_ci_low" in m
+    assert m["graft_held_out.decode_tokens_per_problem"] > 0 and "graft_held_out.ttft_s_per_row" in m
+    assert m["baseline_over_graft_held_out_decode_tokens"] == pytest.approx(1.0)
+    assert m["held_out.identical_rows"] == 3 and m["held_out.paired_rows"] == 3
+    assert m["incontext_over_graft_held_out_ttft"] == 2.5 and m["load_average_max"] == 3.5
+    assert len(m) < 30 and not any(k.startswith(("pairs.", "baseline.comparison")) for k in m)
+    note = run.data.tags["mlflow.note.content"]
+    assert "0.750 [" in note and "held_out: 3/3 graft rows identical" in note and "baseline / run" in note
+    assert f"#/experiments/{run.info.experiment_id}/runs/{parent}/artifacts/summary.html" in note
+    assert "machine was loaded" in note  # load 3.5 on 2 cores
     starts = [client.get_run(c).info.start_time for c in children.values()]
-    assert run.info.start_time == min(starts) and run.info.end_time >= max(starts)
+    assert run.info.start_time == 1767225600000  # the library build began the job
+    assert run.info.end_time >= max(starts)
+    names = {a.path for a in client.list_artifacts(parent)}
+    assert {"comparison.json", "summary.html", "per_problem_table.json"} <= names
+    page = (path.parent / "summary.html").read_text()
+    assert "graft (held-out)" in page and "data:image/png;base64," in page and "toy-1" in page
     plots = {a.path for a in client.list_artifacts(parent, "plots")}
     assert plots == {"plots/accuracy.png", "plots/decode_tokens.png", "plots/ttft.png"}
     assert all((path.parent / Path(p).name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
+    query = f"tags.mlflow.parentRunId = '{parent}' and tags.job = 'library'"
+    [lib] = client.search_runs([run.info.experiment_id], query)
+    assert lib.info.run_name == "library toylib v1" and lib.data.metrics["build_s"] == 12.5
+    assert lib.data.metrics["bytes"] == 1_234_567 and lib.data.metrics["entries"] == 2
+    assert lib.info.end_time - lib.info.start_time == 12_500
+    view = json.loads(client.get_experiment(run.info.experiment_id).tags["mlflow.sharedViewState.kvgraft-headline"])
+    assert "metrics.`accuracy`" in view["selectedColumns"] and view["runsExpanded"] == {parent: True}
+    assert "viewStateShareKey=kvgraft-headline" in note
+    everything = client.search_runs([run.info.experiment_id])
+    # short names (both fake runs are baselines: a compare job's five differ in condition and group)
+    assert {r.info.run_name for r in everything} == {"baseline", "compare 2026-01-01_00-00-00", "library toylib v1"}
