@@ -46,7 +46,7 @@ from harness.library import open_library
 from harness.pairing import pair
 from harness.record import Row, Summary
 from harness.run import comparable_key, console, run_rows
-from harness.run_folder import RunFolder, stamp
+from harness.run_folder import RunFolder, claim, stamp
 from harness.tracking import default_tracking_uri, log_comparison
 from kvstore.environment import enter_profile
 
@@ -175,10 +175,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             all_rows[BASELINE_LABEL] = folders[BASELINE_LABEL].read_rows()
     table = per_problem.per_problem({k: all_rows[k] for k in folders if k in all_rows},
                                     per_problem.entry_answers(lib.entries))  # fmt: skip
-    out = runs / "compare" / stamp() / "comparison.json"
+    out = claim(runs / "compare", stamp()) / "comparison.json"  # created exclusively: never shared with another job
     print_comparison(comparison_title(summaries[BASELINE_LABEL], c), result, per_problem.misses(table),
                      reprint=f"python scripts/show_comparison.py {out.parent}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
     if c.tracking.enabled:
