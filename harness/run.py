@@ -364,7 +364,8 @@ def stops_text(stop_reasons: dict[str, int] | None) -> str:
 
 def print_summary(summary: Summary, folder: RunFolder) -> None:
     s, t, e = summary.scores, summary.tokens, summary.energy
-    table = Table(title=f"{summary.condition} on {summary.dataset} ({summary.model})")
+    groups = " + ".join(g.replace("_", "-") for g in (summary.groups or {}))  # recurring / held-out, from the rows
+    table = Table(title=f"{summary.condition}{f' {groups}' if groups else ''} on {summary.dataset} ({summary.model})")
     for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
                 "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):  # fmt: skip
         table.add_column(col)
