@@ -295,7 +295,20 @@ def _claim_dir(parent: str, name: str) -> str:
         raise SystemExit(1) from None
 
 
+def _job_name(overrides: str) -> str:
+    """`${kvgraft.job_name:${hydra.job.override_dirname}}`: a sweep job's overrides as one folder name. A value
+    holding a path (dataset.path=/data/x.jsonl) must not nest folders, and a long list must fit a file name: `/`
+    becomes `_`, and past 120 characters the name is cut and ends in a hash of the whole list (still distinct)."""
+    import hashlib
+
+    name = overrides.replace("/", "_").replace("\\", "_")
+    if len(name) > 120:
+        name = f"{name[:100]}~{hashlib.sha256(overrides.encode()).hexdigest()[:12]}"
+    return name
+
+
 OmegaConf.register_new_resolver("kvgraft.claim_dir", _claim_dir, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("kvgraft.job_name", _job_name, replace=True)
 
 
 def _keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:

@@ -84,8 +84,9 @@ def test_a_two_value_sweep_on_ray_gives_two_folders_that_rescore_and_equal_a_sin
          f"runs_dir={tmp_path}/ray", "decoding.max_new_tokens=2,3"],
         env=_env(RAY_ADDRESS=ray_cluster), cwd=REPO, capture_output=True, text=True, timeout=500)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    folders = sorted((tmp_path / "ray" / "multirun").glob("*/*_baseline"))
-    assert [f.name for f in folders] == ["0_baseline", "1_baseline"]
+    folders = sorted((tmp_path / "ray" / "multirun").glob("*/*_baseline_*"))  # job folders name the swept values
+    assert [f.name.split("_")[:2] for f in folders] == [["0", "baseline"], ["1", "baseline"]]
+    assert "decoding.max_new_tokens=2" in folders[0].name and "decoding.max_new_tokens=3" in folders[1].name
     for f in folders:
         rescore = subprocess.run([sys.executable, str(REPO / "scripts" / "rescore.py"), str(f)], env=_env(),
                                  cwd=REPO, capture_output=True, text=True, timeout=300)
