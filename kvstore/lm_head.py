@@ -8,6 +8,11 @@ of 2,048 vocabulary rows (1 row: 46.5 vs 48.8 ms). Each output element is one do
 the same kernel whichever block it falls in, so blocking changes no bit (tests/kvstore/test_lm_head.py checks
 torch.equal against the whole product; `make replay` reproduces hashes registered before blocking).
 
+One row (greedy decode, a graft's first token) always takes the whole product: there blocking gains nothing
+(46.5 vs 48.8 ms above), and on an Intel Xeon with AVX-512 MKL's matrix-vector kernel rounds a 1-row product of
+a vocabulary block differently from the whole one (max |d| 1.2e-7, seen in tests/kvstore/test_lm_head.py); from
+2 rows up blocked and whole products were bit-identical on both CPUs.
+
 Only the forward of the existing module changes: its weight stays the same (tied) parameter, so the model
 fingerprint, the state dict and every cache are untouched. Large row counts (prefill logits over many
 positions) and non-CPU devices take the whole product, where the library kernels do well.
@@ -27,7 +32,7 @@ MIN_VOCAB = 4 * BLOCK_ROWS  # smaller heads fit the caches anyway
 
 def _blocked_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if x.device.type != "cpu" or rows == 0 or rows > MAX_ROWS:
+    if x.device.type != "cpu" or rows <= 1 or rows > MAX_ROWS:  # one row: the matrix-vector kernel, see below
         return F.linear(x, self.weight, self.bias)
     w, b = self.weight, self.bias
     parts = [
