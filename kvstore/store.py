@@ -243,14 +243,19 @@ class LocalStore(Store):
         {"objects_indexed": n, "damaged": [...]} (damaged objects are reported, never indexed or deleted)."""
         report: dict = {"objects_indexed": 0, "damaged": []}
         indexed = {i.id for i in self._rows()}
-        for aid in sorted(set(self._object_ids(report["damaged"])) - indexed):
+        self._admit_and_index(sorted(set(self._object_ids(report["damaged"])) - indexed), report)
+        return report
+
+    def _admit_and_index(self, ids: list[ArtifactId], report: dict) -> None:
+        """Admit (as a put would) and index each object; counts them in report["objects_indexed"], reports the
+        ones that fail in report["damaged"] (never indexed or deleted). Used by the index rebuild and by gc."""
+        for aid in ids:
             try:
                 data = self.get_bytes(aid)
                 self._index_many([IndexRow.of(aid, len(data), admit(data))], ())
                 report["objects_indexed"] += 1
             except (KVStoreError, OSError) as e:
                 report["damaged"].append(f"{aid}: {e}")
-        return report
 
     def _object_ids(self, damaged: list[str]) -> list[ArtifactId]:
         """Ids of the object files under objects/ (temp files skipped; anything else reported in `damaged`)."""
@@ -537,13 +542,7 @@ class LocalStore(Store):
                 db.execute("DELETE FROM tags WHERE id = ?", (aid,))
                 db.execute("COMMIT")
             report["rows_dropped"] += 1
-        for aid in sorted(on_disk - indexed):
-            try:
-                data = self.get_bytes(aid)
-                self._index_many([IndexRow.of(aid, len(data), admit(data))], ())
-                report["objects_indexed"] += 1
-            except (KVStoreError, OSError) as e:
-                report["damaged"].append(f"{aid}: {e}")
+        self._admit_and_index(sorted(on_disk - indexed), report)
         return report
 
     @staticmethod

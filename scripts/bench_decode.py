@@ -28,8 +28,11 @@ import psutil
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a file: make the project importable
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "scripts"):  # run as a file (or loaded by path): the project and the shared helpers
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from experiments import cpu_name  # noqa: E402
 
 from harness.decode import generate, generate_batch  # noqa: E402
 from kvstore import Determinism, atomic_write, load_frozen_model, new_cache, prefill  # noqa: E402
@@ -157,7 +160,7 @@ def measure(
     """Every figure of this benchmark, measured in one process; returns the JSON-ready dict."""
     t_start = time.perf_counter()
     out: dict = {
-        "machine": {"cpu": _cpu_name(), "logical_cores": psutil.cpu_count(), "torch_threads": threads,
+        "machine": {"cpu": cpu_name(), "logical_cores": psutil.cpu_count(), "torch_threads": threads,
                     "torch": torch.__version__, "python": platform.python_version()},
         "model": model, "dtype": {},
     }
@@ -184,15 +187,6 @@ def measure(
     out["runtime_s"] = round(time.perf_counter() - t_start, 1)
     return out
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -15,26 +15,18 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from experiments import cpu_name
 
 from kvstore import LocalStore, compare_logits
 from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
 
 PROMPT = "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\n"
 
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def bench_decode(be: LlamaCppBackend, new_tokens: int, repeats: int) -> dict:
@@ -138,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(decode), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         ttft = bench_ttft(be, sizes, a.repeats, Path(tmp))
-    summary = {"cpu": _cpu(), "settings": be.settings(), "decode": decode, "ttft_restore": ttft,
+    summary = {"cpu": cpu_name(), "settings": be.settings(), "decode": decode, "ttft_restore": ttft,
                "wall_s": round(time.perf_counter() - t0, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out / 'summary.json'}")

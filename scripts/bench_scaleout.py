@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,20 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments import cpu_name  # noqa: E402
+
 from kvstore import LocalStore, deposit_tokens, graft_snapshot, load_frozen_model, logits_sha256  # noqa: E402
 from kvstore.local_s3 import LocalS3  # noqa: E402
 from kvstore.s3_store import S3Store  # noqa: E402
 from kvstore.verify import graft_logits, reference_logits  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def time_restore(fm, store, aid: str, prefix: list[int], repeats: int) -> dict:

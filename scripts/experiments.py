@@ -8,6 +8,7 @@ problem + "\\n\\nSolution: " + solution (the solution when it has one); several 
 
 from __future__ import annotations
 
+import platform
 import statistics
 from pathlib import Path
 
@@ -44,3 +45,14 @@ def joined_text(path: Path) -> str:
 def stats(xs: list[float]) -> dict:
     """median, min, max and count of repeated measurements."""
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (every benchmark's JSON names the machine it ran on)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
