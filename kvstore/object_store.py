@@ -29,7 +29,7 @@ from kvstore.byte_store import ByteStore
 from kvstore.errors import IntegrityError, KVStoreError, NotFoundError
 from kvstore.format import Snapshot, guard, to_bytes
 from kvstore.ids import ArtifactId, id_to_relpath, relpath_to_id
-from kvstore.store import ArtifactInfo, IndexRow, Store, admit, check_tags
+from kvstore.store import ArtifactInfo, IndexRow, Store, admit, check_id, check_tags
 from kvstore.verified_read import verified_snapshot
 
 _ROW_FIELDS = {"id": str, "size": int, "token_count": int, "tokens_sha256": str, "model_fingerprint": str,
@@ -101,12 +101,7 @@ class ObjectStore(Store):
 
     # -------------------------------------------------------------------------------------------- reads
     def _check(self, aid: str, data: bytes | memoryview, got: str | None = None) -> None:
-        got = got or ArtifactId.of(data)
-        if got != aid:
-            raise IntegrityError(
-                f"artifact {aid} in {self.blobs.where}: bytes hash to {got[:12]}... ({len(data)} bytes): corrupted, "
-                "truncated or replaced. Remove it (`kvstore rm ID`) and deposit it again."
-            )
+        check_id(aid, data, self.blobs.where, got)
 
     def _object(self, aid: str) -> bytes:
         try:

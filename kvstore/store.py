@@ -84,6 +84,17 @@ def admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:
     return from_bytes(data, verify_tensors=verify_tensors)
 
 
+def check_id(aid: str, data: bytes | memoryview, where: str, got: str | None = None) -> None:
+    """Raise IntegrityError unless the bytes hash to `aid` (got: their hash, when already computed); `where` names
+    the object (a file, a bucket key) in the message. Every store's reads end here."""
+    got = got or ArtifactId.of(data)
+    if got != aid:
+        raise IntegrityError(
+            f"artifact {aid} in {where}: bytes hash to {got[:12]}... ({len(data)} bytes): corrupted or truncated, or "
+            "replaced. Remove it (`kvstore rm ID`) and deposit it again."
+        )
+
+
 def check_tags(tags: Iterable[str]) -> tuple[str, ...]:
     out = tuple(tags)
     if not all(isinstance(t, str) and 0 < len(t) <= 256 for t in out):
@@ -422,13 +433,8 @@ class LocalStore(Store):
         return memoryview(m)
 
     def _check(self, aid: str, data: bytes | memoryview, got: str | None = None) -> None:
-        """Raise IntegrityError unless the bytes hash to `aid` (got: their SHA-256, when already computed)."""
-        got = got or ArtifactId.of(data)
-        if got != aid:
-            raise IntegrityError(
-                f"artifact {aid} in {self.path(aid)}: bytes hash to {got[:12]}... ({len(data)} bytes): corrupted or "
-                "truncated. Remove it (`kvstore rm ID`) and deposit it again."
-            )
+        """Raise IntegrityError unless the bytes hash to `aid` (got: their hash, when already computed)."""
+        check_id(aid, data, str(self.path(aid)), got)
 
     def get_bytes(self, aid: str) -> bytes:
         data = self._read(aid)
