@@ -74,7 +74,7 @@ def serve(args) -> dict:
     from kvstore import forward, graft_snapshot
 
     cfg = _cfg(args)
-    fm = load_model(cfg)
+    fm = load_model(cfg).fm  # the transformers backend's FrozenModel (graft_snapshot / forward below)
     rss_model = _rss_mb()
     t = time.perf_counter()
     lib = open_library(cfg.library, fm, REPO)
