@@ -4,8 +4,11 @@ job, or names the test that runs it for real (issue 24). One test per command, n
 Which lines are commands (the rule; docs/extending.md repeats it):
 
 - in a fenced block tagged ``bash``, ``sh``, ``shell`` or ``zsh``: every line that is not blank and not a comment;
-- in any other fenced block (untagged, ``console``, ``text``: recorded sessions): only lines that start with
-  ``$ `` (after indentation), with the ``$ `` dropped; the lines up to the next ``$ `` are its recorded output;
+- in any other fenced block (untagged, ``console``, ``text``: recorded sessions) that has a line starting with
+  ``$ `` (after indentation): those lines, the ``$ `` dropped; the lines up to the next command are its output;
+- in such a block without any ``$ `` line whose first line starts like a command (``COMMAND_HEAD``: make, python,
+  .venv/bin/..., kvstore, pip, export, ray, optionally after ``NAME=value``): every line that starts like one
+  (the others are output). Python blocks and other blocks are not commands;
 - a line ending in ``\\`` continues on the next; a trailing ``# comment`` is dropped; leading ``NAME=value``
   assignments are the command's environment, and a line that is only ``NAME="..."`` defines ``$NAME`` for the
   file's later commands (``$PWD`` is the repository root);
@@ -88,45 +91,68 @@ class Command:
         return f"{self.file}:{self.line}"
 
 
-def extract(path: Path) -> list[Command]:
-    """The commands of one markdown file, by the rule in the module docstring."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-    found: list[tuple[int, str, list[str]]] = []
-    output: list[str] | None = None  # where the recorded lines after a `$ ` command go
-    variables: dict[str, str] = {}
-    out: list[Command] = []
-    tag: str | None = None
-    pending: tuple[int, str] | None = None
+#: How a command line of a block without `$ ` starts (an untagged block whose first line is one is a command block)
+COMMAND_HEAD = re.compile(r"([A-Za-z_]\w*=\S*\s+)*(make|python3?|\.venv/bin/\S+|kvstore|pip|export|ray)(\s|$)")
+
+
+def _blocks(lines: list[str]) -> list[tuple[str, int, list[str]]]:
+    """(tag, number of the first line, lines) of each fenced block."""
+    blocks, tag, body, first = [], None, [], 0
     for number, raw in enumerate(lines, 1):
         s = raw.strip()
         if s.startswith("```"):
-            tag = (s[3:].strip() or "none") if tag is None else None
-            pending, output = None, None
-            continue
-        if tag is None:
-            continue
-        if pending is not None:
-            start, text = pending
-            text = f"{text[:-1]} {s}"
-            pending = (start, text) if text.endswith("\\") else None
-            if pending is None:
-                found.append((start, text, output if output is not None else []))
-            continue
+            if tag is None:
+                tag, body, first = s[3:].strip() or "none", [], number + 1
+            else:
+                blocks.append((tag, first, body))
+                tag = None
+        elif tag is not None:
+            body.append(raw)
+    return blocks
+
+
+def extract(path: Path) -> list[Command]:
+    """The commands of one markdown file, by the rule in the module docstring."""
+    rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    found: list[tuple[int, str, list[str]]] = []
+    for tag, first, body in _blocks(path.read_text(encoding="utf-8").splitlines()):
+        stripped = [b.strip() for b in body]
         if tag in SHELL_TAGS:
-            if not s or s.startswith("#"):
-                continue
-            text = s
-        elif s.startswith("$ "):
-            text, output = s[2:], []
+            mode = "shell"
+        elif any(s.startswith("$ ") for s in stripped):
+            mode = "dollar"
+        elif tag != "python" and next((s for s in stripped if s), "") and COMMAND_HEAD.match(
+                next(s for s in stripped if s)):
+            mode = "heads"
         else:
-            if output is not None and s:
-                output.append(s)
             continue
-        if text.endswith("\\"):
-            pending = (number, text)
-        else:
-            found.append((number, text, output if output is not None else []))
+        pending: tuple[int, str] | None = None
+        output: list[str] = []
+        for number, s in enumerate(stripped, first):
+            if pending is not None:
+                start, text = pending
+                text = f"{text[:-1]} {s}"
+                pending = (start, text) if text.endswith("\\") else None
+                if pending is None:
+                    found.append((start, text, output))
+                continue
+            if mode == "shell" and s and not s.startswith("#"):
+                text = s
+            elif mode == "dollar" and s.startswith("$ "):
+                text = s[2:]
+            elif mode == "heads" and COMMAND_HEAD.match(s):
+                text = s
+            else:
+                if s and mode != "shell":
+                    output.append(s)
+                continue
+            output = []
+            if text.endswith("\\"):
+                pending = (number, text)
+            else:
+                found.append((number, text, output))
+    variables: dict[str, str] = {}
+    out: list[Command] = []
     for number, text, output in found:
         words = shlex.split(text, comments=True)
         if words and all(re.match(r"[A-Za-z_]\w*=", w) for w in words):  # NAME="..." alone: a variable
@@ -179,8 +205,10 @@ for kind, name, *sub in json.loads(sys.argv[1]):
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
             if kind == "script":
                 sys.path.insert(0, name.rsplit("/", 1)[0])  # as `python scripts/x.py` has it
-                runpy.run_path(name, run_name="__main__")
-                sys.path.pop(0)
+                try:
+                    runpy.run_path(name, run_name="__main__")
+                finally:
+                    sys.path.pop(0)
             elif kind == "module":
                 runpy.run_module(name, run_name="__main__", alter_sys=True)
             else:
@@ -428,6 +456,11 @@ def check(cmd: Command) -> str:
         return _check_python(cmd, first)
     if Path(head).name == "kvstore":
         return _check_kvstore(first)
+    if head == "ray":
+        import shutil
+
+        assert shutil.which("ray") or (ROOT / ".venv/bin/ray").exists(), "ray is not installed (make setup-ray)"
+        return "ray is installed"
     if Path(head).name == "pip" and first[1:2] == ["install"]:
         return _check_pip(first)
     raise AssertionError(f"no checker for {head!r}: add one to tests/test_docs_commands.py or a RAN_BY entry")
@@ -498,13 +531,16 @@ def test_the_docs_have_commands_and_the_rule_finds_the_main_ones() -> None:
 def test_the_extraction_rule(tmp_path: Path) -> None:
     doc = tmp_path / "sample.md"
     doc.write_text("text `make inline` is prose\n```bash\n# a comment\nmake a ARGS=\"x=1\" \\\n  y=2   # note\n```\n"
-                   "```\n$ python scripts/rescore.py r\nOK\nmore\n$ ls\nplain output\n```\n```python\nx = 1\n```\n",
+                   "```\n$ python scripts/rescore.py r\nOK\nmore\n$ ls\nplain output\n```\n```python\nx = 1\n```\n"
+                   "```\nmake b\nsaid b\nA=1 python x.py\n```\n```\nOK: output only\nmake c\n```\n",
                    encoding="utf-8")  # fmt: skip
     got = extract(doc)
     assert [(c.line, c.text, c.output) for c in got] == [
         (4, 'make a ARGS="x=1"  y=2   # note', ()),
         (8, "python scripts/rescore.py r", ("OK", "more")),
         (11, "ls", ("plain output",)),
+        (18, "make b", ("said b",)),
+        (20, "A=1 python x.py", ()),
     ]
     assert normalised(got[0].text) == "make a ARGS=x=1 y=2"
 
