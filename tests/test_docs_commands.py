@@ -29,7 +29,7 @@ How each is checked (``check``), by what it runs:
   has the shape of one (``runs/<condition>/<stamp>[-label]``, ``runs/compare/<stamp>`` ...);
 - ``kvstore [--store S] [--model M] COMMAND ...``: a command of ``kvstore --help``, flags of its own ``--help``;
   ``ls``, ``verify`` and ``show`` on a local store also run for real (``kvstore.cli.main``) on a small store;
-- ``pip install torch==V``: V is the pin in constraints.txt;
+- ``pip install torch==V``: V is the pin in constraints.txt or make setup's; ``source F``: F exists;
 - ``RAN_BY``: commands that cannot be checked from their text (placeholders, a session by hand) name the test
   that runs them; the test must exist.
 
@@ -442,6 +442,9 @@ def check(cmd: Command) -> str:
     head = first[0]
     if head in PLAIN_SHELL:
         return "plain shell"
+    if head in ("source", "."):
+        assert len(first) == 2 and (ROOT / first[1]).is_file(), f"{' '.join(first)}: no such file (run make setup)"
+        return "the file it sources exists"
     if head == "make":
         _make_recipe(env, first)  # asserts the target exists
         how = ["make -n knows the target"]
