@@ -429,10 +429,12 @@ def _check_pip(words: list[str]) -> str:
 
 def check(cmd: Command) -> str:
     """How `cmd` was checked; AssertionError (saying what is wrong) when it would not run as written."""
-    if normalised(cmd.text) in RAN_BY:
-        path, _, name = RAN_BY[normalised(cmd.text)].partition("::")
-        assert re.search(rf"^def {re.escape(name)}\(", (ROOT / path).read_text(), re.M), f"{RAN_BY[cmd.text]} is gone"
-        return f"run by {RAN_BY[normalised(cmd.text)]}"
+    test = RAN_BY.get(normalised(cmd.text))
+    if test is not None:
+        path, _, name = test.partition("::")
+        assert (ROOT / path).is_file() and re.search(rf"^def {re.escape(name)}\(", (ROOT / path).read_text(), re.M), \
+            f"{test}, named in RAN_BY as the test that runs this command, does not exist"
+        return f"run by {test}"
     env, first, rest = words_of(cmd)
     for other in rest:
         assert other[0] in PLAIN_SHELL, f"{other[0]}: only plain shell may follow a | or &"
