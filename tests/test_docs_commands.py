@@ -248,10 +248,16 @@ def help_pages() -> dict[str, str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: What a `make` this test runs must not inherit from a `make test ARGS=...` above it: MAKEFLAGS carries the
+#: parent's command-line variables into every sub-make, and the Makefile reads ARGS/RUN/... from the environment.
+_MAKE_INHERITED = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "ARGS", "RUN", "PROFILE", "PORT"}
+
+
 def _env() -> dict[str, str]:
     import os
 
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    clean = {k: v for k, v in os.environ.items() if k not in _MAKE_INHERITED}
+    return {**clean, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
 
 
 def _flags_listed(flags: list[str], page: str, what: str) -> None:
