@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_TAGS = {"bash", "sh", "shell", "zsh"}
 PLAIN_SHELL = {"ls", "export", "cd", "tail", "head", "kill", "sleep", "cat", "echo", "wc", "grep"}
-PYTHONS = {"python", "python3", ".venv/bin/python"}
+PYTHON = re.compile(r"(\.venv[\w-]*/bin/)?python3?")  # python, .venv/bin/python, .venv-audit/bin/python
 HARNESS_ENTRY_POINTS = {"harness", "harness.compare", "harness.library"}
 ARGPARSE_MODULES = {"harness.report", "harness.mlflow_server"}
 #: flags an entry point takes besides overrides
@@ -92,7 +92,7 @@ class Command:
 
 
 #: How a command line of a block without `$ ` starts (an untagged block whose first line is one is a command block)
-COMMAND_HEAD = re.compile(r"([A-Za-z_]\w*=\S*\s+)*(make|python3?|\.venv/bin/\S+|kvstore|pip|export|ray)(\s|$)")
+COMMAND_HEAD = re.compile(r"([A-Za-z_]\w*=\S*\s+)*(make|python3?|\.venv[\w-]*/bin/\S+|kvstore|pip|export|ray)(\s|$)")
 
 
 def _blocks(lines: list[str]) -> list[tuple[str, int, list[str]]]:
@@ -223,14 +223,18 @@ print(json.dumps(out))
 """
 
 
+def _is_python(word: str) -> bool:
+    return PYTHON.fullmatch(word) is not None
+
+
 def _help_specs() -> set[tuple[str, ...]]:
     """Every --help page the commands need (scripts, argparse modules, kvstore and its subcommands)."""
     specs: set[tuple[str, ...]] = {("kvstore", "kvstore")}
     for cmd in COMMANDS:
         for argv in _entry_points(cmd):
-            if argv[0] in PYTHONS and len(argv) > 1 and argv[1].endswith(".py"):
+            if _is_python(argv[0]) and len(argv) > 1 and argv[1].endswith(".py"):
                 specs.add(("script", argv[1]))
-            elif argv[0] in PYTHONS and argv[1:2] == ["-m"] and argv[2] in ARGPARSE_MODULES:
+            elif _is_python(argv[0]) and argv[1:2] == ["-m"] and argv[2] in ARGPARSE_MODULES:
                 specs.add(("module", argv[2]))
             elif Path(argv[0]).name == "kvstore":
                 sub = _kvstore_split(argv)[1]
@@ -272,7 +276,9 @@ def _check_run_paths(words: list[str]) -> None:
     for w in words:
         m = RUN_PATH.fullmatch(w.split("=", 1)[-1])
         if m:
-            assert re.fullmatch(STAMP, m["rest"]), f"{w}: not a run folder name (runs/<kind>/<stamp>[-label])"
+            assert re.fullmatch(STAMP, m["rest"]), (
+                f"{w}: not a run folder name (runs/<kind>/<YYYY-MM-DD_HH-MM-SS-ffffff>[-label]); a placeholder is not "
+                "copy-pasteable: write a real one, or name the test that runs the command in RAN_BY")
 
 
 # ------------------------------------------------------------------------------------------------ the checkers
@@ -309,7 +315,7 @@ def _entry_points(cmd: Command) -> list[list[str]]:
         lines = []
         for line in recipe:
             argv = shlex.split(line)
-            if argv and argv[0] in PYTHONS and len(argv) > 1 and (argv[1].startswith("scripts/") or (
+            if argv and _is_python(argv[0]) and len(argv) > 1 and (argv[1].startswith("scripts/") or (
                     argv[1] == "-m" and argv[2].split(".")[0] in {"harness", "kvstore"})):
                 lines.append(argv)
         return lines
@@ -457,13 +463,13 @@ def check(cmd: Command) -> str:
         _make_recipe(env, first)  # asserts the target exists
         how = ["make -n knows the target"]
         for argv in _entry_points(cmd):
-            how.append(_check_python(cmd, argv) if argv[0] in PYTHONS else _check_kvstore(argv))
+            how.append(_check_python(cmd, argv) if _is_python(argv[0]) else _check_kvstore(argv))
         run = RUN_PATH.fullmatch(next((w[4:] for w in first if w.startswith("RUN=")), ""))
         if "rescore" in first and run and run[2] in {"baseline", "graft", "incontext"}:
             _rescore_a_run_folder_for_real()
             how.append("ran for real on a hand-built run folder")
         return "; ".join(how)
-    if head in PYTHONS:
+    if _is_python(head):
         return _check_python(cmd, first)
     if Path(head).name == "kvstore":
         return _check_kvstore(first)
