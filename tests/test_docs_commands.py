@@ -486,6 +486,17 @@ def check(cmd: Command) -> str:
 # ------------------------------------------------------------------------------------------------ real runs
 
 
+def _scratch(prefix: str) -> Path:
+    """A temporary folder removed when the test process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def _load(name: str, path: Path) -> ModuleType:
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
@@ -498,10 +509,8 @@ def _load(name: str, path: Path) -> ModuleType:
 @cache
 def _rescore_a_run_folder_for_real() -> None:
     """`make rescore RUN=<a run folder>` as written, on a hand-built run folder (no model)."""
-    import tempfile
-
     fakerun = _load("kvgraft_tests_fakerun", ROOT / "tests/harness/fakerun.py")
-    run = fakerun.build_fake_run(Path(tempfile.mkdtemp(prefix="docs-rescore-")) / "run")
+    run = fakerun.build_fake_run(_scratch("docs-rescore-") / "run")
     done = subprocess.run(["make", "-o", ".venv/.setup-done", "rescore", f"RUN={run}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
     assert done.returncode == 0 and "OK: 3 rows re-scored, all hashes match" in done.stdout, done.stdout + done.stderr
@@ -510,12 +519,10 @@ def _rescore_a_run_folder_for_real() -> None:
 @cache
 def _small_store() -> tuple[str, str]:
     """A local store holding one hand-built artifact (no model): (its folder, the artifact id)."""
-    import tempfile
-
     from kvstore import LocalStore
 
     conftest = _load("kvgraft_tests_kvstore_conftest", ROOT / "tests/kvstore/conftest.py")
-    root = tempfile.mkdtemp(prefix="docs-store-")
+    root = str(_scratch("docs-store-"))
     return root, LocalStore(root).put(conftest._hand_built_snapshot())
 
 
