@@ -29,7 +29,7 @@ How each is checked (``check``), by what it runs:
   has the shape of one (``runs/<condition>/<stamp>[-label]``, ``runs/compare/<stamp>`` ...);
 - ``kvstore [--store S] [--model M] COMMAND ...``: a command of ``kvstore --help``, flags of its own ``--help``;
   ``ls``, ``verify`` and ``show`` on a local store also run for real (``kvstore.cli.main``) on a small store;
-- ``pip install torch==V``: V is the pin in constraints.txt or make setup's; ``source F``: F exists;
+- ``pip install torch==V``: V is the pin in constraints.txt or make setup's; ``source F``: F exists; ``ray``: installed;
 - ``RAN_BY``: commands that cannot be checked from their text (placeholders, a session by hand) name the test
   that runs them; the test must exist.
 
