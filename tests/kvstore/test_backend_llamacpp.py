@@ -5,6 +5,7 @@ into another backend. Skipped (with the reason) where llama-cpp-python is not in
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -16,9 +17,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup builds it)")
 
-from kvstore import LocalStore, check_graft  # noqa: E402
+from kvstore import LocalStore, check_graft, logits_sha256  # noqa: E402
 from kvstore.backends import as_backend  # noqa: E402
 from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings  # noqa: E402
+from kvstore.backends.llamacpp_state import serialize_state  # noqa: E402
 from kvstore.errors import IncompatibleError  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -61,6 +63,30 @@ be = LlamaCppBackend(LlamaCppSettings(n_ctx=1024, n_batch=256, n_ubatch=256))
 r = graft_logits(be, prefix, suffix, store=LocalStore(root), artifact_id=aid)
 print(logits_sha256(r.logits))
 """
+
+
+def _problem_ids(be) -> list[int]:
+    """Real problem text (the repo's problem file): the repeated TEXT above happened to graft equal even in
+    llama.cpp's own (unpadded) restore layout."""
+    rows = [json.loads(line) for line in (REPO / "problems" / "kvgraft_original.jsonl").read_text().splitlines()]
+    return be.encode("\n\n".join(f"Problem: {r['problem']}\nSolution: {r['solution']}" for r in rows[:12]))
+
+
+def test_past_the_window_a_graft_lays_the_sliding_cache_out_as_a_fresh_prefill(be, tmp_path):
+    """757 tokens at n_batch 256: the sliding cache's 512 unmasked cells restored from cell 0 (llama.cpp's
+    own state layout) give other logits (measured max |diff| 0.75); with the placeholder cells that put
+    position p in cell p, as the fresh prefill does, the graft is byte-identical."""
+    ids, suffix = _problem_ids(be), be.encode(" The answer is", add_bos=False)
+    check = check_graft(be, ids[:757], suffix, store=LocalStore(tmp_path), keep_logits=True)
+    assert check.equal and check.kl_max == 0.0, check.to_dict()
+    snap = LocalStore(tmp_path).get(check.artifact_id)
+    blob = serialize_state(snap.layers, 757, snap.dtype, v_trans=True)  # llama.cpp's own layout, unpadded
+    state = be.new_state()
+    got = be.ll.llama_state_seq_set_data(be.ctx, (ctypes.c_uint8 * len(blob)).from_buffer(blob), len(blob), 0)
+    assert got == len(blob)
+    state.tokens = list(ids[:757])
+    unpadded = be.forward(suffix, state)
+    assert logits_sha256(unpadded) != check.sha256_reference  # the layout is what makes it exact
 
 
 def test_an_artifact_restored_in_another_process_gives_the_reference_bits(be, ids, tmp_path):
