@@ -137,3 +137,16 @@ def test_an_old_state_handle_is_refused_once_the_context_holds_another(be, ids):
     be.new_state()
     with pytest.raises(Exception, match="no longer the context's"):
         be.forward(ids[8:10], old)
+
+
+def test_the_position_sweep_on_llamacpp_reports_own_position_exact_and_other_offsets_refused(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "position_sweep.py"), "--backend", "llamacpp",
+                           "--out", str(tmp_path), "--offsets", "1,100", "--prefix-tokens", "32",
+                           "--suffix-tokens", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "position_sweep.json").read_text())
+    assert report["backend"] == "llamacpp" and report["exact_offsets"] == [0]
+    assert report["refused_offsets"] == [1, 100]
+    assert all("own position, the exact graft" in r["refused"] for r in report["offsets"][1:])
+    assert "own position is exact and the only point grafted: offsets [1, 100] refused" in proc.stdout.splitlines()[-1]
