@@ -312,15 +312,16 @@ class LlamaCppBackend:
             environment=self.environment(), model_name=self.model_name, extra=dict(extra or {}),
         )
         check_snapshot(snap)
-        again = self._serialize(snap)
-        if again != blob:
-            first = next((i for i, (a, b) in enumerate(zip(again, blob)) if a != b), min(len(again), len(blob)))
+        again, mine = self._serialize(snap), np.frombuffer(blob, np.uint8)
+        if again.shape != mine.shape or not np.array_equal(again, mine):
+            n = min(len(again), len(mine))
+            first = int(np.flatnonzero(again[:n] != mine[:n])[0]) if not np.array_equal(again[:n], mine[:n]) else n
             raise IncompatibleError(f"llamacpp: the sequence state ({len(blob)} bytes) does not round-trip through "
                                     f"the artifact layout (first difference at byte {first}); this llama.cpp "
                                     f"{self.ll.llama_version().decode()} state layout is not supported")
         return snap
 
-    def _serialize(self, snap: Snapshot, restore: bool = False) -> bytearray:
+    def _serialize(self, snap: Snapshot, restore: bool = False) -> np.ndarray:
         """llama.cpp's sequence state of `snap`; `restore`: laid out as a fresh prefill (llamacpp_state)."""
         return serialize_state(snap.layers, snap.token_count, snap.dtype, not self.cfg.flash_attn, restore)
 

@@ -117,8 +117,21 @@ def parse_state(blob: bytes, t: int, hint: str = "") -> list[CacheState]:
     return caches
 
 
-def _to_torch(a: np.ndarray, dtype: str) -> torch.Tensor:
-    return torch.from_numpy(np.array(a, copy=True, order="C")).view(TORCH[dtype])  # owns its bytes
+_BLOCK = 256  # cells per copy: a transposing copy in cache-sized blocks (measured 4.7x faster at 8,192 cells)
+
+
+def _copy_cells(dst: np.ndarray, src: np.ndarray, axis: int) -> None:
+    """dst[...] = src (same shape, strided views), _BLOCK cells of `axis` at a time."""
+    for a in range(0, src.shape[axis], _BLOCK):
+        part = (slice(None),) * axis + (slice(a, a + _BLOCK),)
+        dst[part] = src[part]
+
+
+def _to_torch(src: np.ndarray, dtype: str) -> torch.Tensor:
+    """(kv_heads, cells, head_dim) integer view (strided) -> a tensor of `dtype` that owns its bytes."""
+    out = np.empty(src.shape, src.dtype)
+    _copy_cells(out, src, 1)
+    return torch.from_numpy(out).view(TORCH[dtype])
 
 
 def _to_numpy(x: torch.Tensor) -> np.ndarray:
@@ -156,10 +169,11 @@ def state_layers(caches: list[CacheState], t: int, n_swa: int, kv_heads: int, dt
     return layers
 
 
-def serialize_state(layers: list[LayerKV], t: int, dtype: str, v_trans: bool, restore: bool = False) -> bytearray:
+def serialize_state(layers: list[LayerKV], t: int, dtype: str, v_trans: bool, restore: bool = False) -> np.ndarray:
     """The sequence state of `layers` (t tokens from position 0): llama.cpp's own bytes, or with `restore`
     the restore layout (every cache t cells at positions 0..t-1, zero placeholders where the artifact holds
-    no position; see the module docstring). One buffer, written in place."""
+    no position; see the module docstring). One uint8 buffer, written in place (np.zeros: calloc'd, so the
+    placeholders' zero pages cost no memset; bytearray(n) spent ~0.5 s on 151 MB on the loaded machine)."""
     groups = [g for g in ([lyr for lyr in layers if lyr.kind == kind] for kind in ("full", "sliding")) if g]
     gtype = GGML_TYPE_OF[dtype]
     plan = []  # (layers, cells held, cells written, row bytes)
@@ -170,8 +184,7 @@ def serialize_state(layers: list[LayerKV], t: int, dtype: str, v_trans: bool, re
         cells = t if restore else held
         plan.append((group, held, cells, row))
         size += 8 + cells * _CELL.itemsize + 8 + len(group) * 2 * (12 + cells * row)
-    buf = bytearray(size)  # zeros: the placeholders' K and V
-    out = np.frombuffer(buf, np.uint8)
+    buf = out = np.zeros(size, np.uint8)  # zeros: the placeholders' K and V
     off = 8
     struct.pack_into("<Ii", buf, 0, SEQ_MAGIC, 0)
     for group, held, cells, row in plan:
@@ -185,8 +198,8 @@ def serialize_state(layers: list[LayerKV], t: int, dtype: str, v_trans: bool, re
             struct.pack_into("<iQ", buf, off, gtype, row)
             off += 12
             k = _to_numpy(lyr.keys[0])  # (kv_heads, held, head_dim)
-            dst = out[off : off + cells * row].view(k.dtype).reshape(cells, k.shape[0], k.shape[2])
-            dst[cells - held :] = k.transpose(1, 0, 2)
+            dst = out[off : off + cells * row].view(k.dtype).reshape(cells, k.shape[0], k.shape[2])[cells - held :]
+            _copy_cells(dst, k.transpose(1, 0, 2), 0)
             off += cells * row
         for lyr in group:
             v = _to_numpy(lyr.values[0])  # (kv_heads, held, head_dim)
@@ -194,13 +207,13 @@ def serialize_state(layers: list[LayerKV], t: int, dtype: str, v_trans: bool, re
             if v_trans:  # n_embd_v rows of `cells` elements
                 struct.pack_into("<iII", buf, off, gtype, el, heads * head_dim)
                 off += 12
-                dst = out[off : off + cells * row].view(v.dtype).reshape(heads, head_dim, cells)
-                dst[:, :, cells - held :] = v.transpose(0, 2, 1)
+                dst = out[off : off + cells * row].view(v.dtype).reshape(heads, head_dim, cells)[:, :, cells - held :]
+                _copy_cells(dst, v.transpose(0, 2, 1), 2)
             else:
                 struct.pack_into("<iQ", buf, off, gtype, row)
                 off += 12
-                dst = out[off : off + cells * row].view(v.dtype).reshape(cells, heads, head_dim)
-                dst[cells - held :] = v.transpose(1, 0, 2)
+                dst = out[off : off + cells * row].view(v.dtype).reshape(cells, heads, head_dim)[cells - held :]
+                _copy_cells(dst, v.transpose(1, 0, 2), 0)
             off += cells * row
     if off != size:
         raise IncompatibleError(f"llamacpp: serialized {off} of {size} planned state bytes (a layer of another "

@@ -82,7 +82,7 @@ def test_past_the_window_a_graft_lays_the_sliding_cache_out_as_a_fresh_prefill(b
     snap = LocalStore(tmp_path).get(check.artifact_id)
     blob = serialize_state(snap.layers, 757, snap.dtype, v_trans=True)  # llama.cpp's own layout, unpadded
     state = be.new_state()
-    got = be.ll.llama_state_seq_set_data(be.ctx, (ctypes.c_uint8 * len(blob)).from_buffer(blob), len(blob), 0)
+    got = be.ll.llama_state_seq_set_data(be.ctx, (ctypes.c_uint8 * blob.size).from_buffer(blob), len(blob), 0)
     assert got == len(blob)
     state.tokens = list(ids[:757])
     unpadded = be.forward(suffix, state)
