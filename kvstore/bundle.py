@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from kvstore.canonical import canonical_json
 from kvstore.errors import BundleError, KVStoreError, NotFoundError
 from kvstore.format import from_bytes
 from kvstore.store import ArtifactId, Store, atomic_write, id_to_relpath
@@ -54,7 +55,8 @@ class BundleInfo:
 
 
 def _canonical(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("ascii")
+    """The manifest's bytes (FORMAT.md section 7): kvstore.canonical with ASCII escapes, so ASCII bytes."""
+    return canonical_json(obj, ensure_ascii=True).encode("ascii")
 
 
 def _sha(data: bytes | memoryview) -> str:
