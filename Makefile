@@ -106,10 +106,10 @@ position-sweep: setup
 	$(PY) scripts/position_sweep.py --out runs/position_sweep $(ARGS)
 
 bench: setup
-	$(PY) scripts/bench.py --out runs/bench $(ARGS)
+	$(PY) scripts/bench/run.py --out runs/bench $(ARGS)
 
 bench-context: setup
-	$(PY) scripts/bench_context.py --out runs/bench $(ARGS)
+	$(PY) scripts/bench/context.py --out runs/bench $(ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache

@@ -40,15 +40,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from experiments import DEFAULT_PROBLEMS, problem_texts  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
     BarColumn,
@@ -60,45 +57,8 @@ from rich.progress import (  # noqa: E402
 )
 from rich.table import Table  # noqa: E402
 
-
-# ----------------------------------------------------------------------------------------------- samples
-@dataclass(frozen=True)
-class Sample:
-    index: int
-    prefix: list[int]
-    suffix: list[int]
-    source_ids: tuple[str, ...]  # problem ids whose text the pair was cut from
-
-
-def prefix_lengths(n: int, seed: int, lo: int, hi: int, window: int | None) -> list[int]:
-    """n deterministic prefix lengths in [lo, hi]: stratified quantiles squared (mean ~ lo + (hi - lo) / 3),
-    with the three lengths nearest the sliding window replaced by window-1, window, window+1 (where sliding
-    layers start dropping positions), then shuffled."""
-    rng = random.Random(seed)
-    lengths = [round(lo + (hi - lo) * ((i + rng.random()) / n) ** 2) for i in range(n)]
-    if window and n >= 8 and lo < window - 1 and window + 1 <= hi:
-        nearest = sorted(range(n), key=lambda i: abs(lengths[i] - window))[:3]
-        for i, length in zip(sorted(nearest), (window - 1, window, window + 1), strict=True):
-            lengths[i] = length
-    rng.shuffle(lengths)
-    return lengths
-
-
-def build_samples(fm, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int, seed: int) -> list[Sample]:
-    """Cut each (prefix, suffix) from the token ids of one problem's text, joined with the next problems'
-    texts (cycling) until prefix + suffix tokens fit. Each sample starts at a different problem."""
-    rng = random.Random(seed + 1)
-    order = list(range(len(texts)))
-    rng.shuffle(order)
-    samples = []
-    for i, length in enumerate(lengths):
-        start = order[i % len(order)]
-        parts, ids = [], []
-        while len(ids) < length + suffix_tokens:
-            parts.append(texts[(start + len(parts)) % len(texts)])
-            ids = fm.encode("\n\n".join(t for _, t in parts))
-        samples.append(Sample(i, ids[:length], ids[length : length + suffix_tokens], tuple(p for p, _ in parts)))
-    return samples
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.experiment_text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- main
