@@ -36,6 +36,7 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -81,6 +82,19 @@ class Outcome:
         return f"{head} -> {'PASS' if self.passed else 'FAIL'}"
 
 
+def _paired(registered: dict[str, Any], measured: dict[str, Any], field: str, key: str, input_hash: str,
+            problems: list[str], differs: str) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None, bool]]:
+    """(registered row, the measured row of the same `key` or None, whether both hashed the same input) for each
+    registered row of `field`; a measured row with other input is also a problem (`differs`, formatted by key)."""
+    now = {row[key]: row for row in measured.get(field, [])}
+    for row in registered.get(field, []):
+        m = now.get(row[key])
+        same_input = m is not None and m[input_hash] == row[input_hash]
+        if m is not None and not same_input:
+            problems.append(differs.format(row[key]))
+        yield row, m, same_input
+
+
 def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) -> Outcome:
     """Compare a profile's registered entry with the same computation done now (both as `measure` returns)."""
     from kvstore.environment import PORTABLE_PROFILES, environment_differences
@@ -94,22 +108,14 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
     differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}
     for key in sorted(set(reg_env) | set(now_env)):
         out.environment.append((key, reg_env.get(key), now_env.get(key), key not in differing))
-    now_samples = {s["index"]: s for s in measured.get("samples", [])}
-    for s in registered.get("samples", []):
-        m = now_samples.get(s["index"])
-        same_input = m is not None and m["tokens_sha256"] == s["tokens_sha256"]
-        if m is not None and not same_input:
-            out.problems.append(f"sample {s['index']}: its tokens differ from the registered ones")
+    for s, m, same_input in _paired(registered, measured, "samples", "index", "tokens_sha256", out.problems,
+                                    "sample {}: its tokens differ from the registered ones"):  # fmt: skip
         ok = bool(same_input and m["logits_sha256"] == s["logits_sha256"] and m["graft_equal"])
         out.rows.append({"kind": "graft", "name": f"sample {s['index']} ({s['prefix_tokens']}+{s['suffix_tokens']})",
                          "registered": s["logits_sha256"], "measured": m["logits_sha256"] if m else None,
                          "graft_equal": m["graft_equal"] if m else None, "reproduced": ok})
-    now_decode = {d["problem_id"]: d for d in measured.get("decode", [])}
-    for d in registered.get("decode", []):
-        m = now_decode.get(d["problem_id"])
-        same_input = m is not None and m["prompt_sha256"] == d["prompt_sha256"]
-        if m is not None and not same_input:
-            out.problems.append(f"decode {d['problem_id']}: its prompt tokens differ from the registered ones")
+    for d, m, same_input in _paired(registered, measured, "decode", "problem_id", "prompt_sha256", out.problems,
+                                    "decode {}: its prompt tokens differ from the registered ones"):  # fmt: skip
         ok = bool(same_input and m["first_logits_sha256"] == d["first_logits_sha256"]
                   and m["token_ids"] == d["token_ids"])
         out.rows.append({"kind": "decode", "name": f"decode {d['problem_id']} ({len(d['token_ids'])} tokens)",

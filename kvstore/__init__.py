@@ -16,7 +16,7 @@ Public API (what a user of the engine needs; everything else stays importable fr
                                         the exactness procedure: graft vs fresh reference (kvstore.verify)
     Prefetcher                          read + verify upcoming artifacts in the background (kvstore.prefetch)
     export_bundle, import_bundle, BundleInfo
-                                        move artifacts (and a library) between stores as one file (kvstore.bundle)
+                                        artifacts (+ opaque attachments) between stores as one file (kvstore.bundle)
     KVStoreError and its subclasses     kvstore.errors
 
 Elsewhere on purpose: kvstore.gguf.BUNDLED (the bundled model's name), kvstore.tiny (test models),
