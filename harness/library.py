@@ -53,6 +53,7 @@ from kvstore.environment import enter_profile
 from kvstore.open_store import open_store  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
 
 _WORD = re.compile(r"[a-z0-9]+")
+LIBRARY_FILES = ("index.jsonl", "manifest.json")  # a library folder's files, in the order they are written
 
 
 @dataclass(frozen=True)
