@@ -75,6 +75,8 @@ RAN_BY = {
         "tests/harness/test_lifecycle.py::test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder",
     "python -m harness <same overrides>":
         "tests/harness/test_lifecycle.py::test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder",
+    ".venv-audit/bin/python scripts/rescore.py runs/compare/<stamp>":
+        "tests/harness/test_rescore_fresh_venv.py::test_a_fresh_venv_with_only_the_audit_extra_rescores_a_run",
 }
 
 
