@@ -15,7 +15,8 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
-        verify-graft position-sweep replay report clean mlflow-server setup-s3 setup-ray bench-scaleout audit-venv
+        verify-graft position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
+        audit-venv
 
 setup: $(STAMP)
 
@@ -56,6 +57,11 @@ library: setup
 
 aime-graft: setup
 	$(PY) -m harness.compare $(ARGS)
+
+# The recurring-case factor on llama.cpp (configs/experiment/recurring_factor.yaml; docs/backends.md): baseline vs
+# graft over the same problems, long budget, n samples; ARGS are Hydra overrides (--incontext also runs the twin).
+recurring-factor: setup
+	$(PY) scripts/recurring_factor.py $(ARGS)
 
 rescore: setup
 	@test -n "$(RUN)" || { echo "usage: make rescore RUN=runs/<condition>/<run>"; exit 2; }
