@@ -89,6 +89,9 @@ def print_table(result: dict[str, Any]) -> None:
 @exit_on_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(args):
+        print("usage: recurring_factor.py [--incontext] [--graft-prompt=PROMPT] [HYDRA_OVERRIDE ...]\n\n" + __doc__)
+        raise SystemExit(0)
     with_incontext = "--incontext" in args
     graft_prompt = next((a.split("=", 1)[1] for a in args if a.startswith("--graft-prompt=")), "answer")
     overrides = [a for a in args if a != "--incontext" and not a.startswith("--graft-prompt=")]
