@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,8 @@ def test_bench_decode_reports_every_figure_and_writes_json(tmp_path):
     b = result["batched_sampling"]
     assert (b["problems"], b["n"], b["max_new_tokens"], b["decoding"]) == (2, 3, 6, "sample")
     assert b["tokens_per_s_bs1"] > 0 and b["tokens_per_s_batched"] > 0
-    assert b["speedup"] == round(b["tokens_per_s_batched"] / b["tokens_per_s_bs1"], 2)
+    # speedup is the unrounded ratio rounded; recomputed from the rounded rates it may differ in the last digit
+    assert b["speedup"] == pytest.approx(b["tokens_per_s_batched"] / b["tokens_per_s_bs1"], abs=0.011)
     assert isinstance(b["met"], bool) and b["goal"] == 4.0
     assert set(result["dtype"]) == {"float32", "bfloat16"}
     for d in result["dtype"].values():
