@@ -20,7 +20,7 @@ from typing import Any
 from harness.audit import RunCheck, audit, diff_values
 from harness.errors import RunFolderError
 from harness.pairing import Pairing, pair_folders
-from harness.record import HELD_OUT, RECURRING, Summary
+from harness.record import Group, Summary
 from harness.run_folder import RunFolder
 
 __all__ = ["BASELINE_LABEL", "COMPARISON", "GROUPS", "MACHINE_FIELDS", "PAIRS", "ComparisonCheck",
@@ -30,7 +30,7 @@ COMPARISON = "comparison.json"
 #: Labels of the runs in the table and in comparison.json; each group's (incontext, graft) pair and its
 #: library.exclude_self. The order is the table's. The condition names are harness.conditions' registry names.
 BASELINE_LABEL = "baseline"
-GROUPS = {RECURRING: ("recurring", False), HELD_OUT: ("held-out", True)}
+GROUPS = {g.value: (g.label, g is Group.HELD_OUT) for g in Group}
 PAIRS = {g: (f"incontext ({name})", f"graft ({name})") for g, (name, _) in GROUPS.items()}
 _CONDITION = {BASELINE_LABEL: "baseline", **{label: label.split(" ")[0] for p in PAIRS.values() for label in p}}
 _MAX_FIELD_MESSAGES = 30

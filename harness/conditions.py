@@ -37,7 +37,7 @@ from harness.errors import ConfigError
 from harness.library import Library, Match, open_library
 from harness.problems import Problem
 from harness.prompts import render
-from harness.record import Completion, group_for
+from harness.record import Completion, Group, group_for
 from kvstore import FrozenModel, Prefetcher
 from kvstore.backend import Backend
 from kvstore.backends import as_backend
@@ -82,9 +82,10 @@ class Baseline:
     def describe(self) -> dict[str, Any]:
         return {"condition": self.name}
 
-    def group(self, completion: Completion) -> str | None:
-        """recurring / held_out for conditions with a library (harness.record.group_for), else None."""
-        return group_for(completion.match) if self.uses_library else None
+    @property
+    def group(self) -> Group | None:
+        """The run's group and each of its rows' (harness.record.Group): None without a library."""
+        return None
 
     def context(self, problem: Problem) -> Context:
         """The query prompt alone, prefilled whole."""
@@ -132,6 +133,10 @@ class Graft(Baseline):
         # the next problem's artifact is read + verified in the background while the current one decodes
         self.prefetch = Prefetcher(library.store, prefetch_bytes) if prefetch_bytes > 0 else None
         self._ahead: dict[str, Match | None] = {}  # problem id -> its retrieval, done once when it was announced
+
+    @property
+    def group(self) -> Group | None:
+        return group_for(self.library.exclude_self)
 
     def upcoming(self, problem: Problem) -> None:
         if self.prefetch is None:

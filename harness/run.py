@@ -42,7 +42,7 @@ from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminat
 from harness.hashing import sha256_json
 from harness.problems import Problem, load_problems
 from harness.prompts import render
-from harness.record import STOP_REASONS, Row, Summary
+from harness.record import STOP_REASONS, Row, Summary, group_note, run_group
 from harness.run_folder import RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import FrozenModel, environment_fingerprint
@@ -264,7 +264,7 @@ def run_rows(
     summary = Summary.of(
         rows, condition=condition.name, model=fm.name, dataset=d.name, run_dir=str(folder.path),
         comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
-        energy_status=run_energy.status, energy_j=run_energy.joules, grouped=condition.uses_library,
+        energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )  # fmt: skip
     exactness = NOT_EXACT if fm.determinism.allow_environment_mismatch else None
@@ -329,7 +329,7 @@ def _decode(
             joules = energy.joules / k if energy.joules is not None else None
             for sample, completion in zip(samples, completions, strict=True):
                 row = Row.scored(
-                    problem.id, sample, condition.name, condition.group(completion), completion, problem.answer,
+                    problem.id, sample, condition.name, condition.group, completion, problem.answer,
                     score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
                     energy_j=joules, energy_status=energy.status,
                 )  # fmt: skip
@@ -364,8 +364,9 @@ def stops_text(stop_reasons: dict[str, int] | None) -> str:
 
 def print_summary(summary: Summary, folder: RunFolder) -> None:
     s, t, e = summary.scores, summary.tokens, summary.energy
-    groups = " + ".join(g.replace("_", "-") for g in (summary.groups or {}))  # recurring / held-out, from the rows
-    table = Table(title=f"{summary.condition}{f' {groups}' if groups else ''} on {summary.dataset} ({summary.model})")
+    group = run_group(summary)
+    name = f"{summary.condition} {group.label}" if group else summary.condition
+    table = Table(title=f"{name} on {summary.dataset} ({summary.model})")
     for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
                 "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):  # fmt: skip
         table.add_column(col)
@@ -387,6 +388,8 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
     if hit:
         console.print(f"[yellow]{hit} of {s['n_rows']} rows hit the token budget (decoding.max_new_tokens): their "
                       "answers were cut off[/]")  # fmt: skip
+    if group_note(summary):
+        console.print(f"[yellow]{group_note(summary)}[/]")
     console.print(f"energy: {e['status']}")
     if summary.exactness:
         console.print(f"[yellow]{summary.exactness}[/]")

@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from harness import record
 from harness.hashing import sha256_json
-from harness.record import Row, Summary
+from harness.record import Group, Row, Summary
 from harness.run_folder import SUMMARY, RunFolder
 
 __all__ = ["TABLE_FILE", "dataset_digest", "dataset_input", "headline_metrics", "outputs_table", "run_group",
@@ -43,11 +44,10 @@ def run_times_ms(folder: RunFolder, summary: Summary) -> tuple[int, int]:
 
 
 def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
-    """``recurring`` / ``held-out`` for a condition with a library (``library.exclude_self``), else None."""
-    if summary.groups is None:
-        return None
-    library = config.get("library") if isinstance(config.get("library"), dict) else {}
-    return "held-out" if library.get("exclude_self") else "recurring"
+    """``recurring`` / ``held-out`` (the Group's label, harness.record.run_group) for a condition with a library,
+    else None."""
+    group = record.run_group(summary, config)
+    return None if group is None else group.label
 
 
 def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
@@ -150,7 +150,9 @@ def _description(summary: Summary, group: str | None, config: dict[str, Any], fo
     ]
     if group:
         lines.append(f"- library `{lib.get('name')}` v{lib.get('version')}, exclude_self={lib.get('exclude_self')}"
-                     + (" (the evaluated problem never reaches the context)" if group == "held-out" else ""))
+                     + (" (the evaluated problem never reaches the context)" if group == Group.HELD_OUT.label else ""))
+        if record.group_note(summary):
+            lines.append(f"- {record.group_note(summary)}")
     if summary.exactness:
         lines.append(f"- {summary.exactness}")
     lines += ["", f"Run folder `{folder.path}`; re-check without the model: `make rescore RUN={folder.path}`. "

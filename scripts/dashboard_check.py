@@ -132,7 +132,7 @@ def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None
 def trace_cost(n_rows: int) -> None:
     """Log an n-row hand-built run folder with traces off, then on, to a fresh store; print both times."""
     from harness.answers import score
-    from harness.record import Completion, Row, Summary
+    from harness.record import Completion, Group, Row, Summary
     from harness.run_folder import RunFolder
     from harness.tracking import default_tracking_uri, log_run_dir
 
@@ -154,7 +154,7 @@ def trace_cost(n_rows: int) -> None:
                                        cpu_s=0.4, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
             summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(folder.path),
                                  comparable_key=None, run_wall_s=0.4 * n_rows, energy_status="unavailable:test",
-                                 energy_j=None, grouped=True)  # fmt: skip
+                                 energy_j=None, group=Group.RECURRING)  # fmt: skip
             config = {"library": {"exclude_self": False}, "tracking": {"traces": traces}}
             folder.finish(config=config, problems=[{"id": r.problem_id} for r in rows], rows=rows, summary=summary,
                           prompt_template="{problem}", model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64,

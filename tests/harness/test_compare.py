@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _summary(fakerun: ModuleType, condition: str, decode_scale: int, wall: float) -> Summary:
     s = Summary.of(fakerun.make_rows(condition), condition=condition, model="toy", dataset="toy", run_dir=condition,
                    comparable_key="k", run_wall_s=1.0, energy_status="unavailable:test", energy_j=None,
-                   grouped=False)  # fmt: skip
+                   group=None)  # fmt: skip
     tokens = {**s.tokens, "decode": s.tokens["decode"] // decode_scale}
     return Summary(s.condition, s.model, s.dataset, s.run_dir, s.scores, tokens, {**s.time, "wall_s": wall},
                    s.energy, s.comparable_key)  # fmt: skip

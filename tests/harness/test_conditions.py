@@ -15,7 +15,7 @@ from harness.errors import ConfigError, LibraryError
 from harness.library import build_library, open_library
 from harness.pairing import pair
 from harness.problems import load_problems
-from harness.record import HELD_OUT, RECURRING, Row
+from harness.record import Group, Row
 from kvstore import Determinism, load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_baseline_completes_the_prompt_alone(cfg, fm, problems):
     assert c.grafted_tokens == 0 and c.prefill_tokens == len(c.context_ids) == len(fm.encode(c.prompt))
     assert problems[0].problem in c.prompt
     assert 1 <= c.decode_tokens <= 3 and c.match is None and c.artifact_id is None
-    assert cond.group(c) is None
+    assert cond.group is None
     again = cond.complete(problems[0], 0)  # greedy on a frozen model: the same completion twice (timing aside)
     assert replace(again, ttft_s=None) == replace(c, ttft_s=None)
 
@@ -80,7 +80,7 @@ def test_graft_recurring_grafts_the_problems_own_entry(cfg, fm, problems, built)
     assert c.match == "exact" and c.artifact_id == own[problems[1].id].artifact_id
     assert c.grafted_tokens == own[problems[1].id].tokens
     assert c.prefill_tokens == len(c.context_ids) - c.grafted_tokens
-    assert cond.group(c) == RECURRING
+    assert cond.group is Group.RECURRING
 
 
 def test_exclude_self_never_returns_the_problem_itself(cfg, fm, problems, built):
@@ -99,7 +99,7 @@ def test_held_out_graft_with_no_retrieval_falls_back_to_the_query_alone(cfg, fm,
     cond = _condition("graft", cfg, fm, lib_cfg)
     c = cond.complete(problems[2], 0)
     assert c.match is None and c.grafted_tokens == 0
-    assert cond.group(c) == HELD_OUT
+    assert cond.group is Group.HELD_OUT  # the run's group, whatever retrieval found
 
 
 def test_an_unknown_retrieval_is_refused_when_the_library_is_opened(fm, built):
@@ -111,7 +111,7 @@ def _rows(cond, problems, samples):
     out = []
     for p in problems:
         for c, s in zip(cond.complete_samples(p, samples), samples, strict=True):
-            out.append(Row.scored(p.id, s, cond.name, cond.group(c), c, p.answer, score(c.text, p.answer), wall_s=0.0,
+            out.append(Row.scored(p.id, s, cond.name, cond.group, c, p.answer, score(c.text, p.answer), wall_s=0.0,
                                   cpu_s=0.0, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
     return out
 
