@@ -86,7 +86,9 @@ class DecodingConfig:
 
 @dataclass
 class ConditionConfig:
-    name: str = "baseline"  # baseline | graft | incontext (harness.conditions.CONDITIONS)
+    name: str = "baseline"  # baseline | graft | incontext | ... (harness.conditions.CONDITIONS)
+    # the condition's own settings (its Settings dataclass, harness/conditions/; configs/condition/<name>.yaml)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,6 +140,24 @@ CONTEXT_OVERFLOW = ("refuse", "truncate")
 
 
 @dataclass
+class CompareRunConfig:
+    """One run of the compare job: a condition and, for a condition with a library, its group."""
+
+    condition: str = "graft"
+    group: str | None = None  # recurring | held-out (library.exclude_self=false | true); null without a library
+
+
+@dataclass
+class CompareConfig:
+    """What the compare job (make aime-graft) runs and checks (configs/compare/; harness.comparison.Plan): the
+    baseline every factor is against, the other runs in table order, and the pairs whose rows must be identical."""
+
+    baseline: str = "baseline"
+    runs: list[CompareRunConfig] = field(default_factory=list)
+    identical: list[list[str]] = field(default_factory=list)  # [run label, its twin's label], e.g. graft (recurring)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
@@ -150,6 +170,7 @@ class Config:
     energy: EnergyConfig = field(default_factory=EnergyConfig)
     run: RunConfig = field(default_factory=RunConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)  # execution=ray: harness/distributed.py
+    compare: CompareConfig = field(default_factory=CompareConfig)  # the compare job's runs (configs/compare/)
     runs_dir: str = "runs"
     project_root: str = "."  # relative paths in the config resolve against this
 
@@ -254,6 +275,7 @@ _SECTIONS: dict[tuple[type, str], type] = {
     (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
     (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
     (LibraryConfig, "dataset"): DatasetConfig, (Config, "run"): RunConfig, (Config, "execution"): ExecutionConfig,
+    (Config, "compare"): CompareConfig,
 }  # fmt: skip
 register()
 

@@ -69,12 +69,24 @@ def legacy_row_group(match: str | None) -> Group:
 
 def own_entry_rows(rows: Sequence[Row]) -> int:
     """Rows whose retrieval found the evaluated problem's own entry (an exact fingerprint match)."""
-    return sum(r.completion.match == "exact" for r in rows)
+    return sum(r.completion.retrieval is not None and r.completion.retrieval.match == "exact" for r in rows)
+
+
+@dataclass(frozen=True)
+class Retrieval:
+    """What a library condition retrieved for a row: the entry, its artifact, how it matched."""
+
+    entry_id: str
+    artifact_id: str
+    similarity: float  # 1.0 for an exact match, the BM25 score otherwise
+    match: str  # "exact" | "bm25"
 
 
 @dataclass(frozen=True)
 class Completion:
-    """What a condition produced for one (problem, sample)."""
+    """What a condition produced for one (problem, sample). What only some conditions have is in optional parts:
+    `retrieval` (a library condition that found an entry) and `extra` (a condition's own per-row figures, JSON
+    values, written to the row's `extra` key)."""
 
     prompt: str  # the rendered query prompt
     context_ids: list[int]  # every token the model saw before decoding (grafted + prefilled)
@@ -82,15 +94,17 @@ class Completion:
     token_ids: list[int]  # generated tokens
     stop_reason: str  # "eos" | "stop" | "length"
     prefill_tokens: int  # tokens computed in prefill
-    grafted_tokens: int  # tokens restored from an artifact (0 in baseline)
+    grafted_tokens: int  # tokens restored from an artifact (0 without a graft)
     decode_tokens: int  # generated tokens (forward passes after prefill)
     first_logits_sha256: str | None = None  # SHA-256 of the logits that picked the first token, if recorded
     ttft_s: float | None = None  # time to first token, if recorded
     seed: int | None = None  # the sampling seed of this row (None for greedy)
-    entry_id: str | None = None  # the library entry grafted (graft only)
-    artifact_id: str | None = None
-    similarity: float | None = None  # 1.0 for an exact match, the BM25 score otherwise
-    match: str | None = None  # "exact" | "bm25"
+    retrieval: Retrieval | None = None  # the library entry the condition read, if any
+    extra: dict[str, Any] | None = None  # condition-specific per-row values (None: nothing)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retrieval, dict):  # rebuilt from dataclasses.asdict (harness/distributed.py)
+            object.__setattr__(self, "retrieval", Retrieval(**self.retrieval))
 
 
 @dataclass(frozen=True)
@@ -131,25 +145,32 @@ class Row:
             "grafted_tokens": c.grafted_tokens, "decode_tokens": c.decode_tokens,
             "first_logits_sha256": c.first_logits_sha256, "ttft_s": c.ttft_s, "seed": c.seed,
             "wall_s": self.wall_s, "cpu_s": self.cpu_s, "energy_j": self.energy_j,
-            "energy_status": self.energy_status, "entry_id": c.entry_id, "artifact_id": c.artifact_id,
-            "similarity": c.similarity, "match": c.match,
+            "energy_status": self.energy_status, **_retrieval_json(c.retrieval),
+            **({"extra": c.extra} if c.extra is not None else {}),
         }  # fmt: skip
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Row:
         """The row of an outputs.jsonl line; keys added after format 1 began (group, first_logits_sha256,
-        ttft_s, seed) read as None when absent. A missing original key raises KeyError naming it."""
+        ttft_s, seed, extra) read as None when absent. A missing original key raises KeyError naming it."""
         completion = Completion(
             prompt=d["prompt"], context_ids=list(d["prompt_token_ids"]), text=d["completion"],
             token_ids=list(d["completion_token_ids"]), stop_reason=d["stop_reason"],
             prefill_tokens=d["prefill_tokens"], grafted_tokens=d["grafted_tokens"],
             decode_tokens=d["decode_tokens"], first_logits_sha256=d.get("first_logits_sha256"),
-            ttft_s=d.get("ttft_s"), seed=d.get("seed"), entry_id=d.get("entry_id"),
-            artifact_id=d.get("artifact_id"), similarity=d.get("similarity"), match=d.get("match"),
+            ttft_s=d.get("ttft_s"), seed=d.get("seed"),
+            retrieval=Retrieval(d["entry_id"], d["artifact_id"], d["similarity"], d["match"])
+            if d.get("entry_id") is not None else None, extra=d.get("extra"),
         )  # fmt: skip
         return cls(d["problem_id"], d["sample"], d["condition"], d.get("group"), completion, d["gold_answer"],
                    d["extracted"], d["answer"], d["correct"], d["wall_s"], d["cpu_s"], d["energy_j"],
                    d["energy_status"])  # fmt: skip
+
+
+def _retrieval_json(r: Retrieval | None) -> dict[str, Any]:
+    """The row's flat retrieval keys (outputs.jsonl format 1: present, null without a retrieval)."""
+    return {"entry_id": r.entry_id if r else None, "artifact_id": r.artifact_id if r else None,
+            "similarity": r.similarity if r else None, "match": r.match if r else None}  # fmt: skip
 
 
 def totals(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:

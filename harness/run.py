@@ -216,7 +216,8 @@ def run_rows(
     fm = fm or load_model(c)
     problems = fit_context(problems, fm, c)
     condition = build_condition(
-        c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing
+        c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
+        settings=c.condition.settings,
     )
     desc = condition.describe()
     config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(c)

@@ -120,6 +120,10 @@ def dataset_input(config: dict[str, Any], summary: Summary, manifest: dict[str, 
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "evaluation")])
 
 
+def _retrieved(row: Row, key: str) -> Any:
+    return None if row.completion.retrieval is None else getattr(row.completion.retrieval, key)
+
+
 def outputs_table(rows: Sequence[Row]) -> dict[str, list[Any]]:
     """The per-problem outputs as columns (one entry per row of outputs.jsonl) for ``mlflow.log_table``."""
     columns: dict[str, Callable[[Row], Any]] = {
@@ -127,8 +131,8 @@ def outputs_table(rows: Sequence[Row]) -> dict[str, list[Any]]:
         "extracted": lambda r: r.extracted, "gold": lambda r: r.gold, "correct": lambda r: r.correct,
         "decode_tokens": lambda r: r.completion.decode_tokens, "grafted_tokens": lambda r: r.completion.grafted_tokens,
         "prefill_tokens": lambda r: r.completion.prefill_tokens, "ttft_s": lambda r: r.completion.ttft_s,
-        "wall_s": lambda r: r.wall_s, "entry_id": lambda r: r.completion.entry_id,
-        "similarity": lambda r: r.completion.similarity, "stop_reason": lambda r: r.completion.stop_reason,
+        "wall_s": lambda r: r.wall_s, "entry_id": lambda r: _retrieved(r, "entry_id"),
+        "similarity": lambda r: _retrieved(r, "similarity"), "stop_reason": lambda r: r.completion.stop_reason,
         "completion": lambda r: r.completion.text,
     }  # fmt: skip
     return {name: [get(r) for r in rows] for name, get in columns.items()}

@@ -301,7 +301,8 @@ def _share_view(client: MlflowClient, experiment_id: str, parent_run_id: str) ->
 
 
 def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str, experiment: str,
-                   per_problem: list[dict[str, Any]] | None = None, params: dict[str, Any] | None = None) -> str:
+                   per_problem: list[dict[str, Any]] | None = None, params: dict[str, Any] | None = None,
+                   reused: Sequence[str] = ()) -> str:
     """Log the compare job's comparison (written at `path`) as the parent run of the runs it compares.
 
     Named ``compare <stamp>``; its params are the settings the comparison holds fixed (`params`: dataset,
@@ -309,9 +310,12 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
     link to ``summary.html`` (harness/summary_page.py), logged with the plots (``harness.plots``), comparison.json
     and the per-problem table (`per_problem`, default: ``per_problem.json`` beside `path`) as
     ``per_problem_table.json``. The library the job opened or built (comparison.json ``library``) is a nested
-    run ``library <name> v<version>`` with its time, entries, tokens and bytes. Each compared run already
+    run ``library <name> v<version>`` with its time, entries, tokens and bytes. The parent's span is its own
+    runs' and the library's; `reused` names the runs the job took from an earlier job (a matching baseline),
+    which are not part of it. Each compared run already
     logged to this store (its ``tracking.json``) gets ``mlflow.parentRunId`` = this run. Returns the run id."""
     from harness import per_problem as pp
+    from harness.comparison import Plan
     from harness.plots import comparison_plots
     from harness.summary_page import SUMMARY_PAGE, write_summary_page
 
@@ -337,14 +341,13 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
     model, dataset = (first.model, first.dataset) if first else (None, None)
     times = {k: run_view.run_times_ms(folders[k], s) for k, s in summaries.items()}
     end_ms = int(path.stat().st_mtime * 1000)
-    # the job's span: its runs; a baseline reused from an earlier job (ended long before the others) is not part of it
-    own = [t[0] for k, t in times.items() if k != "baseline"] or [end_ms]
-    starts = [t[0] for k, t in times.items() if k != "baseline" or t[1] >= min(own) - 60_000]
+    # the job's span: its own runs; a run it reused from an earlier job (`reused`: labels) is not part of it
+    starts = [t[0] for k, t in times.items() if k not in reused] or [end_ms]
     library = comparison.get("library") or {}
     if library.get("started_at"):
         starts.append(int(float(library["started_at"]) * 1000))  # the job's time includes the library build
     plots = comparison_plots(rows, comparison, path.parent)
-    misses = pp.misses(table)
+    misses = pp.misses(table, Plan.of_comparison(comparison))
     title = f"graft vs incontext vs baseline: {dataset}, {model}"
     page = write_summary_page(path.parent / SUMMARY_PAGE, title, comparison, table, misses, plots)
     tags = {"job": "compare", "condition": "compare", "comparable_key": comparison.get("comparable_key"),

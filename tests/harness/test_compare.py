@@ -55,8 +55,11 @@ def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
     ])  # fmt: skip
-    assert list(result["summaries"]) == ["baseline", "incontext (recurring)", "graft (recurring)",
-                                         "incontext (held-out)", "graft (held-out)"]  # fmt: skip
+    planned = ["baseline", "incontext (recurring)", "graft (recurring)", "incontext (held-out)", "graft (held-out)",
+               "truncated (recurring)"]  # configs/compare/graft.yaml, in its order
+    assert list(result["summaries"]) == planned and result["plan"]["runs"] == planned
+    assert result["plan"]["pairs"] == {"recurring": ["graft (recurring)", "incontext (recurring)"],
+                                       "held_out": ["graft (held-out)", "incontext (held-out)"]}  # fmt: skip
     for group in ("recurring", "held_out"):
         p = result["pairs"][group]
         assert (p["identical_rows"], p["differing_rows"], p["differences"]) == (2, 0, []), p
@@ -112,7 +115,7 @@ def test_rescore_of_a_compare_folder_rechecks_the_pairing_and_fails_on_a_tampere
     _edit_first_row(Path(result["runs"]["graft (recurring)"]) / "outputs.jsonl", change)
     assert _rescore(compare_dir) == 1
     out = capsys.readouterr().out
-    assert "graft row differs from its incontext twin: problem_id='kvg-001', sample=0" in out
+    assert "graft (recurring) row differs from its twin incontext (recurring): problem_id='kvg-001', sample=0" in out
     assert ("first_logits_sha256" if tamper == "first_logits_sha256" else "completion token ids") in out
 
 
@@ -125,6 +128,6 @@ def test_a_graft_row_differing_from_its_incontext_twin_fails_the_job_loudly(tmp_
         _compare(tmp_path)
     assert exc.value.code == 1
     err = capsys.readouterr().err
-    assert "graft row(s) differ from their incontext twin" in err and "problem_id='kvg-001', sample=0" in err
+    assert "row(s) differ from their twin" in err and "graft (recurring) problem_id='kvg-001', sample=0" in err
     written = json.loads(next((tmp_path / "runs" / "compare").glob("*/comparison.json")).read_text())
     assert written["pairs"]["recurring"]["differing_rows"] == 2  # written before the job fails

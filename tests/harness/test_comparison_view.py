@@ -16,7 +16,7 @@ from harness import per_problem
 from harness.comparison import PAIRS, comparison
 from harness.comparison_view import print_comparison
 from harness.pairing import pair
-from harness.record import Group, Row, Summary
+from harness.record import Group, Retrieval, Row, Summary
 from harness.run_folder import RunFolder
 
 LABELS = ["baseline", *PAIRS["recurring"], *PAIRS["held_out"]]
@@ -28,8 +28,10 @@ def _rows(fakerun: ModuleType, label: str) -> list[Row]:
         return rows
     # the graft read entry e-<problem>: its own problem when recurring, toy-2's entry for every held-out row
     held_out = "held-out" in label
-    return [dataclasses.replace(r, group=(Group.HELD_OUT if held_out else Group.RECURRING).value, completion=dataclasses.replace(
-        r.completion, entry_id="e-toy-2" if held_out else f"e-{r.problem_id}", first_logits_sha256="f" * 64))
+    group, entry = (Group.HELD_OUT, "e-toy-2") if held_out else (Group.RECURRING, None)
+    return [dataclasses.replace(r, group=group.value, completion=dataclasses.replace(
+        r.completion, retrieval=Retrieval(entry or f"e-{r.problem_id}", "f" * 64, 1.0, "bm25" if entry else "exact"),
+        first_logits_sha256="f" * 64))
         for r in rows]  # fmt: skip
 
 

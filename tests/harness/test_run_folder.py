@@ -16,7 +16,17 @@ from harness.audit import audit
 from harness.config import CONFIG_DIR
 from harness.errors import RunFolderError
 from harness.hashing import write_jsonl
-from harness.record import Completion, Group, Row, Summary, group_for, group_note, legacy_row_group, run_group
+from harness.record import (
+    Completion,
+    Group,
+    Retrieval,
+    Row,
+    Summary,
+    group_for,
+    group_note,
+    legacy_row_group,
+    run_group,
+)
 from harness.run_folder import MANIFEST, OUTPUTS, PARTIAL, STAMP_FORMAT, RunFolder
 
 # outputs.jsonl keys as harness/RUN_FORMAT.md documents them
@@ -96,7 +106,7 @@ def _graft_run(tmp_path: Path, fakerun: ModuleType, *, exclude_self: bool, match
         c = r.completion
         m = match if isinstance(match, str) else match[i]
         grafted = Completion(c.prompt, [7, 7, *c.context_ids], c.text, c.token_ids, c.stop_reason, c.prefill_tokens, 2,
-                             c.decode_tokens, entry_id="e1", artifact_id="f" * 64, similarity=1.0, match=m)  # fmt: skip
+                             c.decode_tokens, retrieval=Retrieval("e1", "f" * 64, 1.0, m))  # fmt: skip
         rows.append(Row(r.problem_id, r.sample, "graft", group.value, grafted, r.gold, r.extracted, r.answer,
                         r.correct, r.wall_s, r.cpu_s, r.energy_j, r.energy_status))  # fmt: skip
     summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(tmp_path), comparable_key="k",
@@ -217,7 +227,7 @@ def test_a_folder_written_before_the_run_group_still_audits_by_the_old_row_rule(
     matches = ["exact", "bm25", "exact"]
     rows = []
     for r, m in zip(fakerun.make_rows("graft"), matches, strict=True):
-        c = dataclasses.replace(r.completion, entry_id="e1", artifact_id="f" * 64, similarity=1.0, match=m)
+        c = dataclasses.replace(r.completion, retrieval=Retrieval("e1", "f" * 64, 1.0, m))
         rows.append(dataclasses.replace(r, condition="graft", group=legacy_row_group(m).value, completion=c))
     summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(tmp_path), comparable_key="k",
                          run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, group=Group.RECURRING)
