@@ -47,9 +47,9 @@ from harness.errors import ConfigError, HarnessError, PairingError, RunFolderErr
 from harness.hashing import write_json
 from harness.library import open_library
 from harness.pairing import pair
-from harness.record import Row, Summary
+from harness.record import Summary
 from harness.run import comparable_key, console, run_rows
-from harness.run_folder import RunFolder, claim, stamp
+from harness.run_folder import FinishedRun, RunFolder, claim, stamp
 from harness.tracking import default_tracking_uri, log_comparison
 from kvstore.environment import enter_profile
 
@@ -173,37 +173,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     key = comparable_key(c, fm)
-    folders: dict[str, RunFolder] = {}
-    summaries: dict[str, Summary] = {}
+    uri = c.tracking.uri or default_tracking_uri(runs.resolve())
+    records: dict[str, FinishedRun] = {}
+    run_ids: dict[str, str | None] = {}
     load: dict[str, Any] = {"cores": os.cpu_count(), "runs": {}}
-    all_rows: dict[str, list[Row]] = {}
     base = plan.baseline
     found = find_baseline(runs, key, condition=base, say=lambda why: console.print(f"[yellow]{why}[/]"))
     if found is None:
         console.print(f"[bold]no matching {base} run that re-scores: running the {base} first[/]")
         start = _load()
-        folders[base], summaries[base], all_rows[base] = run_rows(_run_config(argv, cfg, base, None), fm=fm)
+        records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), fm=fm)
         load["runs"][base] = {"start": start["one"], "end": _load()["one"]}
     else:
         console.print(f"matching {base} run: {found.path}")  # an earlier job's record: read, not recomputed
-        folders[base], summaries[base] = found, found.read_summary()
+        records[base] = found.finished()
+        with contextlib.suppress(RunFolderError):
+            tracked = found.read_tracking()  # the earlier job's MLflow run, nested under this one when in its store
+            if tracked.get("tracking_uri") == uri:
+                run_ids[base] = tracked.get("run_id")
     for run in plan.runs[1:]:
         exclude = None if run.group is None else run.group.value == "held_out"
         console.print(f"[bold]{run.label}[/]" + ("" if exclude is None else
                       f": library.exclude_self={str(exclude).lower()}"))  # fmt: skip
         start = _load()
-        folders[run.label], summaries[run.label], all_rows[run.label] = run_rows(
+        records[run.label], run_ids[run.label] = run_rows(
             _run_config(argv, cfg, run.condition, run.group),
             RunFolder.new(runs, run.condition, run.group.value if run.group else None), fm=fm)
         load["runs"][run.label] = {"start": start["one"], "end": _load()["one"]}
+    folders = {k: r.folder for k, r in records.items()}
+    summaries = {k: r.summary for k, r in records.items()}
+    all_rows = {k: r.rows for k, r in records.items()}
     pairings = {k: pair(all_rows[first], all_rows[twin]) for k, (first, twin) in plan.pairs.items()}
 
     # the manifest SHA-256 of each run binds comparison.json to exactly these runs (make rescore checks it)
-    manifests = {label: f.read_manifest()["manifest_sha256"] for label, f in folders.items()}
+    manifests = {label: r.manifest["manifest_sha256"] for label, r in records.items()}
     result = {**comparison(key, folders, summaries, pairings, manifests, plan), "load": load, "library": library}
-    if base not in all_rows:  # a reused baseline: an earlier job's rows, for the per-problem view
-        with contextlib.suppress(RunFolderError):
-            all_rows[base] = folders[base].read_rows()
     table = per_problem.per_problem({k: all_rows[k] for k in folders if k in all_rows},
                                     per_problem.entry_answers(lib.entries), plan)  # fmt: skip
     out = claim(runs / "compare", stamp()) / "comparison.json"  # created exclusively: never shared with another job
@@ -212,11 +216,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json(out, result)
     write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
     if c.tracking.enabled:
-        uri = c.tracking.uri or default_tracking_uri(runs.resolve())
         try:
             run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
                                     per_problem=table, params=_job_params(c, fm.name, lib),
-                                    reused=[base] if found is not None else [])
+                                    reused=[base] if found is not None else [], records=records,
+                                    run_ids={k: v for k, v in run_ids.items() if v})
             console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui`, then its description "
                           "links the summary page and the runs table with the headline columns")
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written

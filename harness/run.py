@@ -43,7 +43,7 @@ from harness.hashing import sha256_json
 from harness.problems import Problem, load_problems
 from harness.prompts import render
 from harness.record import STOP_REASONS, Row, Summary, group_note, run_group
-from harness.run_folder import RunFolder
+from harness.run_folder import FinishedRun, RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import FrozenModel, environment_fingerprint
 
@@ -152,8 +152,8 @@ def run(
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
     An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
     the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/)."""
-    folder, summary, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing, resume_from)
-    return folder, summary
+    finished, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing, resume_from)
+    return finished.folder, finished.summary
 
 
 def _open_folder(
@@ -203,8 +203,9 @@ def run_rows(
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
-) -> tuple[RunFolder, Summary, list[Row]]:
-    """`run`, also returning the rows in memory (the compare job pairs graft and incontext rows from them)."""
+) -> tuple[FinishedRun, str | None]:
+    """`run`, returning the records it wrote (the compare job pairs rows and logs its comparison from them) and
+    the MLflow run id (None when tracking is off or logging is pending)."""
     c = typed(cfg)
     check_condition(c.condition.name)
     root = Path(c.project_root)
@@ -272,7 +273,7 @@ def run_rows(
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
     try:
-        folder.finish(
+        finished = folder.finish(
             config=config,
             problems=[p.to_row() for p in problems],
             rows=rows,
@@ -288,11 +289,12 @@ def run_rows(
         )  # fmt: skip
     finally:
         folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable
+    run_id = None
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
-        _track(folder, uri, c.tracking.experiment, None)  # tracking names it: condition, group, data, model
+        run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
     print_summary(summary, folder)
-    return folder, summary, rows
+    return finished, run_id
 
 
 def _decode(
@@ -345,15 +347,17 @@ def _decode(
     return rows, run_meter.stop(), t_run, started_at
 
 
-def _track(folder: RunFolder, uri: str, experiment: str, run_name: str | None) -> None:
+def _track(finished: FinishedRun, uri: str, experiment: str, run_name: str | None) -> str | None:
+    """Log the run from the records it just wrote (harness.tracking: nothing read back)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_id = try_log_run_dir(folder.path, tracking_uri=uri, experiment=experiment, run_name=run_name)
+        run_id = try_log_run_dir(finished, tracking_uri=uri, experiment=experiment, run_name=run_name)
     for w in caught:
         if issubclass(w.category, RuntimeWarning):
             console.print(f"[yellow]warning:[/] {w.message}")
     if run_id:
         console.print(f"MLflow: run {run_id} in {uri} (experiment {experiment})")
+    return run_id
 
 
 def stops_text(stop_reasons: dict[str, int] | None) -> str:
