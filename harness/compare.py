@@ -143,13 +143,19 @@ def _library_record(lib: Any, seconds: float, built: bool, started_at: float) ->
             "started_at": started_at, "manifest_sha256": m.get("manifest_sha256")}  # fmt: skip
 
 
-def _job_params(c: Any, model: str, lib: Any) -> dict[str, Any]:
-    """The settings the comparison holds fixed, as the parent run's MLflow parameters."""
+def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
+    """The settings the comparison holds fixed, as the parent run's MLflow parameters: the backend among them
+    (llama.cpp: its settings as backend.<key>, and the KV cache type as dtype)."""
     d = c.decoding
-    return {"dataset": c.dataset.name, "limit": c.dataset.limit, "model": model, "max_new_tokens": d.max_new_tokens,
-            "strategy": d.strategy, "batch_size": d.batch_size, "n_samples": d.n_samples,
-            "library": f"{lib.manifest.get('name')}-v{lib.manifest.get('version')}",
-            "library_entries": len(lib.entries), "dtype": c.determinism.dtype}  # fmt: skip
+    params = {"dataset": c.dataset.name, "limit": c.dataset.limit, "model": model, "max_new_tokens": d.max_new_tokens,
+              "strategy": d.strategy, "batch_size": d.batch_size, "n_samples": d.n_samples,
+              "library": f"{lib.manifest.get('name')}-v{lib.manifest.get('version')}",
+              "library_entries": len(lib.entries), "dtype": c.determinism.dtype,
+              "backend": be.name if be is not None else c.model.backend}  # fmt: skip
+    if be is not None and be.name != "transformers":
+        params["dtype"] = be.dtype
+        params.update({f"backend.{k}": v for k, v in be.settings().items() if k != "backend"})
+    return params
 
 
 @exit_on_error
@@ -218,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if c.tracking.enabled:
         try:
             run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
-                                    per_problem=table, params=_job_params(c, fm.name, lib),
+                                    per_problem=table, params=_job_params(c, fm.model_name, lib, fm),
                                     reused=[base] if found is not None else [], records=records,
                                     run_ids={k: v for k, v in run_ids.items() if v})
             console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui`, then its description "

@@ -4,7 +4,8 @@ One dataclass per config group (configs/<group>/*.yaml); `Config` ties them toge
 harness/run.py takes the composed config (`compose_config` here, or Hydra's in `python -m harness`);
 `typed(cfg)` turns it into these dataclasses, the pieces conditions are built from, and refuses values that
 cannot work (one ConfigError line naming the key and what it may be) before any model loads; `load_model(cfg)`
-checks the device, then loads the frozen model it names.
+checks the device, then loads the backend it names (model.backend: transformers, the default, or llamacpp with
+model.llamacpp's settings; docs/backends.md) with its frozen model.
 
 `check_overrides(args)` refuses a misspelt override in one line with the near miss ("did you mean
 decoding.max_new_tokens?"); every entry point runs it (`python -m harness` before Hydra, `compose_config` for
@@ -29,9 +30,28 @@ from harness.errors import ConfigError
 from harness.execution import ExecutionConfig
 from harness.run_folder import claim
 from harness.tracking import DEFAULT_EXPERIMENT
-from kvstore import Determinism, FrozenModel, load_frozen_model
+from kvstore import Determinism, load_frozen_model
+from kvstore.backend import Backend
+from kvstore.backends import as_backend, load_backend
 
 D = TypeVar("D")
+
+
+@dataclass
+class LlamaCppConfig:  # mirrors kvstore.backends.llamacpp.LlamaCppSettings (model.backend=llamacpp only)
+    gguf: str = ""  # a GGUF file; "" = model.source's: the bundled Gemma 3 270M GGUF for source gemma3-270m
+    n_ctx: int = 4096  # context size (prompt + decoding.max_new_tokens must fit)
+    n_batch: int = 512  # the prefill schedule: chunks of n_batch tokens
+    n_ubatch: int = 512
+    threads: int = 2  # llama.cpp threads (decode and batch)
+    type_k: str = "float16"  # KV cache types: float16 | float32 | bfloat16 (quantized caches are not stored)
+    type_v: str = "float16"
+    flash_attn: bool = False
+    swa_full: bool = True  # keep every sliding-window position: needed to deposit or graft past the window
+    extra_bufts: bool = True  # llama.cpp's repacked weight buffers
+
+
+BACKENDS = ("transformers", "llamacpp")
 
 
 @dataclass
@@ -39,6 +59,8 @@ class ModelConfig:
     name: str = "gemma3-270m"
     source: str = "gemma3-270m"  # "gemma3-270m" (bundled GGUF), "tiny-gemma3", a local folder or a hub id
     device: str = "cpu"
+    backend: str = "transformers"  # the generation engine: transformers | llamacpp (docs/backends.md)
+    llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
 
 
 @dataclass
@@ -207,6 +229,7 @@ def validate(c: Config) -> None:
     """Refuse settings that cannot work, one ConfigError line each: decoding (strategy, budgets, temperature > 0
     for sampling, 0 < top_p <= 1), problem limits, determinism counts, run choices. The condition name is checked
     against the registry by harness.run (harness.conditions imports this module), also before the model loads."""
+    check_backend(c.model)
     d = c.decoding
     if d.strategy not in ("greedy", "sample"):
         raise ConfigError(f"decoding.strategy={d.strategy!r}: use 'greedy' or 'sample' (configs/decoding/)")
@@ -234,6 +257,35 @@ def validate(c: Config) -> None:
         raise ConfigError(f"run.context_overflow={c.run.context_overflow!r}: use one of {', '.join(CONTEXT_OVERFLOW)}")
 
 
+def check_backend(m: ModelConfig) -> None:
+    """A ConfigError naming model.backend when it is not one this harness loads, and for the llama.cpp backend
+    the settings it cannot take (CPU only, counts >= 1), before anything loads."""
+    if m.backend not in BACKENDS:
+        raise ConfigError(f"model.backend={m.backend!r}: use one of {', '.join(BACKENDS)} (configs/model/*.yaml; "
+                          "e.g. model=gemma3_270m_llamacpp)")  # fmt: skip
+    if m.backend != "llamacpp":
+        return
+    if m.device != "cpu":
+        raise ConfigError(f"model.device={m.device!r}: the llamacpp backend runs on the CPU here; use model.device=cpu")
+    lc = m.llamacpp
+    for key in ("n_ctx", "n_batch", "n_ubatch", "threads"):
+        _at_least(f"model.llamacpp.{key}", getattr(lc, key), 1, "a llama.cpp context setting")
+    kv_types = ("float16", "float32", "bfloat16")
+    for key in ("type_k", "type_v"):
+        if getattr(lc, key) not in kv_types:
+            raise ConfigError(f"model.llamacpp.{key}={getattr(lc, key)!r}: use one of {', '.join(kv_types)} "
+                              "(quantized KV caches are not stored as artifacts)")  # fmt: skip
+
+
+def llamacpp_settings(m: ModelConfig) -> dict[str, Any]:
+    """The LlamaCppSettings fields `m` names: model.llamacpp's, with the GGUF from model.source when
+    model.llamacpp.gguf is empty (source gemma3-270m: the bundled file) and model.name as the model name."""
+    s = dataclasses.asdict(m.llamacpp) if dataclasses.is_dataclass(m.llamacpp) else dict(m.llamacpp)
+    if not s.get("gguf") and m.source != "gemma3-270m":
+        s["gguf"] = m.source
+    return {**s, "model_name": m.name}
+
+
 def check_device(spec: str) -> None:
     """A ConfigError naming model.device when this machine has no such device (cuda without a GPU, cuda:3 on a
     one-GPU machine), before torch is asked to put a model there."""
@@ -256,12 +308,16 @@ def check_device(spec: str) -> None:
                           f"({dev.type}:0..{count - 1})")  # fmt: skip
 
 
-def load_model(cfg: DictConfig | Config) -> FrozenModel:
-    """The frozen model the config names, under its pinned determinism settings (its device checked first)."""
+def load_model(cfg: DictConfig | Config) -> Backend:
+    """The backend the config names (model.backend) with its frozen model loaded: transformers under the pinned
+    determinism settings (its device checked first; `.fm` is the kvstore.FrozenModel), llamacpp under
+    model.llamacpp's settings. Every harness function that takes a model takes this (or a FrozenModel)."""
     c = typed(cfg)
+    if c.model.backend == "llamacpp":
+        return load_backend("llamacpp", **llamacpp_settings(c.model))
     check_device(c.model.device)
     det = Determinism(**dataclasses.asdict(c.determinism))
-    return load_frozen_model(c.model.source, det, device=c.model.device)
+    return as_backend(load_frozen_model(c.model.source, det, device=c.model.device))
 
 
 def register() -> None:
@@ -271,7 +327,8 @@ def register() -> None:
 
 
 _SECTIONS: dict[tuple[type, str], type] = {
-    (Config, "model"): ModelConfig, (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
+    (Config, "model"): ModelConfig, (ModelConfig, "llamacpp"): LlamaCppConfig,
+    (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
     (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
     (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
     (LibraryConfig, "dataset"): DatasetConfig, (Config, "run"): RunConfig, (Config, "execution"): ExecutionConfig,

@@ -8,24 +8,23 @@ All writers here are atomic (design invariant 3): the data goes to a temporary f
 folder, is flushed and fsync'ed, then ``os.replace``'d over the target. On any exception the
 temporary file is removed and the target is left untouched.
 
-The writes go through the project's one atomic-write helper, ``kvstore/atomic.py``. This module does not import
-the ``kvstore`` package (its ``__init__`` imports torch), so that re-checking a run folder (``harness.audit``,
-``scripts/rescore.py``) works where torch is not installed: the helper's file, which imports only the standard
-library, is loaded on its own when ``kvstore`` is not already imported.
+The writes go through the project's one atomic-write helper (``kvstore.atomic``) and the encoding through its one
+canonical JSON (``kvstore.canonical``, with ``ensure_ascii=False``: the run format's rule). Both modules import only
+the standard library and ``kvstore`` imports its submodules lazily, so re-checking a run folder (``harness.audit``,
+``scripts/rescore.py``) works where torch is not installed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
-import sys
 from collections.abc import Iterable
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from kvstore import atomic
+from kvstore.canonical import canonical_json as _canonical_json
 
 __all__ = [
     "atomic_write_bytes",
@@ -42,7 +41,7 @@ __all__ = [
 
 def canonical_json(obj: Any) -> bytes:
     """Return the canonical JSON encoding of ``obj`` as UTF-8 bytes (sorted keys, no spaces)."""
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return _canonical_json(obj, ensure_ascii=False).encode("utf-8")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -55,32 +54,15 @@ def sha256_json(obj: Any) -> str:
     return sha256_hex(canonical_json(obj))
 
 
-@cache
-def _kvstore_atomic() -> ModuleType:
-    """``kvstore.atomic``, without importing the kvstore package (and torch) when it is not loaded."""
-    loaded = sys.modules.get("kvstore.atomic")
-    if loaded is not None:
-        return loaded
-    source = Path(__file__).resolve().parents[1] / "kvstore" / "atomic.py"
-    spec = importlib.util.spec_from_file_location("harness._kvstore_atomic", source)
-    if spec is None or spec.loader is None:  # pragma: no cover - the file ships with the package
-        import kvstore.atomic
-
-        return kvstore.atomic
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Best-effort fsync of a folder so a rename into it is durable (kvstore.atomic.fsync_dir)."""
-    _kvstore_atomic().fsync_dir(Path(directory))
+    atomic.fsync_dir(Path(directory))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: kvstore's one atomic-write helper (temp file in the same folder,
     fsync, ``os.replace``, directory fsync; the temp file is removed on any error)."""
-    _kvstore_atomic().atomic_write(Path(path), data)
+    atomic.atomic_write(Path(path), data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

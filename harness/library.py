@@ -46,12 +46,14 @@ from harness.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, wr
 from harness.library_source import LIBRARY_FORMAT, library_identity, read_candidates
 from harness.problems import Problem, problem_fingerprint
 from harness.prompts import render
-from kvstore import FrozenModel, KVStoreError, LocalStore, deposit_tokens, environment_fingerprint, tokens_sha256
+from kvstore import FrozenModel, KVStoreError, LocalStore, Snapshot, tokens_sha256
+from kvstore.backend import Backend
+from kvstore.backends import as_backend
 from kvstore.environment import enter_profile
-from kvstore.graft import settings_differences
 from kvstore.open_store import open_store  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
 
 _WORD = re.compile(r"[a-z0-9]+")
+LIBRARY_FILES = ("index.jsonl", "manifest.json")  # a library folder's files, in the order they are written
 
 
 @dataclass(frozen=True)
@@ -201,9 +203,18 @@ def _index_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
     return rows
 
 
-def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> Path:
-    """Verify, deposit and index every candidate solution. Resumable: an entry whose tokens are already in
-    the store for this model is not recomputed. Returns the library folder."""
+def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
+    """The artifact of `ids` on the backend: prefilled from position 0 in its pinned schedule, then captured
+    (transformers: exactly kvstore.deposit_tokens, so every artifact id is unchanged)."""
+    state, _ = be.prefill(ids)
+    return be.capture(state, ids, extra)
+
+
+def build_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."), progress: bool = True) -> Path:
+    """Verify, deposit and index every candidate solution on the backend `fm` (a FrozenModel: its transformers
+    backend). Resumable: an entry whose tokens are already in the store for this model and these settings is not
+    recomputed. Returns the library folder."""
+    fm = as_backend(fm)
     store = open_store(lib_cfg.store, project_root)
     candidates, origin = read_candidates(lib_cfg, project_root)
     identity = library_identity(lib_cfg, fm, project_root, candidates)
@@ -236,7 +247,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         ids = fm.encode(text)
         existing = [
             a for a in store.find_tokens(tokens_sha256(ids))
-            if store.info(a).model_fingerprint == fm.fingerprint and not settings_differences(store.get(a), fm)
+            if store.info(a).model_fingerprint == fm.fingerprint and not fm.settings_differences(store.get(a))
         ]
         planned.append((p, solution, verification, text, ids, str(existing[0]) if existing else None))
     # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.
@@ -252,8 +263,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
             store.add_tags(aid, [tag])
         else:
             try:
-                aid = str(store.put(deposit_tokens(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}),
-                                    tags=[tag]))
+                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag]))
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
             bar.update(len(ids))
@@ -279,7 +289,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         print(f"library {lib_cfg.name}: deposited {len(planned) - reused} entries ({todo} tokens) in {secs:.0f} s"
               + (f" = {todo / secs:.0f} tokens/s" if todo and secs > 0 else "")
               + f"; {reused} already in the store; {len(skipped)} refused; {disk / 1e9:.2f} GB on disk for {toks} "
-              f"tokens ({disk / max(toks, 1) / 1e3:.1f} kB/token, {fm.determinism.dtype}); peak RSS "
+              f"tokens ({disk / max(toks, 1) / 1e3:.1f} kB/token, {fm.dtype}, {fm.name}); peak RSS "
               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB", flush=True)
     if not entries:
         raise LibraryError(f"library {lib_cfg.name}: no verified solution to deposit ({len(skipped)} skipped)")
@@ -293,7 +303,7 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
         "identity_sha256": identity_sha256,
         "model_fingerprint": fm.fingerprint,
         "tokenizer_fingerprint": fm.tokenizer_fingerprint,
-        "model_name": fm.name,
+        "model_name": fm.model_name,
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
         "store": str(store.root),
         "skipped": skipped,
@@ -302,13 +312,15 @@ def build_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), prog
     return out_dir
 
 
-def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenModel) -> None:
+def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenModel | Backend) -> None:
     """Write index.jsonl, then manifest.json (last: a library without it is incomplete) with the entry hashes,
-    totals, and the settings and compute environment its artifacts were computed in."""
+    totals, and the settings (llama.cpp: "backend" and its settings) and compute environment its artifacts were
+    computed in."""
+    fm = as_backend(fm)
     manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     manifest.update(
-        determinism=fm.determinism.to_dict(),
-        environment=environment_fingerprint(fm.device),
+        determinism=fm.settings(),
+        environment=fm.environment(),
         n_entries=len(rows),
         entries={r["entry_id"]: sha256_json(r) for r in rows},
         index_sha256=sha256_hex(jsonl_bytes(rows)),
@@ -320,10 +332,12 @@ def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenMo
     write_json(out_dir / "manifest.json", manifest)
 
 
-def redeposit_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), progress: bool = True) -> dict:
+def redeposit_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."),
+                      progress: bool = True) -> dict:  # fmt: skip
     """Re-deposit every entry of the library `lib_cfg` names whose artifact this process could not graft
     exactly (another compute environment or settings), from the token ids the artifact holds, keeping entry ids.
     Returns {"path", "entries", "redeposited", "kept", "differences": {entry_id: [...]}}."""
+    fm = as_backend(fm)
     lib = open_library(lib_cfg, fm, project_root)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     rows, differences = [], {}
@@ -336,12 +350,12 @@ def redeposit_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), 
         if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
                                "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
-        diffs = settings_differences(snap, fm)
+        diffs = fm.settings_differences(snap)
         row = e.to_row()
         if diffs:
             differences[e.entry_id] = diffs
             try:
-                aid = lib.store.put(deposit_tokens(fm, snap.token_ids, extra=snap.extra), tags=[tag])
+                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=[tag])
             except KVStoreError as err:
                 raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
             row["artifact_id"] = str(aid)
@@ -352,9 +366,12 @@ def redeposit_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), 
             "kept": len(rows) - len(differences), "differences": differences}
 
 
-def open_library(lib_cfg, fm: FrozenModel, project_root: Path = Path("."), build_if_missing: bool = False) -> Library:
-    """The library `lib_cfg` names for this model, searched as `lib_cfg.exclude_self` / `.retrieval` say: the one
-    built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index re-checked."""
+def open_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."),
+                 build_if_missing: bool = False) -> Library:  # fmt: skip
+    """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
+    say: the one built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index
+    re-checked."""
+    fm = as_backend(fm)
     identity = library_identity(lib_cfg, fm, project_root)
     identity_sha256 = sha256_json(identity)
     path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)

@@ -17,6 +17,7 @@ from harness.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from kvstore import FrozenModel
+    from kvstore.backend import Backend
 
 LIBRARY_FORMAT = "kvgraft-library/1"
 
@@ -48,7 +49,7 @@ def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, st
     raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
 
 
-def library_identity(lib_cfg, fm: FrozenModel, project_root: Path,
+def library_identity(lib_cfg, fm: FrozenModel | Backend, project_root: Path,
                      candidates: list[tuple[Problem, str]] | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything that determines a library's content: the candidate rows it is built from (`candidates`, read
     from the source when not given) and the source file's SHA-256, how they are selected (dataset path, hub id,
@@ -69,13 +70,20 @@ def library_identity(lib_cfg, fm: FrozenModel, project_root: Path,
         except HarnessError as e:
             raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
         source = {"harvest_run": lib_cfg.harvest_run, "manifest_sha256": manifest_sha256}
-    return {
+    identity = {
         "format": LIBRARY_FORMAT, "name": lib_cfg.name, "version": lib_cfg.version, "source": lib_cfg.source,
         **{f"source_{k}": v for k, v in source.items()},
         "candidates_sha256": sha256_json([[p.to_row(), text] for p, text in candidates]),
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
         "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
     }  # fmt: skip
+    from kvstore.backends import as_backend
+
+    be = as_backend(fm)
+    if be.name != "transformers":  # absent = transformers: every library built before the seam keeps its folder
+        identity["backend"] = be.name
+        identity["backend_settings"] = be.settings()  # llama.cpp: n_ctx, n_batch, ... and its build
+    return identity
 
 
 def _file_sha256(path: Path) -> str:

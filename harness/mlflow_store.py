@@ -18,7 +18,6 @@ import math
 import os
 import random
 import re
-import secrets
 import socket
 import sqlite3
 import time
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 from harness.errors import TrackingError
-from harness.hashing import fsync_dir
+from kvstore.atomic import publish, temp_path
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -215,15 +214,13 @@ def _create_atomically(db_path: Path) -> None:
     """Create MLflow's schema in `.<name>.<random>.tmp` next to `db_path`, then rename it into place."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    tmp = db_path.with_name(f".{db_path.name}.{secrets.token_hex(8)}.tmp")
+    tmp = temp_path(db_path)
     uri = f"sqlite:///{tmp.as_posix()}"
     try:
         store = SqlAlchemyStore(uri, (db_path.parent / "mlartifacts").resolve().as_uri())
         store.engine.dispose()
         SqlAlchemyStore._engine_map.pop(uri, None)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, db_path)
+        publish(tmp, db_path)  # fsync, rename, folder fsync
     except BaseException as exc:
         _forget_engine(uri)
         _remove_db(tmp)
@@ -233,7 +230,6 @@ def _create_atomically(db_path: Path) -> None:
                 "path. Free space or fix permissions in its folder, then log the run with `make log-run RUN=<run>`"
             ) from exc
         raise
-    fsync_dir(db_path.parent)
 
 
 def ensure_sqlite_store(tracking_uri: str) -> None:

@@ -7,11 +7,13 @@ bar chart of the sweep report (harness/report.py).
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.hashing import atomic_write_bytes
 from harness.record import Row
 
 __all__ = ["bar_plot", "comparison_plots"]
@@ -26,6 +28,16 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay the figure out, write it as PNG through the one atomic write, and free it."""
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
 def accuracy_plot(path: Path, labels: Sequence[str], acc: Sequence[float], low: Sequence[float],
                    high: Sequence[float], title: str) -> Path:  # fmt: skip
     plt = _pyplot()
@@ -37,10 +49,7 @@ def accuracy_plot(path: Path, labels: Sequence[str], acc: Sequence[float], low: 
     ax.set_ylabel("accuracy (95% interval)")
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -70,10 +79,7 @@ def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, An
     ax.set_title("decode tokens per problem")
     if rows:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "decode_tokens.png", dpi=100)
-    plt.close(fig)
-    paths.append(out_dir / "decode_tokens.png")
+    paths.append(_save(plt, fig, out_dir / "decode_tokens.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ttfts = {label: [r.completion.ttft_s for r in rs if r.completion.ttft_s is not None] for label, rs in rows.items()}
@@ -88,10 +94,7 @@ def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, An
     else:
         ax.text(0.5, 0.5, "no row recorded ttft_s", ha="center", va="center")
     ax.set_title("time to first token")
-    fig.tight_layout()
-    fig.savefig(out_dir / "ttft.png", dpi=100)
-    plt.close(fig)
-    paths.append(out_dir / "ttft.png")
+    paths.append(_save(plt, fig, out_dir / "ttft.png"))
     return paths
 
 
@@ -115,7 +118,4 @@ def bar_plot(path: Path, labels: list[str], values: list[float], ylabel: str, ti
         ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title}\n{note}" if note else title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError, RunFolderError, exit_on_error
+from harness.hashing import atomic_write_text
 from harness.plots import accuracy_plot, bar_plot
 from harness.record import run_group
 from harness.run_folder import RunFolder
@@ -94,8 +95,8 @@ def write_report(root: Path, out: Path | None = None) -> tuple[Any, list[Path]]:
     out = out or root / "report"
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.csv", out / "report.md"]
-    df.to_csv(files[0], index=False)
-    files[1].write_text(f"# Report: {root}\n\n" + _markdown(df), encoding="utf-8")
+    atomic_write_text(files[0], df.to_csv(index=False))
+    atomic_write_text(files[1], f"# Report: {root}\n\n" + _markdown(df))
     axes = [c for c in df.columns if c not in ("run", "n") and c in df.columns[: list(df.columns).index("condition")]]
     labels = [", ".join(f"{a.split('.')[-1]}={row[a]}" for a in axes) + f" {row['condition']}" +
               (f" {row['group']}" if row["group"] else "") for _, row in df.iterrows()]  # fmt: skip

@@ -45,7 +45,9 @@ from harness.prompts import render
 from harness.record import STOP_REASONS, Row, Summary, group_note, run_group
 from harness.run_folder import FinishedRun, RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
-from kvstore import FrozenModel, environment_fingerprint
+from kvstore import FrozenModel
+from kvstore.backend import TRANSFORMERS, Backend
+from kvstore.backends import as_backend
 
 __all__ = [
     "check_condition", "comparable_key", "fit_context", "load_model", "print_summary", "resume_key", "run", "run_rows",
@@ -56,10 +58,18 @@ NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true 
              "in another compute environment through")
 
 
-def comparable_key(cfg: DictConfig | Config, fm: FrozenModel) -> str:
+def backend_record(fm: FrozenModel | Backend) -> dict[str, Any] | None:
+    """What a run's keys record of its backend: None for transformers (its determinism settings are in the keys
+    already, and runs from before the seam keep their keys), else {"backend": name, "settings": settings()}
+    (llama.cpp: every context setting and build fact)."""
+    be = as_backend(fm)
+    return None if be.name == TRANSFORMERS else {"backend": be.name, "settings": be.settings()}
+
+
+def comparable_key(cfg: DictConfig | Config, fm: FrozenModel | Backend) -> str:
     """Runs with the same key differ only in condition/library: same model, data, prompt, decoding (batch size
-    included: a batch need not give the bits of single rows), settings. batch_size 1 is left out of the key, so
-    runs from before it existed keep theirs."""
+    included: a batch need not give the bits of single rows), settings, backend. batch_size 1 is left out of the
+    key, and so is the transformers backend, so runs from before they existed keep theirs."""
     c = dataclasses.asdict(typed(cfg))
     if c["decoding"].get("batch_size") == 1:
         del c["decoding"]["batch_size"]
@@ -68,6 +78,9 @@ def comparable_key(cfg: DictConfig | Config, fm: FrozenModel) -> str:
         "tokenizer": fm.tokenizer_fingerprint,
         **{k: c[k] for k in ("dataset", "prompt", "decoding", "determinism")},
     }
+    backend = backend_record(fm)
+    if backend is not None:
+        key["backend"] = backend
     if c["run"]["context_overflow"] != "refuse":  # truncated prompts are other inputs; refuse changes nothing
         key["context_overflow"] = c["run"]["context_overflow"]
     return sha256_json(key)
@@ -82,27 +95,38 @@ def check_condition(name: str) -> None:
         raise ConfigError(f"condition.name={name!r}: {hint}use one of {', '.join(CONDITIONS)} (configs/condition/)")
 
 
-def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel, library: str | None) -> str:
+def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel | Backend,
+               library: str | None) -> str:  # fmt: skip
     """What an interrupted run must share with this one to be resumed by it: the resolved config (run.fresh left
-    out), the problem rows, the model and tokenizer fingerprints and the library manifest."""
+    out), the problem rows, the model and tokenizer fingerprints, the backend (not transformers: see
+    `backend_record`) and the library manifest."""
     config = copy.deepcopy(config)
     config.get("run", {}).pop("fresh", None)
-    return sha256_json({
+    key = {
         "config": config, "problems": [p.to_row() for p in problems], "model": fm.fingerprint,
         "tokenizer": fm.tokenizer_fingerprint, "library": library,
-    })  # fmt: skip
+    }  # fmt: skip
+    backend = backend_record(fm)
+    if backend is not None:
+        key["backend"] = backend
+    return sha256_json(key)
 
 
-def context_size(fm: FrozenModel) -> int | None:
-    """The most positions the model takes (its config's max_position_embeddings), None when it does not say."""
-    config = fm.config
+def context_size(fm: FrozenModel | Backend) -> int | None:
+    """The most positions the model takes: transformers, its config's max_position_embeddings; another backend,
+    its context setting (llama.cpp: n_ctx); None when it does not say."""
+    be = as_backend(fm)
+    if be.name != TRANSFORMERS:
+        n = be.settings().get("n_ctx")
+        return int(n) if n else None
+    config = be.fm.config
     n = getattr(config, "max_position_embeddings", None) or getattr(
         getattr(config, "text_config", None), "max_position_embeddings", None
     )
     return int(n) if n else None
 
 
-def fit_context(problems: list[Problem], fm: FrozenModel, c: Config) -> list[Problem]:
+def fit_context(problems: list[Problem], fm: FrozenModel | Backend, c: Config) -> list[Problem]:
     """Every problem whose prompt plus decoding.max_new_tokens exceeds the model's context: refused (a ConfigError
     naming it, run.context_overflow=refuse) or its text cut to fit (truncate: said on screen and recorded in the
     problem row's source as {"context_overflow": {"prompt_tokens", "kept_problem_tokens"}}). Checked after the
@@ -143,7 +167,7 @@ def fit_context(problems: list[Problem], fm: FrozenModel, c: Config) -> list[Pro
 def run(
     cfg: DictConfig,
     folder: RunFolder | str | Path | None = None,
-    fm: FrozenModel | None = None,
+    fm: FrozenModel | Backend | None = None,
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
@@ -199,7 +223,7 @@ def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder:
 def run_rows(
     cfg: DictConfig,
     folder: RunFolder | str | Path | None = None,
-    fm: FrozenModel | None = None,
+    fm: FrozenModel | Backend | None = None,
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
@@ -214,7 +238,7 @@ def run_rows(
     problems = load_problems(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
-    fm = fm or load_model(c)
+    fm = as_backend(fm) if fm is not None else load_model(c)  # a FrozenModel stands for its transformers backend
     problems = fit_context(problems, fm, c)
     condition = build_condition(
         c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
@@ -264,12 +288,12 @@ def run_rows(
     started_at = first_started or started_at
 
     summary = Summary.of(
-        rows, condition=condition.name, model=fm.name, dataset=d.name, run_dir=str(folder.path),
+        rows, condition=condition.name, model=fm.model_name, dataset=d.name, run_dir=str(folder.path),
         comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
         energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )  # fmt: skip
-    exactness = NOT_EXACT if fm.determinism.allow_environment_mismatch else None
+    exactness = NOT_EXACT if _allows_mismatch(fm) else None
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
     try:
@@ -281,8 +305,8 @@ def run_rows(
             prompt_template=c.prompt.template,
             model_fingerprint=fm.fingerprint,
             tokenizer_fingerprint=fm.tokenizer_fingerprint,
-            determinism=fm.determinism.to_dict(),
-            environment=environment_fingerprint(fm.device),
+            determinism=fm.settings(),  # transformers: the Determinism's dict; llama.cpp: "backend" + settings
+            environment=fm.environment(),
             library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
             else None,
             exactness=exactness,
@@ -295,6 +319,12 @@ def run_rows(
         run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
     print_summary(summary, folder)
     return finished, run_id
+
+
+def _allows_mismatch(be: Backend) -> bool:
+    """determinism.allow_environment_mismatch of a transformers backend (not recorded in its settings)."""
+    det = getattr(getattr(be, "fm", None), "determinism", None)
+    return bool(getattr(det, "allow_environment_mismatch", False))
 
 
 def _decode(

@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.comparison import Plan
 from harness.comparison_view import load_warning
+from harness.hashing import atomic_write_text
 
 __all__ = ["SUMMARY_PAGE", "headline_rows", "write_summary_page"]
 
@@ -89,5 +90,5 @@ td:first-child,th:first-child{{text-align:left}}img{{max-width:32em}}figure{{dis
 <h2>Plots</h2>{images}
 </body></html>
 """
-    out.write_text(page, encoding="utf-8")
+    atomic_write_text(out, page)
     return out

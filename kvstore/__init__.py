@@ -16,62 +16,72 @@ Public API (what a user of the engine needs; everything else stays importable fr
                                         the exactness procedure: graft vs fresh reference (kvstore.verify)
     Prefetcher                          read + verify upcoming artifacts in the background (kvstore.prefetch)
     export_bundle, import_bundle, BundleInfo
-                                        move artifacts (and a library) between stores as one file (kvstore.bundle)
+                                        artifacts (+ opaque attachments) between stores as one file (kvstore.bundle)
     KVStoreError and its subclasses     kvstore.errors
 
 Elsewhere on purpose: kvstore.gguf.BUNDLED (the bundled model's name), kvstore.tiny (test models),
 kvstore.graft.check_compatible / graft_repositioned (the checks alone; the position experiment),
 kvstore.store.Store / ArtifactInfo (the interface and the index rows), kvstore.verify.Comparison / the
 halves of the check.
-Importing kvstore changes no process state; `Determinism.apply()` (called by `load_frozen_model`) is where
-torch's global settings are set.
+Importing kvstore changes no process state and imports nothing heavy: the names above are resolved on first
+use (PEP 562 module `__getattr__`), so `import kvstore.atomic`, `kvstore.errors` or `kvstore.framing` (standard
+library only) never pulls in torch or transformers; `from kvstore import check_graft` imports what that
+name needs. `Determinism.apply()` (called by `load_frozen_model`) is where torch's global settings are set.
 """
 
-from kvstore.backend import Backend
-from kvstore.backends import as_backend, load_backend
-from kvstore.bundle import BundleInfo, export_bundle, import_bundle
-from kvstore.capture import capture_snapshot, deposit_tokens, forward, new_cache, prefill
-from kvstore.determinism import Determinism
-from kvstore.errors import (
-    BundleError,
-    FormatError,
-    IncompatibleError,
-    IndexDatabaseError,
-    IntegrityError,
-    InvalidIdError,
-    KVStoreError,
-    ModelLoadError,
-    NotFoundError,
-    SettingsError,
-    ValidationError,
-)
-from kvstore.format import FORMAT, Snapshot, from_bytes, read_metadata, to_bytes, tokens_sha256
-from kvstore.graft import graft_snapshot
-from kvstore.memory_store import MemoryStore
-from kvstore.model import FrozenModel, environment_fingerprint, load_frozen_model
-from kvstore.prefetch import Prefetcher
-from kvstore.store import ArtifactId, LocalStore, atomic_write
-from kvstore.tier import CachedStore
-from kvstore.verify import GraftCheck, check_graft, compare_logits, logits_sha256
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import Any
+
+# public name -> the module that defines it (the one place a re-export is declared)
+_EXPORTS: dict[str, str] = {
     # model and settings
-    "Determinism", "FrozenModel", "environment_fingerprint", "load_frozen_model",
+    "Determinism": "kvstore.determinism", "FrozenModel": "kvstore.model",
+    "environment_fingerprint": "kvstore.model", "load_frozen_model": "kvstore.model",
     # the backend seam
-    "Backend", "as_backend", "load_backend",
+    "Backend": "kvstore.backend", "as_backend": "kvstore.backends", "load_backend": "kvstore.backends",
     # compute and capture
-    "capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill",
+    "capture_snapshot": "kvstore.capture", "deposit_tokens": "kvstore.capture", "forward": "kvstore.capture",
+    "new_cache": "kvstore.capture", "prefill": "kvstore.capture",
     # graft
-    "graft_snapshot",
+    "graft_snapshot": "kvstore.graft",
     # the artifact and its bytes
-    "FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256",
+    "FORMAT": "kvstore.format", "Snapshot": "kvstore.format", "from_bytes": "kvstore.format",
+    "read_metadata": "kvstore.format", "to_bytes": "kvstore.format", "tokens_sha256": "kvstore.format",
     # stores
-    "ArtifactId", "CachedStore", "LocalStore", "MemoryStore", "Prefetcher", "atomic_write",
+    "ArtifactId": "kvstore.ids", "CachedStore": "kvstore.tier", "LocalStore": "kvstore.store",
+    "MemoryStore": "kvstore.memory_store", "Prefetcher": "kvstore.prefetch", "atomic_write": "kvstore.atomic",
     # moving artifacts between stores
-    "BundleInfo", "export_bundle", "import_bundle",
+    "BundleInfo": "kvstore.bundle", "export_bundle": "kvstore.bundle", "import_bundle": "kvstore.bundle",
     # exactness
-    "GraftCheck", "check_graft", "compare_logits", "logits_sha256",
+    "GraftCheck": "kvstore.verify", "check_graft": "kvstore.verify", "compare_logits": "kvstore.verify",
+    "logits_sha256": "kvstore.verify",
     # errors
-    "BundleError", "FormatError", "IncompatibleError", "IndexDatabaseError", "IntegrityError", "InvalidIdError",
-    "KVStoreError", "ModelLoadError", "NotFoundError", "SettingsError", "ValidationError",
-]
+    **{name: "kvstore.errors" for name in (
+        "BundleError", "FormatError", "IncompatibleError", "IndexDatabaseError", "IntegrityError",
+        "InvalidIdError", "KVStoreError", "ModelLoadError", "NotFoundError", "SettingsError", "ValidationError")},
+}  # fmt: skip
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve a public name (or a submodule, `kvstore.store`) on first use and cache it on the package."""
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    else:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # the submodule exists but one of its own imports is missing: say that, not "no attribute"
+            raise AttributeError(f"module 'kvstore' has no attribute {name!r}; the public names are listed in "
+                                 "kvstore.__all__ (everything else is imported from its module)") from None  # fmt: skip
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

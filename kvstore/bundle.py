@@ -1,13 +1,15 @@
-"""Bundles: carry artifacts (and optionally one solution library) from one store to another as one file.
+"""Bundles: carry artifacts, and named opaque attachment files, from one store to another as one file.
 
 A bundle is an uncompressed POSIX ustar archive holding a manifest (`kvgraft-bundle.json`), every artifact's
-bytes under its object path and, for a library, its `index.jsonl` and `manifest.json` unchanged; the exact
-bytes are specified in FORMAT.md section 7.
+bytes under its object path and each attachment's bytes unchanged under `attachments/<name>`; the exact bytes
+are specified in FORMAT.md section 7. The engine does not know what an attachment means: the caller chooses
+the files and checks them (`check=`) before an import writes anything. The harness's solution library travels
+this way (harness/library_bundle.py: its index and manifest as attachments, its entries' artifacts).
 
-    info = export_bundle(store, ids, "lib.kvb", library_dir="runs/libraries/aime-v1-...")
-    info = import_bundle("lib.kvb", other_store, library_dir="elsewhere/aime-v1-...")
+    info = export_bundle(store, ids, "b.kvb", attachments={"notes.txt": b"..."})
+    info = import_bundle("b.kvb", other_store, attachments_dir="elsewhere/")
 
-or from the shell: `kvstore export --library DIR -o lib.kvb`, `kvstore import lib.kvb --store DIR`.
+or from the shell: `kvstore export ID... --attach FILE -o b.kvb`, `kvstore import b.kvb --attachments-dir DIR`.
 
 Import trusts nothing in the file: it reads the archive with its own strict parser (not `tarfile`), verifies
 every member (hash, size, full admission of every artifact) before anything is written, then publishes
@@ -19,22 +21,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from kvstore.canonical import canonical_json
 from kvstore.errors import BundleError, KVStoreError, NotFoundError
 from kvstore.format import from_bytes
 from kvstore.store import ArtifactId, Store, atomic_write, id_to_relpath
 from kvstore.ustar import read_member, tar_members, write_tar
 
-BUNDLE_FORMAT = "kvgraft-bundle/1"
+BUNDLE_FORMAT = "kvgraft-bundle/2"
+# format -> the manifest key (and member folder) of the attachments: /1 called them "library" (then always the
+# two files of a harness library, or null); /2 holds any named files. Both are read.
+ATTACHMENTS_KEY = {"kvgraft-bundle/1": "library", "kvgraft-bundle/2": "attachments"}
 MANIFEST_NAME = "kvgraft-bundle.json"
-LIBRARY_FILES = ("index.jsonl", "manifest.json")
 MAX_MANIFEST_BYTES = 16 << 20
-MAX_LIBRARY_FILE_BYTES = 256 << 20
+MAX_ATTACHMENT_BYTES = 256 << 20
+MAX_ATTACHMENTS = 64
+_ATTACHMENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # one safe path component
 PUBLISH_BATCH_BYTES = 256 << 20  # artifacts per put_many call (one index transaction), by total size
 _FIX = "export the bundle again from its source store with `kvstore export`"
 
@@ -48,13 +56,14 @@ class BundleInfo:
     manifest_sha256: str
     artifacts: tuple[str, ...]  # every artifact id in the bundle, ascending
     size: int  # bytes of all artifacts together
-    library_manifest_sha256: str | None  # SHA-256 of the library's manifest.json bytes; None without a library
+    attachments: dict[str, str]  # name -> SHA-256 of the attachment's bytes (empty without attachments)
     added: tuple[str, ...] = ()  # import: the ids the target store did not have before
-    library_dir: Path | None = None  # export: the library read; import: the folder the library was written to
+    attachments_dir: Path | None = None  # import: the folder the attachments were written to (None: not written)
 
 
 def _canonical(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("ascii")
+    """The manifest's bytes (FORMAT.md section 7): kvstore.canonical with ASCII escapes, so ASCII bytes."""
+    return canonical_json(obj, ensure_ascii=True).encode("ascii")
 
 
 def _sha(data: bytes | memoryview) -> str:
@@ -65,30 +74,31 @@ def _sha(data: bytes | memoryview) -> str:
 
 
 def export_bundle(store: Store, ids: Iterable[str], path: str | os.PathLike,
-                  library_dir: str | os.PathLike | None = None) -> BundleInfo:
-    """Write the artifacts `ids` (plus every artifact of the library in `library_dir`, and its index.jsonl and
-    manifest.json) as one bundle at `path`, which must not exist. Every artifact is read through the store,
-    so it is verified (SHA-256 == id) on the way out. The same content always gives the same bundle bytes."""
+                  attachments: Mapping[str, bytes] | None = None) -> BundleInfo:
+    """Write the artifacts `ids` and the `attachments` (name -> bytes, carried unchanged) as one bundle at
+    `path`, which must not exist. Every artifact is read through the store, so it is verified (its bytes hash to
+    its id) on the way out. The same content always gives the same bundle bytes."""
     path = Path(path)
     if path.exists() or path.is_symlink():
         raise BundleError(f"{path} already exists; remove it or choose another output path")
-    wanted = {ArtifactId(i) for i in ids}
-    lib: dict[str, bytes] = {}
-    if library_dir is not None:
-        lib = _read_library(Path(library_dir))
-        wanted |= set(_library_artifact_ids(lib["index.jsonl"], f"{library_dir}/index.jsonl"))
+    files = dict(sorted((attachments or {}).items()))
+    for name, data in files.items():
+        _check_attachment(name, len(data), f"export to {path}")
+    if len(files) > MAX_ATTACHMENTS:
+        raise BundleError(f"export to {path}: {len(files)} attachments, over the {MAX_ATTACHMENTS} a bundle carries")
+    wanted = sorted({ArtifactId(i) for i in ids})
     if not wanted:
-        raise BundleError("nothing to export: no artifact ids (give ids, --tag with tagged artifacts, or --library)")
+        raise BundleError("nothing to export: no artifact ids (give ids, or --tag with tagged artifacts)")
     entries = []
-    for aid in sorted(wanted):
+    for aid in wanted:
         size = len(store.get_bytes(aid))  # NotFoundError / IntegrityError name the artifact
         try:
             tags = sorted(store.info(aid).tags)
         except NotFoundError:  # an object without an index row has no tags
             tags = []
         entries.append({"id": str(aid), "size": size, "sha256": str(aid), "tags": tags})
-    manifest: dict = {"format": BUNDLE_FORMAT, "artifacts": entries,
-                      "library": {n: {"size": len(b), "sha256": _sha(b)} for n, b in lib.items()} or None}
+    listed = {n: {"size": len(b), "sha256": _sha(b)} for n, b in files.items()}
+    manifest: dict = {"format": BUNDLE_FORMAT, "artifacts": entries, "attachments": listed}
     manifest["manifest_sha256"] = _sha(_canonical(manifest))
 
     def members() -> Iterator[tuple[str, bytes]]:
@@ -96,62 +106,36 @@ def export_bundle(store: Store, ids: Iterable[str], path: str | os.PathLike,
         for e in entries:
             data = store.get_bytes(e["id"])  # verified again: the store may have changed since the first pass
             yield id_to_relpath(e["id"]), data
-        for name in LIBRARY_FILES if lib else ():
-            yield f"library/{name}", lib[name]
+        for name, data in files.items():
+            yield f"attachments/{name}", data
 
     digest = write_tar(path, members())
     return BundleInfo(path, digest, manifest["manifest_sha256"], tuple(e["id"] for e in entries),
-                      sum(e["size"] for e in entries), _sha(lib["manifest.json"]) if lib else None,
-                      library_dir=Path(library_dir) if library_dir is not None else None)
+                      sum(e["size"] for e in entries), {n: e["sha256"] for n, e in listed.items()})
 
 
-def _read_library(folder: Path) -> dict[str, bytes]:
-    """The bytes of a library folder's index.jsonl and manifest.json, checked against each other."""
-    out = {}
-    for name in LIBRARY_FILES:
-        p = folder / name
-        try:
-            if p.stat().st_size > MAX_LIBRARY_FILE_BYTES:
-                raise BundleError(f"{p} is over the {MAX_LIBRARY_FILE_BYTES >> 20} MiB a bundle carries")
-            out[name] = p.read_bytes()
-        except OSError as e:
-            raise BundleError(f"{folder} is not a library folder (needs index.jsonl and manifest.json): {e}") from None
-    _check_library_index(out, str(folder), "rebuild the library (`make library`)")
-    return out
-
-
-def _check_library_index(lib: dict[str, bytes], where: str, fix: str) -> None:
-    """The library's manifest.json is JSON and its index_sha256 (when present) is that of index.jsonl."""
-    try:
-        lm = json.loads(lib["manifest.json"])
-    except ValueError as e:
-        raise BundleError(f"{where}/manifest.json is not JSON ({e}); {fix}") from None
-    if isinstance(lm, dict) and "index_sha256" in lm and lm["index_sha256"] != _sha(lib["index.jsonl"]):
-        raise BundleError(f"{where}/index.jsonl does not hash to the index_sha256 in manifest.json: the library was "
-                          f"modified; {fix}")
-
-
-def _library_artifact_ids(index: bytes, where: str) -> list[ArtifactId]:
-    """The artifact_id of every row of a library's index.jsonl."""
-    ids = []
-    for n, line in enumerate(index.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            ids.append(ArtifactId(json.loads(line)["artifact_id"]))
-        except (ValueError, KeyError, TypeError) as e:
-            raise BundleError(f"{where}, line {n}: no valid artifact_id ({e}); rebuild the library") from None
-    return ids
+def _check_attachment(name: object, size: int, where: str) -> None:
+    if not isinstance(name, str) or not _ATTACHMENT_NAME.fullmatch(name):
+        raise BundleError(f"{where}: attachment name {name!r:.80} is not one safe file name (letters, digits, '.', "
+                          "'_', '-'; at most 128 characters; not starting with '.' or '-'); rename the file")
+    if size > MAX_ATTACHMENT_BYTES:
+        raise BundleError(f"{where}: attachment {name} is {size} bytes, over the {MAX_ATTACHMENT_BYTES >> 20} MiB a "
+                          "bundle carries")
 
 
 # --------------------------------------------------------------------------------------------- import
 
 
-def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.PathLike | None = None) -> BundleInfo:
+def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | os.PathLike | None = None,
+                  check: Callable[[Mapping[str, bytes], frozenset[str]], None] | None = None) -> BundleInfo:
     """Verify every byte of the bundle at `path`, then add its artifacts to `store` (ids it already has are left
-    as they are) and, when `library_dir` is given and the bundle holds a library, write the library's two files
-    there. All or nothing: a refused bundle changes nothing; a failure while publishing removes what this
-    import added (FORMAT.md section 7 says what a kill -9 can leave). Raises BundleError."""
+    as they are) and, when `attachments_dir` is given and the bundle has attachments, write them there.
+
+    `check(attachments, artifact_ids)` runs after the bundle is verified and before anything is written: the
+    caller's own test of what the attachments mean (raise to refuse). All or nothing: a refused bundle changes
+    nothing; a failure while publishing removes what this import added (FORMAT.md section 7 says what a kill -9
+    can leave). Raises BundleError (or what `check` raises)."""
+    target = Path(attachments_dir) if attachments_dir is not None else None
     path = Path(path)
     try:
         f = open(path, "rb")  # noqa: SIM115 - held open across both passes
@@ -162,14 +146,16 @@ def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.P
         if not stat.S_ISREG(st.st_mode):
             raise BundleError(f"{path} is not a regular file; give the bundle file written by `kvstore export`")
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-        manifest, offsets, lib = _verify(f, st.st_size, str(path))
+        manifest, offsets, files = _verify(f, st.st_size, str(path))
         entries = manifest["artifacts"]
         ids = tuple(e["id"] for e in entries)
-        writes = _plan_library(Path(library_dir), lib) if library_dir is not None and lib else []
+        if check is not None:
+            check(dict(files), frozenset(ids))
+        writes = _plan_attachments(target, files) if target is not None and files else []
         new = [e for e in entries if not store.contains(e["id"])]
         stray = [e for e in entries if store.contains(e["id"]) and not _indexed(store, e["id"])]
         written: list[Path] = []
-        made_dir = library_dir is not None and bool(lib) and not Path(library_dir).exists()
+        made_dir = target is not None and bool(files) and not target.exists()
         try:
             groups: dict[tuple[str, ...], list[dict]] = {}
             for e in new + stray:  # stray: an object without its index row (an earlier import killed mid-way)
@@ -181,11 +167,12 @@ def import_bundle(path: str | os.PathLike, store: Store, library_dir: str | os.P
                 atomic_write(p, data)
                 written.append(p)
         except BaseException:
-            _rollback(store, [e["id"] for e in new], written, Path(library_dir) if made_dir else None)
+            _rollback(store, [e["id"] for e in new], written, target if made_dir else None)
             raise
-    lib_sha = manifest["library"]["manifest.json"]["sha256"] if manifest["library"] else None
-    return BundleInfo(path, digest, manifest["manifest_sha256"], ids, sum(e["size"] for e in entries), lib_sha,
-                      tuple(e["id"] for e in new), Path(library_dir) if library_dir is not None and lib else None)
+    listed = manifest[ATTACHMENTS_KEY[manifest["format"]]] or {}
+    return BundleInfo(path, digest, manifest["manifest_sha256"], ids, sum(e["size"] for e in entries),
+                      {n: e["sha256"] for n, e in listed.items()}, tuple(e["id"] for e in new),
+                      target if files else None)
 
 
 def _batches(entries: list[dict]) -> Iterator[list[dict]]:
@@ -225,7 +212,7 @@ def _reread(f: BinaryIO, offsets: dict[str, tuple[int, int]], entries: list[dict
 
 
 def _rollback(store: Store, new_ids: list[str], written: list[Path], made_dir: Path | None) -> None:
-    """Remove the artifacts and library files this import added."""
+    """Remove the artifacts and attachment files this import added."""
     for p in written:
         p.unlink(missing_ok=True)
     if made_dir is not None:
@@ -240,24 +227,25 @@ def _rollback(store: Store, new_ids: list[str], written: list[Path], made_dir: P
             pass
 
 
-def _plan_library(folder: Path, lib: dict[str, bytes]) -> list[tuple[Path, bytes]]:
-    """The library files to write into `folder` (index.jsonl first, manifest.json last); refuses a folder that
-    holds other bytes under those names. Files already there with the same bytes are not rewritten."""
+def _plan_attachments(folder: Path, files: dict[str, bytes]) -> list[tuple[Path, bytes]]:
+    """The attachments to write into `folder`, in name order (a caller that needs one written last names it
+    so); refuses a folder that holds other bytes under one of those names. Files already there with the same
+    bytes are not rewritten."""
     writes = []
-    for name in LIBRARY_FILES:
+    for name in sorted(files):
         p = folder / name
         if p.exists():
-            if p.read_bytes() != lib[name]:
-                raise BundleError(f"{p} exists and differs from the bundle's library/{name}: {folder} holds another "
-                                  "library. Choose another library folder (--library-dir) or remove that one")
+            if p.read_bytes() != files[name]:
+                raise BundleError(f"{p} exists and differs from the bundle's attachment {name}: {folder} holds other "
+                                  "files. Choose another folder (--attachments-dir) or remove that one")
             continue
-        writes.append((p, lib[name]))
+        writes.append((p, files[name]))
     return writes
 
 
 def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tuple[int, int]], dict[str, bytes]]:
     """Check the whole archive: the manifest, then every member against it. Returns the manifest, each member's
-    (data offset, size), and the library files' bytes. Nothing is written."""
+    (data offset, size), and the attachments' bytes. Nothing is written."""
     it = tar_members(f, file_size, where)
     first = next(it, None)
     if first is None:
@@ -270,8 +258,9 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
                           f"limit; refusing to read it. Split the export into smaller bundles, or {_FIX}")
     manifest = _parse_manifest(read_member(f, off, size, name, where), where)
     expected: dict[str, tuple[str, dict]] = {id_to_relpath(e["id"]): ("artifact", e) for e in manifest["artifacts"]}
-    for lname, e in (manifest["library"] or {}).items():
-        expected[f"library/{lname}"] = ("library", e)
+    folder = ATTACHMENTS_KEY[manifest["format"]]
+    for aname, e in (manifest[folder] or {}).items():
+        expected[f"{folder}/{aname}"] = ("attachment", e)
     offsets: dict[str, tuple[int, int]] = {}
     lib: dict[str, bytes] = {}
     for name, off, size in it:
@@ -294,19 +283,12 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
             except KVStoreError as ex:
                 raise BundleError(f"{where}: member {name} is refused by admission: {ex}. {_FIX}") from ex
         else:
-            lib[name.removeprefix("library/")] = data
+            lib[name.removeprefix(f"{folder}/")] = data
     missing = sorted(set(expected) - set(offsets))
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise BundleError(f"{where}: {len(missing)} listed member(s) missing from the archive ({shown}); the bundle is "
                           f"incomplete. {_FIX}")
-    if lib:
-        listed = set(expected)
-        for aid in _library_artifact_ids(lib["index.jsonl"], f"{where}: library/index.jsonl"):
-            if id_to_relpath(aid) not in listed:
-                raise BundleError(f"{where}: library/index.jsonl names artifact {aid}, which the bundle does not "
-                                  f"carry. {_FIX}")
-        _check_library_index(lib, f"{where}: library", _FIX)
     return manifest, offsets, lib
 
 
@@ -326,12 +308,16 @@ def _parse_manifest(data: bytes, where: str) -> dict:
         m = json.loads(data.decode("ascii"), object_pairs_hook=_no_duplicate_keys)
     except ValueError as e:
         raise BundleError(f"{bad} is not valid ASCII JSON ({e}). {_FIX}") from None
-    if not isinstance(m, dict) or set(m) != {"format", "artifacts", "library", "manifest_sha256"}:
-        keys = sorted(m) if isinstance(m, dict) else type(m).__name__
-        raise BundleError(f"{bad}: expected the keys artifacts, format, library, manifest_sha256, got {keys}. {_FIX}")
-    if m["format"] != BUNDLE_FORMAT:
-        raise BundleError(f"{bad}: format {m['format']!r} is not one this kvgraft reads ({BUNDLE_FORMAT}); import it "
-                          "with the kvgraft version that exported it, or export it again with this one")
+    if not isinstance(m, dict):
+        raise BundleError(f"{bad}: expected a JSON object, got {type(m).__name__}. {_FIX}")
+    fmt = m.get("format")
+    if not isinstance(fmt, str) or fmt not in ATTACHMENTS_KEY:
+        raise BundleError(f"{bad}: format {fmt!r:.80} is not one this kvgraft reads ({', '.join(ATTACHMENTS_KEY)}); "
+                          "import it with the kvgraft version that exported it, or export it again with this one")
+    key = ATTACHMENTS_KEY[fmt]
+    if set(m) != {"format", "artifacts", key, "manifest_sha256"}:
+        raise BundleError(f"{bad}: expected the keys artifacts, {key}, format, manifest_sha256, got {sorted(m)}. "
+                          f"{_FIX}")
     if _canonical(m) != data:
         raise BundleError(f"{bad} is not canonical JSON (sorted keys, no spaces); it was not written by kvstore export "
                           f"or was edited. {_FIX}")
@@ -358,16 +344,17 @@ def _parse_manifest(data: bytes, where: str) -> dict:
             raise BundleError(f"{bad}: artifact {aid}: size {e['size']!r} is not a positive integer. {_FIX}")
         if not isinstance(e["tags"], list) or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in e["tags"]):
             raise BundleError(f"{bad}: artifact {aid}: tags must be a list of strings of 1-256 characters. {_FIX}")
-    lib = m["library"]
-    if lib is not None:
-        if not isinstance(lib, dict) or set(lib) != set(LIBRARY_FILES):
-            raise BundleError(f"{bad}: library must be null or have exactly {', '.join(LIBRARY_FILES)}. {_FIX}")
-        for name, e in lib.items():
-            if (not isinstance(e, dict) or set(e) != {"size", "sha256"}
-                    or not _is_size(e["size"], MAX_LIBRARY_FILE_BYTES)
-                    or not isinstance(e["sha256"], str) or len(e["sha256"]) != 64):
-                raise BundleError(f"{bad}: library {name}: needs size (at most {MAX_LIBRARY_FILE_BYTES >> 20} MiB) and "
-                                  f"a 64-digit sha256. {_FIX}")
+    files = m[key]
+    if files is None and fmt == "kvgraft-bundle/1":  # /1 wrote null for "no library"
+        return m
+    if not isinstance(files, dict) or len(files) > MAX_ATTACHMENTS:
+        raise BundleError(f"{bad}: {key} must be an object of at most {MAX_ATTACHMENTS} files. {_FIX}")
+    for name, e in files.items():
+        if (not isinstance(e, dict) or set(e) != {"size", "sha256"} or not _is_size(e["size"], MAX_ATTACHMENT_BYTES)
+                or not isinstance(e["sha256"], str) or len(e["sha256"]) != 64):
+            raise BundleError(f"{bad}: {key} {name!r:.80}: needs size (at most {MAX_ATTACHMENT_BYTES >> 20} MiB) and a "
+                              f"64-digit sha256. {_FIX}")
+        _check_attachment(name, e["size"], bad)
     return m
 
 

@@ -8,7 +8,8 @@
 
 A byte store knows nothing of artifacts: admission (every invariant of FORMAT.md), verification (bytes hash to
 their id on every read) and the index are done once, above it, by kvstore.object_store.ObjectStore, for every
-byte store (memory here, S3 in kvstore/s3_store.py). Keys are '/'-separated ASCII paths (`objects/ab/cdef...`).
+byte store (memory here, a folder in kvstore/dir_bytes.py,
+S3 in kvstore/s3_store.py). Keys are '/'-separated ASCII paths (`objects/ab/cdef...`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,19 @@ class ByteStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> bool:
         """Remove the blob; False when there was none."""
+
+    # What a byte store may do better than `get` (a folder maps its files); the defaults are `get` itself.
+    def map(self, key: str) -> bytes | memoryview:
+        """The blob's bytes for a read that is verified and then used in place (a folder maps the file)."""
+        return self.get(key)
+
+    def read_private(self, key: str) -> bytes | memoryview:
+        """The blob's bytes as this process's own copy, whatever later happens to the stored blob."""
+        return self.get(key)
+
+    def where_of(self, key: str) -> str:
+        """Where the blob is, for messages (a folder names the file)."""
+        return self.where
 
 
 class MemoryBytes(ByteStore):

@@ -7,8 +7,9 @@
     kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged
     kvstore rm ID
     kvstore gc
-    kvstore export (ID ... | --tag T | --library DIR) -o BUNDLE   # artifacts (+ a library) as one file
-    kvstore import BUNDLE [--library-dir DIR]   # verify every byte, then add all or nothing
+    kvstore export (ID ... | --tag T) [--attach FILE ...] -o BUNDLE   # artifacts (+ opaque files) as one file
+    kvstore import BUNDLE [--attachments-dir DIR]   # verify every byte, then add all or nothing
+    (a solution library: python -m harness.library_bundle export|import, harness/library_bundle.py)
 
 The store defaults to $KVGRAFT_STORE or runs/store; the model to the bundled Gemma 3 270M. Ids may be
 abbreviated to a unique prefix of at least 8 hex digits. Every failure prints one line, `kvstore: error: ...`, and
@@ -320,36 +321,42 @@ def _gc(args) -> int:
 
 
 def _bundle_commands(sub) -> None:
-    e = _command(sub, "export", "write artifacts, or a library and its artifacts, as one bundle file")
+    e = _command(sub, "export", "write artifacts (and opaque attached files) as one bundle file")
     e.add_argument("ids", nargs="*", metavar="ID", help="artifacts to export (ids or unique prefixes)")
     e.add_argument("--tag", metavar="T", help="export every artifact with this tag")
-    e.add_argument("--library", type=Path, metavar="DIR",
-                   help="export a library folder (index.jsonl, manifest.json) with all its artifacts")
+    e.add_argument("--attach", type=Path, action="append", default=[], metavar="FILE",
+                   help="carry this file unchanged, under its file name (repeatable)")
     e.add_argument("-o", "--output", type=Path, required=True, metavar="BUNDLE", help="bundle file to write (new)")
     e.set_defaults(run=_export)
 
     i = _command(sub, "import", "verify a bundle completely, then add its artifacts to the store (all or nothing)")
     i.add_argument("bundle", type=Path, metavar="BUNDLE")
-    i.add_argument("--library-dir", type=Path, metavar="DIR",
-                   help="where to write the bundle's library (index.jsonl, manifest.json), if it holds one")
+    i.add_argument("--attachments-dir", type=Path, metavar="DIR",
+                   help="where to write the bundle's attached files, if it has any")
     i.set_defaults(run=_import)
 
 
 def _export(args) -> int:
     from kvstore.bundle import export_bundle
 
-    given = [x for x in (args.ids, args.tag, args.library) if x]
+    given = [x for x in (args.ids, args.tag) if x]
     if len(given) != 1:
-        raise KVStoreError("kvstore export: give artifact ids, --tag or --library (only one of them)" if given
-                           else "kvstore export: nothing selected; give artifact ids, --tag or --library")
+        raise KVStoreError("kvstore export: give artifact ids or --tag (only one of them)" if given
+                           else "kvstore export: nothing selected; give artifact ids or --tag")
     store = _store(args)
     ids = [resolve_id(store, i) for i in args.ids]
     if args.tag:
         ids = [ArtifactId(r.id) for r in store.list(args.tag)]
         if not ids:
             raise KVStoreError(f"nothing to export: no artifact tagged {args.tag!r} in {store.root} (see `kvstore ls`)")
-    info = export_bundle(store, ids, args.output, library_dir=args.library)
-    lib = f", library {args.library}" if args.library else ""
+    attachments = {}
+    for f in args.attach:
+        try:
+            attachments[f.name] = f.read_bytes()
+        except OSError as e:
+            raise KVStoreError(f"kvstore export --attach {f}: cannot read it ({e}); give a readable file") from None
+    info = export_bundle(store, ids, args.output, attachments=attachments)
+    lib = f", attachments {', '.join(sorted(attachments))}" if attachments else ""
     print(f"exported {len(info.artifacts)} artifacts ({info.size} bytes{lib}) from {store.root} to {info.path}; "
           f"bundle sha256 {info.sha256}", file=sys.stderr)
     print(info.path)
@@ -360,14 +367,15 @@ def _import(args) -> int:
     from kvstore.bundle import import_bundle
 
     store = _store(args)
-    info = import_bundle(args.bundle, store, library_dir=args.library_dir)
+    info = import_bundle(args.bundle, store, attachments_dir=args.attachments_dir)
     n, new = len(info.artifacts), len(info.added)
     print(f"imported {n} artifacts into {store.root}: {new} new, {n - new} already present "
           f"(bundle sha256 {info.sha256})")
-    if info.library_dir is not None:
-        print(f"library written to {info.library_dir}")
-    elif info.library_manifest_sha256 is not None:
-        print("the bundle holds a library, not written: give --library-dir DIR to write it", file=sys.stderr)
+    if info.attachments_dir is not None:
+        print(f"attachments {', '.join(sorted(info.attachments))} written to {info.attachments_dir}")
+    elif info.attachments:
+        print(f"the bundle has attachments ({', '.join(sorted(info.attachments))}), not written: give "
+              "--attachments-dir DIR to write them", file=sys.stderr)
     return 0
 
 

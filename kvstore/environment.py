@@ -279,6 +279,11 @@ def _cpu_info() -> tuple[str, str]:
     return vendor or platform.machine() or "unknown", model or platform.processor() or "unknown"
 
 
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else platform's): every benchmark's JSON names its machine."""
+    return _cpu_info()[1]
+
+
 def _package_version(*names: str) -> str | None:
     for name in names:
         try:

@@ -99,3 +99,14 @@ class StoreUnavailableError(KVStoreError):
     """A remote store (an S3 endpoint) could not be reached or refused the request (connection refused, timeout,
     access denied, no such bucket). Nothing was changed by the failed call. Start the server or fix the
     endpoint, bucket and credentials the message names, then run again."""
+
+
+class RestoreWorkerError(KVStoreError):
+    """The second process of `kvstore.restore_worker.RestoreWorker` died, never became ready, loaded another model
+    than the caller's (fingerprints differ) or handed back logits that do not hash to the SHA-256 it reported.
+    The message holds the end of the worker's log; fix what it says (usually the model spec) and run again."""
+
+
+class RemoteGraftError(KVStoreError):
+    """The second process could not graft one artifact (the error it raised is named in the message); it keeps
+    serving, so the caller may record the failure for that artifact and go on."""

@@ -27,6 +27,7 @@ import blake3
 import torch
 from safetensors.torch import save as st_save
 
+from kvstore.canonical import canonical_json
 from kvstore.errors import FormatError, IntegrityError, KVStoreError, ValidationError
 from kvstore.framing import (  # noqa: F401  (FORMAT* and META_KEY are part of this module's API)
     FORMAT,
@@ -34,7 +35,6 @@ from kvstore.framing import (  # noqa: F401  (FORMAT* and META_KEY are part of t
     FORMAT_V2,
     FORMATS,
     META_KEY,
-    canonical_json,
     parse_header,
     read_layout,
     tensor_views,
@@ -199,7 +199,7 @@ def to_bytes(s: Snapshot, version: str = FORMAT) -> bytes:
         "extra": s.extra,
     }
     # One metadata key holding canonical JSON: safetensors' header order is then fully determined.
-    return st_save(tensors, metadata={META_KEY: canonical_json(meta)})
+    return st_save(tensors, metadata={META_KEY: canonical_json(meta, ensure_ascii=True)})  # FORMAT.md S4
 
 
 def read_metadata(data: bytes | bytearray | memoryview) -> dict:

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 from safetensors.torch import save as st_save
 
+from kvstore.canonical import canonical_json
 from kvstore.errors import FormatError, ValidationError
 from kvstore.invariants import DTYPE_TAGS, MAX_HEADER_BYTES, tensor_names
 from kvstore.invariants import check_meta as _check_meta
@@ -68,10 +69,6 @@ class Layout(NamedTuple):
     entries: tuple[Entry, ...]  # in buffer order
 
 
-def canonical_json(obj: object) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
 def parse_header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]:
     """(safetensors header, kvgraft metadata, offset of the data buffer); FormatError on anything malformed,
     ValidationError/IntegrityError when the metadata breaks an invariant."""
@@ -91,7 +88,7 @@ def parse_header(data: bytes | bytearray | memoryview) -> tuple[dict, dict, int]
     if missing or unknown:
         raise FormatError(f"artifact metadata lacks the {version} fields {missing} or has unknown fields "
                           f"{unknown[:4]}; deposit the artifact again")
-    if set(md) != {META_KEY} or md[META_KEY] != canonical_json(meta):
+    if set(md) != {META_KEY} or md[META_KEY] != canonical_json(meta, ensure_ascii=True):
         raise FormatError(f"artifact metadata is not in the canonical form kvgraft writes ({version}: one "
                           f"'{META_KEY}' entry of sorted, compact JSON); deposit the artifact again")
     _check_meta(meta)

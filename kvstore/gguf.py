@@ -9,9 +9,9 @@ published by one atomic rename, so concurrent first loads never see a half-writt
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
+from kvstore.atomic import atomic_directory
 from kvstore.determinism import Determinism
 from kvstore.errors import ModelLoadError
 
@@ -53,10 +53,6 @@ def _convert(gguf: Path, det: Determinism, cached: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        tmp.replace(cached)  # atomic publish; another process may have won the race
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_directory(cached) as tmp:  # one rename publishes it; another process may have won the race
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)

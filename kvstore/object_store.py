@@ -1,230 +1,219 @@
-"""`ObjectStore`: the artifact store over any byte store; admission, verification and the index, done once.
+"""`ObjectStore`: the artifact store over any byte store and index; admission, verification and indexing, done once.
 
     store = ObjectStore(MemoryBytes())              # kvstore.MemoryStore is exactly this
     store = S3Store("s3://bucket/library")          # kvstore/s3_store.py: ObjectStore(S3Bytes(...))
+    store = LocalStore("runs/store")                # kvstore/store.py: ObjectStore(DirectoryBytes, SqliteIndex)
     aid = store.put(snapshot, tags=["library:x"])   # admitted (every FORMAT.md invariant), then created if absent
     snap = store.get(aid)                           # every byte re-hashed to the id before a tensor is returned
 
-Layout inside the byte store (the same object paths as a LocalStore, FORMAT.md):
+What a byte store holds (the same object paths for every store, FORMAT.md section 4):
     objects/ab/cdef...      the artifact bytes, created if absent (content-addressed: a second writer of the same
                             id finds it there and writes nothing)
-    index/<id>.json         the index row (size, tokens, model fingerprint, name, created), created after the
-                            object: a row always names an object that was complete when the row was written
-    tags/<id>/<sha256(tag)> one marker per tag, its body the tag's UTF-8 text
-The index lives in the byte store itself, so every reader of the store (every machine of a cluster reading one
-bucket) sees the same rows; nothing is cached across processes. A writer killed between object and row leaves
-an object without a row: `gc()` admits and indexes it (or reports it damaged), as LocalStore.gc does.
-Rows are metadata for listing and lookups only; a graft never trusts them: the bytes are verified on every get.
+and the index (kvstore/index.py) is either kept beside the objects in the same byte store (`BlobIndex`, the
+default: every reader of a bucket sees the same rows) or is a SQLite file (`SqliteIndex`, a LocalStore's).
+
+Every put: admit every item (structure, invariants, tensor hashes) before anything is written; create each object;
+index them all (one transaction where the index has them); a put that fails after writing objects removes the
+ones it created that have no row. A writer killed between object and row leaves an object without a row: `gc()`
+admits and indexes it (or reports it damaged). Every get: the byte store's bytes (a folder maps its file), hashed
+to the id before anything is returned (kvstore/verified_read.py). Rows are metadata for listing and lookups only.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import threading
-import time
 from collections.abc import Iterable, Iterator, MutableMapping
 
 from kvstore.byte_store import ByteStore
-from kvstore.errors import IntegrityError, KVStoreError, NotFoundError
+from kvstore.errors import KVStoreError, NotFoundError, ReadOnlyStoreError
 from kvstore.format import Snapshot, guard, to_bytes
 from kvstore.ids import ArtifactId, id_to_relpath, relpath_to_id
-from kvstore.store import ArtifactInfo, IndexRow, Store, admit, check_id, check_tags
+from kvstore.index import BlobIndex, Index
+from kvstore.store_base import ArtifactInfo, IndexRow, Store, admit, check_id, check_tags
 from kvstore.verified_read import verified_snapshot
-
-_ROW_FIELDS = {"id": str, "size": int, "token_count": int, "tokens_sha256": str, "model_fingerprint": str,
-               "model_name": str, "created": float}
-
-
-def _row_key(aid: str) -> str:
-    return f"index/{aid}.json"
-
-
-def _tag_key(aid: str, tag: str) -> str:
-    return f"tags/{aid}/{hashlib.sha256(tag.encode()).hexdigest()}"
 
 
 class ObjectStore(Store):
-    """Content-addressed artifacts in a ByteStore, with the index kept beside them in the same byte store."""
+    """Content-addressed artifacts in a ByteStore, indexed by `index` (default: rows in the same byte store)."""
 
-    def __init__(self, blobs: ByteStore) -> None:
+    read_only = False
+
+    def __init__(self, blobs: ByteStore, index: Index | None = None) -> None:
         self.blobs = blobs
-        self._tag_text: dict[str, str] = {}  # sha256(tag) -> tag: markers are immutable, so this never goes stale
-        self._lock = threading.Lock()
+        self.index = index if index is not None else BlobIndex(blobs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.blobs.where})"
 
+    def _writable(self, doing: str) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.blobs.where} is read-only (a read-only mount, or not writable by this user): cannot {doing}. "
+                "It can be listed, verified and grafted from; deposit into a writable store (--store DIR, "
+                "library.store=DIR) or remount it read-write"
+            )
+
     # ------------------------------------------------------------------------------------------- writes
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
-        tags = check_tags(tags)
-        snap = admit(data)
-        aid = ArtifactId.of(data)
-        self._publish(aid, data, IndexRow.of(aid, len(data), snap), tags)
-        return aid
+        self._writable("put an artifact")
+        return self._put([data], check_tags(tags))[0]
 
     def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
-        tags = check_tags(tags)
-        with guard("snapshot to store"):
-            data = to_bytes(snapshot)
-        snap = admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
-        aid = ArtifactId.of(data)
-        self._publish(aid, data, IndexRow.of(aid, len(data), snap), tags)
-        return aid
+        self._writable("put an artifact")
+        return self._put([snapshot], check_tags(tags))[0]
 
-    def _publish(self, aid: ArtifactId, data: bytes | memoryview, row: IndexRow, tags: tuple[str, ...]) -> None:
-        """Object, then row, then tags; each created if absent, so racing writers of one id agree."""
-        self.blobs.create(id_to_relpath(aid), data)
-        body = json.dumps({**row.__dict__, "created": time.time()}, sort_keys=True).encode()
-        self.blobs.create(_row_key(aid), body)
-        self._create_tags(aid, tags)
+    def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
+        """Every item admitted first, then every object created, then all rows indexed at once (one transaction
+        where the index has them). If indexing fails, the objects this call created are removed again."""
+        self._writable("put artifacts")
+        return self._put(items, check_tags(tags))
 
-    def _create_tags(self, aid: str, tags: Iterable[str]) -> None:
-        for t in tags:
-            self.blobs.create(_tag_key(aid, t), t.encode())
+    def _put(self, items: Iterable[Snapshot | bytes], tags: tuple[str, ...]) -> list[ArtifactId]:
+        batch = []
+        for x in items:
+            if isinstance(x, Snapshot):
+                with guard("snapshot to store"):
+                    data = to_bytes(x)
+                snap = admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
+            else:
+                data, snap = x, admit(x)
+            aid = ArtifactId.of(data)
+            batch.append((aid, data, IndexRow.of(aid, len(data), snap)))
+        self._publish(batch, tags)
+        return [aid for aid, _, _ in batch]
+
+    def _publish(self, batch: list[tuple[ArtifactId, bytes | memoryview, IndexRow]], tags: tuple[str, ...]) -> None:
+        created: list[ArtifactId] = []
+        try:
+            for aid, data, _row in batch:
+                if self.blobs.create(id_to_relpath(aid), data):
+                    created.append(aid)
+            self.index.add([row for _, _, row in batch], tags)
+        except BaseException:
+            self._unpublish(created)
+            raise
+
+    def _unpublish(self, created: list[ArtifactId]) -> None:
+        """After a failed put: remove the objects it created that have no index row (no orphan is left)."""
+        if not created:
+            return
+        try:
+            rows = self.index.ids()
+        except KVStoreError:
+            rows = set()
+        for aid in created:
+            if aid not in rows:
+                try:
+                    self.blobs.delete(id_to_relpath(aid))
+                except KVStoreError:
+                    pass  # gc admits or reports it
 
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         """Tag a stored artifact (its bytes are not read). NotFoundError if it has no index row."""
+        self._writable("tag an artifact")
         aid, tags = ArtifactId(aid), check_tags(tags)
         self.info(aid)
-        self._create_tags(aid, tags)
+        self.index.add_tags(aid, tags)
 
     def remove(self, aid: str) -> None:
         """Delete the row and tags first (the artifact leaves every listing), then the object. NotFoundError."""
+        self._writable("remove an artifact")
         aid = ArtifactId(aid)
-        had_row = self.blobs.delete(_row_key(aid))
-        for key in self.blobs.list(f"tags/{aid}/"):
-            self.blobs.delete(key)
+        had_row = self.index.remove(aid)
         had_object = self.blobs.delete(id_to_relpath(aid))
         if not (had_row or had_object):
             raise NotFoundError(f"artifact {aid} is not in {self.blobs.where} (see `kvstore ls`)")
 
     # -------------------------------------------------------------------------------------------- reads
     def _check(self, aid: str, data: bytes | memoryview, got: str | None = None) -> None:
-        check_id(aid, data, self.blobs.where, got)
+        check_id(aid, data, self.blobs.where_of(id_to_relpath(aid)), got)
 
-    def _object(self, aid: str) -> bytes:
+    def _fetch(self, aid: str, how: str = "get") -> bytes | memoryview:
+        """The object's bytes, not yet verified: `get`, `map` (in place, where the byte store can) or
+        `read_private` (this process's own copy)."""
         try:
-            return self.blobs.get(id_to_relpath(ArtifactId(aid)))
+            return getattr(self.blobs, how)(id_to_relpath(ArtifactId(aid)))
         except NotFoundError:
             raise NotFoundError(f"artifact {aid} is not in {self.blobs.where} (see `kvstore ls`)") from None
 
     def get_bytes(self, aid: str) -> bytes:
-        data = self._object(aid)
+        data = self._fetch(aid)
         self._check(aid, data)
         return data
 
-    def get(self, aid: str) -> Snapshot:
-        """The verified snapshot (its tensors view this process's own copy of the bytes, hashed to the id
-        before anything is returned; kvstore/verified_read.py)."""
+    def get(self, aid: str, private: bool = False) -> Snapshot:
+        """The verified snapshot: the bytes' hash (the id, covering every byte) is checked before anything is
+        returned (kvstore/verified_read.py: the hash runs on all usable CPUs while the header is parsed); every
+        tensor's own hash was checked when the artifact entered the store (`verify` re-checks both). Where the
+        byte store maps its blobs (a folder) tensors view the verified pages (copy-on-write); private=True reads
+        the bytes into this process's own buffer instead, whatever later happens to the stored blob (the
+        prefetcher uses it, as a snapshot may wait a while before it is used)."""
         aid = ArtifactId(aid)
-        data = self._object(aid)
+        data = self._fetch(aid, "read_private" if private else "map")
         return verified_snapshot(data, lambda got: self._check(aid, data, got))
 
     def contains(self, aid: str) -> bool:
         return self.blobs.contains(id_to_relpath(ArtifactId(aid)))
 
-    def _row(self, aid: str, key: str) -> dict:
-        data = self.blobs.get(key)
-        try:
-            d = json.loads(data)
-            ok = (isinstance(d, dict) and set(d) == set(_ROW_FIELDS) and d["id"] == aid
-                  and all(isinstance(d[f], t) and not isinstance(d[f], bool) for f, t in _ROW_FIELDS.items()
-                          if t is not float) and isinstance(d["created"], int | float))
-        except (ValueError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            raise IntegrityError(f"index row {key} in {self.blobs.where} is damaged ({len(data)} bytes); delete it "
-                                 "and run gc to rebuild it from the object")
-        return d
-
-    def _tags_of(self, keys: list[str]) -> dict[str, list[str]]:
-        """{id: [tag, ...]} from tag-marker keys (marker bodies fetched once per process, then remembered)."""
-        out: dict[str, list[str]] = {}
-        for key in keys:
-            _, aid, digest = key.split("/")
-            with self._lock:
-                text = self._tag_text.get(digest)
-            if text is None:
-                try:
-                    text = self.blobs.get(key).decode()
-                except NotFoundError:
-                    continue  # removed meanwhile
-                with self._lock:
-                    self._tag_text[digest] = text
-            out.setdefault(aid, []).append(text)
-        return out
-
-    def _info(self, d: dict, tags: Iterable[str]) -> ArtifactInfo:
-        return ArtifactInfo(d["id"], d["size"], d["token_count"], d["tokens_sha256"], d["model_fingerprint"],
-                            d["model_name"], float(d["created"]), tuple(sorted(tags)))
-
     def info(self, aid: str) -> ArtifactInfo:
         aid = ArtifactId(aid)
-        try:
-            d = self._row(aid, _row_key(aid))
-        except NotFoundError:
+        row = self.index.get(aid)
+        if row is None:
             raise NotFoundError(f"artifact {aid} is not in the index of {self.blobs.where} (see `kvstore ls`, "
-                                "gc)") from None
-        return self._info(d, self._tags_of(self.blobs.list(f"tags/{aid}/")).get(aid, ()))
-
-    def _row_ids(self) -> list[ArtifactId]:
-        out = []
-        for key in self.blobs.list("index/"):
-            name = key[len("index/"):]
-            if name.endswith(".json"):
-                try:
-                    out.append(ArtifactId(name[:-5]))
-                except KVStoreError:
-                    continue  # not a row of ours
-        return out
+                                "`kvstore gc`)")
+        return row
 
     def list(self, tag: str | None = None) -> list[ArtifactInfo]:
-        if tag is not None:
-            digest = hashlib.sha256(str(tag).encode()).hexdigest()
-            wanted = {k.split("/")[1] for k in self.blobs.list("tags/") if k.endswith("/" + digest)}
-            ids = [a for a in self._row_ids() if a in wanted]
-            tag_keys = [k for a in ids for k in self.blobs.list(f"tags/{a}/")]
-        else:
-            ids, tag_keys = self._row_ids(), self.blobs.list("tags/")
-        tags = self._tags_of(tag_keys)
-        rows = []
-        for aid in ids:
-            try:
-                rows.append(self._info(self._row(aid, _row_key(aid)), tags.get(aid, ())))
-            except NotFoundError:
-                continue  # removed between the listing and the read
-        return rows
+        return self.index.list(tag)
 
     def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
-        return [ArtifactId(i.id) for i in self.list() if i.tokens_sha256 == tokens_sha256]
+        return self.index.find_tokens(tokens_sha256)
 
     def __len__(self) -> int:
-        return len(self._row_ids())
+        return self.index.count()
 
     # ----------------------------------------------------------------------------------------------- gc
-    def gc(self) -> dict:
-        """Repair after killed writers: rows whose object is gone are dropped; objects without a row are admitted
-        like a put and indexed (damaged ones are reported in `damaged`, never deleted or indexed)."""
-        report: dict = {"rows_dropped": 0, "objects_indexed": 0, "damaged": []}
-        on_store: set[str] = set()
+    def _object_ids(self, damaged: list[str]) -> list[ArtifactId]:
+        """Ids of the objects under objects/ (anything else there is reported in `damaged`)."""
+        out = []
         for key in self.blobs.list("objects/"):
             try:
-                on_store.add(relpath_to_id(key))
+                out.append(relpath_to_id(key))
             except KVStoreError as e:
-                report["damaged"].append(f"{key}: not an object ({e})")
-        rows = set(self._row_ids())
-        for aid in sorted(rows - on_store):
-            if not self.contains(aid):  # look again: a put may have raced the listing
-                self.blobs.delete(_row_key(aid))
-                report["rows_dropped"] += 1
-        for aid in sorted(on_store - rows):
+                damaged.append(f"{self.blobs.where_of(key)}: not an object ({e}); move it out of the store")
+        return out
+
+    def _index_objects(self, ids: Iterable[ArtifactId], report: dict) -> None:
+        """Admit (as a put would) and index each object; counts them in report["objects_indexed"], reports the
+        ones that fail in report["damaged"] (never indexed or deleted). Used by gc and by an index rebuild."""
+        for aid in ids:
             try:
                 data = self.get_bytes(aid)
-                self._publish(ArtifactId(aid), data, IndexRow.of(ArtifactId(aid), len(data), admit(data)), ())
+                self.index.add([IndexRow.of(aid, len(data), admit(data))], ())
                 report["objects_indexed"] += 1
-            except KVStoreError as e:
+            except (KVStoreError, OSError) as e:
                 report["damaged"].append(f"{aid}: {e}")
+
+    def _index_unindexed(self) -> dict:
+        """Index every object that has no row (an index rebuilt from the objects)."""
+        report: dict = {"objects_indexed": 0, "damaged": []}
+        self._index_objects(sorted(set(self._object_ids(report["damaged"])) - self.index.ids()), report)
+        return report
+
+    def gc(self) -> dict:
+        """Repair after killed writers: rows whose object is gone are dropped (asked again where no put can
+        race it); objects without a row are admitted like a put and indexed (damaged ones, and anything under
+        objects/ that is not an object, are reported in `damaged`, never deleted or indexed)."""
+        self._writable("run gc")
+        return self._gc({})
+
+    def _gc(self, report: dict) -> dict:
+        report.update({"rows_dropped": 0, "objects_indexed": 0, "damaged": []})
+        on_store = set(self._object_ids(report["damaged"]))
+        rows = self.index.ids()
+        for aid in sorted(rows - on_store):
+            if self.index.drop_if(aid, lambda aid=aid: not self.contains(aid)):
+                report["rows_dropped"] += 1
+        self._index_objects(sorted(on_store - rows), report)
         return report
 
 

@@ -7,7 +7,8 @@
 Only bytes that the store below returned from get_bytes are kept, and every Store's get_bytes re-hashes what
 it read (SHA-256 == id), so a damaged object is refused on its first read and never enters the tier. Kept
 bytes are immutable; each get parses them into fresh tensors (one copy), so callers never share a cache.
-Whether the tier pays is measured by scripts/bench.py (restore from the tier vs from disk, warm page cache).
+Whether the tier pays is measured by scripts/bench/restore.py (`make bench`: restore from the tier vs from disk,
+warm page cache).
 """
 
 from __future__ import annotations

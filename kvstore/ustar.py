@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from kvstore.atomic import discard
+from kvstore.atomic import atomic_file
 from kvstore.errors import BundleError
 
 _BLOCK = 512
@@ -25,35 +23,18 @@ _TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"
           b"g": "pax global header", b"L": "GNU long-name header", b"K": "GNU long-link header"}
 
 
-def _umask() -> int:
-    """The process umask, read without leaving it changed (no import-time side effect)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_tar(path: Path, members: Iterator[tuple[str, bytes]]) -> str:
-    """Stream members into a deterministic ustar file at `path` (temp file, fsync, rename, as atomic_write
-    does; streamed because a bundle need not fit in memory). Returns the file's SHA-256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w+b") as f:
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                for name, data in members:
-                    ti = tarfile.TarInfo(name)
-                    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
-                    tar.addfile(ti, io.BytesIO(data))
-            f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
-            os.fsync(f.fileno())
-            f.seek(0)
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        os.replace(tmp, path)
-    except BaseException:
-        discard(tmp)
-        raise
-    return digest
+    """Stream members into a deterministic ustar file at `path` through the one atomic write (kvstore.atomic;
+    streamed because a bundle need not fit in memory). Returns the file's SHA-256."""
+    with atomic_file(path) as f:
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for name, data in members:
+                ti = tarfile.TarInfo(name)
+                ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = len(data), 0, 0o644, 0, 0, "", ""
+                tar.addfile(ti, io.BytesIO(data))
+        f.flush()
+        f.seek(0)
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 def read_member(f: BinaryIO, off: int, size: int, name: str, where: str) -> bytes:
     f.seek(off)

@@ -4,8 +4,11 @@
    (`Llama.generate` at temperature 0 on its own context); the tokens must agree.
 2. TTFT at N tokens (default 512, 2,048, 8,192): graft (store.get with every byte verified + graft + one
    forward) vs recompute (prefill N in the n_batch schedule + the same forward); logits compared.
-3. restore: verified (store.get + graft) vs llama.cpp's own unverified `llama_state_seq_set_data` of the
-   same state bytes (already in memory) and `llama_state_seq_load_file` of the same tokens.
+3. restore: verified (store.get with every byte re-hashed + graft: admission checks, the state rebuilt in
+   the restore layout, llama_state_seq_set_data) vs llama.cpp's own unverified `llama_state_seq_set_data` of
+   the state bytes it wrote (already in memory) and `llama_state_seq_load_file` of the same tokens; and
+   whether llama.cpp's own restore gives the fresh logits (past the sliding window it restores the window's
+   cells from cell 0, another layout than a fresh prefill's: see kvstore/backends/llamacpp_state.py).
 
     python scripts/bench_llamacpp.py --out runs/bench_llamacpp [--sizes 512,2048,8192] [--new-tokens 64]
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -26,7 +30,6 @@ from kvstore import LocalStore, compare_logits
 from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
 
 PROMPT = "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\n"
-
 
 
 def bench_decode(be: LlamaCppBackend, new_tokens: int, repeats: int) -> dict:
@@ -70,16 +73,19 @@ def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) 
         arr = (be.ll.llama_token * n)(*prefix)
         if not be.ll.llama_state_seq_save_file(be.ctx, str(state_file).encode(), 0, arr, n):
             raise SystemExit(f"llama_state_seq_save_file failed at {n} tokens")
-        graft_s, recompute_s, verified_s, raw_s, file_s = [], [], [], [], []
-        same = True
+        graft_s, recompute_s, verified_s, get_s, raw_s, file_s = [], [], [], [], [], []
+        same, own_same = True, True
         for _ in range(repeats):
             t0 = time.perf_counter()
             st, _ = be.prefill(prefix)
             ref = be.forward(suffix, st)
             recompute_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            st = be.graft(store.get(aid), prefix + suffix)
+            snap = store.get(aid)
+            tg = time.perf_counter()
+            st = be.graft(snap, prefix + suffix)
             t1 = time.perf_counter()
+            get_s.append(tg - t0)
             got = be.forward(suffix, st)
             graft_s.append(time.perf_counter() - t0)
             verified_s.append(t1 - t0)
@@ -89,6 +95,9 @@ def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) 
             t0 = time.perf_counter()
             be.ll.llama_state_seq_set_data(be.ctx, buf, len(blob), 0)
             raw_s.append(time.perf_counter() - t0)
+            own = be._current  # llama.cpp's own restore, then the same forward: are its logits the fresh ones?
+            own.tokens = list(prefix)
+            own_same = own_same and compare_logits(ref, be.forward(suffix, own)).sha256_equal
             be.new_state()
             out_tokens, count = (be.ll.llama_token * n)(), ctypes.c_size_t(0)
             t0 = time.perf_counter()
@@ -103,7 +112,9 @@ def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) 
             "tokens": n, "artifact_mb": round(store.info(aid).size / 1e6, 2), "state_mb": round(len(blob) / 1e6, 2),
             "graft_ttft_s": round(med(graft_s), 4), "recompute_ttft_s": round(med(recompute_s), 4),
             "speedup": round(med(recompute_s) / med(graft_s), 1), "logits_identical": same,
-            "verified_restore_s": round(med(verified_s), 4), "llama_set_data_s": round(med(raw_s), 4),
+            "verified_restore_s": round(med(verified_s), 4), "store_get_s": round(med(get_s), 4),
+            "graft_s": round(med(verified_s) - med(get_s), 4), "llama_set_data_s": round(med(raw_s), 4),
+            "llama_own_restore_logits_identical": own_same,
             "llama_load_file_s": round(med(file_s), 4),
             "verified_vs_set_data": round(med(raw_s) / med(verified_s), 3),
             "verified_vs_load_file": round(med(file_s) / med(verified_s), 3),
@@ -125,13 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     settings = LlamaCppSettings(n_ctx=max(sizes) + 64, threads=a.threads)
     be = LlamaCppBackend(settings)
+    load0 = os.getloadavg()
+    print(f"cpu {cpu_name()}, load average {load0}", flush=True)
     t0 = time.perf_counter()
     decode = bench_decode(be, a.new_tokens, a.repeats)
     print(json.dumps(decode), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         ttft = bench_ttft(be, sizes, a.repeats, Path(tmp))
     summary = {"cpu": cpu_name(), "settings": be.settings(), "decode": decode, "ttft_restore": ttft,
-               "wall_s": round(time.perf_counter() - t0, 1)}
+               "wall_s": round(time.perf_counter() - t0, 1), "load_average": {"start": load0, "end": os.getloadavg()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out / 'summary.json'}")
     be.close()

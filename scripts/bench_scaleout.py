@@ -1,14 +1,20 @@
 """Scale-out costs, as ratios from one run: verified restore of the same artifact from S3 vs from the local store,
-and Ray's per-call overhead (an actor round trip) vs an in-process call.
+Ray's per-call overhead (an actor round trip) vs an in-process call, and Ray's per-problem overhead: the same
+problems run by the harness in this process (execution=local) and on one Ray actor (execution=ray
+execution.workers=1), per-problem wall (the rows' wall_s: what the run loop waited for each problem) compared.
 
     python scripts/bench_scaleout.py --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
     python scripts/bench_scaleout.py --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
+    python scripts/bench_scaleout.py --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
 
 Restore = `store.get(id)` (read, every byte hashed to the id, parsed) + `graft_snapshot` into a fresh cache,
 timed `--repeats` times, median reported, for a LocalStore folder and an S3Store on a SeaweedFS server started
 on 127.0.0.1 for the run (`kvstore.local_s3.LocalS3`; a real S3 API over loopback: no network latency, so the
 ratio is the protocol + copy cost, a floor for a remote bucket). The graft after each is checked exact against
-the fresh reference once per store. Writes <out>/scaleout.json.
+the fresh reference once per store. The per-problem comparison runs the bundled problems under the baseline
+condition, greedy, --problem-tokens new tokens, determinism.threads=1 in both (the actor asks Ray for 1 CPU), the
+model loaded once in each (the actor's load is outside the rows' wall); its rows must equal the in-process ones.
+Writes <out>/scaleout.json.
 """
 
 from __future__ import annotations
@@ -74,6 +80,39 @@ def bench_ray(calls: int) -> dict:
     return {"calls": calls, "actor_round_trip_s": remote, "in_process_call_s": inproc}
 
 
+MODEL_CONFIGS = {"gemma3-270m": "gemma3_270m", "tiny-gemma3": "tiny_gemma3"}
+
+
+def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
+    """Per-problem wall of the same harness run in this process and on one Ray actor; rows checked equal."""
+    from harness.config import compose_config, load_model
+    from harness.run import run
+
+    repo = Path(__file__).resolve().parents[1]
+    os.environ["PYTHONPATH"] = str(repo)  # the actor imports this checkout's harness
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # the run's private local Ray
+    result: dict = {"problems": problems, "max_new_tokens": tokens, "threads": 1}
+    with tempfile.TemporaryDirectory(prefix="kvgraft-rayprob-") as tmp:
+        base = [f"model={MODEL_CONFIGS.get(model, model)}", "condition=baseline", f"dataset.limit={problems}",
+                f"decoding.max_new_tokens={tokens}", "determinism.threads=1", "tracking=off", f"project_root={repo}",
+                f"runs_dir={tmp}/runs"]
+        fm = load_model(compose_config(base))
+        rows = {}
+        for name, extra in (("in_process", []), ("ray", ["execution=ray", "execution.workers=1"])):
+            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=fm, progress=False)
+            rows[name] = folder.read_rows()
+            walls = [r.wall_s for r in rows[name]]
+            result[name] = {"per_problem_wall_s_median": statistics.median(walls), "per_problem_wall_s": walls,
+                            "run_wall_s": summary.time.get("run_wall_s")}
+    same = [(r.problem_id, r.completion.token_ids, r.completion.first_logits_sha256) for r in rows["ray"]] == [
+        (r.problem_id, r.completion.token_ids, r.completion.first_logits_sha256) for r in rows["in_process"]]
+    result["rows_equal"] = same
+    ip, ry = result["in_process"]["per_problem_wall_s_median"], result["ray"]["per_problem_wall_s_median"]
+    result["ray_over_in_process"] = ry / ip
+    result["ray_overhead_per_problem_s"] = ry - ip
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gemma3-270m")
@@ -81,10 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ray-calls", type=int, default=200)
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--problems", type=int, default=8, help="problems of the per-problem Ray comparison")
+    p.add_argument("--problem-tokens", type=int, default=8, help="new tokens per problem in that comparison")
+    p.add_argument("--only-problems", action="store_true", help="only the per-problem Ray comparison")
     p.add_argument("--out", default="runs/bench")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.only_problems:
+        result = {"cpu": cpu_name(), "cores": os.cpu_count(), "model": a.model, "loadavg_before": os.getloadavg()}
+        result["ray_problems"] = _print_problems(bench_ray_problems(a.model, a.problems, a.problem_tokens))
+        result["loadavg_after"] = os.getloadavg()
+        (out / "scaleout_problems.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out / 'scaleout_problems.json'} ({result['cpu']}, {result['cores']} cores, load average "
+              f"{result['loadavg_before'][0]:.1f} before, {result['loadavg_after'][0]:.1f} after)")
+        return 0
 
     fm = load_frozen_model(a.model)
     vocab = fm.model.config.vocab_size
@@ -114,9 +164,20 @@ def main(argv: list[str] | None = None) -> int:
         r = result["ray"]
         print(f"Ray actor round trip {r['actor_round_trip_s'] * 1e3:.3f} ms vs in-process "
               f"{r['in_process_call_s'] * 1e6:.3f} us per call")
+        result["ray_problems"] = _print_problems(bench_ray_problems(a.model, a.problems, a.problem_tokens))
+    result["loadavg"] = os.getloadavg()
     (out / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out / 'scaleout.json'} ({result['cpu']}, {result['cores']} cores)")
+    print(f"wrote {out / 'scaleout.json'} ({result['cpu']}, {result['cores']} cores, load average "
+          f"{result['loadavg'][0]:.1f})")
     return 0
+
+
+def _print_problems(r: dict) -> dict:
+    print(f"per problem ({r['problems']} problems, {r['max_new_tokens']} new tokens, 1 thread): in-process "
+          f"{r['in_process']['per_problem_wall_s_median'] * 1e3:.1f} ms, one Ray actor "
+          f"{r['ray']['per_problem_wall_s_median'] * 1e3:.1f} ms (median): {r['ray_over_in_process']:.3f}x, "
+          f"{r['ray_overhead_per_problem_s'] * 1e3:+.1f} ms per problem; rows equal: {r['rows_equal']}", flush=True)
+    return r
 
 
 if __name__ == "__main__":

@@ -4,15 +4,16 @@ raw read, and energy, for random-weight models built from real architectures' co
     .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json                 # CUDA: the full run
     .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json    # CPU dry run, tiny sizes
 
-Models (CONFIGS, hard-coded from the public config.json of each family; weights drawn from --seed):
-Gemma 3 1B-class and 12B-class text configs (sliding window + full attention, 1 and 8 KV heads), and a
-Llama 3.1 8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling). `--small` keeps
+Models: kvstore.random_models.CONFIGS (hard-coded from the public config.json of each family; weights drawn
+from --seed): Gemma 3 1B-class and 12B-class text configs (sliding window + full attention, 1 and 8 KV heads),
+and a Llama 3.1 8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling). `--small` keeps
 each architecture's layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
 
 Per model:
 1. exactness: `kvstore.verify.check_graft` on --samples random (prefix, suffix) pairs in bf16, the graft half
-   run in a separate worker process that builds the same model (its fingerprint must match) and restores
-   each artifact from the store by id: verdict = suffix logits' SHA-256 equal to the fresh reference's;
+   run in kvstore's second-process restorer (kvstore.restore_worker), which builds the same model (its
+   fingerprint must match) and restores each artifact from the store by id: verdict = suffix logits' SHA-256
+   equal to the fresh reference's;
 2. TTFT at --sizes tokens: recompute (prefill N + one token) vs graft (store.get + graft + one forward), with
    the parts, and the ceiling recompute / forward;
 3. restore vs raw read: store.get (map + verify the id's hash) in GB/s vs `open().read()` of the same file,
@@ -35,96 +36,26 @@ import platform  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.energy import make_meter  # noqa: E402
 from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit_tokens  # noqa: E402
+from kvstore.errors import RestoreWorkerError  # noqa: E402
 from kvstore.format import FORMAT, hash_threads  # noqa: E402
-from kvstore.model import FrozenModel, layer_layout, layout_string, model_fingerprint, tokenizer_fingerprint  # noqa: E402
-from kvstore.tiny import byte_tokenizer  # noqa: E402
-from kvstore.verify import Restored, graft_logits, reference_logits  # noqa: E402
+from kvstore.model import FrozenModel, layout_string  # noqa: E402
+from kvstore.random_models import CONFIGS, build_random_model, kv_bytes  # noqa: E402
+from kvstore.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
+from kvstore.verify import graft_logits, reference_logits  # noqa: E402
 
-
-def _gemma_layers(n: int) -> list[str]:
-    return [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(n)]
-
-
-# model_type, config fields (google/gemma-3-1b-pt, google/gemma-3-12b-pt text_config, meta-llama/Llama-3.1-8B)
-CONFIGS: dict[str, tuple[str, dict]] = {
-    "gemma3-1b-class": ("gemma3_text", dict(
-        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=256, sliding_window=512, layer_types=_gemma_layers(26),
-        query_pre_attn_scalar=256, max_position_embeddings=32768, rms_norm_eps=1e-6)),
-    "gemma3-12b-class": ("gemma3_text", dict(
-        vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(48),
-        query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
-    "llama3-8b-class": ("llama", dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        rope_theta=500000.0)),
-}
-# --small: the same architectures and layer patterns, tiny dimensions
-SMALL: dict[str, dict] = {
-    "gemma3-1b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                            num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
-                            layer_types=_gemma_layers(6), query_pre_attn_scalar=16),
-    "gemma3-12b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=12,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
-                             layer_types=_gemma_layers(12), query_pre_attn_scalar=16),
-    "llama3-8b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-}
 FULL_SIZES, SMALL_SIZES = (2048, 8192, 32768), (32, 64, 128)
-
-
-def model_config(name: str, small: bool):
-    """The transformers config of model `name` (CONFIGS), shrunk to SMALL dimensions when asked."""
-    from transformers import AutoConfig
-
-    model_type, fields = CONFIGS[name]
-    return AutoConfig.for_model(model_type, **{**fields, **(SMALL[name] if small else {})})
-
-
-def kv_bytes(cfg, tokens: int, itemsize: int = 2) -> int:
-    """Bytes of the KV state after `tokens` tokens (sliding layers keep window - 1 positions)."""
-    total = 0
-    for lyr in layer_layout(cfg):
-        cached = tokens if lyr["kind"] == "full" else min(tokens, lyr["window"] - 1)
-        total += 2 * cfg.num_key_value_heads * cached * cfg.head_dim * itemsize
-    return total
-
-
-def build_model(name: str, small: bool, det: Determinism, device: str, seed: int) -> FrozenModel:
-    """A frozen random-weight model of config `name`, initialised on `device` from `seed`, fingerprinted."""
-    from transformers import AutoModelForCausalLM
-
-    det.apply()
-    cfg = model_config(name, small)
-    cfg._attn_implementation = det.attn_implementation
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=det.torch_dtype)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tok = byte_tokenizer()
-    fm = FrozenModel(name=f"random:{name}{':small' if small else ''}:seed{seed}", model=model, tokenizer=tok,
-                     determinism=det)
-    fm.fingerprint = model_fingerprint(model)
-    fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
-    fm.layer_layout = layer_layout(model.config)
-    return fm
 
 
 def sync(device: str) -> None:
@@ -137,80 +68,34 @@ def clock(device: str) -> float:
     return time.perf_counter()
 
 
-# ------------------------------------------------------------------ the worker process (graft half of exactness)
-
-def worker(args: argparse.Namespace) -> int:
-    """Build the model, then answer one JSON line per request {aid, prefix, suffix, out}: graft from the store,
-    write the suffix logits to `out` (safetensors), reply {timing_s}."""
-    det = Determinism(dtype=args.dtype, threads=args.threads)
-    fm = build_model(args.worker, args.small, det, args.device, args.seed)
-    store = LocalStore(args.store)
-    print(json.dumps({"fingerprint": fm.fingerprint}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            r = graft_logits(fm, req["prefix"], req["suffix"], store=store, artifact_id=req["aid"])
-            save_file({"logits": r.logits.detach().contiguous().cpu()}, req["out"])
-            reply = {"timing_s": r.timing_s}
-        except Exception as e:  # reported to the parent, which records it as a failed sample
-            reply = {"error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(reply), flush=True)
-    return 0
-
-
-class Worker:
-    """The worker process as a `restore` callable for check_graft."""
-
-    def __init__(self, args: argparse.Namespace, name: str, store: Path, tmp: Path, device: str) -> None:
-        cmd = [sys.executable, __file__, "--worker", name, "--store", str(store), "--device", args.device,
-               "--dtype", args.dtype, "--threads", str(args.threads), "--seed", str(args.seed)]
-        cmd += ["--small"] if args.small else []
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
-        self.hello = json.loads(self.proc.stdout.readline() or "{}")
-        self.tmp, self.device, self.n = tmp, device, 0
-        self.prefix: list[int] = []
-        self.suffix: list[int] = []
-
-    def __call__(self, aid: str) -> Restored:
-        self.n += 1
-        out = self.tmp / f"logits{self.n}.safetensors"
-        self.proc.stdin.write(json.dumps({"aid": aid, "prefix": self.prefix, "suffix": self.suffix,
-                                          "out": str(out)}) + "\n")
-        self.proc.stdin.flush()
-        reply = json.loads(self.proc.stdout.readline() or '{"error": "worker exited"}')
-        if "error" in reply:
-            raise RuntimeError(f"worker: {reply['error']}")
-        logits = load_file(str(out))["logits"].to(self.device)
-        out.unlink()
-        return Restored(logits, reply["timing_s"])
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=120)
-
-
 def exactness(args, fm: FrozenModel, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
+    """check_graft on random pairs, the graft half in kvstore's second-process restorer (the same model built
+    there from the same spec, its fingerprint checked)."""
     store_dir = work / "exact"
     store = LocalStore(store_dir)
-    w = Worker(args, name, store_dir, work, args.device)
-    if w.hello.get("fingerprint") != fm.fingerprint:
-        w.close()
-        return {"error": f"the worker built another model (fingerprint {w.hello.get('fingerprint')!r:.20})"}
+    spec = ModelSpec("kvstore.random_models:build_random_model",
+                     {"name": name, "small": args.small, "device": args.device, "seed": args.seed,
+                      "determinism": fm.determinism.to_dict()})  # fmt: skip
     vocab = fm.config.vocab_size
     rows, t0 = [], time.perf_counter()
     try:
-        for _ in range(args.samples):
-            n, m = rng.randint(1, max_prefix), rng.randint(1, 8)
-            w.prefix = [rng.randrange(vocab) for _ in range(n)]
-            w.suffix = [rng.randrange(vocab) for _ in range(m)]
+        with RestoreWorker(spec, store_dir, logits_device=args.device) as w:
             try:
-                c = check_graft(fm, w.prefix, w.suffix, store, restore=w)
-                rows.append({"prefix": n, "suffix": m, "equal": c.equal, "max_abs_diff": c.max_abs_diff})
-                store.remove(c.artifact_id)
-            except Exception as e:  # noqa: BLE001 - a failed sample is a result, recorded with its reason
-                rows.append({"prefix": n, "suffix": m, "equal": False, "error": f"{type(e).__name__}: {e}"[:300]})
+                w.check_model(fm.fingerprint)
+            except RestoreWorkerError as e:
+                return {"error": str(e)[:500]}
+            for _ in range(args.samples):
+                n, m = rng.randint(1, max_prefix), rng.randint(1, 8)
+                prefix = [rng.randrange(vocab) for _ in range(n)]
+                suffix = [rng.randrange(vocab) for _ in range(m)]
+                try:
+                    c = check_graft(fm, prefix, suffix, store, restore=w.restorer(prefix, suffix))
+                    rows.append({"prefix": n, "suffix": m, "equal": c.equal, "max_abs_diff": c.max_abs_diff})
+                    store.remove(c.artifact_id)
+                except Exception as e:  # noqa: BLE001 - a failed sample is a result, recorded with its reason
+                    rows.append({"prefix": n, "suffix": m, "equal": False,
+                                 "error": f"{type(e).__name__}: {e}"[:300]})  # fmt: skip
     finally:
-        w.close()
         shutil.rmtree(store_dir, ignore_errors=True)
     equal = sum(r["equal"] for r in rows)
     return {"samples": len(rows), "equal": equal, "all_equal": equal == len(rows) > 0,
@@ -322,7 +207,7 @@ def run(args: argparse.Namespace) -> dict:
                 out["skipped"].append(f"{name}: time budget")
                 continue
             t0 = time.perf_counter()
-            fm = build_model(name, args.small, det, dev, args.seed)
+            fm = build_random_model(name, args.small, det, dev, args.seed)
             cfg = fm.config
             m = out["models"][name] = {
                 "layers": layout_string(fm.layer_layout), "parameters": sum(p.numel() for p in fm.model.parameters()),
@@ -361,11 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
     ap.add_argument("--energy-window-s", type=float, default=0.5, help="shortest energy window (NVML: >= 0.1 s)")
     ap.add_argument("--work", default=None, help="folder for the temporary stores (default: the system temp)")
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args)
     if args.out is None:
         ap.error("--out is required")
     unknown = sorted(set(args.models.split(",")) - set(CONFIGS))

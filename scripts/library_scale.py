@@ -49,13 +49,13 @@ def _cfg(args):
 
 def build(args) -> dict:
     from harness.config import load_model
-    from harness.library import build_library
+    from harness.library import Library, build_library
 
     cfg = _cfg(args)
     fm = load_model(cfg)
     t = time.perf_counter()
     path = build_library(cfg.library, fm, REPO)
-    m = json.loads((path / "manifest.json").read_text())
+    m = Library(path, None).manifest  # type: ignore[arg-type]  (read through the library's owner, re-checked)
     return {
         "library": str(path),
         "entries": m["n_entries"],
@@ -74,7 +74,7 @@ def serve(args) -> dict:
     from kvstore import forward, graft_snapshot
 
     cfg = _cfg(args)
-    fm = load_model(cfg)
+    fm = load_model(cfg).fm  # the transformers backend's FrozenModel (graft_snapshot / forward below)
     rss_model = _rss_mb()
     t = time.perf_counter()
     lib = open_library(cfg.library, fm, REPO)

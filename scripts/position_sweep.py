@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="output folder (position_sweep.json, .png)")
     p.add_argument("--model", default="gemma3-270m", help="gemma3-270m | tiny-gemma3 | tiny-llama | folder")
+    p.add_argument("--backend", default="transformers", choices=("transformers", "llamacpp"),
+                   help="llamacpp: the bundled GGUF in llama.cpp (n_ctx fits prefix + suffix; offsets > 0 are "
+                        "refused by the backend and reported as refused)")
     p.add_argument("--offsets", default="0,1,2,7,100,1000,4096", help="comma-separated positions to move to")
     p.add_argument("--prefix-tokens", type=int, default=64)
     p.add_argument("--suffix-tokens", type=int, default=16)
@@ -79,6 +82,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.prefix_tokens < 1 or args.suffix_tokens < 1:
         p.error("--prefix-tokens and --suffix-tokens must be >= 1")
     return args
+
+
+def _cut(be, text: str, n: int, m: int) -> tuple[list[int], list[int]]:
+    """The first n + m token ids of `text` (repeated until long enough): (prefix, suffix)."""
+    ids = be.encode(text)
+    while len(ids) < n + m:
+        text = text + "\n\n" + text
+        ids = be.encode(text)
+    return ids[:n], ids[n : n + m]
+
+
+def _llamacpp_artifact(args: argparse.Namespace, err: Console):
+    """The llama.cpp backend (bundled GGUF, n_ctx fitting prefix + suffix), its artifact of the prefix through a
+    MemoryStore, and the report's facts (prefix and suffix included)."""
+    from kvstore import MemoryStore
+    from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
+
+    n, m = args.prefix_tokens, args.suffix_tokens
+    err.print("loading the bundled GGUF in llama.cpp ...")
+    be = LlamaCppBackend(LlamaCppSettings(n_ctx=max(1024, -(-(n + m + 1) // 256) * 256), n_batch=512, n_ubatch=512))
+    prefix, suffix = _cut(be, source_text(args.problems), n, m)
+    state, _ = be.prefill(prefix)
+    store = MemoryStore()
+    aid = store.put(be.capture(state, prefix, extra={"script": "position_sweep"}))
+    artifact = store.get(aid)
+    kinds = [lyr.kind for lyr in artifact.layers]
+    facts = {"model": be.model_name, "backend": be.name, "model_fingerprint": be.fingerprint,
+             "tokenizer_fingerprint": be.tokenizer_fingerprint, "determinism": be.settings(),
+             "environment": be.environment(), "layer_layout": kinds, "sliding_window": be.n_swa,
+             "prefix": prefix, "suffix": suffix}
+    return be, artifact, aid, facts
 
 
 def _g(x: float) -> str:
@@ -130,35 +164,44 @@ def main(argv: list[str] | None = None) -> int:
         environment_fingerprint,
         load_frozen_model,
     )
+    from kvstore.errors import KVStoreError
     from kvstore.model import smallest_window
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     err = Console(stderr=True)
     t_start = time.perf_counter()
-    err.print(f"loading {args.model} ...")
-    fm = load_frozen_model(args.model)
     n, m = args.prefix_tokens, args.suffix_tokens
-    text = source_text(args.problems)
-    ids = fm.encode(text)
-    while len(ids) < n + m:
-        text = text + "\n\n" + text
-        ids = fm.encode(text)
-    prefix, suffix = ids[:n], ids[n : n + m]
-    window = smallest_window(fm.layer_layout)
-    if window and n + m > window:
-        err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
-                  "graft_repositioned documents sequences shorter than the window")
-
-    store = MemoryStore()  # the artifact goes through the byte format and back, as a deposit would
-    aid = store.put(deposit_tokens(fm, prefix, extra={"script": "position_sweep"}))
-    artifact = store.get(aid)
+    if args.backend == "llamacpp":
+        fm, artifact, aid, facts = _llamacpp_artifact(args, err)
+        prefix, suffix = facts.pop("prefix"), facts.pop("suffix")
+    else:
+        err.print(f"loading {args.model} ...")
+        fm = load_frozen_model(args.model)
+        prefix, suffix = _cut(fm, source_text(args.problems), n, m)
+        window = smallest_window(fm.layer_layout)
+        if window and n + m > window:
+            err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
+                      "graft_repositioned documents sequences shorter than the window")
+        store = MemoryStore()  # the artifact goes through the byte format and back, as a deposit would
+        aid = store.put(deposit_tokens(fm, prefix, extra={"script": "position_sweep"}))
+        artifact = store.get(aid)
+        facts = {"model": args.model, "backend": "transformers", "model_fingerprint": fm.fingerprint,
+                 "tokenizer_fingerprint": fm.tokenizer_fingerprint, "determinism": fm.determinism.to_dict(),
+                 "environment": environment_fingerprint(fm.device), "layer_layout": fm.layer_layout,
+                 "sliding_window": window}
 
     results, fresh0 = [], None
     with err.status("sweeping offsets ...") as status:
         for off in offsets:
             status.update(f"offset {off}")
             t0 = time.perf_counter()
-            check = check_graft(fm, prefix, suffix, snapshot=artifact, offset=off, keep_logits=True)
+            try:
+                check = check_graft(fm, prefix, suffix, snapshot=artifact, offset=off, keep_logits=True)
+            except KVStoreError as e:  # the backend does not graft at other positions: that is the result
+                results.append({"offset": off, "refused": str(e), "sha256_equal": False,
+                                "seconds": time.perf_counter() - t0})
+                err.print(f"offset {off}: refused: {e}")
+                continue
             fresh = check.reference_logits  # (1, m, vocab), computed at positions off..
             if off == 0:
                 fresh0 = fresh
@@ -172,15 +215,10 @@ def main(argv: list[str] | None = None) -> int:
 
     exact = [r["offset"] for r in results if r["sha256_equal"]]
     zero_exact = 0 in exact
-    others = [r for r in results if r["offset"] != 0]
+    others = [r for r in results if r["offset"] != 0 and "refused" not in r]
+    refused = [r["offset"] for r in results if "refused" in r]
     report = {
-        "model": args.model,
-        "model_fingerprint": fm.fingerprint,
-        "tokenizer_fingerprint": fm.tokenizer_fingerprint,
-        "determinism": fm.determinism.to_dict(),
-        "environment": environment_fingerprint(fm.device),
-        "layer_layout": fm.layer_layout,
-        "sliding_window": window,
+        **facts,
         "prefix_tokens": n,
         "suffix_tokens": m,
         "artifact_id": aid,
@@ -190,19 +228,25 @@ def main(argv: list[str] | None = None) -> int:
         "exact_offsets": exact,
         "offset0_exact": zero_exact,
         "only_offset0_exact": exact == [0],
+        "refused_offsets": refused,
         "timing_s": {"total": time.perf_counter() - t_start},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, png_path = args.out / "position_sweep.json", args.out / "position_sweep.png"
     atomic_write(json_path, (json.dumps(report, indent=2) + "\n").encode())
-    plot(results, png_path, f"{args.model} ({fm.fingerprint[:12]}): artifact computed at position 0, keys "
-                            f"re-rotated to offset vs fresh at offset; prefix {n}, suffix {m} tokens")
+    measured = [r for r in results if "refused" not in r]
+    label = f"{facts['model']} on {facts['backend']} ({facts['model_fingerprint'][:12]})"
+    plot(measured, png_path, f"{label}: artifact computed at position 0, keys re-rotated to offset vs fresh at "
+                             f"offset; prefix {n}, suffix {m} tokens" + (f"; refused: {refused}" if refused else ""))
 
-    table = Table(title=f"position sweep — {args.model} ({fm.fingerprint[:12]}), prefix {n} + suffix {m} tokens")
+    table = Table(title=f"position sweep — {label}, prefix {n} + suffix {m} tokens")
     for col in ("offset", "SHA-256 fresh", "SHA-256 graft", "equal", "max |Δ|", "KL max", "argmax",
                 "fresh vs offset 0 max |Δ|"):
         table.add_column(col, justify="right")
     for r in results:
+        if "refused" in r:
+            table.add_row(str(r["offset"]), "-", "-", "[yellow]refused", "-", "-", "-", "-")
+            continue
         table.add_row(str(r["offset"]), r["sha256_fresh"][:12], r["sha256_graft"][:12],
                       "[green]yes" if r["sha256_equal"] else "[yellow]no", _g(r["max_abs_diff"]), _g(r["kl_max"]),
                       f"{r['argmax_agreement']:.3f}", _g(r["shift_max_abs_diff"]))
@@ -218,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
             spread = (f" (others: max |d| up to {max(r['max_abs_diff'] for r in inexact):.2g}, KL max "
                       f"{_g(max(r['kl_max'] for r in inexact))}, argmax agreement "
                       f"{min(r['argmax_agreement'] for r in inexact):.3f} or better)")
-        if exact == [0]:
+        if exact == [0] and refused:
+            verdict = (f"position sweep: exact offsets [0] — own position is exact and the only point grafted: "
+                       f"offsets {refused} refused by the {facts['backend']} backend (it grafts at the "
+                       f"artifact's own position only){spread}")
+        elif exact == [0]:
             verdict = f"position sweep: exact offsets [0] — own position is the only exact point{spread}"
         else:
             verdict = (f"position sweep: exact offsets {exact} — offset 0 is exact but NOT the only exact point"

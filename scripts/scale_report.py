@@ -6,7 +6,8 @@ answer the grafted entry held), and for the held-out group whether the model cop
     python scripts/scale_report.py --graft recurring=runs/graft/<run> --graft held_out=runs/graft/<run> \
         --baseline runs/baseline/<run> [--incontext recurring=runs/incontext/<run>]   # separate runs
 
-Reads only the run folders and the library index (entry id -> problem and verified answer), never the model.
+Reads only the run folders and the library (through harness.library: entry id -> problem and verified answer),
+never the model.
 The library is found from the run manifest's library name, version and manifest SHA-256 under --library-root.
 """
 
@@ -22,16 +23,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.errors import LibraryError  # noqa: E402
+from harness.hashing import atomic_write_text  # noqa: E402
+from harness.library import Library  # noqa: E402
 from harness.pairing import pair_folders  # noqa: E402
 from harness.run_folder import RunFolder  # noqa: E402
 
 
-def find_library(manifest: dict, root: Path) -> Path:
+def find_library(manifest: dict, root: Path) -> Library:
+    """The library the run grafted from, opened (and so re-checked) through harness.library; no store needed."""
     lib = manifest["inputs"].get("library") or {}
     for cand in sorted(root.glob(f"{lib.get('name')}-v{lib.get('version')}-*")):
-        m = json.loads((cand / "manifest.json").read_text())
-        if m.get("manifest_sha256") == lib.get("manifest_sha256"):
-            return cand
+        try:
+            opened = Library(cand, None)  # type: ignore[arg-type]  (entries only: no lookups, no store)
+        except LibraryError:
+            continue  # an incomplete or modified folder is not the library the run used
+        if opened.manifest_sha256 == lib.get("manifest_sha256"):
+            return opened
     sha = str(lib.get("manifest_sha256"))[:12]
     raise SystemExit(f"no library {lib.get('name')} v{lib.get('version')} with manifest {sha} under {root}; "
                      "pass --library-root")
@@ -97,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("give a compare folder, or --graft GROUP=RUN_FOLDER (and --baseline, --incontext)")
     graft_runs = {k: v for k, v in runs.items() if k.startswith("graft")}
     lib = find_library(RunFolder(next(iter(graft_runs.values()))).read_manifest(), args.library_root)
-    rows = [json.loads(line) for line in (lib / "index.jsonl").read_text().splitlines() if line.strip()]
-    entries = {r["entry_id"]: r for r in rows}
-    report = {"compare": str(args.compare), "library": str(lib), "groups": {}, "pairings": {}}
+    entries = {e.entry_id: e.to_row() for e in lib.entries}
+    report = {"compare": str(args.compare), "library": str(lib.path), "groups": {}, "pairings": {}}
     base = runs.get("baseline")
     if base:
         b = RunFolder(base).read_rows()
@@ -136,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {label}: wall {g['wall_s']} s, CPU {g['cpu_s']} s; baseline / {label}: decode tokens "
                   f"{v['decode_tokens']}x, wall {v['wall']}x, CPU {v['cpu']}x")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
     return 0
 
 

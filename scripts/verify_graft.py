@@ -16,10 +16,11 @@ For each of N (prefix, suffix) pairs cut from real problem text (read by the har
 procedure ``kvstore.check_graft(fm, prefix, suffix, store, oneshot=True, restore=...)`` runs:
   (a) fresh reference: ``prefill(prefix)`` in the pinned chunk schedule, then ``forward(suffix)``;
   (b) graft: ``deposit_tokens(prefix)`` put into a LocalStore by this process; the graft half
-      (``kvstore.verify.graft_logits``) runs in ONE separate worker process (this script with the hidden
-      ``--worker`` flag, model loaded once): it gets each artifact back by id (``LocalStore.get`` re-hashes every
-      byte), grafts it with ``token_ids=prefix+suffix``, runs ``forward(suffix)`` and hands the logits back as a
-      safetensors file; compared with ``compare_logits(reference, graft)``;
+      (``kvstore.verify.graft_logits``) runs in ONE separate process, the engine's second-process restorer
+      (``kvstore.restore_worker.RestoreWorker``, model loaded once): it gets each artifact back by id
+      (``LocalStore.get`` re-hashes every byte), grafts it with ``token_ids=prefix+suffix``, runs
+      ``forward(suffix)`` and hands the logits back as a safetensors file; compared with
+      ``compare_logits(reference, graft)``;
   (c) one-shot: ``forward(prefix+suffix)`` in one pass on a fresh cache, sliced to the suffix positions and
       compared with the reference. A different computation (other GEMM/attention shapes): information only.
 
@@ -39,16 +40,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from experiments import DEFAULT_PROBLEMS, problem_texts  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
     BarColumn,
@@ -60,135 +57,8 @@ from rich.progress import (  # noqa: E402
 )
 from rich.table import Table  # noqa: E402
 
-
-# ----------------------------------------------------------------------------------------------- samples
-@dataclass(frozen=True)
-class Sample:
-    index: int
-    prefix: list[int]
-    suffix: list[int]
-    source_ids: tuple[str, ...]  # problem ids whose text the pair was cut from
-
-
-def prefix_lengths(n: int, seed: int, lo: int, hi: int, window: int | None) -> list[int]:
-    """n deterministic prefix lengths in [lo, hi]: stratified quantiles squared (mean ~ lo + (hi - lo) / 3),
-    with the three lengths nearest the sliding window replaced by window-1, window, window+1 (where sliding
-    layers start dropping positions), then shuffled."""
-    rng = random.Random(seed)
-    lengths = [round(lo + (hi - lo) * ((i + rng.random()) / n) ** 2) for i in range(n)]
-    if window and n >= 8 and lo < window - 1 and window + 1 <= hi:
-        nearest = sorted(range(n), key=lambda i: abs(lengths[i] - window))[:3]
-        for i, length in zip(sorted(nearest), (window - 1, window, window + 1), strict=True):
-            lengths[i] = length
-    rng.shuffle(lengths)
-    return lengths
-
-
-def build_samples(fm, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int, seed: int) -> list[Sample]:
-    """Cut each (prefix, suffix) from the token ids of one problem's text, joined with the next problems'
-    texts (cycling) until prefix + suffix tokens fit. Each sample starts at a different problem."""
-    rng = random.Random(seed + 1)
-    order = list(range(len(texts)))
-    rng.shuffle(order)
-    samples = []
-    for i, length in enumerate(lengths):
-        start = order[i % len(order)]
-        parts, ids = [], []
-        while len(ids) < length + suffix_tokens:
-            parts.append(texts[(start + len(parts)) % len(texts)])
-            ids = fm.encode("\n\n".join(t for _, t in parts))
-        samples.append(Sample(i, ids[:length], ids[length : length + suffix_tokens], tuple(p for p, _ in parts)))
-    return samples
-
-
-# ----------------------------------------------------------------------------------------------- worker
-def worker_main(args: argparse.Namespace) -> int:
-    """The restoring process: load the model once; per request line (JSON on stdin) run the graft half of the
-    check (get the artifact by id, graft it, run the suffix), save the logits; answer one JSON line per request."""
-    proto = os.fdopen(os.dup(1), "w", buffering=1)  # protocol channel: the original stdout
-    os.dup2(2, 1)  # anything else printed (library warnings) goes to stderr
-    sys.stdout = sys.stderr
-
-    from safetensors.torch import save_file
-
-    from kvstore import Determinism, LocalStore, load_frozen_model, logits_sha256
-    from kvstore.verify import graft_logits
-
-    t0 = time.perf_counter()
-    fm = load_frozen_model(args.model, determinism=Determinism.from_dict(json.loads(args.determinism)))
-    store = LocalStore(args.store)
-    proto.write(json.dumps({"ready": True, "pid": os.getpid(), "model_fingerprint": fm.fingerprint,
-                            "determinism": fm.determinism.to_dict(), "load_s": time.perf_counter() - t0}) + "\n")
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            restored = graft_logits(fm, req["prefix"], req["suffix"], store=store, artifact_id=req["id"])
-            save_file({"logits": restored.logits.contiguous()}, req["out"])  # (1, suffix, vocab)
-            reply = {"ok": True, "sha256": logits_sha256(restored.logits), "timing_s": restored.timing_s}
-        except Exception as e:  # report, keep serving: the parent records the failure per sample
-            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        proto.write(json.dumps(reply) + "\n")
-    return 0
-
-
-class GraftFailed(Exception):
-    """The worker could not graft one artifact; recorded for that sample, the run goes on."""
-
-
-class Worker:
-    """The separate restoring process, spoken to in JSON lines over its stdin/stdout."""
-
-    def __init__(self, model: str, store: Path, determinism: dict, log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", model, "--store", str(store),
-               "--determinism", json.dumps(determinism)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True, bufsize=1)
-        self.hello: dict | None = None
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(timeout=30)
-            tail = "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-15:])
-            raise RuntimeError(f"graft worker exited with status {self.proc.returncode}; its log ends:\n{tail}")
-        return json.loads(line)
-
-    def ready(self) -> dict:
-        if self.hello is None:
-            self.hello = self._read()
-        return self.hello
-
-    def restore(self, aid: str, prefix: list[int], suffix: list[int], out: Path):
-        """The graft half of kvstore.check_graft, run in the worker: its logits (verified against the SHA-256
-        the worker reports) and its timings."""
-        from safetensors.torch import load_file
-
-        from kvstore import logits_sha256
-        from kvstore.verify import Restored
-
-        self.ready()
-        req = {"id": aid, "prefix": prefix, "suffix": suffix, "out": str(out)}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        reply = self._read()
-        if not reply.get("ok"):
-            raise GraftFailed(reply.get("error"))
-        logits = load_file(str(out))["logits"]
-        if logits_sha256(logits) != reply["sha256"]:
-            raise RuntimeError(f"artifact {aid}: logits file does not hash to the worker's SHA-256")
-        return Restored(logits, reply["timing_s"])
-
-    def close(self) -> None:
-        if self.proc.stdin and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.experiment_text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -210,14 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="determinism.threads (default 2)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="determinism.prefill_chunk: tokens per prefill pass (default 512; 0 = all at once)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--determinism", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not args.worker:
-        if args.out is None:
-            p.error("--out is required")
-        if args.samples < 1 or args.suffix_tokens < 1:
-            p.error("--samples and --suffix-tokens must be >= 1")
+    if args.out is None:
+        p.error("--out is required")
+    if args.samples < 1 or args.suffix_tokens < 1:
+        p.error("--samples and --suffix-tokens must be >= 1")
     return args
 
 
@@ -240,12 +107,16 @@ def _determinism(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.worker:
-        return worker_main(args)
 
     from kvstore import LocalStore, atomic_write, check_graft, environment_fingerprint, load_frozen_model
+    from kvstore.errors import RemoteGraftError
     from kvstore.gguf import BUNDLED
     from kvstore.model import smallest_window
+    from kvstore.restore_worker import ModelSpec, RestoreWorker
+
+    def start_worker(determinism: dict) -> RestoreWorker:
+        spec = ModelSpec.backend("transformers", source=args.model, determinism=determinism)
+        return RestoreWorker(spec, store.root, log_path=tmp / "worker.log")
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     err = Console(stderr=True)
@@ -262,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         # The restoring process loads its own copy of the model alongside this one, except the bundled model:
         # its first load converts the GGUF into a cache, which one process should do alone.
         if args.model != BUNDLED:
-            worker = Worker(args.model, store.root, _determinism(args).to_dict(), tmp / "worker.log")
+            worker = start_worker(_determinism(args).to_dict())
         fm = load_frozen_model(args.model, determinism=_determinism(args))
         load_s = time.perf_counter() - t_start
         if worker is None:
-            worker = Worker(args.model, store.root, fm.determinism.to_dict(), tmp / "worker.log")
+            worker = start_worker(fm.determinism.to_dict())
 
         window = smallest_window(fm.layer_layout)
         scale = window or 512
@@ -278,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         samples = build_samples(fm, texts, lengths, args.suffix_tokens, args.seed)
 
         hello = worker.ready()
-        if hello["model_fingerprint"] != fm.fingerprint:
-            raise RuntimeError(f"worker loaded a different model: {hello['model_fingerprint'][:12]} "
-                               f"vs {fm.fingerprint[:12]}")
+        worker.check_model(fm.fingerprint)
 
         per_sample, total_pos, agree_pos, oneshot_agree_pos = [], 0, 0, 0
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -292,19 +161,18 @@ def main(argv: list[str] | None = None) -> int:
                 n, m = len(s.prefix), len(s.suffix)
                 progress.update(task, description=f"sample {s.index + 1} (prefix {n} tokens)")
                 t0 = time.perf_counter()
-                out = tmp / f"graft_{s.index}.safetensors"
                 given: list[str] = []
 
-                def restore(aid: str, s=s, out=out, given=given):  # (b) the graft half, in the other process
+                def restore(aid: str, s=s, given=given):  # (b) the graft half, in the other process
                     given.append(aid)
-                    return worker.restore(aid, s.prefix, s.suffix, out)
+                    return worker.restore(aid, s.prefix, s.suffix)
 
                 row = {"index": s.index, "prefix_tokens": n, "suffix_tokens": m,
                        "crosses_window": bool(window and n >= window)}
                 try:
                     c = check_graft(fm, s.prefix, s.suffix, store, oneshot=True, restore=restore,
                                     tags=["verify_graft"], extra={"script": "verify_graft", "sample": s.index})
-                except GraftFailed as e:
+                except RemoteGraftError as e:
                     aid = given[0]
                     row.update(artifact_id=aid, artifact_bytes=store.info(aid).size, sources=list(s.source_ids),
                                sha256_reference=None, sha256_graft=None, equal=False, kl=None, max_abs_diff=None,
@@ -327,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
                     oneshot_agree_pos += round(o.argmax_agreement * m)
                 total_pos += m
                 per_sample.append(row)
-                out.unlink(missing_ok=True)
                 if temporary_store:
                     store.remove(aid)
                 progress.advance(task)
@@ -418,6 +285,7 @@ def run_cli(argv: list[str] | None = None) -> int:
     import traceback
 
     from kvstore import KVStoreError
+    from kvstore.errors import RestoreWorkerError
 
     debug = os.environ.get("KVGRAFT_DEBUG", "") not in ("", "0")
     if not debug:  # transformers' progress bars and notes on fallback kernels are not this script's output
@@ -427,16 +295,16 @@ def run_cli(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
     try:
         return main(argv)
+    except RestoreWorkerError as e:  # the second process died or disagreed: say so on the last line
+        if debug:
+            traceback.print_exc()
+        print(f"graft: FAILED — {_one_line(e)}", flush=True)
+        return 1
     except KVStoreError as e:
         if debug:
             traceback.print_exc()
         print(f"verify_graft: error: {_one_line(e)}", file=sys.stderr, flush=True)
         return 2
-    except RuntimeError as e:  # the worker died or disagreed: say so on the last line
-        if debug:
-            traceback.print_exc()
-        print(f"graft: FAILED — {_one_line(e)}", flush=True)
-        return 1
     except Exception as e:
         if debug:
             traceback.print_exc()

@@ -28,7 +28,6 @@ import ctypes
 import hashlib
 import json
 import os
-import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,15 +35,12 @@ import numpy as np
 import torch
 
 from kvstore.backend import refuse_other_backend
+from kvstore.backends.llamacpp_state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
-from kvstore.format import LayerKV, Snapshot, check_snapshot
+from kvstore.format import Snapshot, check_snapshot
 
 NAME = "llamacpp"
-SEQ_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: the first 4 bytes of a sequence state
-GGML_TYPES = {0: "float32", 1: "float16", 30: "bfloat16"}  # ggml_type -> the format's dtype (others refused)
-GGML_TYPE_OF = {v: k for k, v in GGML_TYPES.items()}
-_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def bundled_gguf() -> str:
@@ -102,19 +98,6 @@ class LlamaState:
 
     generation: int
     tokens: list[int]
-
-
-@dataclass
-class _Cache:
-    """One llama_kv_cache's part of a sequence state (the full-attention or the sliding-window cache)."""
-
-    cells: int
-    v_trans: bool
-    k_rows: list[bytes]  # per layer, cells * k_row bytes
-    v_rows: list[bytes]  # per layer, cells * v_row bytes (v_trans: n_embd_v rows of cells elements)
-    k_type: int
-    v_type: int
-    row_bytes: int  # bytes of one cell's K (and V) row: n_embd_gqa * element size
 
 
 class LlamaCppBackend:
@@ -312,146 +295,35 @@ class LlamaCppBackend:
 
         Refused (IncompatibleError, before anything is stored) when the state is not what the tokens say, when
         llama.cpp's state is not one this parser reproduces byte for byte, or when a sliding-window cache
-        without swa_full has dropped positions a graft would need."""
+        without swa_full has dropped positions a graft would need or holds them out of order."""
         self._check(state)
         if list(state.tokens) != list(token_ids):
             raise IncompatibleError(f"llamacpp: the state holds {len(state.tokens)} tokens that are not the "
                                     f"{len(token_ids)} token ids given; capture the state that computed them")
+        t = len(token_ids)
         blob = self._state_bytes()
-        caches = self._parse(blob, len(token_ids))
-        snap = self._snapshot(caches, list(token_ids), extra)
-        again = self._serialize(snap)
-        if again != blob:
-            first = next((i for i, (a, b) in enumerate(zip(again, blob)) if a != b), min(len(again), len(blob)))
+        hint = ("" if self.cfg.swa_full else "; set model.llamacpp.swa_full=true (the sliding-window cache then "
+                "holds every position in order, as a fresh prefill and a graft lay it out)")
+        caches = parse_state(blob, t, hint)
+        layers = state_layers(caches, t, self.n_swa, self.kv_heads, self.dtype, self.cfg.type_v, hint)
+        snap = Snapshot(
+            token_ids=list(token_ids), start_position=0, layers=layers, model_fingerprint=self.fingerprint,
+            tokenizer_fingerprint=self.tokenizer_fingerprint, dtype=self.dtype, determinism=self.settings(),
+            environment=self.environment(), model_name=self.model_name, extra=dict(extra or {}),
+        )
+        check_snapshot(snap)
+        again, mine = self._serialize(snap), np.frombuffer(blob, np.uint8)
+        if again.shape != mine.shape or not np.array_equal(again, mine):
+            n = min(len(again), len(mine))
+            first = int(np.flatnonzero(again[:n] != mine[:n])[0]) if not np.array_equal(again[:n], mine[:n]) else n
             raise IncompatibleError(f"llamacpp: the sequence state ({len(blob)} bytes) does not round-trip through "
                                     f"the artifact layout (first difference at byte {first}); this llama.cpp "
                                     f"{self.ll.llama_version().decode()} state layout is not supported")
         return snap
 
-    def _parse(self, blob: bytes, t: int) -> list[_Cache]:
-        mv, off = memoryview(blob), 0
-
-        def take(fmt: str):
-            nonlocal off
-            vals = struct.unpack_from("<" + fmt, mv, off)
-            off += struct.calcsize("<" + fmt)
-            return vals if len(vals) > 1 else vals[0]
-
-        def raw(n: int) -> bytes:
-            nonlocal off
-            if off + n > len(mv):
-                raise IncompatibleError(f"llamacpp: sequence state ends at byte {len(mv)}, {off + n} needed")
-            out = bytes(mv[off : off + n])
-            off += n
-            return out
-
-        magic, seq = take("Ii")
-        if magic != SEQ_MAGIC or seq != 0:
-            raise IncompatibleError(f"llamacpp: sequence state magic {magic:#x} / seq {seq}: not a state of seq 0")
-        caches = []
-        while off < len(mv):
-            n_stream = take("I")
-            if n_stream != 1:
-                raise IncompatibleError(f"llamacpp: a cache with {n_stream} streams; use one sequence per context")
-            cells = take("I")
-            if cells == 0:
-                raise IncompatibleError("llamacpp: an empty cache in the sequence state (nothing to graft)")
-            for j in range(cells):
-                pos, n_seq = take("iI")
-                ids = [take("i") for _ in range(n_seq)]
-                if pos != t - cells + j or ids != [0]:
-                    hint = ("" if self.cfg.swa_full else "; set model.llamacpp.swa_full=true (the sliding-window "
-                            "cache then holds its positions in order, as a graft rebuilds them)")
-                    raise IncompatibleError(f"llamacpp: cache cell {j} holds position {pos} of sequences {ids}; a "
-                                            f"deposit holds positions {t - cells}..{t - 1} of sequence 0 in order"
-                                            f"{hint}")
-            v_trans, n_layer = take("II")
-            k_rows, v_rows, k_type, row = [], [], None, None
-            for _ in range(n_layer):
-                kt, k_row = take("iQ")
-                k_type, row = (kt, k_row) if k_type is None else (k_type, row)
-                if kt != k_type or k_row != row:
-                    raise IncompatibleError("llamacpp: layers of one cache with different K types or row sizes")
-                k_rows.append(raw(cells * k_row))
-            v_type = None
-            for _ in range(n_layer):
-                if v_trans:
-                    vt, el, n_embd = take("iII")
-                    v_bytes = el * n_embd
-                else:
-                    vt, v_bytes = take("iQ")
-                v_type = vt if v_type is None else v_type
-                if vt != v_type or v_bytes != row:
-                    raise IncompatibleError("llamacpp: V rows differ in type or size from the K rows of a layer")
-                v_rows.append(raw(cells * v_bytes))
-            caches.append(_Cache(cells, bool(v_trans), k_rows, v_rows, k_type, v_type, row))
-        return caches
-
-    def _snapshot(self, caches: list[_Cache], ids: list[int], extra: dict | None) -> Snapshot:
-        t = len(ids)
-        if len(caches) not in (1, 2):
-            raise IncompatibleError(f"llamacpp: a sequence state of {len(caches)} caches; one (full attention) or "
-                                    "two (full + sliding window) are supported")
-        layers = []
-        for ci, c in enumerate(caches):
-            sliding = len(caches) == 2 and ci == 1
-            if GGML_TYPES.get(c.k_type) != self.dtype or GGML_TYPES.get(c.v_type) != self.cfg.type_v:
-                raise IncompatibleError(f"llamacpp: cache types K {c.k_type} / V {c.v_type} are not the configured "
-                                        f"{self.dtype} / {self.cfg.type_v}")
-            if self.cfg.type_v != self.dtype:
-                raise IncompatibleError("llamacpp: type_k and type_v must be the same to store an artifact")
-            want = min(t, self.n_swa) if sliding else t
-            if c.cells != want:
-                hint = ("" if self.cfg.swa_full else
-                        "; set model.llamacpp.swa_full=true (llama.cpp keeps the whole window then)")
-                raise IncompatibleError(f"llamacpp: the {'sliding-window' if sliding else 'full-attention'} cache "
-                                        f"holds {c.cells} positions of {t}, a graft needs {want}{hint}")
-            dt = _TORCH[self.dtype]
-            el = torch.empty((), dtype=dt).element_size()
-            head_dim = c.row_bytes // el // self.kv_heads
-            for k, v in zip(c.k_rows, c.v_rows):
-                kt = torch.frombuffer(bytearray(k), dtype=dt).view(c.cells, self.kv_heads, head_dim)
-                vt = torch.frombuffer(bytearray(v), dtype=dt)
-                if c.v_trans:  # (n_embd_v, cells) -> (cells, kv_heads, head_dim)
-                    vt = vt.view(self.kv_heads, head_dim, c.cells).permute(2, 0, 1)
-                else:
-                    vt = vt.view(c.cells, self.kv_heads, head_dim)
-                layers.append(LayerKV("sliding" if sliding else "full", self.n_swa + 1 if sliding else None, t,
-                                      kt.permute(1, 0, 2)[None].contiguous(), vt.permute(1, 0, 2)[None].contiguous()))
-        snap = Snapshot(
-            token_ids=ids, start_position=0, layers=layers, model_fingerprint=self.fingerprint,
-            tokenizer_fingerprint=self.tokenizer_fingerprint, dtype=self.dtype, determinism=self.settings(),
-            environment=self.environment(), model_name=self.model_name, extra=dict(extra or {}),
-        )
-        check_snapshot(snap)
-        return snap
-
-    def _serialize(self, snap: Snapshot) -> bytes:
-        """The sequence state llama.cpp wrote for `snap` (inverse of _parse + _snapshot)."""
-        t, out = snap.token_count, [struct.pack("<Ii", SEQ_MAGIC, 0)]
-        v_trans = not self.cfg.flash_attn
-        groups = [[lyr for lyr in snap.layers if lyr.kind == kind] for kind in ("full", "sliding")]
-        ktype, vtype = GGML_TYPE_OF[snap.dtype], GGML_TYPE_OF[snap.dtype]
-        for group in (g for g in groups if g):
-            cells = group[0].keys.shape[2]
-            out.append(struct.pack("<II", 1, cells))
-            out.extend(struct.pack("<iIi", p, 1, 0) for p in range(t - cells, t))
-            out.append(struct.pack("<II", int(v_trans), len(group)))
-            for lyr in group:  # (1, kv_heads, cells, head_dim) -> rows of cells
-                k = lyr.keys[0].permute(1, 0, 2).contiguous()
-                out.append(struct.pack("<iQ", ktype, k[0].numel() * k.element_size()))
-                out.append(k.view(torch.uint8).numpy().tobytes())
-            for lyr in group:
-                v = lyr.values[0]
-                n_embd, el = v.shape[0] * v.shape[2], v.element_size()
-                if v_trans:  # -> (kv_heads, head_dim, cells): n_embd rows of cells elements
-                    rows = v.permute(0, 2, 1).contiguous()
-                    out.append(struct.pack("<iII", vtype, el, n_embd))
-                else:
-                    rows = v.permute(1, 0, 2).contiguous()
-                    out.append(struct.pack("<iQ", vtype, n_embd * el))
-                out.append(rows.view(torch.uint8).numpy().tobytes())
-        return b"".join(out)
+    def _serialize(self, snap: Snapshot, restore: bool = False) -> np.ndarray:
+        """llama.cpp's sequence state of `snap`; `restore`: laid out as a fresh prefill (llamacpp_state)."""
+        return serialize_state(snap.layers, snap.token_count, snap.dtype, not self.cfg.flash_attn, restore)
 
     # graft
     def settings_differences(self, snapshot: Snapshot) -> list[str]:
@@ -489,9 +361,9 @@ class LlamaCppBackend:
                                     "graft only onto text that starts with the artifact's text")
         if n >= self.cfg.n_ctx:
             raise SettingsError(f"{name}: {n} tokens do not fit n_ctx={self.cfg.n_ctx}; raise model.llamacpp.n_ctx")
-        blob = self._serialize(snapshot)
+        blob = self._serialize(snapshot, restore=True)
         state = self._clear()
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer(blob)
         got = int(self.ll.llama_state_seq_set_data(self.ctx, buf, len(blob), 0))
         pos_max = int(self.ll.llama_memory_seq_pos_max(self.ll.llama_get_memory(self.ctx), 0))
         if got != len(blob) or pos_max != n - 1:

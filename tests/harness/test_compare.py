@@ -3,14 +3,13 @@ wrote is read back from disk. Uses the tiny random-weight model (plumbing only).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from harness import compare, comparison
+from harness import compare, comparison, rescore
 from harness.record import Summary
 from harness.run_folder import RunFolder
 
@@ -84,10 +83,7 @@ def _compare(tmp_path: Path, *extra: str) -> dict:
 
 
 def _rescore(path: Path) -> int:
-    spec = importlib.util.spec_from_file_location("kvgraft_rescore", REPO / "scripts" / "rescore.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main([str(path)])
+    return rescore.main([str(path)])
 
 
 def _edit_first_row(path: Path, change) -> None:

@@ -4,7 +4,6 @@ it re-scores, and says why it passes one over. Tiny random-weight model (plumbin
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from harness import compare
+from harness import compare, rescore
 from harness.comparison import audit_comparison
 from harness.config import compose_config
 from harness.run import run
@@ -35,10 +34,7 @@ def job(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
 
 
 def _rescore(path: Path) -> int:
-    spec = importlib.util.spec_from_file_location("kvgraft_rescore", REPO / "scripts" / "rescore.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main([str(path)])
+    return rescore.main([str(path)])
 
 
 def _edited(job, tmp_path: Path, edit) -> Path:

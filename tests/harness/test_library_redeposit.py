@@ -30,7 +30,7 @@ def moved(tmp_path):
     """A built library whose every artifact is replaced by the same artifact recorded in another environment.
     Returns (config, model, library path, the artifact ids as first built)."""
     cfg = typed(compose_config(_overrides(tmp_path)))
-    fm = load_model(cfg)
+    fm = load_model(cfg).fm  # the transformers backend's FrozenModel: graft_snapshot / check_graft take it
     build_library(cfg.library, fm, REPO, progress=False)
     lib = open_library(cfg.library, fm, REPO)
     built = {e.entry_id: e.artifact_id for e in lib.entries}

@@ -1,7 +1,8 @@
 """`hydra/launcher=ray_cluster`: a sweep's jobs as Ray tasks on a local Ray cluster that this module starts on
 127.0.0.1 (`ray start --head --block`, token auth off as for any private test cluster) and stops after it. Two
 values give two run folders; both re-score, and their rows equal, token for token, a single-process run of the
-same config (Ray's per-task OMP_NUM_THREADS is pinned to determinism.threads by the launcher config).
+same config (Ray's per-task OMP_NUM_THREADS is pinned to determinism.threads by the launcher config); both jobs log
+to a real `mlflow server` (harness.mlflow_server, started on 127.0.0.1 by this module) and both runs are there.
 Skipped, saying why, where ray or hydra-ray-launcher is not installed (`make setup-ray`)."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 pytest.importorskip("ray", reason="needs ray: make setup-ray")
 pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="needs hydra-ray-launcher: make setup-ray")
 
+from harness.mlflow_server import MlflowServer  # noqa: E402
 from kvstore.local_s3 import free_ports  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +69,12 @@ def ray_cluster():
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    with MlflowServer(tmp_path_factory.mktemp("mlflow-server")) as s:
+        yield s
+
+
 def _rows(folder: Path) -> list[tuple]:
     from harness.run_folder import RunFolder
 
@@ -74,14 +82,17 @@ def _rows(folder: Path) -> list[tuple]:
             for r in RunFolder(folder).read_rows()]
 
 
-COMMON = ["model=tiny_gemma3", "condition=baseline", "dataset.limit=2", "tracking=off"]
+COMMON = ["model=tiny_gemma3", "condition=baseline", "dataset.limit=2"]
 
 
-def test_a_two_value_sweep_on_ray_gives_two_folders_that_rescore_and_equal_a_single_process_run(ray_cluster,
-                                                                                                 tmp_path):
+def test_a_two_value_sweep_on_ray_gives_two_folders_that_rescore_log_to_mlflow_and_equal_a_single_process_run(
+        ray_cluster, mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
     sweep = subprocess.run(
         [sys.executable, "-m", "harness", "-m", "hydra/launcher=ray_cluster", *COMMON, f"project_root={REPO}",
-         f"runs_dir={tmp_path}/ray", "decoding.max_new_tokens=2,3"],
+         f"runs_dir={tmp_path}/ray", "decoding.max_new_tokens=2,3", "tracking=server",
+         f"tracking.uri={mlflow_server.uri}", "tracking.experiment=ray-sweep"],
         env=_env(RAY_ADDRESS=ray_cluster), cwd=REPO, capture_output=True, text=True, timeout=500)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     folders = sorted((tmp_path / "ray" / "multirun").glob("*/*_baseline_*"))  # job folders name the swept values
@@ -94,7 +105,18 @@ def test_a_two_value_sweep_on_ray_gives_two_folders_that_rescore_and_equal_a_sin
     manifest = json.loads((folders[1] / "manifest.json").read_text())
     assert '"torch_threads": 2' in json.dumps(manifest, sort_keys=True)  # Ray's 1 thread per task did not leak in
 
-    single = subprocess.run([sys.executable, "-m", "harness", *COMMON, f"project_root={REPO}",
+    # both jobs logged from their Ray workers to the one server: each folder names its run, and the server has both
+    records = [json.loads((f / "tracking.json").read_text()) for f in folders]
+    assert all(not r.get("pending") and r.get("run_id") for r in records), records
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    experiment = client.get_experiment_by_name("ray-sweep")
+    logged = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id], max_results=100)}
+    for f, record in zip(folders, records, strict=True):
+        run = logged[record["run_id"]]
+        assert run.info.status == "FINISHED" and run.data.metrics, (f, run.info)
+    assert len({r["run_id"] for r in records}) == 2
+
+    single = subprocess.run([sys.executable, "-m", "harness", *COMMON, "tracking=off", f"project_root={REPO}",
                              f"runs_dir={tmp_path}/single", "decoding.max_new_tokens=3"],
                             env=_env(), cwd=REPO, capture_output=True, text=True, timeout=500)
     assert single.returncode == 0, single.stderr[-3000:]

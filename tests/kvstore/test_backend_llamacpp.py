@@ -5,6 +5,7 @@ into another backend. Skipped (with the reason) where llama-cpp-python is not in
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -16,9 +17,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup builds it)")
 
-from kvstore import LocalStore, check_graft  # noqa: E402
+from kvstore import LocalStore, check_graft, logits_sha256  # noqa: E402
 from kvstore.backends import as_backend  # noqa: E402
 from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings  # noqa: E402
+from kvstore.backends.llamacpp_state import serialize_state  # noqa: E402
 from kvstore.errors import IncompatibleError  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -61,6 +63,30 @@ be = LlamaCppBackend(LlamaCppSettings(n_ctx=1024, n_batch=256, n_ubatch=256))
 r = graft_logits(be, prefix, suffix, store=LocalStore(root), artifact_id=aid)
 print(logits_sha256(r.logits))
 """
+
+
+def _problem_ids(be) -> list[int]:
+    """Real problem text (the repo's problem file): the repeated TEXT above happened to graft equal even in
+    llama.cpp's own (unpadded) restore layout."""
+    rows = [json.loads(line) for line in (REPO / "problems" / "kvgraft_original.jsonl").read_text().splitlines()]
+    return be.encode("\n\n".join(f"Problem: {r['problem']}\nSolution: {r['solution']}" for r in rows[:12]))
+
+
+def test_past_the_window_a_graft_lays_the_sliding_cache_out_as_a_fresh_prefill(be, tmp_path):
+    """757 tokens at n_batch 256: the sliding cache's 512 unmasked cells restored from cell 0 (llama.cpp's
+    own state layout) give other logits (measured max |diff| 0.75); with the placeholder cells that put
+    position p in cell p, as the fresh prefill does, the graft is byte-identical."""
+    ids, suffix = _problem_ids(be), be.encode(" The answer is", add_bos=False)
+    check = check_graft(be, ids[:757], suffix, store=LocalStore(tmp_path), keep_logits=True)
+    assert check.equal and check.kl_max == 0.0, check.to_dict()
+    snap = LocalStore(tmp_path).get(check.artifact_id)
+    blob = serialize_state(snap.layers, 757, snap.dtype, v_trans=True)  # llama.cpp's own layout, unpadded
+    state = be.new_state()
+    got = be.ll.llama_state_seq_set_data(be.ctx, (ctypes.c_uint8 * blob.size).from_buffer(blob), len(blob), 0)
+    assert got == len(blob)
+    state.tokens = list(ids[:757])
+    unpadded = be.forward(suffix, state)
+    assert logits_sha256(unpadded) != check.sha256_reference  # the layout is what makes it exact
 
 
 def test_an_artifact_restored_in_another_process_gives_the_reference_bits(be, ids, tmp_path):
@@ -111,3 +137,16 @@ def test_an_old_state_handle_is_refused_once_the_context_holds_another(be, ids):
     be.new_state()
     with pytest.raises(Exception, match="no longer the context's"):
         be.forward(ids[8:10], old)
+
+
+def test_the_position_sweep_on_llamacpp_reports_own_position_exact_and_other_offsets_refused(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "position_sweep.py"), "--backend", "llamacpp",
+                           "--out", str(tmp_path), "--offsets", "1,100", "--prefix-tokens", "32",
+                           "--suffix-tokens", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "position_sweep.json").read_text())
+    assert report["backend"] == "llamacpp" and report["exact_offsets"] == [0]
+    assert report["refused_offsets"] == [1, 100]
+    assert all("own position, the exact graft" in r["refused"] for r in report["offsets"][1:])
+    assert "own position is exact and the only point grafted: offsets [1, 100] refused" in proc.stdout.splitlines()[-1]

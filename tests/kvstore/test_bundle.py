@@ -1,5 +1,6 @@
-"""Bundles (kvstore.bundle, FORMAT.md section 7): export -> import round trips byte for byte, grafts exactly in
-another process, and every hostile bundle is refused with the target store left exactly as it was."""
+"""Bundles (kvstore.bundle, FORMAT.md section 7): export -> import round trips byte for byte (artifacts, tags and
+opaque attachments), grafts exactly in another process, and every hostile bundle is refused with the target store
+left exactly as it was. (A solution library as a bundle: tests/harness/test_library_bundle.py.)"""
 
 from __future__ import annotations
 
@@ -32,22 +33,16 @@ def _tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): _sha(p.read_bytes()) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _library(folder: Path, ids: list[str]) -> Path:
-    """A minimal library folder: one index row per artifact and a manifest that hashes the index."""
-    folder.mkdir(parents=True)
-    index = b"".join(json.dumps({"entry_id": f"e{i}", "artifact_id": a}, sort_keys=True).encode() + b"\n"
-                     for i, a in enumerate(ids))
-    (folder / "index.jsonl").write_bytes(index)
-    (folder / "manifest.json").write_bytes(json.dumps({"name": "demo", "index_sha256": _sha(index)}).encode())
-    return folder
+# two opaque files: the engine carries them unchanged, whatever they hold
+FILES = {"notes.txt": "attachments are opaque: é\n".encode(), "z.bin": bytes(range(256))}
 
 
 @pytest.fixture
 def source(tmp_path, hand_built):
-    """A store with three hand-built artifacts (two tagged) and a library over two of them."""
+    """A store with three hand-built artifacts (two tagged), and two files to attach."""
     store = LocalStore(tmp_path / "src")
     ids = [store.put(hand_built({"n": n}), tags=["demo"] if n < 2 else []) for n in range(3)]
-    return store, ids, _library(tmp_path / "lib", ids[:2])
+    return store, ids, dict(FILES)
 
 
 @pytest.fixture
@@ -58,21 +53,20 @@ def target(tmp_path, hand_built):
     return store
 
 
-def test_round_trip_is_byte_identical_for_artifacts_tags_and_library(source, target, tmp_path):
-    store, ids, lib = source
-    out = export_bundle(store, [ids[2]], tmp_path / "b.kvb", library_dir=lib)
+def test_round_trip_is_byte_identical_for_artifacts_tags_and_attachments(source, target, tmp_path):
+    store, ids, files = source
+    out = export_bundle(store, ids, tmp_path / "b.kvb", attachments=files)
     assert isinstance(out, BundleInfo) and out.artifacts == tuple(sorted(ids))
     assert out.sha256 == _sha((tmp_path / "b.kvb").read_bytes())
-    got = import_bundle(tmp_path / "b.kvb", target, library_dir=tmp_path / "lib2")
+    got = import_bundle(tmp_path / "b.kvb", target, attachments_dir=tmp_path / "files")
     assert got.artifacts == out.artifacts and set(got.added) == set(ids)
     assert got.sha256 == out.sha256 and got.manifest_sha256 == out.manifest_sha256
     for aid in ids:
         assert ArtifactId.of(target.path(aid).read_bytes()) == ArtifactId.of(store.path(aid).read_bytes()) == aid
         assert target.info(aid).tags == store.info(aid).tags
-    for name in ("index.jsonl", "manifest.json"):
-        assert _sha((tmp_path / "lib2" / name).read_bytes()) == _sha((lib / name).read_bytes())
-    assert got.library_manifest_sha256 == _sha((lib / "manifest.json").read_bytes())
-    assert len(target) == 4
+    assert {p.name: p.read_bytes() for p in (tmp_path / "files").iterdir()} == files
+    assert got.attachments == out.attachments == {n: _sha(b) for n, b in files.items()}
+    assert got.attachments_dir == tmp_path / "files" and len(target) == 4
 
 
 def test_the_same_artifacts_give_the_same_bundle_bytes(source, tmp_path):
@@ -116,17 +110,50 @@ def test_import_works_into_the_in_memory_store(source, tmp_path):
     assert [mem.get_bytes(a) for a in ids] == [store.get_bytes(a) for a in ids]
 
 
-def test_export_refuses_an_existing_output_an_empty_set_and_a_modified_library(source, tmp_path):
-    store, ids, lib = source
+def test_export_refuses_an_existing_output_an_empty_set_and_an_unsafe_attachment_name(source, tmp_path):
+    store, ids, files = source
     (tmp_path / "exists.kvb").write_bytes(b"x")
     with pytest.raises(BundleError, match="already exists"):
         export_bundle(store, ids, tmp_path / "exists.kvb")
     with pytest.raises(BundleError, match="nothing to export"):
         export_bundle(store, [], tmp_path / "none.kvb")
-    (lib / "index.jsonl").write_bytes((lib / "index.jsonl").read_bytes() + b"\n")
-    with pytest.raises(BundleError, match="was modified"):
-        export_bundle(store, [], tmp_path / "lib.kvb", library_dir=lib)
-    assert not (tmp_path / "none.kvb").exists() and not (tmp_path / "lib.kvb").exists()
+    for name in ("../evil", ".hidden", "a/b", "", "x" * 129):
+        with pytest.raises(BundleError, match="not one safe file name"):
+            export_bundle(store, ids, tmp_path / "bad.kvb", attachments={name: b"x"})
+    assert not (tmp_path / "none.kvb").exists() and not (tmp_path / "bad.kvb").exists()
+
+
+def test_the_callers_check_refuses_a_bundle_before_anything_is_written(source, target, tmp_path):
+    store, ids, files = source
+    export_bundle(store, ids, tmp_path / "b.kvb", attachments=files)
+    before, seen = _tree(target.root), []
+
+    def check(attached, carried):
+        seen.append((attached, carried))
+        raise ValueError("not what I expected")
+
+    with pytest.raises(ValueError, match="not what I expected"):
+        import_bundle(tmp_path / "b.kvb", target, attachments_dir=tmp_path / "files", check=check)
+    assert seen == [(files, frozenset(ids))]
+    assert _tree(target.root) == before and not (tmp_path / "files").exists()
+
+
+def _as_format_1(members: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """A bundle as kvgraft-bundle/1 wrote it: the attachments under the manifest key and folder "library"."""
+    def edit(m):
+        m["format"], m["library"] = "kvgraft-bundle/1", m.pop("attachments")
+
+    renamed = [(n.replace("attachments/", "library/", 1), b) for n, b in members]
+    return _manifest(renamed, edit)
+
+
+def test_a_format_1_bundle_still_imports_with_its_files(source, target, tmp_path):
+    store, ids, files = source
+    good = export_bundle(store, ids, tmp_path / "b.kvb", attachments=files).path
+    old = _write(tmp_path / "old.kvb", _as_format_1(_members(good)))
+    got = import_bundle(old, target, attachments_dir=tmp_path / "files")
+    assert set(got.added) == set(ids) and got.attachments == {n: _sha(b) for n, b in files.items()}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "files").iterdir()} == files
 
 
 # --------------------------------------------------------------------------------------------- hostile bundles
@@ -226,32 +253,35 @@ HOSTILE = {
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_bundle_is_refused_and_the_store_is_unchanged(case, source, target, tmp_path):
-    store, ids, lib = source
-    good = export_bundle(store, ids, tmp_path / "good.kvb", library_dir=lib).path
+    store, ids, files = source
+    good = export_bundle(store, ids, tmp_path / "good.kvb", attachments=files).path
     build, message = HOSTILE[case]
     bad = build(tmp_path / "bad.kvb", _members(good))
     before, listing = _tree(target.root), target.list()
     with pytest.raises(BundleError, match=message) as e:
-        import_bundle(bad, target, library_dir=tmp_path / "lib2")
+        import_bundle(bad, target, attachments_dir=tmp_path / "files")
     assert str(bad) in str(e.value) and "kvstore export" in str(e.value)
     assert _tree(target.root) == before and target.list() == listing
-    assert not (tmp_path / "lib2").exists() and not (tmp_path / "evil").exists()
+    assert not (tmp_path / "files").exists() and not (tmp_path / "evil").exists()
 
 
-def test_a_library_folder_holding_another_library_is_refused_before_anything_is_written(source, target, tmp_path):
-    store, ids, lib = source
-    export_bundle(store, [], tmp_path / "b.kvb", library_dir=lib)
-    other = _library(tmp_path / "other", ids[2:])
+def test_a_folder_holding_other_bytes_under_an_attachment_name_is_refused_before_anything_is_written(
+        source, target, tmp_path):
+    store, ids, files = source
+    export_bundle(store, ids, tmp_path / "b.kvb", attachments=files)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "z.bin").write_bytes(b"someone else's")
     before = _tree(target.root)
-    with pytest.raises(BundleError, match="holds another library"):
-        import_bundle(tmp_path / "b.kvb", target, library_dir=other)
-    assert _tree(target.root) == before
+    with pytest.raises(BundleError, match="holds other files"):
+        import_bundle(tmp_path / "b.kvb", target, attachments_dir=other)
+    assert _tree(target.root) == before and sorted(p.name for p in other.iterdir()) == ["z.bin"]
 
 
-@pytest.mark.parametrize("fail_at", ["object", "library"])
+@pytest.mark.parametrize("fail_at", ["object", "attachment"])
 def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, source, target, tmp_path, monkeypatch):
-    store, ids, lib = source
-    export_bundle(store, ids, tmp_path / "b.kvb", library_dir=lib)
+    store, ids, files = source
+    export_bundle(store, ids, tmp_path / "b.kvb", attachments=files)
     before, listing = _tree(target.root), target.list()
     import kvstore.bundle
     import kvstore.store
@@ -261,21 +291,21 @@ def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, sourc
 
     def flaky(path, data):
         calls.append(path)
-        if (fail_at == "object" and len(calls) == 2) or (fail_at == "library" and path.name == "manifest.json"):
+        if (fail_at == "object" and len(calls) == 2) or (fail_at == "attachment" and path.name == "z.bin"):
             raise KeyboardInterrupt("interrupted")  # an interrupt mid-publish, not only an error
         real(path, data)
 
     monkeypatch.setattr(kvstore.store, "atomic_write", flaky)
     monkeypatch.setattr(kvstore.bundle, "atomic_write", flaky)
     with pytest.raises(KeyboardInterrupt):
-        import_bundle(tmp_path / "b.kvb", target, library_dir=tmp_path / "lib2")
+        import_bundle(tmp_path / "b.kvb", target, attachments_dir=tmp_path / "files")
     assert len(calls) >= 2
     after = {k: v for k, v in _tree(target.root).items() if not k.startswith("index.sqlite")}
     assert after == {k: v for k, v in before.items() if not k.startswith("index.sqlite")}
-    assert target.list() == listing and not (tmp_path / "lib2").exists()
+    assert target.list() == listing and not (tmp_path / "files").exists()
     monkeypatch.undo()
-    import_bundle(tmp_path / "b.kvb", target, library_dir=tmp_path / "lib2")  # and a re-run completes it
-    assert all(target.contains(a) for a in ids) and (tmp_path / "lib2" / "manifest.json").exists()
+    import_bundle(tmp_path / "b.kvb", target, attachments_dir=tmp_path / "files")  # and a re-run completes it
+    assert all(target.contains(a) for a in ids) and (tmp_path / "files" / "z.bin").read_bytes() == files["z.bin"]
 
 
 def test_large_imports_are_published_in_bounded_batches(source, target, tmp_path, monkeypatch):
@@ -333,25 +363,24 @@ import json, sys
 from kvstore import LocalStore, load_frozen_model
 from kvstore.bundle import import_bundle
 from kvstore.verify import graft_logits, logits_sha256, reference_logits
-bundle, root, lib, aid, prefix, suffix = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], *map(json.loads, sys.argv[5:])
+bundle, root, files, aid, prefix, suffix = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], *map(json.loads, sys.argv[5:])
 fm = load_frozen_model("tiny-gemma3")
 store = LocalStore(root)
-info = import_bundle(bundle, store, library_dir=lib)
+info = import_bundle(bundle, store, attachments_dir=files)
 g = graft_logits(fm, prefix, suffix, store=store, artifact_id=aid).logits
 r = reference_logits(fm, prefix, suffix)
 print(json.dumps({"added": list(info.added), "graft": logits_sha256(g), "reference": logits_sha256(r)}))
 """
 
 
-def test_a_library_grafts_exactly_after_import_in_a_fresh_process(tiny_gemma3, tmp_path):
+def test_an_artifact_grafts_exactly_after_import_in_a_fresh_process(tiny_gemma3, tmp_path):
     from kvstore import deposit_tokens
 
     prefix = [2, *range(10, 40)]  # 31 tokens: past tiny-gemma3's sliding window of 16
     suffix = [50, 61, 72, 83]
     store = LocalStore(tmp_path / "src")
     aid = store.put(deposit_tokens(tiny_gemma3, prefix), tags=["library:demo"])
-    lib = _library(tmp_path / "lib", [aid])
-    export_bundle(store, [], tmp_path / "lib.kvb", library_dir=lib)
+    export_bundle(store, [aid], tmp_path / "lib.kvb", attachments=FILES)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", _GRAFT_IN_FRESH_PROCESS, str(tmp_path / "lib.kvb"),
                            str(tmp_path / "dst"), str(tmp_path / "lib2"), aid, json.dumps(prefix), json.dumps(suffix)],
@@ -361,8 +390,7 @@ def test_a_library_grafts_exactly_after_import_in_a_fresh_process(tiny_gemma3, t
     assert out["added"] == [aid]
     assert out["graft"] == out["reference"]
     assert (tmp_path / "dst" / id_to_relpath(aid)).read_bytes() == store.get_bytes(aid)
-    for name in ("index.jsonl", "manifest.json"):
-        assert (tmp_path / "lib2" / name).read_bytes() == (lib / name).read_bytes()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "lib2").iterdir()} == FILES
 
 
 # --------------------------------------------------------------------------------------------- the command line
@@ -374,37 +402,39 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def test_cli_export_and_import_by_ids_tag_and_library(source, tmp_path, capsys):
-    store, ids, lib = source
+def test_cli_export_and_import_by_ids_tag_and_attached_files(source, tmp_path, capsys):
+    store, ids, files = source
     rc, out, err = _cli(capsys, "export", "--store", str(store.root), ids[0][:10], ids[2], "-o", str(tmp_path / "i.kvb"))
     assert rc == 0, err
     assert out.strip() == str(tmp_path / "i.kvb") and "2 artifacts" in err
     rc, out, err = _cli(capsys, "export", "--store", str(store.root), "--tag", "demo", "-o", str(tmp_path / "t.kvb"))
     assert rc == 0 and "2 artifacts" in err and _sha((tmp_path / "t.kvb").read_bytes()) in err
-    rc, out, err = _cli(capsys, "export", "--store", str(store.root), "--library", str(lib), "-o",
-                        str(tmp_path / "l.kvb"))
-    assert rc == 0 and "library" in err
+    (tmp_path / "notes.txt").write_bytes(files["notes.txt"])
+    rc, out, err = _cli(capsys, "export", "--store", str(store.root), "--tag", "demo", "--attach",
+                        str(tmp_path / "notes.txt"), "-o", str(tmp_path / "l.kvb"))
+    assert rc == 0 and "attachments notes.txt" in err
     dst = tmp_path / "dst"
-    rc, out, err = _cli(capsys, "import", str(tmp_path / "l.kvb"), "--store", str(dst), "--library-dir",
+    rc, out, err = _cli(capsys, "import", str(tmp_path / "l.kvb"), "--store", str(dst), "--attachments-dir",
                         str(tmp_path / "lib2"))
     assert rc == 0, err
-    assert "2 new" in out and (tmp_path / "lib2" / "manifest.json").read_bytes() == (lib / "manifest.json").read_bytes()
+    assert "2 new" in out and (tmp_path / "lib2" / "notes.txt").read_bytes() == files["notes.txt"]
     rc, out, err = _cli(capsys, "import", str(tmp_path / "i.kvb"), "--store", str(dst))
     assert rc == 0 and "1 new, 1 already present" in out
     assert {i.id for i in LocalStore(dst).list()} == set(ids)
 
 
-def test_cli_import_of_a_library_bundle_without_library_dir_says_where_it_was_not_written(source, tmp_path, capsys):
-    store, _, lib = source
-    export_bundle(store, [], tmp_path / "l.kvb", library_dir=lib)
+def test_cli_import_of_a_bundle_with_attachments_without_a_folder_says_they_were_not_written(source, tmp_path,
+                                                                                             capsys):
+    store, ids, files = source
+    export_bundle(store, ids, tmp_path / "l.kvb", attachments=files)
     rc, out, err = _cli(capsys, "import", str(tmp_path / "l.kvb"), "--store", str(tmp_path / "dst"))
-    assert rc == 0 and "--library-dir" in err
+    assert rc == 0 and "--attachments-dir" in err and "notes.txt" in err
 
 
 def test_cli_errors_exit_2_with_one_line_naming_the_problem(source, tmp_path, capsys):
     store, ids, _ = source
     rc, _, err = _cli(capsys, "export", "--store", str(store.root), "-o", str(tmp_path / "x.kvb"))
-    assert rc == 2 and "give artifact ids, --tag or --library" in err
+    assert rc == 2 and "give artifact ids or --tag" in err
     rc, _, err = _cli(capsys, "export", "--store", str(store.root), "--tag", "demo", ids[0], "-o",
                       str(tmp_path / "x.kvb"))
     assert rc == 2 and "only one of" in err

@@ -1,13 +1,9 @@
-"""The CI fuzz (scripts/fuzz_store.py, seeded and bounded): mutants of real artifacts from both tiny models are
+"""The CI fuzz (kvstore/fuzz.py, run by scripts/fuzz_store.py; seeded and bounded): mutants of real artifacts from both tiny models are
 admitted, read and grafted; none may graft to logits different from its original's without an error, and
 every refusal must be a KVStoreError. A control run with the admission checks removed shows the fuzz does
 find silent wrong grafts when they exist, so the first test can fail."""
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,16 +11,12 @@ import kvstore.format
 import kvstore.framing
 import kvstore.graft
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def fuzz_store():
-    spec = importlib.util.spec_from_file_location("fuzz_store", ROOT / "scripts" / "fuzz_store.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    import kvstore.fuzz
+
+    return kvstore.fuzz
 
 
 def test_no_mutant_grafts_silently_wrong_and_every_refusal_is_a_kvstore_error(fuzz_store):

@@ -1,4 +1,4 @@
-"""scripts/bench.py and scripts/bench_context.py end to end on the tiny random-weight model (smoke sizes)."""
+"""The benchmarks (scripts/bench/) as commands, end to end on the tiny random-weight model (smoke sizes)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(script: str, *args: str) -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench" / script), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
-    _run("bench.py", "--model", "tiny-gemma3", "--sizes", "16,64", "--repeats", "2", "--quick", "--out", str(tmp_path))
+    _run("run.py", "--model", "tiny-gemma3", "--sizes", "16,64", "--repeats", "2", "--quick", "--out", str(tmp_path))
     s = json.loads((tmp_path / "summary.json").read_text())
     assert {"machine", "model", "tokens", "settings", "figures", "goals", "runtime_s"} <= set(s)
     assert {"cpu", "logical_cores", "torch_threads", "dtype", "ram_bytes"} <= set(s["machine"])
@@ -50,7 +50,7 @@ def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
 
 
 def test_bench_context_writes_the_curve(tmp_path):
-    _run("bench_context.py", "--model", "tiny-gemma3", "--artifacts", "200", "--total-tokens", "5000",
+    _run("context.py", "--model", "tiny-gemma3", "--artifacts", "200", "--total-tokens", "5000",
          "--checkpoints", "10,100,200", "--out", str(tmp_path))
     c = json.loads((tmp_path / "context.json").read_text())
     assert c["store"]["artifacts"] == 200 and c["store"]["tokens"] >= 5000
@@ -64,21 +64,19 @@ def test_bench_context_writes_the_curve(tmp_path):
 
 
 def test_bf16_restore_deposits_and_restores_in_bf16(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import bench_bf16_restore
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    stream = [2] + [4 + (3 * i) % 256 for i in range(80)]
-    out = bench_bf16_restore.measure("tiny-gemma3", stream, [16, 32, 64], repeats=2, workdir=tmp_path / "s",
-                                     max_tokens=32)
+    _run("bf16_restore.py", "--model", "tiny-gemma3", "--sizes", "16,32,64", "--repeats", "2", "--max-tokens", "32",
+         "--work", str(tmp_path / "s"), "--out", str(tmp_path / "bf16.json"))
+    out = json.loads((tmp_path / "bf16.json").read_text())
     assert out["dtype"] == "bfloat16" and out["skipped_sizes"] == [64]
     assert [r["tokens"] for r in out["rows"]] == [16, 32]
-    fp32 = bench_bf16_restore.LocalStore(tmp_path / "fp32")
-    from kvstore import deposit_tokens, load_frozen_model
+    from harness.experiment_text import DEFAULT_PROBLEMS, joined_text
+    from kvstore import LocalStore, deposit_tokens, load_frozen_model
 
-    full = fp32.info(fp32.put(deposit_tokens(load_frozen_model("tiny-gemma3"), stream[:32]))).size
+    fm = load_frozen_model("tiny-gemma3")  # the same 32 tokens deposited in float32
+    fp32 = LocalStore(tmp_path / "fp32")
+    full = fp32.info(fp32.put(deposit_tokens(fm, fm.encode(joined_text(DEFAULT_PROBLEMS))[:32]))).size
     for r in out["rows"]:
         assert r["restore_s"]["n"] >= 5 and r["restore_s"]["median"] > 0
         assert r["bytes_per_token"] == r["artifact_bytes"] / r["tokens"]
     assert out["rows"][1]["artifact_bytes"] < full  # 2 bytes per value against 4 (the header is the same size)
+    assert not (tmp_path / "s").exists()

@@ -1,9 +1,8 @@
-"""scripts/replay.py: the comparison of a registered profile with a recomputation (pure, on hand-made
+"""harness/replay.py (run as scripts/replay.py): the comparison of a registered profile with a recomputation (pure, on hand-made
 entries), and the script end to end on a tiny registry of the tiny random-weight model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,21 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import replay
 from kvstore import Determinism, environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "replay.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("kvgraft_replay_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = _module()
 
 
 def _entry(env: dict, hashes=("a1", "b2"), first="c3", tokens=(5, 6)) -> dict:

@@ -1,6 +1,6 @@
 """Decode-side benchmark: batched sampling vs batch size 1, fp32 vs bf16, the harness vs llama.cpp.
 
-    .venv/bin/python scripts/bench_decode.py [--model gemma3-270m] [--problems 8] [--n 8] [--max-new-tokens 64]
+    .venv/bin/python scripts/bench/decode.py [--model gemma3-270m] [--problems 8] [--n 8] [--max-new-tokens 64]
         [--dtypes float32,bfloat16] [--prefill-tokens 256] [--decode-tokens 64] [--long-tokens 0] [--out FILE]
 
 Prints one JSON object (and writes it to --out when given):
@@ -26,13 +26,8 @@ from pathlib import Path
 
 import psutil
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT, ROOT / "scripts"):  # run as a file (or loaded by path): the project and the shared helpers
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from experiments import cpu_name  # noqa: E402
+from common import REPO as ROOT  # noqa: E402  (puts the repository on sys.path)
+from common import cpu_name  # noqa: E402
 
 from harness.decode import generate, generate_batch  # noqa: E402
 from kvstore import Determinism, atomic_write, load_frozen_model, new_cache, prefill  # noqa: E402
@@ -212,4 +207,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main()  # the result is printed; `make bench` calls measure() in-process

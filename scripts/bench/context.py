@@ -1,6 +1,6 @@
 """make bench-context: the store holds far more KV than any context window, at a flat cost per lookup.
 
-    .venv/bin/python scripts/bench_context.py --out runs/bench [--model tiny-gemma3] [--artifacts 100000]
+    .venv/bin/python scripts/bench/context.py --out runs/bench [--model tiny-gemma3] [--artifacts 100000]
         [--total-tokens 3000000] [--checkpoints 10,100,1000,10000,100000] [--samples 200] [--threads 1]
 
 Fills a LocalStore under <out>/context_store with real deposits (prefill + capture of distinct random token
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-from experiments import stats
+from common import stats
 from tqdm import tqdm
 
 from kvstore import (

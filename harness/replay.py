@@ -1,0 +1,354 @@
+"""Pre-registered replay: recompute committed logits hashes on this machine and say which reproduce.
+
+Run from the repository root::
+
+    python scripts/replay.py                          # every profile in the registry (make replay)
+    python scripts/replay.py --profile portable       # one profile
+    python scripts/replay.py --profile native --register    # (re)compute and write this machine's hashes
+    python scripts/replay.py --speed                  # prefill/decode tokens/s, native vs portable
+
+The registry (scripts/replay_registry.json, committed) holds per determinism profile: the model and
+tokenizer fingerprints, the settings and the compute environment (kvstore.environment) that produced it, and
+  - the 50 verify-graft samples (scripts/verify_graft.py's choice of (prefix, suffix) pairs, seed 0): SHA-256
+    of the fresh reference's suffix logits, through the engine's procedure `kvstore.check_graft` (the graft of
+    the same prefix must equal it too);
+  - a greedy decode of the first 5 bundled problems (the harness's default prompt): SHA-256 of the first
+    logits after the prompt and the token ids of the first --decode-tokens steps.
+Replay recomputes each under the profile (its kernel variables set before torch is imported: the process
+re-executes itself with them) and prints, per sample, reproduced or not, and the environments side by side.
+
+Exit status, per profile: 0 when every hash reproduces and the environment matches the registered one; when
+the environment differs, the count that reproduced anyway is the portability measurement, and the exit status
+is 0 only if the profile promises portability (kvstore.environment.PORTABLE_PROFILES) and all reproduced.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_REGISTRY = REPO / "scripts" / "replay_registry.json"
+REGISTRY_FORMAT = "kvgraft-replay/1"
+DEFAULT_PROMPT = "Problem: {problem}\nGive the answer as an integer from 0 to 999.\nFinal answer:"
+
+
+# ----------------------------------------------------------------------------------------------- comparison
+@dataclass
+class Outcome:
+    """The replay of one profile against its registered entry."""
+
+    profile: str
+    rows: list[dict[str, Any]] = field(default_factory=list)  # kind, name, registered, measured, reproduced
+    environment: list[tuple[str, Any, Any, bool]] = field(default_factory=list)  # field, registered, now, same
+    environment_differences: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # inputs that differ: nothing is comparable then
+    portable: bool = False
+
+    @property
+    def reproduced(self) -> int:
+        return sum(r["reproduced"] for r in self.rows)
+
+    @property
+    def passed(self) -> bool:
+        if self.problems or not self.rows or self.reproduced != len(self.rows):
+            return False
+        return not self.environment_differences or self.portable
+
+    def verdict(self) -> str:
+        n, k = len(self.rows), self.reproduced
+        if self.problems:
+            return f"profile {self.profile}: NOT COMPARABLE: {'; '.join(self.problems)}"
+        if not self.environment_differences:
+            head = f"profile {self.profile}: {k}/{n} reproduced; environment matches the registered one"
+        else:
+            promise = "promises portability" if self.portable else "does not promise portability"
+            head = (f"profile {self.profile}: {k}/{n} reproduced in a different environment "
+                    f"({len(self.environment_differences)} facts differ; the profile {promise})")
+        return f"{head} -> {'PASS' if self.passed else 'FAIL'}"
+
+
+def _paired(registered: dict[str, Any], measured: dict[str, Any], field: str, key: str, input_hash: str,
+            problems: list[str], differs: str) -> Iterator[tuple[dict[str, Any], dict[str, Any] | None, bool]]:
+    """(registered row, the measured row of the same `key` or None, whether both hashed the same input) for each
+    registered row of `field`; a measured row with other input is also a problem (`differs`, formatted by key)."""
+    now = {row[key]: row for row in measured.get(field, [])}
+    for row in registered.get(field, []):
+        m = now.get(row[key])
+        same_input = m is not None and m[input_hash] == row[input_hash]
+        if m is not None and not same_input:
+            problems.append(differs.format(row[key]))
+        yield row, m, same_input
+
+
+def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) -> Outcome:
+    """Compare a profile's registered entry with the same computation done now (both as `measure` returns)."""
+    from kvstore.environment import PORTABLE_PROFILES, environment_differences
+
+    out = Outcome(profile, portable=profile in PORTABLE_PROFILES)
+    for key in ("model_fingerprint", "tokenizer_fingerprint"):
+        if registered.get(key) != measured.get(key):
+            out.problems.append(f"{key} {str(registered.get(key))[:12]} registered, {str(measured.get(key))[:12]} now")
+    reg_env, now_env = registered.get("environment", {}), measured.get("environment", {})
+    out.environment_differences = environment_differences(reg_env, now_env)
+    differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}
+    for key in sorted(set(reg_env) | set(now_env)):
+        out.environment.append((key, reg_env.get(key), now_env.get(key), key not in differing))
+    for s, m, same_input in _paired(registered, measured, "samples", "index", "tokens_sha256", out.problems,
+                                    "sample {}: its tokens differ from the registered ones"):  # fmt: skip
+        ok = bool(same_input and m["logits_sha256"] == s["logits_sha256"] and m["graft_equal"])
+        out.rows.append({"kind": "graft", "name": f"sample {s['index']} ({s['prefix_tokens']}+{s['suffix_tokens']})",
+                         "registered": s["logits_sha256"], "measured": m["logits_sha256"] if m else None,
+                         "graft_equal": m["graft_equal"] if m else None, "reproduced": ok})
+    for d, m, same_input in _paired(registered, measured, "decode", "problem_id", "prompt_sha256", out.problems,
+                                    "decode {}: its prompt tokens differ from the registered ones"):  # fmt: skip
+        ok = bool(same_input and m["first_logits_sha256"] == d["first_logits_sha256"]
+                  and m["token_ids"] == d["token_ids"])
+        out.rows.append({"kind": "decode", "name": f"decode {d['problem_id']} ({len(d['token_ids'])} tokens)",
+                         "registered": d["first_logits_sha256"], "measured": m["first_logits_sha256"] if m else None,
+                         "graft_equal": None, "reproduced": ok})
+    if not out.rows:
+        out.problems.append("the registry lists no samples for this profile")
+    return out
+
+
+def print_outcome(out: Outcome, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"replay, profile {out.profile}")
+    for col in ("sample", "registered", "now", "graft = ref", "reproduced"):
+        t.add_column(col)
+    for r in out.rows:
+        t.add_row(r["name"], (r["registered"] or "-")[:12], (r["measured"] or "-")[:12],
+                  "-" if r["graft_equal"] is None else str(r["graft_equal"]), "yes" if r["reproduced"] else "NO")
+    console.print(t)
+    e = Table(title="environment: registered vs this machine")
+    for col in ("field", "registered", "this machine", ""):
+        e.add_column(col)
+    for key, a, b, same in out.environment:
+        e.add_row(key, str(a), str(b), "" if same else "DIFFERS")
+    console.print(e)
+    console.print(out.verdict())
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _ids_sha(ids: list[int]) -> str:
+    return _sha(json.dumps(list(ids)).encode())
+
+
+def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """The registered computations on this process's model: graft samples and greedy decodes."""
+    import torch
+
+    from harness.experiment_text import build_samples, prefix_lengths, problem_texts, read_problems
+    from harness.prompts import render
+    from kvstore import check_graft, environment_fingerprint, forward, logits_sha256, prefill
+    from kvstore.model import smallest_window
+
+    problems_path = REPO / params["problems"]
+    window = smallest_window(fm.layer_layout)
+    scale = window or 512
+    lo, hi = max(4, scale // 32), max(60, scale * 7 // 4)
+    lengths = prefix_lengths(params["samples"], params["seed"], lo, hi, window)
+    samples = build_samples(fm, problem_texts(problems_path), lengths, params["suffix_tokens"], params["seed"])
+    out: dict[str, Any] = {"model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+                           "determinism": fm.determinism.to_dict(), "environment": environment_fingerprint(fm.device),
+                           "samples": [], "decode": []}
+    t0 = time.perf_counter()
+    for s in samples:
+        c = check_graft(fm, s.prefix, s.suffix)
+        out["samples"].append({"index": s.index, "prefix_tokens": len(s.prefix), "suffix_tokens": len(s.suffix),
+                               "tokens_sha256": _ids_sha(s.prefix + s.suffix), "logits_sha256": c.sha256_reference,
+                               "graft_equal": c.equal})
+        if progress:
+            print(f"  sample {s.index + 1}/{len(samples)} ({len(s.prefix)} tokens) {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+    for p in read_problems(problems_path)[: params["decode_problems"]]:
+        ids = fm.encode(render(params["prompt"], problem=p.problem))
+        cache, logits = prefill(fm, ids)
+        first = logits_sha256(logits)
+        tokens: list[int] = []
+        for _ in range(params["decode_tokens"]):
+            tok = int(torch.argmax(logits[0]))
+            tokens.append(tok)
+            logits = forward(fm, [tok], cache)[:, -1, :]
+        out["decode"].append({"problem_id": p.id, "prompt_tokens": len(ids), "prompt_sha256": _ids_sha(ids),
+                              "first_logits_sha256": first, "token_ids": tokens})
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def _load_model(model: str, profile: str):
+    from kvstore import Determinism, load_frozen_model
+
+    return load_frozen_model(model, determinism=Determinism(profile=profile))
+
+
+# ----------------------------------------------------------------------------------------------- speed
+def profile_speed(profile: str, model: str = "gemma3-270m", prefill_tokens: int = 512, decode_tokens: int = 32,
+                  repeats: int = 3) -> dict[str, Any]:
+    """Prefill and greedy-decode tokens/s of `model` under `profile`, measured in a fresh process (the kernel
+    variables act only from the start of a process). Medians of `repeats`; for `make bench` and --speed."""
+    cmd = [sys.executable, "-m", "harness.replay", "--speed-worker", "--profile", profile, "--model", model,
+           "--prefill-tokens", str(prefill_tokens), "--decode-tokens", str(decode_tokens), "--repeats", str(repeats)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if r.returncode != 0:
+        raise RuntimeError(f"speed measurement under profile {profile} failed: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _speed_worker(args: argparse.Namespace) -> int:
+    import statistics
+
+    import torch
+
+    from harness.experiment_text import joined_text
+    from kvstore import environment_fingerprint, forward, prefill
+
+    fm = _load_model(args.model, args.profile)
+    ids = fm.encode(joined_text(REPO / "problems" / "kvgraft_original.jsonl"))[: args.prefill_tokens]
+    pre, dec = [], []
+    prefill(fm, ids[:32])  # warm-up
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        cache, logits = prefill(fm, ids)
+        pre.append(len(ids) / (time.perf_counter() - t0))
+        t1 = time.perf_counter()
+        for _ in range(args.decode_tokens):
+            logits = forward(fm, [int(torch.argmax(logits[0]))], cache)[:, -1, :]
+        dec.append(args.decode_tokens / (time.perf_counter() - t1))
+    env = environment_fingerprint(fm.device)
+    print(json.dumps({"profile": args.profile, "model": args.model, "prefill_tokens": len(ids),
+                      "decode_tokens": args.decode_tokens, "repeats": args.repeats,
+                      "prefill_tok_s": round(statistics.median(pre), 1),
+                      "decode_tok_s": round(statistics.median(dec), 2),
+                      "prefill_tok_s_all": [round(x, 1) for x in pre], "decode_tok_s_all": [round(x, 2) for x in dec],
+                      "aten_cpu_capability": env["aten_cpu_capability"], "mkl_cbwr": env["mkl_cbwr"],
+                      "onednn_max_cpu_isa": env["onednn_max_cpu_isa"]}))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- main
+def read_registry(path: Path) -> dict[str, Any]:
+    try:
+        reg = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as e:
+        raise SystemExit(f"{path}: not valid JSON ({e}); restore it from git or register again with --register") from e
+    if reg and reg.get("format") != REGISTRY_FORMAT:
+        raise SystemExit(f"{path}: format {reg.get('format')!r}, expected {REGISTRY_FORMAT!r}")
+    return reg
+
+
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"model": args.model, "problems": args.problems, "samples": args.samples, "seed": args.seed,
+            "suffix_tokens": args.suffix_tokens, "decode_problems": args.decode_problems,
+            "decode_tokens": args.decode_tokens, "prompt": DEFAULT_PROMPT}
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Replay (or register) one profile in this process; its kernel variables are entered first."""
+    from rich.console import Console
+
+    from kvstore.environment import enter_profile
+
+    enter_profile(args.profile)  # re-executes this command with the profile's variables when they are not set
+    console = Console(width=None if sys.stdout.isatty() else 130)
+    registry_path = Path(args.registry)
+    reg = read_registry(registry_path)
+    params = reg.get("params") if reg and not args.register else _params(args)
+    if reg and args.register and reg.get("params") != params:
+        raise SystemExit(f"{registry_path}: registered with other parameters {reg.get('params')}; "
+                         "register every profile again with the same options, or use another --registry")
+    if not args.register and args.profile not in reg.get("profiles", {}):
+        raise SystemExit(f"{registry_path}: no registered hashes for profile {args.profile!r}; "
+                         f"register them with `python scripts/replay.py --profile {args.profile} --register`")
+    fm = _load_model(params["model"], args.profile)
+    measured = measure(fm, params)
+    if args.register:
+        measured["registered_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        reg = reg or {"format": REGISTRY_FORMAT, "params": params, "profiles": {}}
+        reg["profiles"][args.profile] = measured
+        from kvstore import atomic_write
+
+        atomic_write(registry_path, (json.dumps(reg, indent=1, sort_keys=True) + "\n").encode())
+        bad = [s["index"] for s in measured["samples"] if not s["graft_equal"]]
+        console.print(f"registered profile {args.profile}: {len(measured['samples'])} graft samples, "
+                      f"{len(measured['decode'])} decodes in {measured['seconds']} s -> {registry_path}"
+                      + (f"; WARNING: grafts not exact at samples {bad}" if bad else ""))
+        return 1 if bad else 0
+    out = compare(reg["profiles"][args.profile], measured, args.profile)
+    print_outcome(out, console)
+    return 0 if out.passed else 1
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default=None, help="one profile (default: every profile in the registry)")
+    p.add_argument("--registry", default=str(DEFAULT_REGISTRY))
+    p.add_argument("--register", action="store_true", help="compute and write this machine's hashes")
+    p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--problems", default="problems/kvgraft_original.jsonl", help="relative to the repository")
+    p.add_argument("--samples", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--suffix-tokens", type=int, default=16)
+    p.add_argument("--decode-problems", type=int, default=5)
+    p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--speed", action="store_true", help="prefill/decode tokens/s, native vs portable")
+    p.add_argument("--speed-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.speed_worker:
+        from kvstore.environment import enter_profile
+
+        enter_profile(args.profile)
+        return _speed_worker(args)
+    if args.speed:
+        rows = [profile_speed(p, args.model, args.prefill_tokens, args.decode_tokens, args.repeats)
+                for p in ("native", "portable")]
+        for r in rows:
+            print(json.dumps(r))
+        n, q = rows
+        print(f"portable vs native: prefill {q['prefill_tok_s']} vs {n['prefill_tok_s']} tokens/s "
+              f"({q['prefill_tok_s'] / n['prefill_tok_s']:.2f}x), decode {q['decode_tok_s']} vs {n['decode_tok_s']} "
+              f"tokens/s ({q['decode_tok_s'] / n['decode_tok_s']:.2f}x)")
+        return 0
+    if args.profile is not None:
+        return run_profile(args)
+    profiles = sorted(read_registry(Path(args.registry)).get("profiles", {}))
+    if not profiles:
+        raise SystemExit(f"{args.registry}: no registered profile; register with --profile NAME --register")
+    codes = {}
+    for profile in profiles:  # each in its own process: kernel variables act only from a process's start
+        cmd = [sys.executable, "-m", "harness.replay", "--profile", profile, "--registry", args.registry]
+        codes[profile] = subprocess.run(cmd, cwd=REPO).returncode
+    print("replay: " + ", ".join(f"{p} {'PASS' if c == 0 else 'FAIL'}" for p, c in codes.items()))
+    return 0 if all(c == 0 for c in codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Choosing a backend is a config choice (model.backend): checked before anything loads, mapped onto the llama.cpp
+settings, and part of a run's comparable and resume keys (the transformers backend adds nothing, so runs from
+before the seam keep their keys). No model is loaded here (the scripted fake backend stands in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import compose_config, llamacpp_settings, load_model, typed
+from harness.errors import ConfigError
+from harness.run import backend_record, comparable_key, context_size, resume_key
+from kvstore.backends.fake import FakeBackend
+
+
+def test_an_unknown_backend_is_one_config_error_before_any_load() -> None:
+    with pytest.raises(ConfigError, match=r"model.backend='vllm': use one of transformers, llamacpp"):
+        load_model(compose_config(["model.backend=vllm"]))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("model.llamacpp.n_ctx=0", r"model.llamacpp.n_ctx=0: must be an integer >= 1"),
+    ("model.llamacpp.type_k=q8_0", r"model.llamacpp.type_k='q8_0': use one of float16"),
+    ("model.device=cuda", r"model.device='cuda': the llamacpp backend runs on the CPU"),
+])  # fmt: skip
+def test_llamacpp_settings_that_cannot_work_are_refused_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        typed(compose_config(["model=gemma3_270m_llamacpp", override]))
+
+
+def test_the_llamacpp_model_config_maps_onto_llamacpp_settings() -> None:
+    from kvstore.backends.llamacpp import LlamaCppSettings
+
+    c = typed(compose_config(["model=gemma3_270m_llamacpp", "model.llamacpp.n_ctx=1024", "model.llamacpp.threads=1"]))
+    s = llamacpp_settings(c.model)
+    assert LlamaCppSettings(**s) == LlamaCppSettings(gguf="", n_ctx=1024, threads=1, model_name="gemma3-270m-gguf")
+    other = typed(compose_config(["model=gemma3_270m_llamacpp", "model.source=/models/x.gguf"]))
+    assert llamacpp_settings(other.model)["gguf"] == "/models/x.gguf"  # a GGUF path as the source
+
+
+def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:
+    cfg = compose_config(["dataset.limit=1"])
+    a, b = FakeBackend(margin=8.0), FakeBackend(margin=4.0)
+    assert backend_record(a) == {"backend": "fake", "settings": a.settings()}
+    assert comparable_key(cfg, a) != comparable_key(cfg, b)  # another setting: not comparable
+    assert comparable_key(cfg, a) == comparable_key(cfg, FakeBackend(margin=8.0))
+    assert resume_key({}, [], a, None) != resume_key({}, [], b, None)
+    assert context_size(a) is None  # the fake says no context size: nothing to fit
