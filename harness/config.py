@@ -20,6 +20,7 @@ import difflib
 import math
 import typing
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +36,38 @@ from kvstore.backend import Backend
 from kvstore.backends import as_backend, load_backend
 
 D = TypeVar("D")
+
+
+
+# Closed choices are enums: OmegaConf refuses any other value when the config is composed, in one line naming the
+# key and the allowed values (`compose_config` turns it into a ConfigError). StrEnum members equal their strings,
+# so comparisons, JSON (comparable_key, resume key, manifest) and config.yaml read and hash exactly as before;
+# member names are the values, so OmegaConf writes them unchanged.
+class Strategy(StrEnum):
+    greedy = "greedy"
+    sample = "sample"
+
+
+class LibrarySource(StrEnum):
+    dataset = "dataset"
+    harvest = "harvest"
+
+
+class Retrieval(StrEnum):
+    bm25 = "bm25"
+    none = "none"
+
+
+class Meter(StrEnum):
+    auto = "auto"
+    nvml = "nvml"
+    rapl = "rapl"
+    none = "none"
+
+
+class ContextOverflow(StrEnum):
+    refuse = "refuse"
+    truncate = "truncate"
 
 
 @dataclass
@@ -97,7 +130,7 @@ class PromptConfig:
 
 @dataclass
 class DecodingConfig:
-    strategy: str = "greedy"  # greedy | sample
+    strategy: Strategy = Strategy.greedy  # greedy | sample
     max_new_tokens: int = 64
     n_samples: int = 1
     temperature: float = 0.7
@@ -117,7 +150,7 @@ class ConditionConfig:
 class LibraryConfig:
     name: str = "kvgraft_original"
     version: int = 2
-    source: str = "dataset"  # dataset (reference solutions) | harvest (a previous run's correct outputs)
+    source: LibrarySource = LibrarySource.dataset  # dataset (reference solutions) | harvest (a run's correct outputs)
     dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(path="problems/kvgraft_original.jsonl"))
     harvest_run: str | None = None  # run folder to harvest when source=harvest
     # The entry restates the problem as the answer prompt asks it, then the verified answer, then the worked
@@ -129,7 +162,7 @@ class LibraryConfig:
     root: str = "runs/library"  # libraries live in <root>/<name>-v<version>-<model fingerprint[:12]>/
     store: str = "runs/store"  # the artifact store the library's artifacts go to
     exclude_self: bool = False  # true: the evaluated problem never reaches the context (held-out)
-    retrieval: str = "bm25"  # how a non-exact match is found: bm25 | none
+    retrieval: Retrieval = Retrieval.bm25  # how a non-exact match is found: bm25 | none
     prefetch_mb: int = 1024  # read + verify the next problem's artifact in the background, within this budget (0: off)
 
 
@@ -145,7 +178,7 @@ class TrackingConfig:
 
 @dataclass
 class EnergyConfig:
-    meter: str = "auto"  # auto | nvml | rapl | none
+    meter: Meter = Meter.auto  # auto | nvml | rapl | none
 
 
 @dataclass
@@ -155,7 +188,7 @@ class RunConfig:
     fresh: bool = False  # true: start over in a new folder instead of resuming an interrupted run of the same config
     # a prompt (+ decoding.max_new_tokens) longer than the model's context: refuse (error naming the problem) or
     # truncate the problem text to fit (recorded in problems.jsonl's source and on screen)
-    context_overflow: str = "refuse"
+    context_overflow: ContextOverflow = ContextOverflow.refuse
 
 
 CONTEXT_OVERFLOW = ("refuse", "truncate")
