@@ -9,8 +9,11 @@ model.llamacpp's settings; docs/backends.md) with its frozen model.
 
 `check_overrides(args)` refuses a misspelt override in one line with the near miss ("did you mean
 decoding.max_new_tokens?"); every entry point runs it (`python -m harness` before Hydra, `compose_config` for
-`python -m harness.compare` and `python -m harness.library`). The `kvgraft.claim_dir` resolver (configs/config.yaml's
-hydra.run.dir and hydra.sweep.dir) creates the run or sweep folder exclusively (harness.run_folder.claim).
+`python -m harness.compare` and `python -m harness.library`). Closed choices are enums, refused at composition.
+
+A leaf of the harness: it imports no harness module but the exception family (harness.errors) and the execution
+schema (harness.execution, itself a leaf); the `kvgraft.claim_dir` resolver, which creates Hydra's run or sweep
+folder exclusively (harness.run_folder.claim), lives with the Hydra app in harness/__main__.py.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
 from harness.execution import ExecutionConfig
-from harness.run_folder import claim
-from harness.tracking import DEFAULT_EXPERIMENT
 from kvstore import Determinism, load_frozen_model
 from kvstore.backend import Backend
 from kvstore.backends import as_backend, load_backend
@@ -38,6 +39,8 @@ from kvstore.backends import as_backend, load_backend
 D = TypeVar("D")
 
 
+
+DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
 
 # Closed choices are enums: OmegaConf refuses any other value when the config is composed, in one line naming the
 # key and the allowed values (`compose_config` turns it into a ConfigError). StrEnum members equal their strings,
@@ -373,40 +376,6 @@ register()
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-#: Free space a Hydra run needs before its job starts: Hydra writes .hydra/ and its log into the folder itself,
-#: where a full disk would give its traceback instead of our one line.
-HYDRA_MIN_FREE = 64 << 10
-
-
-def _claim_dir(parent: str, name: str) -> str:
-    """`${kvgraft.claim_dir:parent,name}`: parent/name created exclusively (parent/name-2 ... when taken). Cached
-    per config (use_cache, copied into each sweep job by Hydra), so a sweep's jobs share their one sweep folder.
-    Only Hydra's app runner resolves it: a read-only or full runs folder prints one `error:` line and exits 1
-    there (an exception would reach the user as OmegaConf's 60-line interpolation traceback)."""
-    import os
-    import sys
-
-    from harness.errors import HarnessError, StorageError, debugging
-
-    try:
-        probe = Path(parent).absolute()
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        st = os.statvfs(probe)
-        if st.f_bavail * st.f_frsize < HYDRA_MIN_FREE:
-            raise StorageError(
-                f"{parent}: no space left on the device (ENOSPC: {st.f_bavail * st.f_frsize >> 10} KiB free, a run "
-                f"needs at least {HYDRA_MIN_FREE >> 10} KiB to start); free space there or point runs_dir= at "
-                "another disk"
-            )
-        return str(claim(parent, name))
-    except HarnessError as exc:
-        if debugging():
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
 def _job_name(overrides: str) -> str:
     """`${kvgraft.job_name:${hydra.job.override_dirname}}`: a sweep job's overrides as one folder name. A value
     holding a path (dataset.path=/data/x.jsonl) must not nest folders, and a long list must fit a file name: `/`
@@ -419,7 +388,6 @@ def _job_name(overrides: str) -> str:
     return name
 
 
-OmegaConf.register_new_resolver("kvgraft.claim_dir", _claim_dir, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("kvgraft.job_name", _job_name, replace=True)
 
 
