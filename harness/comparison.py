@@ -140,7 +140,7 @@ class Plan:
         order = [BASELINE_LABEL, *(label for pair in PAIRS.values() for label in pair)]
         labels.sort(key=lambda k: (k not in order, order.index(k) if k in order else 0, k))
         pairs = {g: (graft, incontext) for g, (incontext, graft) in PAIRS.items()
-                 if graft in labels and incontext in labels}  # fmt: skip
+                 if (graft in labels and incontext in labels) or g in (comp.get("pairs") or {})}  # fmt: skip
         return cls(BASELINE_LABEL, tuple(PlannedRun.of_label(x) for x in labels), pairs)
 
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
 from harness.execution import ExecutionConfig
-from kvstore import Determinism, load_frozen_model
+from kvstore import Determinism, KVStoreError, load_frozen_model
 from kvstore.backend import Backend
 from kvstore.backends import as_backend, load_backend
 
@@ -99,15 +99,15 @@ class ModelConfig:
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
 
 
-@dataclass
-class DeterminismConfig:  # mirrors kvstore.Determinism
-    threads: int = 2
-    deterministic_algorithms: bool = True
-    attn_implementation: str = "sdpa"
-    dtype: str = "float32"
-    prefill_chunk: int = 512
-    profile: str = "native"  # kernel paths: native | portable (kvstore/environment.py)
-    allow_environment_mismatch: bool = False  # graft artifacts from another compute environment (not guaranteed exact)
+#: The determinism schema is generated from the engine's own dataclass (kvstore.Determinism: the same fields, types
+#: and defaults, but mutable, as a Hydra schema must be), so the config and the engine cannot drift apart; `validate`
+#: runs the engine's checks on it (a bad value is its SettingsError as one ConfigError line).
+DeterminismConfig = dataclasses.make_dataclass(
+    "DeterminismConfig",
+    [(f.name, typing.get_type_hints(Determinism)[f.name], field(default=f.default))
+     for f in dataclasses.fields(Determinism)],
+)
+DeterminismConfig.__module__ = __name__
 
 
 @dataclass
@@ -289,6 +289,10 @@ def validate(c: Config) -> None:
             _at_least(f"{key}.limit", ds.limit, 1, "the first N problems; null takes them all")
     _at_least("determinism.threads", c.determinism.threads, 1, "torch intra-op threads")
     _at_least("determinism.prefill_chunk", c.determinism.prefill_chunk, 1, "tokens per prefill step")
+    try:  # the engine's own checks of its settings (dtype, attention, profile, ...), before the model loads
+        Determinism(**dataclasses.asdict(c.determinism))
+    except KVStoreError as exc:
+        raise ConfigError(str(exc)) from None
     if c.run.context_overflow not in CONTEXT_OVERFLOW:
         raise ConfigError(f"run.context_overflow={c.run.context_overflow!r}: use one of {', '.join(CONTEXT_OVERFLOW)}")
 
