@@ -39,17 +39,37 @@ def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Pa
     assert c["baseline_run"] == "baseline" and c["accuracy_delta"] == 0
 
 
-def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
-    """Nothing but each run's manifest SHA-256, which comparison.json records to bind itself to those runs."""
+def _no_read_back(monkeypatch) -> None:
     def no_read_back(original):
         def read(self, name="", *args, **kwargs):
-            if name == "manifest.json":
-                return original(self, name)
             raise AssertionError(f"the compare job read {self.path} back from disk")
         return read
 
-    for name in ("read_summary", "read_rows", "read_json", "read_jsonl", "read_config", "read_bytes"):
+    for name in ("read_summary", "read_rows", "read_json", "read_jsonl", "read_config", "read_bytes", "read_tracking",
+                 "read_manifest", "read_problems"):
         monkeypatch.setattr(RunFolder, name, no_read_back(getattr(RunFolder, name)))
+
+
+def test_compare_job_with_tracking_reads_nothing_it_wrote(tmp_path: Path, monkeypatch, sqlite_uri: str) -> None:
+    """With MLflow on, each run and the comparison are logged from the records the job holds (harness.tracking:
+    log_run, log_comparison with records and run ids): no run file, summary or tracking.json is read back."""
+    from mlflow import MlflowClient
+
+    _no_read_back(monkeypatch)
+    result = _compare(tmp_path, f"tracking.uri={sqlite_uri}", "tracking.traces=false", "tracking.enabled=true")
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    runs = client.search_runs([client.get_experiment_by_name("kvgraft-aime").experiment_id])
+    [parent] = [r for r in runs if r.data.tags.get("job") == "compare"]
+    nested = {r.data.tags.get("condition") for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert nested == {"baseline", "incontext", "graft", "truncated", "library"}
+    assert parent.data.metrics["truncated_recurring.accuracy"] == result["summaries"]["truncated (recurring)"][
+        "scores"]["accuracy"]  # fmt: skip
+
+
+def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
+    """Not even each run's manifest SHA-256 (comparison.json records it to bind itself to those runs): the job
+    holds every record it wrote (RunFolder.finish returns it)."""
+    _no_read_back(monkeypatch)
     result = compare.main([
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",

@@ -70,7 +70,7 @@ def test_baseline_completes_the_prompt_alone(cfg, fm, problems):
     c = cond.complete(problems[0], 0)
     assert c.grafted_tokens == 0 and c.prefill_tokens == len(c.context_ids) == len(fm.encode(c.prompt))
     assert problems[0].problem in c.prompt
-    assert 1 <= c.decode_tokens <= 3 and c.match is None and c.artifact_id is None
+    assert 1 <= c.decode_tokens <= 3 and c.retrieval is None
     assert cond.group is None
     again = cond.complete(problems[0], 0)  # greedy on a frozen model: the same completion twice (timing aside)
     assert replace(again, ttft_s=None) == replace(c, ttft_s=None)
@@ -81,7 +81,7 @@ def test_graft_recurring_grafts_the_problems_own_entry(cfg, fm, problems, built)
     lib = cond.library
     own = {e.problem_id: e for e in lib.entries}
     c = cond.complete(problems[1], 0)
-    assert c.match == "exact" and c.artifact_id == own[problems[1].id].artifact_id
+    assert c.retrieval.match == "exact" and c.retrieval.artifact_id == own[problems[1].id].artifact_id
     assert c.grafted_tokens == own[problems[1].id].tokens
     assert c.prefill_tokens == len(c.context_ids) - c.grafted_tokens
     assert cond.group is Group.RECURRING
@@ -102,7 +102,7 @@ def test_held_out_graft_with_no_retrieval_falls_back_to_the_query_alone(cfg, fm,
     lib_cfg = built.__class__(**{**built.__dict__, "exclude_self": True, "retrieval": "none"})
     cond = _condition("graft", cfg, fm, lib_cfg)
     c = cond.complete(problems[2], 0)
-    assert c.match is None and c.grafted_tokens == 0
+    assert c.retrieval is None and c.grafted_tokens == 0
     assert cond.group is Group.HELD_OUT  # the run's group, whatever retrieval found
 
 
@@ -138,7 +138,7 @@ def test_incontext_rows_are_bit_identical_to_graft_rows(tmp_path_factory, proble
     some = problems[:3]
     graft = _rows(_condition("graft", c, fm), some, [0, 1])
     incontext = _rows(_condition("incontext", c, fm), some, [0, 1])
-    assert all(r.completion.match is not None and r.completion.grafted_tokens > 16 for r in graft)
+    assert all(r.completion.retrieval is not None and r.completion.grafted_tokens > 16 for r in graft)
     assert all(r.completion.grafted_tokens == 0 for r in incontext)
     assert [r.completion.prefill_tokens for r in incontext] == [
         r.completion.prefill_tokens + r.completion.grafted_tokens for r in graft]
