@@ -226,7 +226,7 @@ def test_graft_rows_on_the_fake_backend_are_their_incontext_twins(fake, problems
     for p in problems[:3]:
         g, i = graft.complete_samples(p, [0, 1]), incontext.complete_samples(p, [0, 1])
         for a, b in zip(g, i, strict=True):
-            assert a.match == "exact" and a.grafted_tokens == b.prefill_tokens - a.prefill_tokens > 0
+            assert a.retrieval.match == "exact" and a.grafted_tokens == b.prefill_tokens - a.prefill_tokens > 0
             assert (a.context_ids, a.token_ids, a.first_logits_sha256, a.text) == (
                 b.context_ids, b.token_ids, b.first_logits_sha256, b.text)
     assert fake.calls["grafts"] == 3  # one graft per problem: the rows share it
