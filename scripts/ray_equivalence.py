@@ -52,7 +52,7 @@ def run_harness(overrides: list[str], runs_dir: Path, env: dict[str, str]) -> tu
     """`python -m harness OVERRIDES` with tracking off into runs_dir: (its run folder, wall seconds, output)."""
     cmd = [sys.executable, "-m", "harness", *overrides, "tracking=off", f"project_root={REPO}",
            f"runs_dir={runs_dir}"]
-    print("$", " ".join(cmd[1:]), flush=True)
+    print("running: python", " ".join(cmd[1:]), flush=True)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
