@@ -19,13 +19,49 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from harness.config import check_overrides
 from harness.errors import ConfigError, debugging, exit_on_error
 from harness.run import run
-from harness.run_folder import RunFolder
+from harness.run_folder import RunFolder, claim
 from kvstore.environment import PROFILES, enter_profile, profile_problems
+
+#: Free space a Hydra run needs before its job starts: Hydra writes .hydra/ and its log into the folder itself,
+#: where a full disk would give its traceback instead of our one line.
+HYDRA_MIN_FREE = 64 << 10
+
+
+def _claim_dir(parent: str, name: str) -> str:
+    """`${kvgraft.claim_dir:parent,name}`: parent/name created exclusively (parent/name-2 ... when taken). Cached
+    per config (use_cache, copied into each sweep job by Hydra), so a sweep's jobs share their one sweep folder.
+    Only Hydra's app runner resolves it: a read-only or full runs folder prints one `error:` line and exits 1
+    there (an exception would reach the user as OmegaConf's 60-line interpolation traceback)."""
+    import os
+    import sys
+
+    from harness.errors import HarnessError, StorageError, debugging
+
+    try:
+        probe = Path(parent).absolute()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        st = os.statvfs(probe)
+        if st.f_bavail * st.f_frsize < HYDRA_MIN_FREE:
+            raise StorageError(
+                f"{parent}: no space left on the device (ENOSPC: {st.f_bavail * st.f_frsize >> 10} KiB free, a run "
+                f"needs at least {HYDRA_MIN_FREE >> 10} KiB to start); free space there or point runs_dir= at "
+                "another disk"
+            )
+        return str(claim(parent, name))
+    except HarnessError as exc:
+        if debugging():
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+OmegaConf.register_new_resolver("kvgraft.claim_dir", _claim_dir, use_cache=True, replace=True)
 
 
 def _discard(out: Path, multirun: bool) -> None:

@@ -23,7 +23,7 @@ from harness.errors import RunFolderError
 from harness.hashing import sha256_hex, sha256_json
 from harness.manifest import MANIFEST_FORMAT, completion_sha256, token_ids_sha256
 from harness.metrics import summarize_groups, summarize_scores
-from harness.record import STOP_REASONS, SUMMARY_FORMAT, TOKEN_KINDS, group_for
+from harness.record import STOP_REASONS, SUMMARY_FORMAT, TOKEN_KINDS, Group, legacy_row_group
 from harness.run_folder import CONFIG, MANIFEST, OUTPUTS, PROBLEMS, SUMMARY, RunFolder
 
 __all__ = ["RunCheck", "audit", "diff_values"]
@@ -318,13 +318,20 @@ def _recompute(fn: Any, what: str, found: _Findings) -> Any:
         return None
 
 
-def _check_group(line_no: int, row: dict[str, Any], exclude_self: bool, found: _Findings) -> None:
-    """Recurring vs held-out is decided once (harness.record.group_for); a held-out run never matches itself."""
+def _row_group(row: dict[str, Any], run: str | None) -> str:
+    """The group a row must have: its run's (summary.json `group`, harness.record.Group), or for a folder written
+    before the run's group was recorded, the legacy rule from its match."""
+    return run if run is not None else legacy_row_group(row.get("match")).value
+
+
+def _check_group(line_no: int, row: dict[str, Any], exclude_self: bool, run: str | None, found: _Findings) -> None:
+    """Recurring vs held-out is one rule (harness.record.Group); a held-out run never matches itself."""
     label = _row_label(line_no, row)
-    group, match = row.get("group"), row.get("match")
-    if group is not None and group != group_for(match):
-        found.add_row("group", f"{label}: group {group!r} but match {match!r} makes it {group_for(match)!r} "
-                               "(harness.record.group_for); the row was edited")  # fmt: skip
+    group, match, want = row.get("group"), row.get("match"), _row_group(row, run)
+    if group is not None and group != want:
+        why = "the run's group (summary.json group)" if run is not None else f"match {match!r}"
+        found.add_row("group", f"{label}: group {group!r} but {why} makes it {want!r} (harness.record.Group); "
+                               "the row was edited")  # fmt: skip
     if exclude_self and match == "exact":
         found.add_row("exclude_self", f"{label}: library.exclude_self=true but the match is 'exact': the "
                                       "evaluated problem reached the context; the held-out figure is void")  # fmt: skip
@@ -362,6 +369,10 @@ def audit(folder: RunFolder) -> RunCheck:
     library = config.get("library") if isinstance(config.get("library"), dict) else {}
     exclude_self = bool(library.get("exclude_self"))
     grouped = isinstance(summary.get("groups"), dict)
+    run_group = summary.get("group") if isinstance(summary.get("group"), str) else None
+    if run_group is not None and run_group != (Group.HELD_OUT if exclude_self else Group.RECURRING).value:
+        found.add(f"summary.json: group is {run_group!r} but the run was configured with library.exclude_self="
+                  f"{str(exclude_self).lower()}; the summary was edited")
 
     # 3. outputs.jsonl bytes, then row by row
     if sha256_hex(outputs_bytes) != outputs.get("outputs_sha256"):
@@ -384,10 +395,10 @@ def audit(folder: RunFolder) -> RunCheck:
         _check_row_inputs(line_no, row, problems_by_id, artifacts, found)
         fresh = _rescore_row(line_no, row, entry, found)
         if grouped and "group" not in row:  # rows written before the group field: the same one rule
-            fresh["group"] = group_for(row.get("match"))
+            fresh["group"] = _row_group(row, run_group)
         rescored.append(fresh)
         _check_energy(_row_label(line_no, row), row.get("energy_status"), row.get("energy_j"), found, "energy")
-        _check_group(line_no, row, exclude_self, found)
+        _check_group(line_no, row, exclude_self, run_group, found)
 
     # 4. summary: hash, scores recomputed from the rows, totals
     if summary.get("format") != SUMMARY_FORMAT:
@@ -406,6 +417,9 @@ def audit(folder: RunFolder) -> RunCheck:
         for path, old, new in diff_values(summary["groups"], groups, "groups"):
             found.add(f"summary.json: {path} is {old!r} but re-scoring outputs.jsonl gives {new!r}; "
                 "the summary was edited (re-run, or report the recomputed value)")
+    if run_group is not None and summary.get("own_entry_rows") != sum(r.get("match") == "exact" for r in rows):
+        found.add(f"summary.json: own_entry_rows is {summary.get('own_entry_rows')!r} but outputs.jsonl has "
+                  f"{sum(r.get('match') == 'exact' for r in rows)} exact matches; the summary was edited")
     _check_totals(summary, rows, found)
 
     messages = found.finish()

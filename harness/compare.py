@@ -1,4 +1,5 @@
-"""The main job (`make aime-graft`): graft vs its in-context control vs the matching baseline, side by side.
+"""The main job (`make aime-graft`): the runs the `compare` config lists (configs/compare/graft.yaml: graft vs its
+in-context control vs the matching baseline, recurring and held-out, and any further condition), side by side.
 
     python -m harness.compare [overrides]      e.g. dataset.limit=5 decoding.max_new_tokens=32
 
@@ -6,9 +7,11 @@
 2. finds the newest complete baseline run with the same model, dataset, prompt, decoding and determinism
    settings (summary.json `comparable_key`) that re-scores (harness.audit), saying why it passes over any that
    do not, or runs it first;
-3. runs incontext and graft twice each: recurring (the library may hold the evaluated problem) and held-out
-   (library.exclude_self=true: the evaluated problem never reaches the context);
-4. computes the comparison in memory from the five Summaries and pairs every graft row with its incontext twin
+3. runs every other listed run in order, each with its condition's config (configs/condition/<name>.yaml) and,
+   for a library condition, its group: recurring (library.exclude_self=false: the library may hold the evaluated
+   problem) or held-out (exclude_self=true: the evaluated problem never reaches the context);
+4. computes the comparison in memory from the Summaries (harness.comparison.Plan: labels, order, pairs) and
+   pairs every row of each `identical` pair with its twin
    (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it (harness/comparison_view.py:
    narrow tables below 150 columns, the misses, a warning when the load average exceeded the cores), and writes it
    once to runs/compare/<stamp>/comparison.json with each run's manifest SHA-256, the load average before and after
@@ -37,21 +40,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import comparison_view, per_problem
 from harness.audit import audit
-from harness.comparison import BASELINE_LABEL, GROUPS, PAIRS, comparison
-from harness.conditions import Baseline, Graft, InContext
+from harness.comparison import Plan, comparison
+from harness.conditions import Baseline, condition_class
 from harness.config import compose_config, load_model, typed
-from harness.errors import HarnessError, PairingError, RunFolderError, exit_on_error
+from harness.errors import ConfigError, HarnessError, PairingError, RunFolderError, exit_on_error
 from harness.hashing import write_json
 from harness.library import open_library
 from harness.pairing import pair
-from harness.record import Row, Summary
+from harness.record import Summary
 from harness.run import comparable_key, console, run_rows
-from harness.run_folder import RunFolder, claim, stamp
+from harness.run_folder import FinishedRun, RunFolder, claim, stamp
 from harness.tracking import default_tracking_uri, log_comparison
 from kvstore.environment import enter_profile
 
 
-def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: None) -> RunFolder | None:
+def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: None,
+                  condition: str = Baseline.name) -> RunFolder | None:
     """The newest complete baseline run folder under `runs` whose comparable_key is `key` and that re-scores
     (harness.audit: every hash, row and figure of it re-checked); `say` is told why each other candidate is not
     reused. None when no candidate passes (the caller then runs a fresh baseline)."""
@@ -61,7 +65,7 @@ def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: N
             s = folder.read_summary()
         except Exception:  # noqa: BLE001 - an unreadable folder is simply not a match
             continue
-        if s.condition == Baseline.name and s.comparable_key == key:
+        if s.condition == condition and s.comparable_key == key:
             found.append(folder)
     for folder in sorted(found, key=lambda f: f.file("manifest.json").stat().st_mtime, reverse=True):
         try:
@@ -82,6 +86,30 @@ def _with(cfg: DictConfig, **changes: Any) -> DictConfig:
     for dotted, value in changes.items():
         OmegaConf.update(c, dotted.replace("__", "."), value, merge=False)
     return c
+
+
+def plan_of(c: Any) -> Plan:
+    """The compare job's plan from the typed config, checked against the condition registry before the model
+    loads: every listed condition exists, the baseline has no library, and a run has a group exactly when its
+    condition uses the library (a ConfigError naming the compare key otherwise)."""
+    plan = Plan.of_config(c.compare)
+    for i, run in enumerate(plan.runs):
+        key = "compare.baseline" if i == 0 else f"compare.runs[{i - 1}]"
+        cls = condition_class(run.condition)
+        if cls.uses_library != (run.group is not None):
+            need = "needs a group: recurring or held-out" if cls.uses_library else "has no library, so no group"
+            raise ConfigError(f"{key}: condition {run.condition} {need} (configs/compare/)")
+    return plan
+
+
+def _run_config(argv: list[str], cfg: DictConfig, condition: str, group: Any) -> DictConfig:
+    """The config of one listed run: the job's overrides composed with its condition's config group (its own
+    settings, configs/condition/<name>.yaml) and its group's library.exclude_self."""
+    if condition == cfg.condition.name:
+        run_cfg = cfg
+    else:
+        run_cfg = compose_config([*argv, f"condition={condition}"])
+    return run_cfg if group is None else _with(run_cfg, library__exclude_self=group.value == "held_out")
 
 
 def print_comparison(title: str, result: dict[str, Any], misses: list[str] | None = None,
@@ -133,8 +161,10 @@ def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
 @exit_on_error
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the compare job with Hydra overrides `argv` (default: the command line); return the comparison."""
-    cfg = compose_config(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = compose_config(argv)
     c = typed(cfg)
+    plan = plan_of(c)
     enter_profile(c.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(c.project_root)
     runs = root / c.runs_dir
@@ -149,59 +179,65 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     key = comparable_key(c, fm)
-    folders: dict[str, RunFolder] = {}
-    summaries: dict[str, Summary] = {}
+    uri = c.tracking.uri or default_tracking_uri(runs.resolve())
+    records: dict[str, FinishedRun] = {}
+    run_ids: dict[str, str | None] = {}
     load: dict[str, Any] = {"cores": os.cpu_count(), "runs": {}}
-    all_rows: dict[str, list[Row]] = {}
-    found = find_baseline(runs, key, say=lambda why: console.print(f"[yellow]{why}[/]"))
+    base = plan.baseline
+    found = find_baseline(runs, key, condition=base, say=lambda why: console.print(f"[yellow]{why}[/]"))
     if found is None:
-        console.print("[bold]no matching baseline run that re-scores: running the baseline first[/]")
+        console.print(f"[bold]no matching {base} run that re-scores: running the {base} first[/]")
         start = _load()
-        folders[BASELINE_LABEL], summaries[BASELINE_LABEL], all_rows[BASELINE_LABEL] = run_rows(
-            _with(cfg, condition__name=Baseline.name), fm=fm)
-        load["runs"][BASELINE_LABEL] = {"start": start["one"], "end": _load()["one"]}
+        records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), fm=fm)
+        load["runs"][base] = {"start": start["one"], "end": _load()["one"]}
     else:
-        console.print(f"matching baseline run: {found.path}")  # an earlier job's record: read, not recomputed
-        folders[BASELINE_LABEL], summaries[BASELINE_LABEL] = found, found.read_summary()
-    for group, (_, exclude) in GROUPS.items():
-        for cls, label in zip((InContext, Graft), PAIRS[group], strict=True):
-            console.print(f"[bold]{label}[/]: library.exclude_self={str(exclude).lower()}")
-            run_cfg = _with(cfg, condition__name=cls.name, library__exclude_self=exclude)
-            start = _load()
-            folders[label], summaries[label], all_rows[label] = run_rows(
-                run_cfg, RunFolder.new(runs, cls.name, group), fm=fm)
-            load["runs"][label] = {"start": start["one"], "end": _load()["one"]}
-    pairings = {g: pair(all_rows[PAIRS[g][1]], all_rows[PAIRS[g][0]]) for g in GROUPS}
+        console.print(f"matching {base} run: {found.path}")  # an earlier job's record: read, not recomputed
+        records[base] = found.finished()
+        with contextlib.suppress(RunFolderError):
+            tracked = found.read_tracking()  # the earlier job's MLflow run, nested under this one when in its store
+            if tracked.get("tracking_uri") == uri:
+                run_ids[base] = tracked.get("run_id")
+    for run in plan.runs[1:]:
+        exclude = None if run.group is None else run.group.value == "held_out"
+        console.print(f"[bold]{run.label}[/]" + ("" if exclude is None else
+                      f": library.exclude_self={str(exclude).lower()}"))  # fmt: skip
+        start = _load()
+        records[run.label], run_ids[run.label] = run_rows(
+            _run_config(argv, cfg, run.condition, run.group),
+            RunFolder.new(runs, run.condition, run.group.value if run.group else None), fm=fm)
+        load["runs"][run.label] = {"start": start["one"], "end": _load()["one"]}
+    folders = {k: r.folder for k, r in records.items()}
+    summaries = {k: r.summary for k, r in records.items()}
+    all_rows = {k: r.rows for k, r in records.items()}
+    pairings = {k: pair(all_rows[first], all_rows[twin]) for k, (first, twin) in plan.pairs.items()}
 
     # the manifest SHA-256 of each run binds comparison.json to exactly these runs (make rescore checks it)
-    manifests = {label: f.read_manifest()["manifest_sha256"] for label, f in folders.items()}
-    result = {**comparison(key, folders, summaries, pairings, manifests), "load": load, "library": library}
-    if BASELINE_LABEL not in all_rows:  # a reused baseline: an earlier job's rows, for the per-problem view
-        with contextlib.suppress(RunFolderError):
-            all_rows[BASELINE_LABEL] = folders[BASELINE_LABEL].read_rows()
+    manifests = {label: r.manifest["manifest_sha256"] for label, r in records.items()}
+    result = {**comparison(key, folders, summaries, pairings, manifests, plan), "load": load, "library": library}
     table = per_problem.per_problem({k: all_rows[k] for k in folders if k in all_rows},
-                                    per_problem.entry_answers(lib.entries))  # fmt: skip
+                                    per_problem.entry_answers(lib.entries), plan)  # fmt: skip
     out = claim(runs / "compare", stamp()) / "comparison.json"  # created exclusively: never shared with another job
-    print_comparison(comparison_title(summaries[BASELINE_LABEL], c), result, per_problem.misses(table),
+    print_comparison(comparison_title(summaries[base], c), result, per_problem.misses(table, plan),
                      reprint=f"python scripts/show_comparison.py {out.parent}")
     write_json(out, result)
     write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
     if c.tracking.enabled:
-        uri = c.tracking.uri or default_tracking_uri(runs.resolve())
         try:
             run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
-                                    per_problem=table, params=_job_params(c, fm.model_name, lib, fm))
+                                    per_problem=table, params=_job_params(c, fm.model_name, lib, fm),
+                                    reused=[base] if found is not None else [], records=records,
+                                    run_ids={k: v for k, v in run_ids.items() if v})
             console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui`, then its description "
                           "links the summary page and the runs table with the headline columns")
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written
             warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc})", RuntimeWarning,
                           stacklevel=1)  # fmt: skip
     console.print(f"comparison: {out}; re-check it (every run and the pairing) with make rescore RUN={out.parent}")
-    differing = [f"{PAIRS[g][1]} {why}" for g, p in pairings.items() for why in p.differences]
+    differing = [f"{plan.pairs[k][0]} {why}" for k, p in pairings.items() for why in p.differences]
     if differing:
         shown = "; ".join(differing[:10]) + (f"; ... and {len(differing) - 10} more" if len(differing) > 10 else "")
         raise PairingError(
-            f"{len(differing)} graft row(s) differ from their incontext twin (see {out}): {shown}. The graft must "
+            f"{len(differing)} row(s) differ from their twin (see {out}): {shown}. The graft must "
             "give exactly the in-context rows; run `make verify-graft` and report these rows"
         )
     return result

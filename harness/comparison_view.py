@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.comparison import BASELINE_LABEL, PAIRS
+from harness.comparison import Plan
 
 __all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison"]
 
@@ -51,9 +51,10 @@ def _acc(s: dict[str, Any]) -> str:
 
 
 def _identical(result: dict[str, Any]) -> dict[str, str]:
-    """graft label -> "k/n" rows identical to its in-context twin."""
-    return {PAIRS[g][1]: f"{p['identical_rows']}/{p['identical_rows'] + p['differing_rows']}"
-            for g, p in (result.get("pairs") or {}).items()}  # fmt: skip
+    """The label of each pair's run -> "k/n" rows identical to its twin."""
+    plan = Plan.of_comparison(result)
+    return {plan.pairs[g][0]: f"{p['identical_rows']}/{p['identical_rows'] + p['differing_rows']}"
+            for g, p in (result.get("pairs") or {}).items() if g in plan.pairs}  # fmt: skip
 
 
 def _narrow(console: Console, title: str, result: dict[str, Any]) -> None:
@@ -94,7 +95,8 @@ def _narrow(console: Console, title: str, result: dict[str, Any]) -> None:
             t.add_column(name, justify="left" if name == "group" else "right", no_wrap=True)
         for group, p in pairs.items():
             f = p.get("graft_vs_incontext") or {}
-            t.add_row(PAIRS[group][1].split("(")[1].rstrip(")"), _identical(result)[PAIRS[group][1]],
+            first = Plan.of_comparison(result).pairs[group][0]
+            t.add_row(first.split("(")[1].rstrip(")"), _identical(result)[first],
                       *(_fmt(f.get(k)) for k in ("prefill_factor", "ttft_factor", "wall_factor", "cpu_factor")))
         console.print(t)
 
@@ -129,7 +131,8 @@ def _wide(console: Console, title: str, result: dict[str, Any]) -> None:
     console.print(table)
     for group, p in (result.get("pairs") or {}).items():
         f = p.get("graft_vs_incontext") or {}
-        console.print(f"{PAIRS[group][1]} vs {PAIRS[group][0]}, the same rows (incontext / graft): " + ", ".join(
+        first, twin = Plan.of_comparison(result).pairs[group]
+        console.print(f"{first} vs {twin}, the same rows (incontext / graft): " + ", ".join(
             f"{_fmt(f.get(k))}x {what}" for k, what in (("prefill_factor", "prefill"), ("ttft_factor", "TTFT"),
                                                         ("wall_factor", "wall"), ("cpu_factor", "CPU"))))  # fmt: skip
 
@@ -152,7 +155,8 @@ def print_comparison(title: str, result: dict[str, Any], *, misses: Sequence[str
                      reprint: str | None = None) -> None:  # fmt: skip
     """Print the comparison (module docstring) to `console` (default: a terminal-width console)."""
     console = console or Console()
-    order = [BASELINE_LABEL, *(label for pair in PAIRS.values() for label in pair)]  # comparison.json sorts its keys
+    plan = Plan.of_comparison(result)
+    order = plan.labels  # the plan's order (comparison.json sorts its keys)
     runs = result["summaries"]
     rank = {k: (k not in order, order.index(k) if k in order else 0, k) for k in runs}
     result = {**result, "summaries": {k: runs[k] for k in sorted(runs, key=rank.__getitem__)}}
@@ -160,7 +164,8 @@ def print_comparison(title: str, result: dict[str, Any], *, misses: Sequence[str
     for group, p in (result.get("pairs") or {}).items():
         n = p["identical_rows"] + p["differing_rows"]
         style = "green" if p["differing_rows"] == 0 else "bold red"
-        console.print(f"[{style}]{PAIRS[group][1]}: {p['identical_rows']}/{n} rows identical to its incontext twin "
+        first, twin = plan.pairs.get(group, (group, "its twin"))
+        console.print(f"[{style}]{first}: {p['identical_rows']}/{n} rows identical to {twin} "
                       f"(token ids and first-logits SHA-256)[/]")  # fmt: skip
     if misses:
         console.print(f"[bold]misses[/] ({len(misses)}: graft wrong or not identical to its twin):")
@@ -168,7 +173,7 @@ def print_comparison(title: str, result: dict[str, Any], *, misses: Sequence[str
             console.print(f"  {line}", highlight=False)
         if len(misses) > _MAX_MISSES:
             console.print(f"  ... and {len(misses) - _MAX_MISSES} more (per_problem.json)")
-    base = result["summaries"][BASELINE_LABEL]
+    base = result["summaries"][plan.baseline]
     hit = (base.get("stop_reasons") or {}).get("length")
     if hit:
         console.print(f"[yellow]the baseline hit its token budget on {hit} of {base['scores']['n_rows']} rows: "

@@ -9,8 +9,16 @@ model.llamacpp's settings; docs/backends.md) with its frozen model.
 
 `check_overrides(args)` refuses a misspelt override in one line with the near miss ("did you mean
 decoding.max_new_tokens?"); every entry point runs it (`python -m harness` before Hydra, `compose_config` for
-`python -m harness.compare` and `python -m harness.library`). The `kvgraft.claim_dir` resolver (configs/config.yaml's
-hydra.run.dir and hydra.sweep.dir) creates the run or sweep folder exclusively (harness.run_folder.claim).
+`python -m harness.compare` and `python -m harness.library`). Closed choices are enums, refused at composition.
+
+A leaf of the harness: it imports no harness module but the exception family (harness.errors) and the execution
+schema (harness.execution, itself a leaf); the `kvgraft.claim_dir` resolver, which creates Hydra's run or sweep
+folder exclusively (harness.run_folder.claim), lives with the Hydra app in harness/__main__.py. `typed` is
+`OmegaConf.to_object` over the schema (no hand-written conversion).
+
+Over 400 lines for a reason: it is the whole schema (one dataclass per config group, the closed choices as enums)
+with the composition checks that read it; moving `compose_config`/`check_overrides` out would need every caller
+(tests, scripts, entry points) to import from a second module for one concept.
 """
 
 from __future__ import annotations
@@ -20,21 +28,50 @@ import difflib
 import math
 import typing
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
 from harness.execution import ExecutionConfig
-from harness.run_folder import claim
-from harness.tracking import DEFAULT_EXPERIMENT
-from kvstore import Determinism, load_frozen_model
+from kvstore import Determinism, KVStoreError, load_frozen_model
 from kvstore.backend import Backend
 from kvstore.backends import as_backend, load_backend
 
-D = TypeVar("D")
+DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
+
+# Closed choices are enums: OmegaConf refuses any other value when the config is composed, in one line naming the
+# key and the allowed values (`compose_config` turns it into a ConfigError). StrEnum members equal their strings,
+# so comparisons, JSON (comparable_key, resume key, manifest) and config.yaml read and hash exactly as before;
+# member names are the values, so OmegaConf writes them unchanged.
+class Strategy(StrEnum):
+    greedy = "greedy"
+    sample = "sample"
+
+
+class LibrarySource(StrEnum):
+    dataset = "dataset"
+    harvest = "harvest"
+
+
+class Retrieval(StrEnum):
+    bm25 = "bm25"
+    none = "none"
+
+
+class Meter(StrEnum):
+    auto = "auto"
+    nvml = "nvml"
+    rapl = "rapl"
+    none = "none"
+
+
+class ContextOverflow(StrEnum):
+    refuse = "refuse"
+    truncate = "truncate"
 
 
 @dataclass
@@ -63,15 +100,15 @@ class ModelConfig:
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
 
 
-@dataclass
-class DeterminismConfig:  # mirrors kvstore.Determinism
-    threads: int = 2
-    deterministic_algorithms: bool = True
-    attn_implementation: str = "sdpa"
-    dtype: str = "float32"
-    prefill_chunk: int = 512
-    profile: str = "native"  # kernel paths: native | portable (kvstore/environment.py)
-    allow_environment_mismatch: bool = False  # graft artifacts from another compute environment (not guaranteed exact)
+#: The determinism schema is generated from the engine's own dataclass (kvstore.Determinism: the same fields, types
+#: and defaults, but mutable, as a Hydra schema must be), so the config and the engine cannot drift apart; `validate`
+#: runs the engine's checks on it (a bad value is its SettingsError as one ConfigError line).
+DeterminismConfig = dataclasses.make_dataclass(
+    "DeterminismConfig",
+    [(f.name, typing.get_type_hints(Determinism)[f.name], field(default=f.default))
+     for f in dataclasses.fields(Determinism)],
+)
+DeterminismConfig.__module__ = __name__
 
 
 @dataclass
@@ -97,7 +134,7 @@ class PromptConfig:
 
 @dataclass
 class DecodingConfig:
-    strategy: str = "greedy"  # greedy | sample
+    strategy: Strategy = Strategy.greedy  # greedy | sample
     max_new_tokens: int = 64
     n_samples: int = 1
     temperature: float = 0.7
@@ -108,14 +145,16 @@ class DecodingConfig:
 
 @dataclass
 class ConditionConfig:
-    name: str = "baseline"  # baseline | graft | incontext (harness.conditions.CONDITIONS)
+    name: str = "baseline"  # baseline | graft | incontext | ... (harness.conditions.CONDITIONS)
+    # the condition's own settings (its Settings dataclass, harness/conditions/; configs/condition/<name>.yaml)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class LibraryConfig:
     name: str = "kvgraft_original"
     version: int = 2
-    source: str = "dataset"  # dataset (reference solutions) | harvest (a previous run's correct outputs)
+    source: LibrarySource = LibrarySource.dataset  # dataset (reference solutions) | harvest (a run's correct outputs)
     dataset: DatasetConfig = field(default_factory=lambda: DatasetConfig(path="problems/kvgraft_original.jsonl"))
     harvest_run: str | None = None  # run folder to harvest when source=harvest
     # The entry restates the problem as the answer prompt asks it, then the verified answer, then the worked
@@ -127,7 +166,7 @@ class LibraryConfig:
     root: str = "runs/library"  # libraries live in <root>/<name>-v<version>-<model fingerprint[:12]>/
     store: str = "runs/store"  # the artifact store the library's artifacts go to
     exclude_self: bool = False  # true: the evaluated problem never reaches the context (held-out)
-    retrieval: str = "bm25"  # how a non-exact match is found: bm25 | none
+    retrieval: Retrieval = Retrieval.bm25  # how a non-exact match is found: bm25 | none
     prefetch_mb: int = 1024  # read + verify the next problem's artifact in the background, within this budget (0: off)
 
 
@@ -143,7 +182,7 @@ class TrackingConfig:
 
 @dataclass
 class EnergyConfig:
-    meter: str = "auto"  # auto | nvml | rapl | none
+    meter: Meter = Meter.auto  # auto | nvml | rapl | none
 
 
 @dataclass
@@ -153,10 +192,28 @@ class RunConfig:
     fresh: bool = False  # true: start over in a new folder instead of resuming an interrupted run of the same config
     # a prompt (+ decoding.max_new_tokens) longer than the model's context: refuse (error naming the problem) or
     # truncate the problem text to fit (recorded in problems.jsonl's source and on screen)
-    context_overflow: str = "refuse"
+    context_overflow: ContextOverflow = ContextOverflow.refuse
 
 
 CONTEXT_OVERFLOW = ("refuse", "truncate")
+
+
+@dataclass
+class CompareRunConfig:
+    """One run of the compare job: a condition and, for a condition with a library, its group."""
+
+    condition: str = "graft"
+    group: str | None = None  # recurring | held-out (library.exclude_self=false | true); null without a library
+
+
+@dataclass
+class CompareConfig:
+    """What the compare job (make aime-graft) runs and checks (configs/compare/; harness.comparison.Plan): the
+    baseline every factor is against, the other runs in table order, and the pairs whose rows must be identical."""
+
+    baseline: str = "baseline"
+    runs: list[CompareRunConfig] = field(default_factory=list)
+    identical: list[list[str]] = field(default_factory=list)  # [run label, its twin's label], e.g. graft (recurring)
 
 
 @dataclass
@@ -172,29 +229,23 @@ class Config:
     energy: EnergyConfig = field(default_factory=EnergyConfig)
     run: RunConfig = field(default_factory=RunConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)  # execution=ray: harness/distributed.py
+    compare: CompareConfig = field(default_factory=CompareConfig)  # the compare job's runs (configs/compare/)
     runs_dir: str = "runs"
     project_root: str = "."  # relative paths in the config resolve against this
-
-
-def _as(cls: type[D], data: Any) -> D:
-    """`data` (a mapping) as the dataclass `cls`, nested dataclass fields included; unknown keys are errors."""
-    if dataclasses.is_dataclass(data):
-        return data  # type: ignore[return-value]
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"config section {cls.__name__}: unknown key(s) {unknown}; see harness/config.py")
-    values = {}
-    for name, value in data.items():
-        sub = _SECTIONS.get((cls, name))
-        values[name] = _as(sub, value) if sub is not None and value is not None else value
-    return cls(**values)
 
 
 def typed(cfg: DictConfig | Config) -> Config:
     """The composed config as the typed `Config` (resolved), and checked (`validate`): a value that cannot work
     is a ConfigError naming the key and what it may be, raised before any model loads."""
-    c = cfg if isinstance(cfg, Config) else _as(Config, OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(cfg, Config):
+        c = cfg
+    else:  # OmegaConf builds the dataclasses (resolved); the schema merge refuses an unknown key or a wrong type
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"config: {_one_line(exc)}; see harness/config.py") from None
     validate(c)
     return c
 
@@ -232,6 +283,10 @@ def validate(c: Config) -> None:
             _at_least(f"{key}.limit", ds.limit, 1, "the first N problems; null takes them all")
     _at_least("determinism.threads", c.determinism.threads, 1, "torch intra-op threads")
     _at_least("determinism.prefill_chunk", c.determinism.prefill_chunk, 1, "tokens per prefill step")
+    try:  # the engine's own checks of its settings (dtype, attention, profile, ...), before the model loads
+        Determinism(**dataclasses.asdict(c.determinism))
+    except KVStoreError as exc:
+        raise ConfigError(str(exc)) from None
     if c.run.context_overflow not in CONTEXT_OVERFLOW:
         raise ConfigError(f"run.context_overflow={c.run.context_overflow!r}: use one of {', '.join(CONTEXT_OVERFLOW)}")
 
@@ -305,51 +360,10 @@ def register() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
-_SECTIONS: dict[tuple[type, str], type] = {
-    (Config, "model"): ModelConfig, (ModelConfig, "llamacpp"): LlamaCppConfig,
-    (Config, "determinism"): DeterminismConfig, (Config, "dataset"): DatasetConfig,
-    (Config, "prompt"): PromptConfig, (Config, "decoding"): DecodingConfig, (Config, "condition"): ConditionConfig,
-    (Config, "library"): LibraryConfig, (Config, "tracking"): TrackingConfig, (Config, "energy"): EnergyConfig,
-    (LibraryConfig, "dataset"): DatasetConfig, (Config, "run"): RunConfig, (Config, "execution"): ExecutionConfig,
-}  # fmt: skip
 register()
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-#: Free space a Hydra run needs before its job starts: Hydra writes .hydra/ and its log into the folder itself,
-#: where a full disk would give its traceback instead of our one line.
-HYDRA_MIN_FREE = 64 << 10
-
-
-def _claim_dir(parent: str, name: str) -> str:
-    """`${kvgraft.claim_dir:parent,name}`: parent/name created exclusively (parent/name-2 ... when taken). Cached
-    per config (use_cache, copied into each sweep job by Hydra), so a sweep's jobs share their one sweep folder.
-    Only Hydra's app runner resolves it: a read-only or full runs folder prints one `error:` line and exits 1
-    there (an exception would reach the user as OmegaConf's 60-line interpolation traceback)."""
-    import os
-    import sys
-
-    from harness.errors import HarnessError, StorageError, debugging
-
-    try:
-        probe = Path(parent).absolute()
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        st = os.statvfs(probe)
-        if st.f_bavail * st.f_frsize < HYDRA_MIN_FREE:
-            raise StorageError(
-                f"{parent}: no space left on the device (ENOSPC: {st.f_bavail * st.f_frsize >> 10} KiB free, a run "
-                f"needs at least {HYDRA_MIN_FREE >> 10} KiB to start); free space there or point runs_dir= at "
-                "another disk"
-            )
-        return str(claim(parent, name))
-    except HarnessError as exc:
-        if debugging():
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
 
 
 def _job_name(overrides: str) -> str:
@@ -364,7 +378,6 @@ def _job_name(overrides: str) -> str:
     return name
 
 
-OmegaConf.register_new_resolver("kvgraft.claim_dir", _claim_dir, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("kvgraft.job_name", _job_name, replace=True)
 
 
@@ -375,7 +388,7 @@ def _keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         keys.add(key)
-        sub = _SECTIONS.get((cls, f.name))
+        sub = hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else None
         if sub is not None:
             k, m = _keys(sub, key + ".")
             keys |= k

@@ -41,7 +41,8 @@ class _Worker:
         c = typed(OmegaConf.create(cfg))
         self.fm = load_model(c)
         self.condition = build_condition(c.condition.name, self.fm, c.prompt, c.decoding, c.library,
-                                         Path(c.project_root), build_library_if_missing=build_library_if_missing)
+                                         Path(c.project_root), build_library_if_missing=build_library_if_missing,
+                                         settings=c.condition.settings)
 
     def describe(self) -> dict:
         from kvstore import environment_fingerprint

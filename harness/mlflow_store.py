@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
+from harness.config import DEFAULT_EXPERIMENT  # noqa: F401 - re-exported: the one default experiment name
 from harness.errors import TrackingError
 from kvstore.atomic import publish, temp_path
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default experiment name (config, log_run)
 EXPERIMENT_KIND = "custom_model_development"  # mlflow.experimentKind: the UI opens on runs, not the GenAI overview
 _LOCK_RETRIES = 8
 MAX_PARAM_VALUE_LENGTH = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH

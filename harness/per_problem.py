@@ -2,8 +2,11 @@
 whether it is correct, the library entry each graft read (its problem id and answer) and whether the graft row
 is identical to its in-context twin; and the misses among them, one line each, for the terminal.
 
-    table = per_problem(rows_by_label, entries)     # rows: label -> harness.record.Row list; entries: library
-    misses(table)                                   # ["held-out toy-2#0: gold 9 | graft 32, read toy-7 ..."]
+    table = per_problem(rows_by_label, entries, plan)   # rows: label -> Row list; entries: library; the Plan
+    misses(table, plan)                                 # ["held-out toy-2#0: gold 9 | graft 32, read toy-7 ..."]
+
+The pairs are the plan's (harness.comparison.Plan: each `identical` pair, named by its group); without a plan,
+the legacy one (Plan.legacy).
 
 Written by the compare job as ``per_problem.json`` beside ``comparison.json`` (``{"rows": [...]}``)
 and logged to MLflow as the parent run's table ``per_problem_table.json``. A view, not a figure: ``make rescore``
@@ -15,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.comparison import BASELINE_LABEL, GROUPS, PAIRS
-from harness.record import Row
+from harness.comparison import Plan
+from harness.record import Group, Row
 
 __all__ = ["PER_PROBLEM", "TABLE_FILE", "column_name", "columns_of", "entry_answers", "misses", "per_problem"]
 
@@ -40,11 +43,19 @@ def _twin_identical(g: Row, c: Row | None) -> bool:
             and g.completion.first_logits_sha256 == c.completion.first_logits_sha256)  # fmt: skip
 
 
-def per_problem(rows: Mapping[str, Sequence[Row]], entries: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+def _pairs(plan: Plan | None, labels: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(group label, run label, twin label) of each identical pair of `plan` (default: the labels' legacy plan)."""
+    if plan is None:
+        plan = Plan.of_comparison({"runs": dict.fromkeys(labels)}) if labels else Plan.legacy()
+    return [(Group.parse(k).label, first, twin) for k, (first, twin) in plan.pairs.items()]
+
+
+def per_problem(rows: Mapping[str, Sequence[Row]], entries: Mapping[str, Mapping[str, str]],
+                plan: Plan | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """One dict per (problem_id, sample) over every run label in `rows` (comparison labels), in problem order:
     ``problem_id, sample, gold``, then per label ``<label>`` (the extracted answer or None) and ``<label> ok``,
-    per group ``<group> entry`` / ``<group> entry answer`` (what the graft read; None without an entry) and
-    ``<group> graft==twin``."""
+    per identical pair (by its group) ``<group> entry`` / ``<group> entry answer`` (what the pair's run read;
+    None without an entry) and ``<group> graft==twin``."""
     by = {label: {(r.problem_id, r.sample): r for r in rs} for label, rs in rows.items()}
     keys: list[tuple[str, int]] = []
     for rs in rows.values():
@@ -57,34 +68,38 @@ def per_problem(rows: Mapping[str, Sequence[Row]], entries: Mapping[str, Mapping
             r = by[label].get(key)
             out[column_name(label)] = None if r is None else r.extracted
             out[f"{column_name(label)} ok"] = None if r is None else r.correct
-        for group, (name, _) in GROUPS.items():
-            incontext, graft = PAIRS[group]
+        for name, graft, incontext in _pairs(plan, list(rows)):
             g = by.get(graft, {}).get(key)
             if g is None:
                 continue
-            entry = entries.get(g.completion.entry_id or "", {})
-            out[f"{name} entry"] = entry.get("problem_id", g.completion.entry_id)
+            entry_id = g.completion.retrieval.entry_id if g.completion.retrieval else None
+            entry = entries.get(entry_id or "", {})
+            out[f"{name} entry"] = entry.get("problem_id", entry_id)
             out[f"{name} entry answer"] = entry.get("answer")
             out[f"{name} graft==twin"] = _twin_identical(g, by.get(incontext, {}).get(key))
         table.append(out)
     return table
 
 
-def misses(table: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per row and group where the graft is wrong or differs from its twin, saying what it read:
-    ``held-out toy-2#0: gold 9 | graft 32, read toy-7 (answer 32) | incontext 32 | baseline 5``."""
+def misses(table: Sequence[Mapping[str, Any]], plan: Plan | None = None) -> list[str]:
+    """One line per row and identical pair where the pair's run (the graft) is wrong or differs from its twin,
+    saying what it read: ``held-out toy-2#0: gold 9 | graft 32, read toy-7 (answer 32) | incontext 32 |
+    baseline 5``."""
     lines = []
-    base = column_name(BASELINE_LABEL)
+    plan = plan or Plan.legacy()
+    base = column_name(plan.baseline)
     for row in table:
-        for group, (name, _) in GROUPS.items():
-            graft, incontext = (column_name(x) for x in reversed(PAIRS[group]))
+        for name, first, second in _pairs(plan, []):
+            graft, incontext = column_name(first), column_name(second)
+            what, twin_what = first.split(" ")[0], second.split(" ")[0]
             if graft not in row or (row.get(f"{graft} ok") and row.get(f"{name} graft==twin")):
                 continue
             entry = row.get(f"{name} entry")
             read = f", read {entry} (answer {row.get(f'{name} entry answer')})" if entry else ", no entry read"
             twin = "" if row.get(f"{name} graft==twin") else " | graft != twin"
-            lines.append(f"{name} {row['problem_id']}#{row['sample']}: gold {row['gold']} | graft "
-                         f"{row.get(graft)}{read} | incontext {row.get(incontext)} | baseline {row.get(base)}{twin}")
+            lines.append(f"{name} {row['problem_id']}#{row['sample']}: gold {row['gold']} | {what} "
+                         f"{row.get(graft)}{read} | {twin_what} {row.get(incontext)} | {plan.baseline} "
+                         f"{row.get(base)}{twin}")
     return lines
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from harness.errors import HarnessError, RunFolderError, exit_on_error
 from harness.hashing import atomic_write_text
 from harness.plots import accuracy_plot, bar_plot
+from harness.record import run_group
 from harness.run_folder import RunFolder
 
 __all__ = ["main", "sweep_table", "write_report"]
@@ -47,21 +48,22 @@ def sweep_table(root: Path) -> Any:
     if not folders:
         raise RunFolderError(f"{root}: no complete run folder (with manifest.json) under it; pass a multirun or "
                              "runs folder, e.g. make report RUN=runs/multirun/<stamp>")  # fmt: skip
-    configs = [_flat(f.read_config()) for f in folders]
+    raw = [f.read_config() for f in folders]
+    configs = [_flat(c) for c in raw]
     keys = sorted({k for c in configs for k in c})
     varying = [k for k in keys if not k.startswith(_IGNORED_KEYS)
                and len({repr(c.get(k)) for c in configs}) > 1]  # fmt: skip
     records = []
-    for folder, config in zip(folders, configs, strict=True):
+    for folder, config, raw_config in zip(folders, configs, raw, strict=True):
         s = folder.read_summary()
         n = max(1, int(s.scores.get("n_rows") or 0))
         joules = s.energy.get("joules")
-        library = config.get("library.exclude_self") if s.groups is not None else None
+        group = run_group(s, raw_config)
         records.append({
             "run": folder.path.relative_to(root).as_posix() if folder.path != root else folder.name,
             **{k: config.get(k) for k in varying},
             "condition": s.condition,
-            "group": None if library is None else ("held-out" if library else "recurring"),
+            "group": None if group is None else group.label,
             "n": s.scores.get("n_rows"), "accuracy": s.scores.get("accuracy"),
             "ci_low": s.scores.get("accuracy_ci_low"), "ci_high": s.scores.get("accuracy_ci_high"),
             "decode_tokens": s.tokens.get("decode"), "decode_per_attempt": (s.tokens.get("decode") or 0) / n,

@@ -42,8 +42,8 @@ from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminat
 from harness.hashing import sha256_json
 from harness.problems import Problem, load_problems
 from harness.prompts import render
-from harness.record import STOP_REASONS, Row, Summary
-from harness.run_folder import RunFolder
+from harness.record import STOP_REASONS, Row, Summary, group_note, run_group
+from harness.run_folder import FinishedRun, RunFolder
 from harness.tracking import default_tracking_uri, try_log_run_dir
 from kvstore import FrozenModel
 from kvstore.backend import TRANSFORMERS, Backend
@@ -176,8 +176,8 @@ def run(
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
     An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
     the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/)."""
-    folder, summary, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing, resume_from)
-    return folder, summary
+    finished, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing, resume_from)
+    return finished.folder, finished.summary
 
 
 def _open_folder(
@@ -227,8 +227,9 @@ def run_rows(
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
-) -> tuple[RunFolder, Summary, list[Row]]:
-    """`run`, also returning the rows in memory (the compare job pairs graft and incontext rows from them)."""
+) -> tuple[FinishedRun, str | None]:
+    """`run`, returning the records it wrote (the compare job pairs rows and logs its comparison from them) and
+    the MLflow run id (None when tracking is off or logging is pending)."""
     c = typed(cfg)
     check_condition(c.condition.name)
     root = Path(c.project_root)
@@ -240,7 +241,8 @@ def run_rows(
     fm = as_backend(fm) if fm is not None else load_model(c)  # a FrozenModel stands for its transformers backend
     problems = fit_context(problems, fm, c)
     condition = build_condition(
-        c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing
+        c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
+        settings=c.condition.settings,
     )
     desc = condition.describe()
     config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(c)
@@ -288,14 +290,14 @@ def run_rows(
     summary = Summary.of(
         rows, condition=condition.name, model=fm.model_name, dataset=d.name, run_dir=str(folder.path),
         comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
-        energy_status=run_energy.status, energy_j=run_energy.joules, grouped=condition.uses_library,
+        energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )  # fmt: skip
     exactness = NOT_EXACT if _allows_mismatch(fm) else None
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
     try:
-        folder.finish(
+        finished = folder.finish(
             config=config,
             problems=[p.to_row() for p in problems],
             rows=rows,
@@ -311,11 +313,12 @@ def run_rows(
         )  # fmt: skip
     finally:
         folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable
+    run_id = None
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
-        _track(folder, uri, c.tracking.experiment, None)  # tracking names it: condition, group, data, model
+        run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
     print_summary(summary, folder)
-    return folder, summary, rows
+    return finished, run_id
 
 
 def _allows_mismatch(be: Backend) -> bool:
@@ -359,7 +362,7 @@ def _decode(
             joules = energy.joules / k if energy.joules is not None else None
             for sample, completion in zip(samples, completions, strict=True):
                 row = Row.scored(
-                    problem.id, sample, condition.name, condition.group(completion), completion, problem.answer,
+                    problem.id, sample, condition.name, condition.group, completion, problem.answer,
                     score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
                     energy_j=joules, energy_status=energy.status,
                 )  # fmt: skip
@@ -374,15 +377,17 @@ def _decode(
     return rows, run_meter.stop(), t_run, started_at
 
 
-def _track(folder: RunFolder, uri: str, experiment: str, run_name: str | None) -> None:
+def _track(finished: FinishedRun, uri: str, experiment: str, run_name: str | None) -> str | None:
+    """Log the run from the records it just wrote (harness.tracking: nothing read back)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_id = try_log_run_dir(folder.path, tracking_uri=uri, experiment=experiment, run_name=run_name)
+        run_id = try_log_run_dir(finished, tracking_uri=uri, experiment=experiment, run_name=run_name)
     for w in caught:
         if issubclass(w.category, RuntimeWarning):
             console.print(f"[yellow]warning:[/] {w.message}")
     if run_id:
         console.print(f"MLflow: run {run_id} in {uri} (experiment {experiment})")
+    return run_id
 
 
 def stops_text(stop_reasons: dict[str, int] | None) -> str:
@@ -394,8 +399,9 @@ def stops_text(stop_reasons: dict[str, int] | None) -> str:
 
 def print_summary(summary: Summary, folder: RunFolder) -> None:
     s, t, e = summary.scores, summary.tokens, summary.energy
-    groups = " + ".join(g.replace("_", "-") for g in (summary.groups or {}))  # recurring / held-out, from the rows
-    table = Table(title=f"{summary.condition}{f' {groups}' if groups else ''} on {summary.dataset} ({summary.model})")
+    group = run_group(summary)
+    name = f"{summary.condition} {group.label}" if group else summary.condition
+    table = Table(title=f"{name} on {summary.dataset} ({summary.model})")
     for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
                 "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):  # fmt: skip
         table.add_column(col)
@@ -417,6 +423,8 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
     if hit:
         console.print(f"[yellow]{hit} of {s['n_rows']} rows hit the token budget (decoding.max_new_tokens): their "
                       "answers were cut off[/]")  # fmt: skip
+    if group_note(summary):
+        console.print(f"[yellow]{group_note(summary)}[/]")
     console.print(f"energy: {e['status']}")
     if summary.exactness:
         console.print(f"[yellow]{summary.exactness}[/]")

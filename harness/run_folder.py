@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,19 @@ def claim(parent: str | Path, name: str) -> Path:
             f"{parent}: cannot create a run folder there ({exc.strerror or exc})"
         ) from None
     raise RunFolderError(f"{parent}: 10,000 folders named {name}[-N] exist; clean it up or use another runs_dir")
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """What a finished run folder holds, as written (`RunFolder.finish`) or read back (`RunFolder.finished`):
+    the typed records a logger or a comparison takes instead of re-reading the files."""
+
+    folder: RunFolder
+    config: dict[str, Any]
+    problems: list[dict[str, Any]]
+    rows: list[Row]
+    summary: Summary
+    manifest: dict[str, Any]
 
 
 class RunFolder:
@@ -231,10 +245,10 @@ class RunFolder:
         rows: Sequence[Row],
         summary: Summary,
         **manifest_inputs: Any,
-    ) -> dict[str, Any]:
+    ) -> FinishedRun:
         """Write config.yaml, problems.jsonl, outputs.jsonl, summary.json, then manifest.json (last: a folder
         without it is incomplete), each atomically; remove the partial rows. `manifest_inputs` are the other
-        keyword arguments of `harness.manifest.build_manifest`. Returns the manifest."""
+        keyword arguments of `harness.manifest.build_manifest`. Returns the records it wrote."""
         from omegaconf import OmegaConf
 
         row_dicts = [r.to_json() for r in rows]
@@ -256,7 +270,12 @@ class RunFolder:
         except OSError as exc:
             raise self._storage(exc, "writing the finished run (its rows stay in outputs.partial.jsonl)") from None
         self.release()
-        return manifest
+        return FinishedRun(self, config, list(problems), list(rows), summary, manifest)
+
+    def finished(self) -> FinishedRun:
+        """The records of this complete folder, read back (a RunFolderError names the file that is missing)."""
+        return FinishedRun(self, self.read_config(), self.read_problems(), self.read_rows(), self.read_summary(),
+                           self.read_manifest())  # fmt: skip
 
     def write_tracking(self, record: dict[str, Any]) -> None:
         """tracking.json: the MLflow run id and URI, or why logging is pending (written by harness.tracking)."""

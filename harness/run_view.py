@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from harness import record
 from harness.hashing import sha256_json
-from harness.record import Row, Summary
+from harness.record import Group, Row, Summary
 from harness.run_folder import SUMMARY, RunFolder
 
 __all__ = ["TABLE_FILE", "dataset_digest", "dataset_input", "headline_metrics", "outputs_table", "run_group",
@@ -43,11 +44,10 @@ def run_times_ms(folder: RunFolder, summary: Summary) -> tuple[int, int]:
 
 
 def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
-    """``recurring`` / ``held-out`` for a condition with a library (``library.exclude_self``), else None."""
-    if summary.groups is None:
-        return None
-    library = config.get("library") if isinstance(config.get("library"), dict) else {}
-    return "held-out" if library.get("exclude_self") else "recurring"
+    """``recurring`` / ``held-out`` (the Group's label, harness.record.run_group) for a condition with a library,
+    else None."""
+    group = record.run_group(summary, config)
+    return None if group is None else group.label
 
 
 def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
@@ -120,6 +120,10 @@ def dataset_input(config: dict[str, Any], summary: Summary, manifest: dict[str, 
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "evaluation")])
 
 
+def _retrieved(row: Row, key: str) -> Any:
+    return None if row.completion.retrieval is None else getattr(row.completion.retrieval, key)
+
+
 def outputs_table(rows: Sequence[Row]) -> dict[str, list[Any]]:
     """The per-problem outputs as columns (one entry per row of outputs.jsonl) for ``mlflow.log_table``."""
     columns: dict[str, Callable[[Row], Any]] = {
@@ -127,8 +131,8 @@ def outputs_table(rows: Sequence[Row]) -> dict[str, list[Any]]:
         "extracted": lambda r: r.extracted, "gold": lambda r: r.gold, "correct": lambda r: r.correct,
         "decode_tokens": lambda r: r.completion.decode_tokens, "grafted_tokens": lambda r: r.completion.grafted_tokens,
         "prefill_tokens": lambda r: r.completion.prefill_tokens, "ttft_s": lambda r: r.completion.ttft_s,
-        "wall_s": lambda r: r.wall_s, "entry_id": lambda r: r.completion.entry_id,
-        "similarity": lambda r: r.completion.similarity, "stop_reason": lambda r: r.completion.stop_reason,
+        "wall_s": lambda r: r.wall_s, "entry_id": lambda r: _retrieved(r, "entry_id"),
+        "similarity": lambda r: _retrieved(r, "similarity"), "stop_reason": lambda r: r.completion.stop_reason,
         "completion": lambda r: r.completion.text,
     }  # fmt: skip
     return {name: [get(r) for r in rows] for name, get in columns.items()}
@@ -150,7 +154,9 @@ def _description(summary: Summary, group: str | None, config: dict[str, Any], fo
     ]
     if group:
         lines.append(f"- library `{lib.get('name')}` v{lib.get('version')}, exclude_self={lib.get('exclude_self')}"
-                     + (" (the evaluated problem never reaches the context)" if group == "held-out" else ""))
+                     + (" (the evaluated problem never reaches the context)" if group == Group.HELD_OUT.label else ""))
+        if record.group_note(summary):
+            lines.append(f"- {record.group_note(summary)}")
     if summary.exactness:
         lines.append(f"- {summary.exactness}")
     lines += ["", f"Run folder `{folder.path}`; re-check without the model: `make rescore RUN={folder.path}`. "

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.comparison import PAIRS
+from harness.comparison import Plan
 from harness.comparison_view import load_warning
 from harness.hashing import atomic_write_text
 
@@ -57,7 +57,8 @@ def write_summary_page(out: Path, title: str, comparison: Mapping[str, Any], per
                        misses: Sequence[str], plots: Sequence[Path]) -> Path:  # fmt: skip
     """Write the page (module docstring) to `out` and return it."""
     pairs = comparison.get("pairs") or {}
-    twin = [{"graft run": PAIRS[g][1],
+    plan = Plan.of_comparison(comparison)
+    twin = [{"graft run": plan.pairs[g][0],
              "identical rows": f"{p['identical_rows']}/{p['identical_rows'] + p['differing_rows']}",
              **{f"incontext/graft {k.split('_')[0]}": ("n/a" if v is None else f"{v:.2f}")
                 for k, v in (p.get("graft_vs_incontext") or {}).items()}} for g, p in pairs.items()]  # fmt: skip

@@ -59,16 +59,17 @@ def span_plan(row: Row, start_ns: int) -> list[tuple[str, str, int, int, dict[st
     ttft = c.ttft_s if c.ttft_s is not None and 0 <= c.ttft_s <= row.wall_s else None
     first_ns = start_ns + int(ttft * _NS) if ttft is not None else start_ns
     plan: list[tuple[str, str, int, int, dict[str, Any]]] = []
-    if c.entry_id is not None or c.artifact_id is not None:
+    r = c.retrieval
+    if r is not None:
         plan.append(("retrieve", "RETRIEVER", start_ns, start_ns, {
-            "entry_id": c.entry_id, "artifact_id": c.artifact_id, "similarity": c.similarity, "match": c.match,
+            "entry_id": r.entry_id, "artifact_id": r.artifact_id, "similarity": r.similarity, "match": r.match,
             "timing": "inside ttft (not recorded separately)"}))  # fmt: skip
     first = {"grafted_tokens": c.grafted_tokens, "prefill_tokens": c.prefill_tokens,
              "prompt_tokens": len(c.context_ids), "ttft_s": c.ttft_s}  # fmt: skip
     if ttft is None:
         first["timing"] = "ttft not recorded"
     if c.grafted_tokens > 0:
-        plan.append(("graft", "CHAIN", start_ns, first_ns, {**first, "artifact_id": c.artifact_id}))
+        plan.append(("graft", "CHAIN", start_ns, first_ns, {**first, "artifact_id": r.artifact_id if r else None}))
     else:
         plan.append(("prefill", "LLM", start_ns, first_ns, first))
     plan.append(("decode", "LLM", first_ns, end_ns, {"decode_tokens": c.decode_tokens, "stop_reason": c.stop_reason,

@@ -34,36 +34,27 @@ dead port). ``mlflow`` is imported lazily because importing it takes seconds.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import run_view
 from harness.errors import RunFolderError, TrackingError
+from harness.mlflow_run import log_finished_run as _log
 from harness.mlflow_store import (
     DEFAULT_EXPERIMENT,
     EXPERIMENT_KIND,
     MAX_PARAM_VALUE_LENGTH,
-    _get_or_create_experiment,
-    _mlflow_name,
-    _retry,
     _scalar_text,
-    _store_init_lock,
     default_tracking_uri,
-    ensure_sqlite_store,
     flatten,
     http_fail_fast,
     metric_leaves,
 )
-from harness.run_folder import TRACKING, RunFolder
+from harness.run_folder import TRACKING, FinishedRun, RunFolder
+from harness.tracking_jobs import HEADLINE_COLUMNS, VIEW_KEY, comparison_metrics, log_comparison, log_report, view_url
 
 if TYPE_CHECKING:
-    import pandas as pd
     from mlflow import MlflowClient
 
 __all__ = [
@@ -77,23 +68,13 @@ __all__ = [
     "VIEW_KEY",
     "comparison_metrics",
     "log_comparison",
+    "log_run",
     "log_run_dir",
     "metric_leaves",
     "log_report",
     "try_log_run_dir",
     "view_url",
 ]
-
-_MAX_PARAMS_PER_BATCH = 100  # mlflow.utils.validation.MAX_PARAMS_TAGS_PER_BATCH
-_MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
-
-
-
-def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
 def _artifact_files(run_dir: Path) -> list[Path]:
     """Every regular file of the folder except tracking.json and in-flight atomic-write temp files."""
     files = []
@@ -105,59 +86,6 @@ def _artifact_files(run_dir: Path) -> list[Path]:
             continue
         files.append(path)
     return files
-
-
-def _log(
-    tracking_uri: str,
-    experiment: str,
-    run_name: str,
-    *,
-    tags: dict[str, str],
-    params: dict[str, str],
-    metrics: Any,
-    files: list[tuple[Path, str | None]],
-    times_ms: tuple[int, int] | None = None,
-    datasets: list[Any] | None = None,
-    table: dict[str, list[Any]] | pd.DataFrame | None = None,
-    table_file: str = run_view.TABLE_FILE,
-    then: Callable[[MlflowClient, str, str], None] | None = None,
-) -> str:
-    """Create one finished MLflow run (start/end `times_ms`, default now) with these tags, params, metrics,
-    dataset inputs, table and files; `then(client, experiment_id, run_id)` runs before it is marked finished.
-    Returns the run id."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
-
-    start_ms, end_ms = times_ms or (int(time.time() * 1000),) * 2
-    with _store_init_lock(tracking_uri):
-        ensure_sqlite_store(tracking_uri)  # never half-built: created in a temp file, a broken empty one rebuilt
-        client = MlflowClient(tracking_uri=tracking_uri)
-        experiment_id = _get_or_create_experiment(client, tracking_uri, experiment)
-    run = _retry(lambda: client.create_run(experiment_id, start_time=start_ms, tags=tags, run_name=run_name),
-                 "create run")  # fmt: skip
-    run_id = run.info.run_id
-    try:
-        params_ = [Param(_mlflow_name(k), v) for k, v in params.items()]
-        metrics_ = [Metric(k, v, end_ms, 0) for k, v in metric_leaves(metrics)]
-        for chunk in _chunks(params_, _MAX_PARAMS_PER_BATCH):
-            _retry(lambda chunk=chunk: client.log_batch(run_id, params=chunk), "log params")
-        for chunk in _chunks(metrics_, _MAX_METRICS_PER_BATCH):
-            _retry(lambda chunk=chunk: client.log_batch(run_id, metrics=chunk), "log metrics")
-        if datasets:
-            _retry(lambda: client.log_inputs(run_id, datasets=datasets), "log dataset input")
-        if table is not None:
-            _retry(lambda: client.log_table(run_id, table, table_file), "log table")
-        for path, parent in files:
-            client.log_artifact(run_id, str(path), artifact_path=parent)
-        if then is not None:
-            then(client, experiment_id, run_id)
-        _retry(lambda: client.set_terminated(run_id, "FINISHED", end_time=end_ms), "finish run")
-    except BaseException:
-        with contextlib.suppress(Exception):  # keep the original error
-            client.set_terminated(run_id, "FAILED", end_time=end_ms)
-        raise
-    return run_id
 
 
 def _tracking_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -182,12 +110,27 @@ def log_run_dir(
     (use :func:`try_log_run_dir` when a failure must not stop the caller). A failure while logging traces
     only warns: the run is logged, tagged ``traces=failed: <reason>``.
     """
-    folder = RunFolder(Path(run_dir).resolve())
     try:
-        config, summary, manifest = folder.read_config(), folder.read_summary(), folder.read_manifest()
-        rows, problems = folder.read_rows(), folder.read_problems()
+        run = RunFolder(Path(run_dir).resolve()).finished()
     except RunFolderError as exc:
         raise TrackingError(f"{exc} (log_run_dir needs a complete run folder)") from exc
+    return log_run(run, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name, extra_tags=extra_tags,
+                   traces=traces)
+
+
+def log_run(
+    run: FinishedRun,
+    *,
+    tracking_uri: str,
+    experiment: str,
+    run_name: str | None = None,
+    extra_tags: dict[str, Any] | None = None,
+    traces: bool | None = None,
+) -> str:
+    """Log a finished run from its records (`RunFolder.finish`'s return; nothing is read back but the folder's
+    file list for the artifacts), write ``tracking.json`` into its folder, return the run id (`log_run_dir`)."""
+    folder = RunFolder(run.folder.path.resolve())
+    config, summary, manifest, rows, problems = run.config, run.summary, run.manifest, run.rows, run.problems
     settings = _tracking_settings(config)
     group = run_view.run_group(summary, config)
     tags = run_view.run_tags(folder, summary, manifest, group, config)
@@ -219,234 +162,27 @@ def log_run_dir(
     return run_id
 
 
-def comparison_metrics(comparison: dict[str, Any]) -> dict[str, float]:
-    """The compare parent run's metrics, under short names: per run ``<run>.accuracy`` (with ``_ci_low`` /
-    ``_ci_high``), ``<run>.decode_tokens_per_problem``, ``<run>.ttft_s_per_row``; factors named by what they
-    divide (``baseline_over_graft_recurring_decode_tokens``, ``incontext_over_graft_held_out_ttft``); per group
-    ``<group>.identical_rows`` (k) and ``<group>.paired_rows`` (n); the highest load average seen. The rest of
-    comparison.json is its artifact."""
-    out: dict[str, Any] = {}
-    for label, s in (comparison.get("summaries") or {}).items():
-        slug, sc = _slug(label), s["scores"]
-        n = max(int(sc.get("n_rows") or 0), 1)
-        out.update({f"{slug}.accuracy": sc.get("accuracy"), f"{slug}.accuracy_ci_low": sc.get("accuracy_ci_low"),
-                    f"{slug}.accuracy_ci_high": sc.get("accuracy_ci_high"),
-                    f"{slug}.decode_tokens_per_problem": s["tokens"]["decode"] / n,
-                    f"{slug}.ttft_s_per_row": (s["time"].get("ttft_s") or 0.0) / n})  # fmt: skip
-        c = s.get("comparison") or {}
-        for key, what in (("token_reduction", "decode_tokens"), ("ttft_factor", "ttft"), ("wall_factor", "wall"),
-                          ("cpu_factor", "cpu"), ("energy_factor", "energy")):
-            out[f"baseline_over_{slug}_{what}"] = c.get(key)
-    for group, p in (comparison.get("pairs") or {}).items():
-        out[f"{group}.identical_rows"] = p["identical_rows"]
-        out[f"{group}.paired_rows"] = p["identical_rows"] + p["differing_rows"]
-        for key, value in (p.get("graft_vs_incontext") or {}).items():
-            out[f"incontext_over_graft_{group}_{key.removesuffix('_factor')}"] = value
-    load = comparison.get("load") or {}
-    seen = [x for v in (load.get("runs") or {}).values() for x in (v.get("start"), v.get("end")) if x is not None]
-    if seen:
-        out["load_average_max"] = max(seen)
-    return {k: float(v) for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-
-
-def _comparison_note(comparison: dict[str, Any], dataset: str | None, model: str | None, page_link: str) -> str:
-    """The parent run's description: the figures themselves, the factor directions, and the summary page link."""
-    from harness.comparison_view import load_warning
-
-    lines = [f"**graft vs incontext vs baseline** on `{dataset}` with `{model}`. Factors: baseline / run "
-             "(above 1: the run is faster or needs fewer tokens).", "",
-             "| run | accuracy [95% CI] | decode tok/problem | TTFT s/row | baseline/run TTFT |",
-             "|---|---|---|---|---|"]
-    for label, s in (comparison.get("summaries") or {}).items():
-        sc, n = s["scores"], max(int(s["scores"].get("n_rows") or 0), 1)
-        f = (s.get("comparison") or {}).get("ttft_factor")
-        lines.append(f"| {label} | {sc['accuracy']:.3f} [{sc['accuracy_ci_low']:.3f}, {sc['accuracy_ci_high']:.3f}] "
-                     f"| {s['tokens']['decode'] / n:.1f} | {(s['time'].get('ttft_s') or 0.0) / n:.3f} | "
-                     f"{'-' if s.get('comparison') is None else ('n/a' if f is None else f'{f:.2f}')} |")
-    lines.append("")
-    for group, p in (comparison.get("pairs") or {}).items():
-        lines.append(f"- {group}: {p['identical_rows']}/{p['identical_rows'] + p['differing_rows']} graft rows "
-                     "identical to their in-context twin")
-    warning = load_warning(comparison)
-    if warning:
-        lines.append(f"- **{warning}**")
-    experiment_id = page_link.split("/")[2]
-    lines += ["", f"[Summary page (table, misses, per-problem view, plots)]({page_link}); "
-              f"[runs table with the headline columns]({view_url(experiment_id)}); per-problem table "
-              "`per_problem_table.json`; every figure in `comparison.json`."]  # fmt: skip
-    return "\n".join(lines)
-
-
-#: The experiment's shared runs-table view (MLflow 3's "share view": an experiment tag
-#: ``mlflow.sharedViewState.<key>`` holding the UI state as JSON, opened with ``?viewStateShareKey=<key>``): the
-#: headline metrics as columns, newest first, the compare parent expanded to its nested runs.
-VIEW_KEY = "kvgraft-headline"
-HEADLINE_COLUMNS = ("accuracy", "accuracy_ci_low", "accuracy_ci_high", "decode_tokens_per_problem", "ttft_s_per_row",
-                    "recurring.identical_rows", "recurring.paired_rows", "held_out.identical_rows",
-                    "held_out.paired_rows")  # fmt: skip
-
-
-def view_url(experiment_id: str) -> str:
-    """The runs table in the shared headline view (a UI fragment: append it to the server's address)."""
-    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}&workflowType=machine_learning"
-
-
-def _share_view(client: MlflowClient, experiment_id: str, parent_run_id: str) -> None:
-    import json
-
-    state = {"selectedColumns": [f"metrics.`{m}`" for m in HEADLINE_COLUMNS], "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "runsExpanded": {parent_run_id: True}}  # fmt: skip
-    _retry(lambda: client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state)),
-           "share the headline view")  # fmt: skip
-
-
-def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str, experiment: str,
-                   per_problem: list[dict[str, Any]] | None = None, params: dict[str, Any] | None = None) -> str:
-    """Log the compare job's comparison (written at `path`) as the parent run of the runs it compares.
-
-    Named ``compare <stamp>``; its params are the settings the comparison holds fixed (`params`: dataset,
-    limit, model, decoding, library); metrics :func:`comparison_metrics`; its description the figures with a
-    link to ``summary.html`` (harness/summary_page.py), logged with the plots (``harness.plots``), comparison.json
-    and the per-problem table (`per_problem`, default: ``per_problem.json`` beside `path`) as
-    ``per_problem_table.json``. The library the job opened or built (comparison.json ``library``) is a nested
-    run ``library <name> v<version>`` with its time, entries, tokens and bytes. Each compared run already
-    logged to this store (its ``tracking.json``) gets ``mlflow.parentRunId`` = this run. Returns the run id."""
-    from harness import per_problem as pp
-    from harness.plots import comparison_plots
-    from harness.summary_page import SUMMARY_PAGE, write_summary_page
-
-    path = Path(path)
-    folders = {label: RunFolder(p) for label, p in (comparison.get("runs") or {}).items()}
-    summaries, rows, children = {}, {}, []
-    for label, folder in folders.items():
-        with contextlib.suppress(RunFolderError):
-            summaries[label], rows[label] = folder.read_summary(), folder.read_rows()
-        record = folder.read_tracking()
-        if record.get("run_id") and record.get("tracking_uri") == tracking_uri:
-            children.append(record["run_id"])
-    if per_problem is None:
-        with contextlib.suppress(OSError, ValueError, RunFolderError):
-            per_problem = RunFolder(path.parent).read_json(pp.PER_PROBLEM).get("rows")
-    table = per_problem or []
-    first = next(iter(summaries.values()), None)
-    datasets = []  # the problem set all compared runs share (same comparable key), so the parent row shows it
-    with contextlib.suppress(RunFolderError, StopIteration):
-        f = folders[next(iter(summaries))]
-        datasets = [run_view.dataset_input(f.read_config(), summaries[next(iter(summaries))], f.read_manifest(),
-                                           f.read_problems())]  # fmt: skip
-    model, dataset = (first.model, first.dataset) if first else (None, None)
-    times = {k: run_view.run_times_ms(folders[k], s) for k, s in summaries.items()}
-    end_ms = int(path.stat().st_mtime * 1000)
-    # the job's span: its runs; a baseline reused from an earlier job (ended long before the others) is not part of it
-    own = [t[0] for k, t in times.items() if k != "baseline"] or [end_ms]
-    starts = [t[0] for k, t in times.items() if k != "baseline" or t[1] >= min(own) - 60_000]
-    library = comparison.get("library") or {}
-    if library.get("started_at"):
-        starts.append(int(float(library["started_at"]) * 1000))  # the job's time includes the library build
-    plots = comparison_plots(rows, comparison, path.parent)
-    misses = pp.misses(table)
-    title = f"graft vs incontext vs baseline: {dataset}, {model}"
-    page = write_summary_page(path.parent / SUMMARY_PAGE, title, comparison, table, misses, plots)
-    tags = {"job": "compare", "condition": "compare", "comparable_key": comparison.get("comparable_key"),
-            "model": model, "dataset": dataset, "run_dir": str(path.parent.resolve()),
-            **{f"run.{_slug(k)}": v for k, v in (comparison.get("runs") or {}).items()}}  # fmt: skip
-
-    def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
-        link = f"#/experiments/{experiment_id}/runs/{run_id}/artifacts/{SUMMARY_PAGE}"
-        _retry(lambda: client.set_tag(run_id, "mlflow.note.content", _comparison_note(comparison, dataset, model,
-                                                                                      link)), "describe run")
-        for child in children:
-            _retry(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
-        if library:
-            _log_library(library, run_id, tracking_uri=tracking_uri, experiment=experiment)
-        _share_view(client, experiment_id, run_id)
-
-    name = f"compare {path.parent.name[:19]}"
-    with http_fail_fast(tracking_uri):
-        return _log(tracking_uri, experiment, name, tags={k: _scalar_text(v) for k, v in tags.items() if v is not None},
-                    params={k: _scalar_text(v) for k, v in (params or {}).items() if v is not None},
-                    metrics=comparison_metrics(comparison),
-                    files=[(path, None), (page, None), *((p, "plots") for p in plots)],
-                    times_ms=(min([*starts, end_ms]), end_ms), datasets=datasets, table=pp.columns_of(table),
-                    table_file=pp.TABLE_FILE, then=adopt)  # fmt: skip
-
-
-def _log_library(library: dict[str, Any], parent_run_id: str, *, tracking_uri: str, experiment: str) -> str:
-    """The library the compare job opened or built, as a run nested under the job: ``library <name> v<version>``
-    with its real start and duration, metrics seconds, entries, tokens, bytes; tags built, path, manifest."""
-    start = int(float(library.get("started_at") or time.time()) * 1000)
-    end = start + int(1000 * float(library.get("seconds") or 0.0))
-    what = "built" if library.get("built") else "opened (already built)"
-    note = (f"**library {library.get('name')} v{library.get('version')}** {what} by the compare job in "
-            f"{library.get('seconds')} s: {library.get('entries')} verified entries, {library.get('tokens')} tokens "
-            f"of KV, {(library.get('bytes') or 0) / 1e6:.1f} MB in the store. Folder `{library.get('path')}`.")
-    tags = {"job": "library", "condition": "library", "mlflow.parentRunId": parent_run_id, "mlflow.note.content": note,
-            "built": str(bool(library.get("built"))).lower(), "library_dir": library.get("path"),
-            "library_manifest_sha256": library.get("manifest_sha256")}  # fmt: skip
-    metrics = {"seconds": library.get("seconds"), "entries": library.get("entries"), "tokens": library.get("tokens"),
-               "bytes": library.get("bytes"), "build_s" if library.get("built") else "open_s": library.get("seconds")}
-    return _log(tracking_uri, experiment, f"library {library.get('name')} v{library.get('version')}",
-                tags={k: _scalar_text(v) for k, v in tags.items() if v is not None}, params={},
-                metrics={k: v for k, v in metrics.items() if v is not None}, files=[], times_ms=(start, end))
-
-
-def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracking_uri: str, experiment: str) -> str:
-    """Log a sweep report (``harness.report``) as a run ``report <folder>`` over the sweep: the jobs logged to this
-    store nest under it, its span is theirs (first start to now), its metrics each job's headline figures
-    (``job_<n>.accuracy``, ``job_<n>.ci_low`` ...), its description their table; the table as
-    ``report_table.json`` (an MLflow table), its files as artifacts. Returns the run id."""
-    root = Path(root).resolve()
-    metrics: dict[str, Any] = {"jobs": len(table)}
-    children, spans, lines = [], [], []
-    for record in table.to_dict("records"):
-        job = str(record["run"])
-        num = job.split("_", 1)[0]
-        key = f"job_{num}" if num.isdigit() else _slug(job)
-        for name in ("accuracy", "ci_low", "ci_high", "decode_per_attempt", "wall_per_attempt_s"):
-            metrics[f"{key}.{name}"] = record.get(name)
-        lines.append(f"| {job} | {record.get('accuracy', 0):.3f} [{record.get('ci_low', 0):.3f}, "
-                     f"{record.get('ci_high', 0):.3f}] | {record.get('decode_per_attempt', 0):.1f} |")
-        folder = RunFolder(root / job)
-        with contextlib.suppress(RunFolderError, OSError):
-            spans.append(run_view.run_times_ms(folder, folder.read_summary()))
-            tracked = folder.read_tracking()
-            if tracked.get("run_id") and tracked.get("tracking_uri") == tracking_uri:
-                children.append(tracked["run_id"])
-    note = "\n".join([f"**Report** over the {len(table)} jobs under `{root}` (nested below): accuracy with 95% "
-                      "intervals and decode tokens per attempt; the rest in `report_table.json`, `report.csv` and the "
-                      "plots.", "", "| job | accuracy [95% CI] | decode tokens / attempt |", "|---|---|---|", *lines])
-    tags = {"job": "report", "condition": "report", "run_dir": str(root), "mlflow.note.content": note}
-
-    def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
-        for child in children:
-            _retry(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
-
-    end = int(time.time() * 1000)
-    times = (min(s for s, _ in spans), max(max(e for _, e in spans), end)) if spans else None
-    with http_fail_fast(tracking_uri):
-        return _log(tracking_uri, experiment, f"report {root.name}", tags=tags, params={},
-                    metrics={k: v for k, v in metrics.items() if v is not None}, files=[(Path(f), None) for f in files],
-                    table=table, table_file="report_table.json", times_ms=times, then=adopt)  # fmt: skip
-
-
-def _slug(label: str) -> str:
-    """A run label as a metric prefix: "graft (held-out)" -> "graft_held_out"."""
-    return re.sub(r"\W+", "_", label).strip("_")
-
-
 def try_log_run_dir(
-    run_dir: Path,
+    run_dir: Path | FinishedRun,
     *,
     tracking_uri: str,
     experiment: str,
     run_name: str | None = None,
     extra_tags: dict[str, Any] | None = None,
 ) -> str | None:
-    """Like :func:`log_run_dir`, but on any failure warn, write a pending ``tracking.json`` and return None.
+    """Like :func:`log_run_dir` (or :func:`log_run` for a FinishedRun's records), but on any failure warn, write
+    a pending ``tracking.json`` and return None.
 
     The run folder stays complete; log it later with ``python scripts/log_run.py RUN_DIR``.
     """
+    if isinstance(run_dir, FinishedRun):
+        record, run_dir = run_dir, run_dir.folder.path
+    else:
+        record = None
     try:
+        if record is not None:
+            return log_run(record, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
+                           extra_tags=extra_tags)  # fmt: skip
         return log_run_dir(
             run_dir,
             tracking_uri=tracking_uri,

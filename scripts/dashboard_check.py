@@ -132,7 +132,7 @@ def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None
 def trace_cost(n_rows: int) -> None:
     """Log an n-row hand-built run folder with traces off, then on, to a fresh store; print both times."""
     from harness.answers import score
-    from harness.record import Completion, Row, Summary
+    from harness.record import Completion, Group, Retrieval, Row, Summary
     from harness.run_folder import RunFolder
     from harness.tracking import default_tracking_uri, log_run_dir
 
@@ -148,13 +148,13 @@ def trace_cost(n_rows: int) -> None:
             for i in range(n_rows):
                 c = Completion(prompt=f"Problem {i}", context_ids=list(range(50)), text=f"Final answer: {i % 7}",
                                token_ids=[1, 2, 3], stop_reason="stop", prefill_tokens=10, grafted_tokens=40,
-                               decode_tokens=3, ttft_s=0.1, entry_id=f"p{i}", artifact_id="f" * 64,
-                               similarity=1.0, match="exact")  # fmt: skip
+                               decode_tokens=3, ttft_s=0.1,
+                               retrieval=Retrieval(f"p{i}", "f" * 64, 1.0, "exact"))  # fmt: skip
                 rows.append(Row.scored(f"p{i}", 0, "graft", "recurring", c, "3", score(c.text, "3"), wall_s=0.4,
                                        cpu_s=0.4, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
             summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(folder.path),
                                  comparable_key=None, run_wall_s=0.4 * n_rows, energy_status="unavailable:test",
-                                 energy_j=None, grouped=True)  # fmt: skip
+                                 energy_j=None, group=Group.RECURRING)  # fmt: skip
             config = {"library": {"exclude_self": False}, "tracking": {"traces": traces}}
             folder.finish(config=config, problems=[{"id": r.problem_id} for r in rows], rows=rows, summary=summary,
                           prompt_template="{problem}", model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64,

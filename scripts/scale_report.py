@@ -56,7 +56,7 @@ def group_report(run: Path, entries: dict[str, dict], show: int) -> dict:
     toks = [r.completion.decode_tokens for r in rows]
     misses, copied, from_self = [], 0, 0
     for r in rows:
-        e = entries.get(r.completion.entry_id or "")
+        e = entries.get(r.completion.retrieval.entry_id if r.completion.retrieval else "")
         entry_answer = str(e["answer"]) if e else None
         if e and e["problem_id"] == r.problem_id:
             from_self += 1

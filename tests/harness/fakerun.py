@@ -75,7 +75,7 @@ def build_fake_run(run_dir: Path, condition: str = "baseline") -> Path:
     summary = Summary.of(
         rows, condition=condition, model="toy-model", dataset="toy", run_dir=str(run_dir), comparable_key=None,
         run_wall_s=2.5, energy_status="unavailable:no NVIDIA GPU and RAPL not readable", energy_j=None,
-        grouped=False,
+        group=None,
     )
     folder.finish(
         config=CONFIG,

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _summary(fakerun: ModuleType, condition: str, decode_scale: int, wall: float) -> Summary:
     s = Summary.of(fakerun.make_rows(condition), condition=condition, model="toy", dataset="toy", run_dir=condition,
                    comparable_key="k", run_wall_s=1.0, energy_status="unavailable:test", energy_j=None,
-                   grouped=False)  # fmt: skip
+                   group=None)  # fmt: skip
     tokens = {**s.tokens, "decode": s.tokens["decode"] // decode_scale}
     return Summary(s.condition, s.model, s.dataset, s.run_dir, s.scores, tokens, {**s.time, "wall_s": wall},
                    s.energy, s.comparable_key)  # fmt: skip
@@ -39,23 +39,46 @@ def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Pa
     assert c["baseline_run"] == "baseline" and c["accuracy_delta"] == 0
 
 
-def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
-    """Nothing but each run's manifest SHA-256, which comparison.json records to bind itself to those runs."""
+def _no_read_back(monkeypatch) -> None:
     def no_read_back(original):
         def read(self, name="", *args, **kwargs):
-            if name == "manifest.json":
-                return original(self, name)
             raise AssertionError(f"the compare job read {self.path} back from disk")
         return read
 
-    for name in ("read_summary", "read_rows", "read_json", "read_jsonl", "read_config", "read_bytes"):
+    for name in ("read_summary", "read_rows", "read_json", "read_jsonl", "read_config", "read_bytes", "read_tracking",
+                 "read_manifest", "read_problems"):
         monkeypatch.setattr(RunFolder, name, no_read_back(getattr(RunFolder, name)))
+
+
+def test_compare_job_with_tracking_reads_nothing_it_wrote(tmp_path: Path, monkeypatch, sqlite_uri: str) -> None:
+    """With MLflow on, each run and the comparison are logged from the records the job holds (harness.tracking:
+    log_run, log_comparison with records and run ids): no run file, summary or tracking.json is read back."""
+    from mlflow import MlflowClient
+
+    _no_read_back(monkeypatch)
+    result = _compare(tmp_path, f"tracking.uri={sqlite_uri}", "tracking.traces=false", "tracking.enabled=true")
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    runs = client.search_runs([client.get_experiment_by_name("kvgraft-aime").experiment_id])
+    [parent] = [r for r in runs if r.data.tags.get("job") == "compare"]
+    nested = {r.data.tags.get("condition") for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert nested == {"baseline", "incontext", "graft", "truncated", "library"}
+    assert parent.data.metrics["truncated_recurring.accuracy"] == result["summaries"]["truncated (recurring)"][
+        "scores"]["accuracy"]  # fmt: skip
+
+
+def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
+    """Not even each run's manifest SHA-256 (comparison.json records it to bind itself to those runs): the job
+    holds every record it wrote (RunFolder.finish returns it)."""
+    _no_read_back(monkeypatch)
     result = compare.main([
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
     ])  # fmt: skip
-    assert list(result["summaries"]) == ["baseline", "incontext (recurring)", "graft (recurring)",
-                                         "incontext (held-out)", "graft (held-out)"]  # fmt: skip
+    planned = ["baseline", "incontext (recurring)", "graft (recurring)", "incontext (held-out)", "graft (held-out)",
+               "truncated (recurring)"]  # configs/compare/graft.yaml, in its order
+    assert list(result["summaries"]) == planned and result["plan"]["runs"] == planned
+    assert result["plan"]["pairs"] == {"recurring": ["graft (recurring)", "incontext (recurring)"],
+                                       "held_out": ["graft (held-out)", "incontext (held-out)"]}  # fmt: skip
     for group in ("recurring", "held_out"):
         p = result["pairs"][group]
         assert (p["identical_rows"], p["differing_rows"], p["differences"]) == (2, 0, []), p
@@ -108,7 +131,7 @@ def test_rescore_of_a_compare_folder_rechecks_the_pairing_and_fails_on_a_tampere
     _edit_first_row(Path(result["runs"]["graft (recurring)"]) / "outputs.jsonl", change)
     assert _rescore(compare_dir) == 1
     out = capsys.readouterr().out
-    assert "graft row differs from its incontext twin: problem_id='kvg-001', sample=0" in out
+    assert "graft (recurring) row differs from its twin incontext (recurring): problem_id='kvg-001', sample=0" in out
     assert ("first_logits_sha256" if tamper == "first_logits_sha256" else "completion token ids") in out
 
 
@@ -121,6 +144,6 @@ def test_a_graft_row_differing_from_its_incontext_twin_fails_the_job_loudly(tmp_
         _compare(tmp_path)
     assert exc.value.code == 1
     err = capsys.readouterr().err
-    assert "graft row(s) differ from their incontext twin" in err and "problem_id='kvg-001', sample=0" in err
+    assert "row(s) differ from their twin" in err and "graft (recurring) problem_id='kvg-001', sample=0" in err
     written = json.loads(next((tmp_path / "runs" / "compare").glob("*/comparison.json")).read_text())
     assert written["pairs"]["recurring"]["differing_rows"] == 2  # written before the job fails

@@ -84,9 +84,13 @@ def test_the_untouched_compare_folder_passes_and_records_each_runs_manifest(job,
     (lambda d: d["pairs"]["held_out"].update(graft_run=d["runs"]["graft (recurring)"]), "pairs.held_out.graft_run"),
     (lambda d: d.pop("run_manifests"), "no 'run_manifests'"),
     (lambda d: d["run_manifests"].update(baseline="0" * 64), "run_manifests.baseline: 0000000000000000.. but"),
+    (lambda d: d["plan"]["pairs"].update(recurring=["truncated (recurring)", "incontext (recurring)"]),
+     "pairs.recurring: truncated (recurring) row differs from its twin incontext (recurring)"),
+    (lambda d: d["plan"]["runs"].remove("truncated (recurring)"), "plan.runs: ['baseline'"),
+    (lambda d: d["summaries"]["truncated (recurring)"]["tokens"].update(prefill=1), "truncated (recurring).tokens"),
 ], ids=["token_reduction", "accuracy_delta", "baseline_accuracy", "pairs_swapped", "graft_runs_swapped",
         "identical_rows", "baseline_accuracy_score", "decode_tokens", "pair_repointed", "no_manifests",
-        "manifest_edited"])  # fmt: skip
+        "manifest_edited", "plan_pair_repointed", "plan_run_dropped", "new_condition_figure"])  # fmt: skip
 def test_each_edit_of_comparison_json_fails_rescore_naming_the_field(job, tmp_path, capsys, edit, named):
     folder = _edited(job, tmp_path, edit)
     assert _rescore(folder) == 1

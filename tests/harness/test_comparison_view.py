@@ -16,10 +16,10 @@ from harness import per_problem
 from harness.comparison import PAIRS, comparison
 from harness.comparison_view import print_comparison
 from harness.pairing import pair
-from harness.record import HELD_OUT, RECURRING, Row, Summary
+from harness.record import Group, Retrieval, Row, Summary
 from harness.run_folder import RunFolder
 
-LABELS = ["baseline", *PAIRS[RECURRING], *PAIRS[HELD_OUT]]
+LABELS = ["baseline", *PAIRS["recurring"], *PAIRS["held_out"]]
 
 
 def _rows(fakerun: ModuleType, label: str) -> list[Row]:
@@ -28,18 +28,20 @@ def _rows(fakerun: ModuleType, label: str) -> list[Row]:
         return rows
     # the graft read entry e-<problem>: its own problem when recurring, toy-2's entry for every held-out row
     held_out = "held-out" in label
-    return [dataclasses.replace(r, group=HELD_OUT if held_out else RECURRING, completion=dataclasses.replace(
-        r.completion, entry_id="e-toy-2" if held_out else f"e-{r.problem_id}", first_logits_sha256="f" * 64))
+    group, entry = (Group.HELD_OUT, "e-toy-2") if held_out else (Group.RECURRING, None)
+    return [dataclasses.replace(r, group=group.value, completion=dataclasses.replace(
+        r.completion, retrieval=Retrieval(entry or f"e-{r.problem_id}", "f" * 64, 1.0, "bm25" if entry else "exact"),
+        first_logits_sha256="f" * 64))
         for r in rows]  # fmt: skip
 
 
 def _result(fakerun: ModuleType, tmp_path: Path, load: float = 0.3) -> tuple[dict, dict[str, list[Row]]]:
     rows = {label: _rows(fakerun, label) for label in LABELS}
-    rows[PAIRS[RECURRING][0]] = [dataclasses.replace(r, completion=dataclasses.replace(r.completion,
-                                 first_logits_sha256="f" * 64)) for r in rows[PAIRS[RECURRING][0]]]  # fmt: skip
+    rows[PAIRS["recurring"][0]] = [dataclasses.replace(r, completion=dataclasses.replace(r.completion,
+                                 first_logits_sha256="f" * 64)) for r in rows[PAIRS["recurring"][0]]]  # fmt: skip
     summaries = {label: Summary.of(rs, condition=label.split(" ")[0], model="toy-model", dataset="toy",
                                    run_dir=label, comparable_key="k", run_wall_s=1.0,
-                                   energy_status="unavailable:no RAPL", energy_j=None, grouped=False)
+                                   energy_status="unavailable:no RAPL", energy_j=None, group=None)
                  for label, rs in rows.items()}  # fmt: skip
     folders = {label: RunFolder(tmp_path / label.replace(" ", "_")) for label in LABELS}
     pairings = {g: pair(rows[PAIRS[g][1]], rows[PAIRS[g][0]]) for g in PAIRS}

@@ -15,7 +15,7 @@ from harness.errors import ConfigError, LibraryError
 from harness.library import build_library, open_library
 from harness.pairing import pair
 from harness.problems import load_problems
-from harness.record import HELD_OUT, RECURRING, Row
+from harness.record import Group, Row
 from kvstore import Determinism, load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,13 +51,17 @@ def _condition(name, cfg, fm, library_cfg=None):
 
 
 def test_the_registry_is_the_one_place_that_knows_condition_names():
-    assert CONDITIONS == {"baseline": Baseline, "graft": Graft, "incontext": InContext}
+    # the three of harness/conditions/__init__.py, then one module per further condition (harness/conditions/*.py)
+    assert {k: CONDITIONS[k] for k in ("baseline", "graft", "incontext")} == {
+        "baseline": Baseline, "graft": Graft, "incontext": InContext}  # fmt: skip
+    modules = {p.stem for p in (REPO / "harness" / "conditions").glob("*.py")} - {"__init__"}
+    assert set(CONDITIONS) == {"baseline", "graft", "incontext", *modules}
     assert all(cls.name == name for name, cls in CONDITIONS.items())
     assert not Baseline.uses_library and Graft.uses_library and InContext.uses_library
 
 
 def test_an_unknown_condition_is_a_config_error_naming_the_choices(cfg, fm):
-    with pytest.raises(ConfigError, match=r"condition='grafted' is not one of \['baseline', 'graft', 'incontext'\]"):
+    with pytest.raises(ConfigError, match=r"condition='grafted' is not one of \['baseline', 'graft', 'incontext'"):
         _condition("grafted", cfg, fm)
 
 
@@ -66,8 +70,8 @@ def test_baseline_completes_the_prompt_alone(cfg, fm, problems):
     c = cond.complete(problems[0], 0)
     assert c.grafted_tokens == 0 and c.prefill_tokens == len(c.context_ids) == len(fm.encode(c.prompt))
     assert problems[0].problem in c.prompt
-    assert 1 <= c.decode_tokens <= 3 and c.match is None and c.artifact_id is None
-    assert cond.group(c) is None
+    assert 1 <= c.decode_tokens <= 3 and c.retrieval is None
+    assert cond.group is None
     again = cond.complete(problems[0], 0)  # greedy on a frozen model: the same completion twice (timing aside)
     assert replace(again, ttft_s=None) == replace(c, ttft_s=None)
 
@@ -77,10 +81,10 @@ def test_graft_recurring_grafts_the_problems_own_entry(cfg, fm, problems, built)
     lib = cond.library
     own = {e.problem_id: e for e in lib.entries}
     c = cond.complete(problems[1], 0)
-    assert c.match == "exact" and c.artifact_id == own[problems[1].id].artifact_id
+    assert c.retrieval.match == "exact" and c.retrieval.artifact_id == own[problems[1].id].artifact_id
     assert c.grafted_tokens == own[problems[1].id].tokens
     assert c.prefill_tokens == len(c.context_ids) - c.grafted_tokens
-    assert cond.group(c) == RECURRING
+    assert cond.group is Group.RECURRING
 
 
 def test_exclude_self_never_returns_the_problem_itself(cfg, fm, problems, built):
@@ -98,8 +102,8 @@ def test_held_out_graft_with_no_retrieval_falls_back_to_the_query_alone(cfg, fm,
     lib_cfg = built.__class__(**{**built.__dict__, "exclude_self": True, "retrieval": "none"})
     cond = _condition("graft", cfg, fm, lib_cfg)
     c = cond.complete(problems[2], 0)
-    assert c.match is None and c.grafted_tokens == 0
-    assert cond.group(c) == HELD_OUT
+    assert c.retrieval is None and c.grafted_tokens == 0
+    assert cond.group is Group.HELD_OUT  # the run's group, whatever retrieval found
 
 
 def test_an_unknown_retrieval_is_refused_when_the_library_is_opened(fm, built):
@@ -111,7 +115,7 @@ def _rows(cond, problems, samples):
     out = []
     for p in problems:
         for c, s in zip(cond.complete_samples(p, samples), samples, strict=True):
-            out.append(Row.scored(p.id, s, cond.name, cond.group(c), c, p.answer, score(c.text, p.answer), wall_s=0.0,
+            out.append(Row.scored(p.id, s, cond.name, cond.group, c, p.answer, score(c.text, p.answer), wall_s=0.0,
                                   cpu_s=0.0, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
     return out
 
@@ -134,7 +138,7 @@ def test_incontext_rows_are_bit_identical_to_graft_rows(tmp_path_factory, proble
     some = problems[:3]
     graft = _rows(_condition("graft", c, fm), some, [0, 1])
     incontext = _rows(_condition("incontext", c, fm), some, [0, 1])
-    assert all(r.completion.match is not None and r.completion.grafted_tokens > 16 for r in graft)
+    assert all(r.completion.retrieval is not None and r.completion.grafted_tokens > 16 for r in graft)
     assert all(r.completion.grafted_tokens == 0 for r in incontext)
     assert [r.completion.prefill_tokens for r in incontext] == [
         r.completion.prefill_tokens + r.completion.grafted_tokens for r in graft]
@@ -222,7 +226,7 @@ def test_graft_rows_on_the_fake_backend_are_their_incontext_twins(fake, problems
     for p in problems[:3]:
         g, i = graft.complete_samples(p, [0, 1]), incontext.complete_samples(p, [0, 1])
         for a, b in zip(g, i, strict=True):
-            assert a.match == "exact" and a.grafted_tokens == b.prefill_tokens - a.prefill_tokens > 0
+            assert a.retrieval.match == "exact" and a.grafted_tokens == b.prefill_tokens - a.prefill_tokens > 0
             assert (a.context_ids, a.token_ids, a.first_logits_sha256, a.text) == (
                 b.context_ids, b.token_ids, b.first_logits_sha256, b.text)
     assert fake.calls["grafts"] == 3  # one graft per problem: the rows share it

@@ -63,7 +63,7 @@ def test_graft_rows_on_llamacpp_are_bit_identical_to_their_incontext_twins(be, p
     for p in problems:
         for s in range(2):
             g, i, b = graft.complete(p, s), incontext.complete(p, s), base.complete(p, s)
-            assert g.match == "exact" and g.grafted_tokens > 0 and i.grafted_tokens == 0
+            assert g.retrieval.match == "exact" and g.grafted_tokens > 0 and i.grafted_tokens == 0
             assert i.prefill_tokens == g.prefill_tokens + g.grafted_tokens
             assert (g.context_ids, g.token_ids, g.first_logits_sha256, g.text, g.stop_reason) == (
                 i.context_ids, i.token_ids, i.first_logits_sha256, i.text, i.stop_reason)

@@ -85,3 +85,9 @@ def test_no_import_cycle_in_harness_or_kvstore():
 
 def test_library_does_not_import_run():
     assert "harness.run" not in import_graph()["harness.library"]
+
+
+def test_the_config_schema_is_a_leaf():
+    """harness/config.py imports no harness module but the exception family and the execution schema."""
+    harness = {m for m in import_graph()["harness.config"] if m.startswith("harness")}
+    assert harness <= {"harness.errors", "harness.execution"}, harness

@@ -27,7 +27,7 @@ def _sweep(root: Path, fakerun: ModuleType) -> Path:
         summary = Summary.of(rows[: 1 + job % 3], condition="baseline", model="toy-model", dataset="toy",
                              run_dir=str(folder.path), comparable_key=None, run_wall_s=1.0 + job,
                              energy_status="measured:rapl" if samples == 2 else "unavailable:no meter",
-                             energy_j=2.5 * tokens if samples == 2 else None, grouped=False)  # fmt: skip
+                             energy_j=2.5 * tokens if samples == 2 else None, group=None)  # fmt: skip
         folder.finish(config=config, problems=fakerun.PROBLEMS, rows=rows[: 1 + job % 3], summary=summary,
                       prompt_template=fakerun.PROMPT_TEMPLATE, model_fingerprint="a" * 64,
                       tokenizer_fingerprint="b" * 64, determinism={}, environment={})  # fmt: skip

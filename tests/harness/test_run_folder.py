@@ -3,6 +3,7 @@ recurring/held-out split is caught; the folder name has one spelling."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import datetime
@@ -15,7 +16,17 @@ from harness.audit import audit
 from harness.config import CONFIG_DIR
 from harness.errors import RunFolderError
 from harness.hashing import write_jsonl
-from harness.record import HELD_OUT, RECURRING, Completion, Row, Summary, group_for
+from harness.record import (
+    Completion,
+    Group,
+    Retrieval,
+    Row,
+    Summary,
+    group_for,
+    group_note,
+    legacy_row_group,
+    run_group,
+)
 from harness.run_folder import MANIFEST, OUTPUTS, PARTIAL, STAMP_FORMAT, RunFolder
 
 # outputs.jsonl keys as harness/RUN_FORMAT.md documents them
@@ -77,22 +88,29 @@ def test_reading_a_damaged_row_names_file_line_and_field(fake_run: Path) -> None
         RunFolder(fake_run).read_rows()
 
 
-def test_group_rule_is_exact_match_means_recurring() -> None:
-    assert group_for("exact") == RECURRING
-    assert group_for("bm25") == HELD_OUT and group_for(None) == HELD_OUT
+def test_one_group_rule_for_the_run_and_its_rows() -> None:
+    assert group_for(False) is Group.RECURRING and group_for(True) is Group.HELD_OUT
+    assert Group.parse("held-out") is Group.HELD_OUT and Group.parse("held_out") is Group.HELD_OUT
+    assert Group.HELD_OUT.label == "held-out" and Group.HELD_OUT.value == "held_out"
+    with pytest.raises(ValueError, match="'held' is not one of recurring, held-out"):
+        Group.parse("held")
+    # folders written before the run's group was recorded: the old per-row rule, for their audit only
+    assert legacy_row_group("exact") is Group.RECURRING and legacy_row_group("bm25") is Group.HELD_OUT
 
 
-def _graft_run(tmp_path: Path, fakerun: ModuleType, *, exclude_self: bool, match: str) -> RunFolder:
-    """A fake graft run folder whose rows all carry `match` and the group the rule gives it."""
+def _graft_run(tmp_path: Path, fakerun: ModuleType, *, exclude_self: bool, match: str | list[str]) -> RunFolder:
+    """A fake graft run folder whose rows carry `match` (one per row, or the same for all) and its run's group."""
     rows = []
-    for r in fakerun.make_rows("graft"):
+    group = group_for(exclude_self)
+    for i, r in enumerate(fakerun.make_rows("graft")):
         c = r.completion
+        m = match if isinstance(match, str) else match[i]
         grafted = Completion(c.prompt, [7, 7, *c.context_ids], c.text, c.token_ids, c.stop_reason, c.prefill_tokens, 2,
-                             c.decode_tokens, entry_id="e1", artifact_id="f" * 64, similarity=1.0, match=match)  # fmt: skip
-        rows.append(Row(r.problem_id, r.sample, "graft", group_for(match), grafted, r.gold, r.extracted, r.answer,
+                             c.decode_tokens, retrieval=Retrieval("e1", "f" * 64, 1.0, m))  # fmt: skip
+        rows.append(Row(r.problem_id, r.sample, "graft", group.value, grafted, r.gold, r.extracted, r.answer,
                         r.correct, r.wall_s, r.cpu_s, r.energy_j, r.energy_status))  # fmt: skip
     summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(tmp_path), comparable_key="k",
-                         run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, grouped=True)  # fmt: skip
+                         run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, group=group)  # fmt: skip
     config = {**fakerun.CONFIG, "library": {"exclude_self": exclude_self}}
     folder = RunFolder(tmp_path / f"graft-{match}-{exclude_self}")
     folder.finish(config=config, problems=fakerun.PROBLEMS, rows=rows, summary=summary, prompt_template="t",
@@ -100,20 +118,30 @@ def _graft_run(tmp_path: Path, fakerun: ModuleType, *, exclude_self: bool, match
     return folder
 
 
+def test_a_recurring_run_whose_library_lacks_a_problem_says_so(tmp_path: Path, fakerun: ModuleType) -> None:
+    folder = _graft_run(tmp_path, fakerun, exclude_self=False, match=["exact", "bm25", "exact"])
+    assert audit(folder).ok, audit(folder).findings
+    s = folder.read_summary()
+    assert s.group == "recurring" and s.own_entry_rows == 2 and set(s.groups or {}) == {"recurring"}
+    assert "1 of 3 rows found no library entry of their own" in (group_note(s) or "")
+    assert run_group(s) is Group.RECURRING
+
+
 def test_a_graft_run_with_groups_audits_clean(tmp_path: Path, fakerun: ModuleType) -> None:
     folder = _graft_run(tmp_path, fakerun, exclude_self=False, match="exact")
     check = audit(folder)
     assert check.ok, check.findings
-    assert set(folder.read_summary().groups or {}) == {RECURRING}
+    assert set(folder.read_summary().groups or {}) == {"recurring"}
+    assert group_note(folder.read_summary()) is None
 
 
 def test_a_row_moved_to_the_other_group_is_caught(tmp_path: Path, fakerun: ModuleType) -> None:
     folder = _graft_run(tmp_path, fakerun, exclude_self=True, match="bm25")
     rows = [json.loads(x) for x in folder.file(OUTPUTS).read_text().splitlines()]
-    rows[0]["group"] = RECURRING
+    rows[0]["group"] = "recurring"
     write_jsonl(folder.file(OUTPUTS), rows)
     findings = audit(folder).findings
-    assert any("line 1" in f and "group 'recurring' but match 'bm25'" in f for f in findings), findings
+    assert any("line 1" in f and "group 'recurring' but the run's group" in f for f in findings), findings
     assert any("groups.held_out" in f or "groups.recurring" in f for f in findings), findings
 
 
@@ -192,3 +220,22 @@ def test_discard_removes_a_folder_without_rows_and_keeps_one_with_rows(tmp_path:
     foreign.begin("k")
     (foreign.path / "notes.txt").write_text("mine")
     assert not foreign.discard() and (foreign.path / "notes.txt").is_file()
+
+
+def test_a_folder_written_before_the_run_group_still_audits_by_the_old_row_rule(tmp_path: Path,
+                                                                                fakerun: ModuleType) -> None:
+    matches = ["exact", "bm25", "exact"]
+    rows = []
+    for r, m in zip(fakerun.make_rows("graft"), matches, strict=True):
+        c = dataclasses.replace(r.completion, retrieval=Retrieval("e1", "f" * 64, 1.0, m))
+        rows.append(dataclasses.replace(r, condition="graft", group=legacy_row_group(m).value, completion=c))
+    summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(tmp_path), comparable_key="k",
+                         run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, group=Group.RECURRING)
+    summary = dataclasses.replace(summary, group=None, own_entry_rows=None)  # as written before they existed
+    folder = RunFolder(tmp_path / "old")
+    folder.finish(config={**fakerun.CONFIG, "library": {"exclude_self": False}}, problems=fakerun.PROBLEMS, rows=rows,
+                  summary=summary, prompt_template="t", model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64,
+                  determinism={}, environment={})  # fmt: skip
+    assert audit(folder).ok, audit(folder).findings
+    assert set(folder.read_summary().groups or {}) == {"recurring", "held_out"}
+    assert run_group(folder.read_summary(), {"library": {"exclude_self": False}}) is Group.RECURRING

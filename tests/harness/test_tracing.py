@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from harness.record import Row
+from harness.record import Retrieval, Row
 from harness.tracing import span_plan
 from harness.tracking import log_run_dir
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("fast_mlflow")
 
 
 def _grafted(row: Row, ttft_s: float | None) -> Row:
-    c = dataclasses.replace(row.completion, grafted_tokens=100, prefill_tokens=7, ttft_s=ttft_s, entry_id="toy-1",
-                            artifact_id="f" * 64, similarity=1.0, match="exact")  # fmt: skip
+    c = dataclasses.replace(row.completion, grafted_tokens=100, prefill_tokens=7, ttft_s=ttft_s,
+                            retrieval=Retrieval("toy-1", "f" * 64, 1.0, "exact"))  # fmt: skip
     return dataclasses.replace(row, condition="graft", group="recurring", completion=c)
 
 

@@ -31,14 +31,16 @@ REPO = Path(__file__).resolve().parents[2]
     (["decoding.max_new_tokens=0"], "decoding.max_new_tokens=0"),
     (["decoding=sample", "decoding.n_samples=0"], "decoding.n_samples=0"),
     (["decoding.batch_size=0"], "decoding.batch_size=0"),
-    (["decoding.strategy=beam"], "decoding.strategy='beam'"),
+    (["decoding.strategy=beam"], "decoding.strategy=beam (Invalid value 'beam', expected one of [greedy, sample])"),
+    (["energy.meter=zeus"], "energy.meter=zeus (Invalid value 'zeus', expected one of [auto, nvml, rapl, none])"),
+    (["library.retrieval=dense"], "library.retrieval=dense (Invalid value 'dense', expected one of [bm25, none])"),
     (["decoding.n_samples=4"], "greedy decoding with n_samples > 1"),
     (["dataset.limit=0"], "dataset.limit=0"),
     (["dataset.limit=-2"], "dataset.limit=-2"),
     (["library.dataset.limit=0"], "library.dataset.limit=0"),
     (["determinism.threads=0"], "determinism.threads=0"),
     (["determinism.prefill_chunk=0"], "determinism.prefill_chunk=0"),
-    (["run.context_overflow=ignore"], "run.context_overflow='ignore'"),
+    (["run.context_overflow=ignore"], "run.context_overflow=ignore (Invalid value 'ignore', expected one of [refuse,"),
 ])  # fmt: skip
 def test_each_out_of_range_value_is_one_line_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as caught:

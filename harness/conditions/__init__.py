@@ -1,5 +1,9 @@
-"""Conditions: how a problem is put to the frozen model. The registry `CONDITIONS` (config name -> class) is
-the only place that knows condition names; `build_condition` makes one from the typed config pieces.
+"""Conditions: how a problem is put to the frozen model. A condition is one class (a subclass of `Baseline`, the
+protocol) with a registry `name`, `uses_library` and, when it has settings of its own, a `Settings` dataclass
+filled from its config's `condition.settings` (configs/condition/<name>.yaml). The registry `CONDITIONS` (config
+name -> class) is every such class in this package: the three below and one module per further condition
+(harness/conditions/<name>.py, found by importing the package's modules), so a new condition is its module, its
+config and its test (docs/extending.md). `build_condition` makes one from the typed config pieces.
 
 baseline   the model alone: prefill the query prompt, decode.
 graft      retrieve a verified library entry, graft its artifact (read from the store, verified) at its own
@@ -25,8 +29,11 @@ run's bits depend on (harness.run.comparable_key), since a batch need not give t
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import pkgutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,7 +44,7 @@ from harness.errors import ConfigError
 from harness.library import Library, Match, open_library
 from harness.problems import Problem
 from harness.prompts import render
-from harness.record import Completion, group_for
+from harness.record import Completion, Group, Retrieval, group_for
 from kvstore import FrozenModel, Prefetcher
 from kvstore.backend import Backend
 from kvstore.backends import as_backend
@@ -54,6 +61,7 @@ class Context:
     grafted: int = 0  # tokens restored from an artifact (graft only)
     match: Match | None = None
     precomputed: int = 0  # tokens make_cache computes fresh (incontext: the entry), counted as prefill
+    extra: dict[str, Any] | None = None  # the condition's own per-row values (Completion.extra)
 
 
 def _completion(ctx: Context, gen: Generation, setup_s: float) -> Completion:
@@ -64,27 +72,32 @@ def _completion(ctx: Context, gen: Generation, setup_s: float) -> Completion:
         grafted_tokens=ctx.grafted,
         decode_tokens=gen.decode_tokens, first_logits_sha256=gen.first_logits_sha256,
         ttft_s=round(setup_s + gen.ttft_s, 6),
-        seed=gen.seed, entry_id=m.entry.entry_id if m else None, artifact_id=m.entry.artifact_id if m else None,
-        similarity=m.similarity if m else None, match=m.kind if m else None,
+        seed=gen.seed, retrieval=Retrieval(m.entry.entry_id, m.entry.artifact_id, m.similarity, m.kind) if m else None,
+        extra=ctx.extra,
     )  # fmt: skip
 
 
 class Baseline:
-    """The frozen model alone."""
+    """The frozen model alone; the protocol every condition follows (module docstring). A subclass overrides
+    `context` (what the model sees before decoding) and, if it reads ahead, `upcoming`/`close`."""
 
     name: ClassVar[str] = "baseline"
-    uses_library: ClassVar[bool] = False  # True: opened with a Library, and its rows fall into groups
+    uses_library: ClassVar[bool] = False  # True: opened with a Library, and its runs (and rows) have a Group
+    Settings: ClassVar[type | None] = None  # a dataclass of the condition's own settings (condition.settings)
 
     def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
         self.fm, self.prompt, self.decoding = fm, prompt, decoding
         self.backend: Backend = as_backend(fm)
+        self.settings: Any = None  # an instance of Settings, set by build_condition
 
     def describe(self) -> dict[str, Any]:
-        return {"condition": self.name}
+        settings = {} if self.settings is None else {"settings": dataclasses.asdict(self.settings)}
+        return {"condition": self.name, **settings}
 
-    def group(self, completion: Completion) -> str | None:
-        """recurring / held_out for conditions with a library (harness.record.group_for), else None."""
-        return group_for(completion.match) if self.uses_library else None
+    @property
+    def group(self) -> Group | None:
+        """The run's group and each of its rows' (harness.record.Group): None without a library."""
+        return None
 
     def context(self, problem: Problem) -> Context:
         """The query prompt alone, prefilled whole."""
@@ -133,6 +146,10 @@ class Graft(Baseline):
         self.prefetch = Prefetcher(library.store, prefetch_bytes) if prefetch_bytes > 0 else None
         self._ahead: dict[str, Match | None] = {}  # problem id -> its retrieval, done once when it was announced
 
+    @property
+    def group(self) -> Group | None:
+        return group_for(self.library.exclude_self)
+
     def upcoming(self, problem: Problem) -> None:
         if self.prefetch is None:
             return
@@ -145,7 +162,7 @@ class Graft(Baseline):
             self.prefetch.close()
 
     def describe(self) -> dict[str, Any]:
-        return {"condition": self.name, "library": self.library.describe()}
+        return {**super().describe(), "library": self.library.describe()}
 
     def _entry(self, problem: Problem):
         """(rendered prompt, match, the entry's snapshot) or None when retrieval found nothing."""
@@ -185,7 +202,22 @@ class InContext(Graft):
         return Context(prompt, context, lambda: self.backend.prefill(entry_ids)[0], 0, match, len(entry_ids))
 
 
-CONDITIONS: dict[str, type[Baseline]] = {"baseline": Baseline, "graft": Graft, "incontext": InContext}
+def _registry() -> dict[str, type[Baseline]]:
+    """Every condition class of this package by name: this module's and each submodule's (imported here)."""
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+    found: dict[str, type[Baseline]] = {}
+    todo: list[type[Baseline]] = [Baseline]
+    while todo:
+        cls = todo.pop(0)
+        todo += cls.__subclasses__()
+        if "name" not in vars(cls):  # a helper subclass that names no condition of its own
+            continue
+        if cls.name in found and found[cls.name] is not cls:
+            raise ConfigError(f"two conditions are named {cls.name!r} ({found[cls.name].__module__}, "
+                              f"{cls.__module__}); rename one (its `name` and configs/condition/<name>.yaml)")
+        found[cls.name] = cls
+    return found
 
 
 def condition_class(name: str) -> type[Baseline]:
@@ -196,6 +228,25 @@ def condition_class(name: str) -> type[Baseline]:
         raise ConfigError(f"condition={name!r} is not one of {sorted(CONDITIONS)} (configs/condition/)") from None
 
 
+def condition_settings(cls: type[Baseline], settings: Mapping[str, Any] | None) -> Any:
+    """`cls.Settings` filled from `condition.settings`; a ConfigError naming the unknown or missing key and the
+    allowed ones. None for a condition without settings (and settings must then be empty)."""
+    given = dict(settings or {})
+    if cls.Settings is None:
+        if given:
+            raise ConfigError(f"condition.settings: {cls.name} takes no settings, got {sorted(given)}; remove them")
+        return None
+    allowed = [f.name for f in dataclasses.fields(cls.Settings)]
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigError(f"condition.settings.{unknown[0]}: not a setting of {cls.name}; allowed: {allowed} "
+                          f"(configs/condition/{cls.name}.yaml)")
+    try:
+        return cls.Settings(**given)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"condition.settings of {cls.name}: {exc} (configs/condition/{cls.name}.yaml)") from None
+
+
 def build_condition(
     name: str,
     fm: FrozenModel | Backend,
@@ -204,10 +255,19 @@ def build_condition(
     library: LibraryConfig,
     project_root: Path,
     build_library_if_missing: bool = False,
+    settings: Mapping[str, Any] | None = None,
 ) -> Baseline:
-    """The condition `name`, built once from the typed config pieces (its library opened if it uses one)."""
+    """The condition `name`, built once from the typed config pieces and its own `settings` (condition.settings);
+    its library opened if it uses one."""
     cls = condition_class(name)
+    own = condition_settings(cls, settings)
     if not cls.uses_library:
-        return cls(fm, prompt, decoding)
-    lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing)
-    return cls(fm, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)
+        cond = cls(fm, prompt, decoding)
+    else:
+        lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing)
+        cond = cls(fm, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)
+    cond.settings = own
+    return cond
+
+
+CONDITIONS: dict[str, type[Baseline]] = _registry()
