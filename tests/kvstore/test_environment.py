@@ -157,7 +157,8 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_enter_profile_sets_the_variables_before_torch_starts_in_a_fresh_process():
     code = (
         "import json, os\n"
-        "from kvstore.environment import enter_profile\n"  # imports torch: enter_profile re-executes
+        "import torch\n"  # torch already started (kvstore imports lazily, so import it here): enter_profile re-executes
+        "from kvstore.environment import enter_profile\n"
         "enter_profile('portable')\n"
         "import torch\n"
         "from kvstore import Determinism, environment_fingerprint\n"
@@ -184,3 +185,21 @@ def test_variables_set_after_torch_was_imported_are_refused():
     )
     r = _python(code)
     assert r.returncode != 0 and "was set after torch was imported" in r.stderr, r.stderr
+
+
+def test_enter_profile_before_torch_sets_the_variables_without_re_executing():
+    code = (
+        "import json, os, sys\n"
+        "from kvstore.environment import enter_profile\n"  # light: kvstore imports lazily, torch not started
+        "assert 'torch' not in sys.modules\n"
+        "enter_profile('portable')\n"
+        "from kvstore import environment_fingerprint\n"
+        "e = environment_fingerprint()\n"
+        "print(json.dumps({k: e[k] for k in ('aten_cpu_capability', 'mkl_cbwr', 'onednn_max_cpu_isa')}))\n"
+        "print(json.dumps(bool(os.environ.get('KVGRAFT_PROFILE_REEXEC'))))\n"
+    )
+    r = _python(code)
+    assert r.returncode == 0, r.stderr
+    env, reexec = (json.loads(x) for x in r.stdout.strip().splitlines()[-2:])
+    assert env == {"aten_cpu_capability": "AVX2", "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2"}
+    assert reexec is False
