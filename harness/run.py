@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import os
 import signal
 import sys
 import time
@@ -53,7 +54,8 @@ __all__ = [
     "check_condition", "comparable_key", "fit_context", "load_model", "print_summary", "resume_key", "run", "run_rows",
 ]  # fmt: skip
 
-console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get full tables
+# logs and pipes get full tables (140 columns) unless COLUMNS says how wide the reader is
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
              "in another compute environment through")
 
