@@ -96,9 +96,9 @@ setup-ray: setup
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[ray]'
 	$(PY) -m pip install --quiet -c constraints.txt --no-deps hydra-ray-launcher==1.2.2
 
-# Verified restore of one artifact from S3 (a local SeaweedFS) vs from the local store (scripts/bench_scaleout.py)
+# Verified restore of one artifact from S3 (a local SeaweedFS) vs from the local store (scripts/bench/scaleout.py)
 bench-scaleout: setup-s3
-	$(PY) scripts/bench_scaleout.py --out runs/bench $(ARGS)
+	$(PY) scripts/bench/scaleout.py --out runs/bench $(ARGS)
 
 verify-graft: setup
 	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)

@@ -47,31 +47,11 @@ DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (t
 # key and the allowed values (`compose_config` turns it into a ConfigError). StrEnum members equal their strings,
 # so comparisons, JSON (comparable_key, resume key, manifest) and config.yaml read and hash exactly as before;
 # member names are the values, so OmegaConf writes them unchanged.
-class Strategy(StrEnum):
-    greedy = "greedy"
-    sample = "sample"
-
-
-class LibrarySource(StrEnum):
-    dataset = "dataset"
-    harvest = "harvest"
-
-
-class Retrieval(StrEnum):
-    bm25 = "bm25"
-    none = "none"
-
-
-class Meter(StrEnum):
-    auto = "auto"
-    nvml = "nvml"
-    rapl = "rapl"
-    none = "none"
-
-
-class ContextOverflow(StrEnum):
-    refuse = "refuse"
-    truncate = "truncate"
+Strategy = StrEnum("Strategy", "greedy sample")  # StrEnum's functional form: each member's value is its name
+LibrarySource = StrEnum("LibrarySource", "dataset harvest")
+Retrieval = StrEnum("Retrieval", "bm25 none")
+Meter = StrEnum("Meter", "auto nvml rapl none")
+ContextOverflow = StrEnum("ContextOverflow", "refuse truncate")
 
 
 @dataclass

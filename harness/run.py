@@ -166,19 +166,13 @@ def fit_context(problems: list[Problem], fm: FrozenModel | Backend, c: Config) -
     return out
 
 
-def run(
-    cfg: DictConfig,
-    folder: RunFolder | str | Path | None = None,
-    fm: FrozenModel | Backend | None = None,
-    progress: bool = True,
-    build_library_if_missing: bool = False,
-    resume_from: str | Path | None = None,
-) -> tuple[RunFolder, Summary]:
+def run(cfg: DictConfig, *args: Any, **kwargs: Any) -> tuple[RunFolder, Summary]:
     """Run the configured condition over the configured problems, write the run folder (a new one under
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
     An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
-    the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/)."""
-    finished, _ = run_rows(cfg, folder, fm, progress, build_library_if_missing, resume_from)
+    the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/). The arguments
+    are `run_rows`'s: folder, fm, progress, build_library_if_missing, resume_from."""
+    finished, _ = run_rows(cfg, *args, **kwargs)
     return finished.folder, finished.summary
 
 

@@ -94,16 +94,9 @@ def _tracking_settings(config: dict[str, Any]) -> dict[str, Any]:
             "timeout_s": int(t.get("http_timeout_s", 10))}  # fmt: skip
 
 
-def log_run_dir(
-    run_dir: Path,
-    *,
-    tracking_uri: str,
-    experiment: str,
-    run_name: str | None = None,
-    extra_tags: dict[str, Any] | None = None,
-    traces: bool | None = None,
-) -> str:
+def log_run_dir(run_dir: Path, **options: Any) -> str:
     """Log a complete run folder to MLflow (module docstring), write ``tracking.json`` into it, return the run id.
+    `options` are `log_run`'s keywords: tracking_uri, experiment (required), run_name, extra_tags, traces.
 
     `traces` defaults to the run's ``tracking.traces`` (on when absent). Raises :class:`TrackingError` when a
     run file is missing or unreadable, or an http(s) server is unreachable; other MLflow errors propagate
@@ -114,8 +107,7 @@ def log_run_dir(
         run = RunFolder(Path(run_dir).resolve()).finished()
     except RunFolderError as exc:
         raise TrackingError(f"{exc} (log_run_dir needs a complete run folder)") from exc
-    return log_run(run, tracking_uri=tracking_uri, experiment=experiment, run_name=run_name, extra_tags=extra_tags,
-                   traces=traces)
+    return log_run(run, **options)
 
 
 def log_run(

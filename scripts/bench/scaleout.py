@@ -3,9 +3,9 @@ Ray's per-call overhead (an actor round trip) vs an in-process call, and Ray's p
 problems run by the harness in this process (execution=local) and on one Ray actor (execution=ray
 execution.workers=1), per-problem wall (the rows' wall_s: what the run loop waited for each problem) compared.
 
-    python scripts/bench_scaleout.py --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
-    python scripts/bench_scaleout.py --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
-    python scripts/bench_scaleout.py --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
+    python scripts/bench/scaleout.py --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
+    python scripts/bench/scaleout.py --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
+    python scripts/bench/scaleout.py --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
 
 Restore = `store.get(id)` (read, every byte hashed to the id, parsed) + `graft_snapshot` into a fresh cache,
 timed `--repeats` times, median reported, for a LocalStore folder and an S3Store on a SeaweedFS server started
@@ -20,17 +20,13 @@ Writes <out>/scaleout.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments import cpu_name  # noqa: E402
+from common import cpu_name, write_summary  # noqa: E402  (puts the repository on sys.path)
 
 from kvstore import LocalStore, deposit_tokens, graft_snapshot, load_frozen_model, logits_sha256  # noqa: E402
 from kvstore.local_s3 import LocalS3  # noqa: E402
@@ -131,10 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {"cpu": cpu_name(), "cores": os.cpu_count(), "model": a.model, "loadavg_before": os.getloadavg()}
         result["ray_problems"] = _print_problems(bench_ray_problems(a.model, a.problems, a.problem_tokens))
         result["loadavg_after"] = os.getloadavg()
-        (out / "scaleout_problems.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {out / 'scaleout_problems.json'} ({result['cpu']}, {result['cores']} cores, load average "
-              f"{result['loadavg_before'][0]:.1f} before, {result['loadavg_after'][0]:.1f} after)")
-        return 0
+        return _write(out / "scaleout_problems.json", result, f"{result['loadavg_before'][0]:.1f} before, "
+                      f"{result['loadavg_after'][0]:.1f} after")
 
     fm = load_frozen_model(a.model)
     vocab = fm.model.config.vocab_size
@@ -166,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['in_process_call_s'] * 1e6:.3f} us per call")
         result["ray_problems"] = _print_problems(bench_ray_problems(a.model, a.problems, a.problem_tokens))
     result["loadavg"] = os.getloadavg()
-    (out / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out / 'scaleout.json'} ({result['cpu']}, {result['cores']} cores, load average "
-          f"{result['loadavg'][0]:.1f})")
+    return _write(out / "scaleout.json", result, f"{result['loadavg'][0]:.1f}")
+
+
+def _write(path: Path, result: dict, load: str) -> int:
+    write_summary(path, result)
+    print(f"wrote {path} ({result['cpu']}, {result['cores']} cores, load average {load})")
     return 0
 
 
