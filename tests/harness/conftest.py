@@ -72,3 +72,32 @@ def fast_mlflow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def _deposit_library(be, problems, root: Path, entry_text, name: str):
+    """A library of `problems` deposited by backend `be` (artifacts in a LocalStore under root/store, index and
+    manifest under root/lib); `entry_text(problem)` is each entry's text."""
+    from harness.hashing import sha256_json, write_json, write_jsonl
+    from harness.library import Entry, Library
+    from kvstore import LocalStore
+
+    store = LocalStore(root / "store")
+    rows = []
+    for p in problems:
+        ids = be.encode(entry_text(p))
+        state, _ = be.prefill(ids)
+        rows.append(Entry(entry_id=p.id[-8:], problem_id=p.id, problem_fingerprint=p.fingerprint, problem=p.problem,
+                          answer=p.answer, artifact_id=str(store.put(be.capture(state, ids))), tokens=len(ids),
+                          origin="test", verification={}).to_row())
+    manifest = {"name": name, "version": 1, "entries": {r["entry_id"]: sha256_json(r) for r in rows}}
+    manifest["manifest_sha256"] = sha256_json(manifest)
+    (root / "lib").mkdir()
+    write_jsonl(root / "lib" / "index.jsonl", rows)
+    write_json(root / "lib" / "manifest.json", manifest)
+    return Library(root / "lib", store)
+
+
+@pytest.fixture(scope="session")
+def deposit_library():
+    """`deposit_library(be, problems, root, entry_text, name)`: a library deposited by a backend (conftest)."""
+    return _deposit_library

@@ -180,30 +180,12 @@ def test_prefetched_artifacts_give_the_same_completions_as_direct_reads(cfg, fm,
 
 # ---- the conditions on the scripted fake backend (kvstore.backends.fake): plumbing without model weights ----
 from harness.config import DecodingConfig, PromptConfig  # noqa: E402
-from harness.hashing import sha256_json, write_json, write_jsonl  # noqa: E402
-from harness.library import Entry, Library  # noqa: E402
-from kvstore import LocalStore  # noqa: E402
 from kvstore.backends.fake import FakeBackend  # noqa: E402
 from kvstore.errors import IncompatibleError  # noqa: E402
 
 
-def _fake_library(be, problems, root):
-    """A library of `problems` deposited by the fake backend: artifacts in a LocalStore, index + manifest."""
-    store = LocalStore(root / "store")
-    rows = []
-    for p in problems:
-        ids = be.encode(f"Problem: {p.problem}\nSolution: the answer is {p.answer}.\n\n")
-        state, _ = be.prefill(ids)
-        aid = str(store.put(be.capture(state, ids)))
-        rows.append(Entry(entry_id=p.id[-8:], problem_id=p.id, problem_fingerprint=p.fingerprint, problem=p.problem,
-                          answer=p.answer, artifact_id=aid, tokens=len(ids), origin="test",
-                          verification={}).to_row())
-    manifest = {"name": "fake", "version": 1, "entries": {r["entry_id"]: sha256_json(r) for r in rows}}
-    manifest["manifest_sha256"] = sha256_json(manifest)
-    (root / "lib").mkdir()
-    write_jsonl(root / "lib" / "index.jsonl", rows)
-    write_json(root / "lib" / "manifest.json", manifest)
-    return Library(root / "lib", store)
+def _fake_entry(p):
+    return f"Problem: {p.problem}\nSolution: the answer is {p.answer}.\n\n"
 
 
 @pytest.fixture()
@@ -219,8 +201,8 @@ def test_baseline_on_the_fake_backend_prompts_decodes_and_stops(fake, problems):
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "sample"])
-def test_graft_rows_on_the_fake_backend_are_their_incontext_twins(fake, problems, tmp_path, strategy):
-    lib = _fake_library(fake, problems[:3], tmp_path)
+def test_graft_rows_on_the_fake_backend_are_their_incontext_twins(fake, problems, tmp_path, strategy, deposit_library):
+    lib = deposit_library(fake, problems[:3], tmp_path, _fake_entry, "fake")
     d = DecodingConfig(strategy=strategy, max_new_tokens=8, n_samples=2, temperature=1.0, top_p=1.0)
     graft, incontext = Graft(fake, PromptConfig(), d, lib), InContext(fake, PromptConfig(), d, lib)
     for p in problems[:3]:
@@ -232,8 +214,9 @@ def test_graft_rows_on_the_fake_backend_are_their_incontext_twins(fake, problems
     assert fake.calls["grafts"] == 3  # one graft per problem: the rows share it
 
 
-def test_graft_on_the_fake_backend_refuses_an_artifact_of_another_backend(problems, tmp_path):
-    lib = _fake_library(FakeBackend({"x": "y"}), problems[:1], tmp_path)  # another script: another fingerprint
+def test_graft_on_the_fake_backend_refuses_an_artifact_of_another_backend(problems, tmp_path, deposit_library):
+    # another script: another fingerprint
+    lib = deposit_library(FakeBackend({"x": "y"}), problems[:1], tmp_path, _fake_entry, "fake")
     cond = Graft(FakeBackend({"x": "z"}), PromptConfig(), DecodingConfig(max_new_tokens=2), lib)
     with pytest.raises(IncompatibleError, match="model fingerprint .* differs from the fake backend's"):
         cond.complete(problems[0], 0)

@@ -13,10 +13,8 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make
 from harness.conditions import Baseline, Graft, InContext  # noqa: E402
 from harness.config import DecodingConfig, PromptConfig  # noqa: E402
 from harness.errors import ConfigError, HarnessError  # noqa: E402
-from harness.hashing import sha256_json, write_json, write_jsonl  # noqa: E402
-from harness.library import Entry, Library  # noqa: E402
 from harness.problems import load_problems  # noqa: E402
-from kvstore import KVStoreError, LocalStore  # noqa: E402
+from kvstore import KVStoreError  # noqa: E402
 from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -36,23 +34,11 @@ def problems():
 
 
 @pytest.fixture(scope="module")
-def library(be, problems, tmp_path_factory):
+def library(be, problems, tmp_path_factory, deposit_library):
     """A library of the problems' own solutions deposited by this backend (artifacts in a LocalStore)."""
-    root = tmp_path_factory.mktemp("llamacpp-library")
-    store = LocalStore(root / "store")
-    rows = []
-    for p in problems:
-        ids = be.encode(f"Problem: {p.problem}\nSolution: {p.solution}\nFinal answer: {p.answer}\n\n")
-        state, _ = be.prefill(ids)
-        rows.append(Entry(entry_id=p.id[-8:], problem_id=p.id, problem_fingerprint=p.fingerprint, problem=p.problem,
-                          answer=p.answer, artifact_id=str(store.put(be.capture(state, ids))), tokens=len(ids),
-                          origin="test", verification={}).to_row())
-    manifest = {"name": "llamacpp-test", "version": 1, "entries": {r["entry_id"]: sha256_json(r) for r in rows}}
-    manifest["manifest_sha256"] = sha256_json(manifest)
-    (root / "lib").mkdir()
-    write_jsonl(root / "lib" / "index.jsonl", rows)
-    write_json(root / "lib" / "manifest.json", manifest)
-    return Library(root / "lib", store)
+    return deposit_library(be, problems, tmp_path_factory.mktemp("llamacpp-library"),
+                           lambda p: f"Problem: {p.problem}\nSolution: {p.solution}\nFinal answer: {p.answer}\n\n",
+                           "llamacpp-test")
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "sample"])
