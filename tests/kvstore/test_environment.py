@@ -154,23 +154,31 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
                           env={**base, **env}, timeout=300)
 
 
-def test_enter_profile_sets_the_variables_before_torch_starts_in_a_fresh_process():
+def _profile_probe(torch_first: bool) -> tuple[dict, dict, bool]:
+    """In a fresh process: enter_profile('portable') (after importing torch when `torch_first`: it re-executes),
+    then the environment fingerprint's kernel fields, the variables the process started with, and whether it was
+    re-executed."""
     code = (
-        "import json, os\n"
-        "import torch\n"  # torch already started (kvstore imports lazily, so import it here): enter_profile re-executes
-        "from kvstore.environment import enter_profile\n"
+        "import json, os, sys\n"
+        + ("import torch\n" if torch_first else "assert 'torch' not in sys.modules\n")  # kvstore imports lazily
+        + "from kvstore.environment import enter_profile\n"
         "enter_profile('portable')\n"
-        "import torch\n"
         "from kvstore import Determinism, environment_fingerprint\n"
         "Determinism(profile='portable').apply()\n"
         "e = environment_fingerprint()\n"
         "print(json.dumps({k: e[k] for k in ('aten_cpu_capability', 'mkl_cbwr', 'onednn_max_cpu_isa', 'profile')}))\n"
         "start = dict(x.split('=', 1) for x in open('/proc/self/environ').read().split('\\0') if '=' in x)\n"
         "print(json.dumps({v: start.get(v) for v in ('ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'ONEDNN_MAX_CPU_ISA')}))\n"
+        "print(json.dumps(bool(os.environ.get('KVGRAFT_PROFILE_REEXEC'))))\n"
     )
     r = _python(code)
     assert r.returncode == 0, r.stderr
-    env, start = (json.loads(x) for x in r.stdout.strip().splitlines()[-2:])
+    env, start, reexec = (json.loads(x) for x in r.stdout.strip().splitlines()[-3:])
+    return env, start, reexec
+
+
+def test_enter_profile_sets_the_variables_before_torch_starts_in_a_fresh_process():
+    env, start, _ = _profile_probe(torch_first=True)
     assert env == {"aten_cpu_capability": "AVX2", "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2",
                    "profile": "portable"}
     assert start == PROFILES["portable"]  # in force from the start of the process that ran the model
@@ -188,18 +196,7 @@ def test_variables_set_after_torch_was_imported_are_refused():
 
 
 def test_enter_profile_before_torch_sets_the_variables_without_re_executing():
-    code = (
-        "import json, os, sys\n"
-        "from kvstore.environment import enter_profile\n"  # light: kvstore imports lazily, torch not started
-        "assert 'torch' not in sys.modules\n"
-        "enter_profile('portable')\n"
-        "from kvstore import environment_fingerprint\n"
-        "e = environment_fingerprint()\n"
-        "print(json.dumps({k: e[k] for k in ('aten_cpu_capability', 'mkl_cbwr', 'onednn_max_cpu_isa')}))\n"
-        "print(json.dumps(bool(os.environ.get('KVGRAFT_PROFILE_REEXEC'))))\n"
-    )
-    r = _python(code)
-    assert r.returncode == 0, r.stderr
-    env, reexec = (json.loads(x) for x in r.stdout.strip().splitlines()[-2:])
+    env, _, reexec = _profile_probe(torch_first=False)
+    env.pop("profile")
     assert env == {"aten_cpu_capability": "AVX2", "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2"}
     assert reexec is False
