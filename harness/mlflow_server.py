@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from harness.errors import TrackingError
-from kvstore.local_s3 import die_with_parent
+from kvstore.processes import die_with_parent, stop_process_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,16 +82,7 @@ class MlflowServer:
 
     def stop(self) -> None:
         """SIGTERM the server's process group (uvicorn and its workers), SIGKILL after 15 s. Idempotent."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(15)
-        except ProcessLookupError:
-            pass
+        stop_process_group(self.proc, 15)
 
     def __enter__(self) -> MlflowServer:
         return self.start()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 from kvstore.errors import StoreUnavailableError
+from kvstore.processes import die_with_parent, stop_process_group
 
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port",
@@ -51,17 +51,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def die_with_parent() -> None:
-    """In a child before exec: ask Linux to SIGTERM it when its parent dies (PR_SET_PDEATHSIG), so a server
-    started by a test or benchmark that is killed does not outlive it. A no-op elsewhere."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class LocalS3:
@@ -124,14 +113,7 @@ class LocalS3:
 
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL after 10 s. Idempotent."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        stop_process_group(self.proc, 10)
 
     def __enter__(self) -> LocalS3:
         return self.start()
