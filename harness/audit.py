@@ -7,8 +7,9 @@ engine. Building the manifest is harness/manifest.py; the folder's layout is har
     check = audit(RunFolder("runs/baseline/<stamp>"))
     assert check.ok, check.findings     # each finding names the file, row (line, problem id, sample) or field
 
-Length: ~410 lines: one check per manifest field, kept in one place so a reader sees every re-check the
-rescore makes; the compare-folder audit is in harness/comparison.py.
+Length: ~430 lines: one check per manifest field, kept in one place so a reader sees every re-check the
+rescore makes; the compare-folder audit is in harness/comparison_audit.py. It reads the files as JSON, not as
+the typed records (harness.record, harness.figures): a damaged or edited file must still be diffed field by field.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any
 
 from harness.answers import score
 from harness.errors import RunFolderError
+from harness.figures import TOKEN_KINDS
 from harness.hashing import sha256_hex, sha256_json
 from harness.manifest import MANIFEST_FORMAT, completion_sha256, token_ids_sha256
 from harness.metrics import summarize_groups, summarize_scores
-from harness.record import STOP_REASONS, SUMMARY_FORMAT, TOKEN_KINDS, Group, legacy_row_group
+from harness.record import STOP_REASONS, SUMMARY_FORMAT, Group, legacy_row_group
 from harness.run_folder import CONFIG, MANIFEST, OUTPUTS, PROBLEMS, SUMMARY, RunFolder
 
 __all__ = ["RunCheck", "audit", "diff_values"]

@@ -10,7 +10,7 @@ in-context control vs the matching baseline, recurring and held-out, and any fur
 3. runs every other listed run in order, each with its condition's config (configs/condition/<name>.yaml) and,
    for a library condition, its group: recurring (library.exclude_self=false: the library may hold the evaluated
    problem) or held-out (exclude_self=true: the evaluated problem never reaches the context);
-4. computes the comparison in memory from the Summaries (harness.comparison.Plan: labels, order, pairs) and
+4. computes the comparison in memory from the Summaries (harness.comparison_plan.Plan: labels, order, pairs) and
    pairs every row of each `identical` pair with its twin
    (harness/pairing.py: same completion token ids and first-logits SHA-256), prints it (harness/comparison_view.py:
    narrow tables below 150 columns, the misses, a warning when the load average exceeded the cores), and writes it
@@ -21,13 +21,14 @@ in-context control vs the matching baseline, recurring and held-out, and any fur
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
 `make rescore RUN=runs/compare/<stamp>` re-audits every run it lists, checks they are the runs it was made from,
-re-pairs them and recomputes every figure (harness.comparison.audit_comparison).
+re-pairs them and recomputes every figure (harness.comparison_audit.audit_comparison).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import sys
 import time
@@ -40,7 +41,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import comparison_view, per_problem
 from harness.audit import audit
-from harness.comparison import Plan, comparison
+from harness.comparison import Comparison, JobLoad, LibraryRecord, RunLoad, comparison
+from harness.comparison_plan import Plan
 from harness.conditions import Baseline, condition_class
 from harness.config import compose_config, load_model, typed
 from harness.errors import ConfigError, HarnessError, PairingError, RunFolderError, exit_on_error
@@ -112,7 +114,7 @@ def _run_config(argv: list[str], cfg: DictConfig, condition: str, group: Any) ->
     return run_cfg if group is None else _with(run_cfg, library__exclude_self=group.value == "held_out")
 
 
-def print_comparison(title: str, result: dict[str, Any], misses: list[str] | None = None,
+def print_comparison(title: str, result: Comparison, misses: list[str] | None = None,
                      reprint: str | None = None) -> None:
     """Print the comparison to the terminal (harness/comparison_view.py: narrow tables below 150 columns)."""
     comparison_view.print_comparison(title, result, misses=misses or (), console=console, reprint=reprint)
@@ -125,12 +127,12 @@ def comparison_title(summary: Summary, config: Any) -> str:
             f"batch_size={d.batch_size}")
 
 
-def _load() -> dict[str, Any]:
-    one, five, _ = os.getloadavg()
-    return {"one": round(one, 2), "five": round(five, 2)}
+def _load() -> float:
+    """The 1-minute load average, rounded."""
+    return round(os.getloadavg()[0], 2)
 
 
-def _library_record(lib: Any, seconds: float, built: bool, started_at: float) -> dict[str, Any]:
+def _library_record(lib: Any, seconds: float, built: bool, started_at: float) -> LibraryRecord:
     """What comparison.json records of the library: which, how big, and how long this job spent opening or
     building it (the job's own time; MLflow logs it as a nested run)."""
     m = lib.manifest
@@ -138,9 +140,9 @@ def _library_record(lib: Any, seconds: float, built: bool, started_at: float) ->
     for e in lib.entries:
         with contextlib.suppress(Exception):  # a missing artifact is the graft's error to raise, not this record's
             size += lib.store.info(e.artifact_id).size
-    return {"name": m.get("name"), "version": m.get("version"), "path": str(lib.path), "entries": len(lib.entries),
-            "tokens": m.get("tokens_total"), "bytes": size, "built": built, "seconds": round(seconds, 3),
-            "started_at": started_at, "manifest_sha256": m.get("manifest_sha256")}  # fmt: skip
+    return LibraryRecord(name=m.get("name"), version=m.get("version"), path=str(lib.path), entries=len(lib.entries),
+                         tokens=m.get("tokens_total"), bytes=size, built=built, seconds=round(seconds, 3),
+                         started_at=started_at, manifest_sha256=m.get("manifest_sha256"))  # fmt: skip
 
 
 def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
 
 
 @exit_on_error
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> Comparison:
     """Run the compare job with Hydra overrides `argv` (default: the command line); return the comparison."""
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg = compose_config(argv)
@@ -182,14 +184,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     uri = c.tracking.uri or default_tracking_uri(runs.resolve())
     records: dict[str, FinishedRun] = {}
     run_ids: dict[str, str | None] = {}
-    load: dict[str, Any] = {"cores": os.cpu_count(), "runs": {}}
+    loads: dict[str, RunLoad] = {}
     base = plan.baseline
     found = find_baseline(runs, key, condition=base, say=lambda why: console.print(f"[yellow]{why}[/]"))
     if found is None:
         console.print(f"[bold]no matching {base} run that re-scores: running the {base} first[/]")
         start = _load()
         records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), fm=fm)
-        load["runs"][base] = {"start": start["one"], "end": _load()["one"]}
+        loads[base] = RunLoad(start, _load())
     else:
         console.print(f"matching {base} run: {found.path}")  # an earlier job's record: read, not recomputed
         records[base] = found.finished()
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         records[run.label], run_ids[run.label] = run_rows(
             _run_config(argv, cfg, run.condition, run.group),
             RunFolder.new(runs, run.condition, run.group.value if run.group else None), fm=fm)
-        load["runs"][run.label] = {"start": start["one"], "end": _load()["one"]}
+        loads[run.label] = RunLoad(start, _load())
     folders = {k: r.folder for k, r in records.items()}
     summaries = {k: r.summary for k, r in records.items()}
     all_rows = {k: r.rows for k, r in records.items()}
@@ -213,13 +215,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # the manifest SHA-256 of each run binds comparison.json to exactly these runs (make rescore checks it)
     manifests = {label: r.manifest["manifest_sha256"] for label, r in records.items()}
-    result = {**comparison(key, folders, summaries, pairings, manifests, plan), "load": load, "library": library}
+    result = dataclasses.replace(comparison(key, folders, summaries, pairings, manifests, plan),
+                                 load=JobLoad(os.cpu_count(), loads), library=library)
     table = per_problem.per_problem({k: all_rows[k] for k in folders if k in all_rows},
                                     per_problem.entry_answers(lib.entries), plan)  # fmt: skip
     out = claim(runs / "compare", stamp()) / "comparison.json"  # created exclusively: never shared with another job
     print_comparison(comparison_title(summaries[base], c), result, per_problem.misses(table, plan),
                      reprint=f"python scripts/show_comparison.py {out.parent}")
-    write_json(out, result)
+    write_json(out, result.to_json())
     write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
     if c.tracking.enabled:
         try:

@@ -5,7 +5,7 @@ is identical to its in-context twin; and the misses among them, one line each, f
     table = per_problem(rows_by_label, entries, plan)   # rows: label -> Row list; entries: library; the Plan
     misses(table, plan)                                 # ["held-out toy-2#0: gold 9 | graft 32, read toy-7 ..."]
 
-The pairs are the plan's (harness.comparison.Plan: each `identical` pair, named by its group); without a plan,
+The pairs are the plan's (harness.comparison_plan.Plan: each `identical` pair, named by its group); without a plan,
 the legacy one (Plan.legacy).
 
 Written by the compare job as ``per_problem.json`` beside ``comparison.json`` (``{"rows": [...]}``)
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.comparison import Plan
+from harness.comparison_plan import Plan
 from harness.record import Group, Row
 
 __all__ = ["PER_PROBLEM", "TABLE_FILE", "column_name", "columns_of", "entry_answers", "misses", "per_problem"]

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.comparison import Comparison
 from harness.hashing import atomic_write_bytes
 from harness.record import Row
 
@@ -52,20 +53,17 @@ def accuracy_plot(path: Path, labels: Sequence[str], acc: Sequence[float], low: 
     return _save(plt, fig, path)
 
 
-def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: dict[str, Any], out_dir: Path) -> list[Path]:
+def comparison_plots(rows: Mapping[str, Sequence[Row]], comparison: Comparison, out_dir: Path) -> list[Path]:
     """The compare job's plots, written into `out_dir`: ``accuracy.png`` (accuracy with 95% intervals per
     condition, from comparison.json), ``decode_tokens.png`` (decode tokens per problem and sample, one bar per
     condition) and ``ttft.png`` (time to first token per condition; a note when no row recorded it)."""
     plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
-    summaries = comparison.get("summaries") or {}
-    labels = list(summaries)
-    scores = [summaries[k].get("scores") or {} for k in labels]
-    acc = [float(s.get("accuracy", math.nan)) for s in scores]
-    paths = [accuracy_plot(out_dir / "accuracy.png", labels, acc,
-                            [float(s.get("accuracy_ci_low", a)) for s, a in zip(scores, acc, strict=True)],
-                            [float(s.get("accuracy_ci_high", a)) for s, a in zip(scores, acc, strict=True)],
-                            "accuracy per condition")]  # fmt: skip
+    labels = list(comparison.summaries)
+    scores = [comparison.summaries[k].scores for k in labels]
+    paths = [accuracy_plot(out_dir / "accuracy.png", labels, [s.accuracy for s in scores],
+                           [s.accuracy_ci_low for s in scores], [s.accuracy_ci_high for s in scores],
+                           "accuracy per condition")]  # fmt: skip
 
     keys = sorted({(r.problem_id, r.sample) for rs in rows.values() for r in rs})
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(keys) * max(1, len(rows))), 4))

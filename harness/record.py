@@ -16,10 +16,9 @@ from enum import StrEnum
 from typing import Any
 
 from harness.answers import Score
-from harness.metrics import summarize_groups, summarize_scores
+from harness.figures import Energy, GroupScores, Scores, Times, Tokens
 
 SUMMARY_FORMAT = "kvgraft-summary/1"
-TOKEN_KINDS = ("prompt", "prefill", "grafted", "decode")
 STOP_REASONS = ("eos", "stop", "length")  # harness.decode: end of sequence, a stop string, the token budget
 
 
@@ -173,22 +172,6 @@ def _retrieval_json(r: Retrieval | None) -> dict[str, Any]:
             "similarity": r.similarity if r else None, "match": r.match if r else None}  # fmt: skip
 
 
-def totals(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
-    """Token and time totals over rows: {"tokens": {prompt, prefill, grafted, decode},
-    "time": {wall_s, cpu_s, ttft_s}}."""
-    per_kind = {
-        "prompt": lambda r: len(r.completion.context_ids),
-        "prefill": lambda r: r.completion.prefill_tokens,
-        "grafted": lambda r: r.completion.grafted_tokens,
-        "decode": lambda r: r.completion.decode_tokens,
-    }
-    return {
-        "tokens": {k: sum(per_kind[k](r) for r in rows) for k in TOKEN_KINDS},
-        "time": {"wall_s": sum(r.wall_s for r in rows), "cpu_s": sum(r.cpu_s for r in rows),
-                 "ttft_s": sum(r.completion.ttft_s or 0.0 for r in rows)},
-    }
-
-
 @dataclass(frozen=True)
 class Summary:
     """summary.json: run-level figures, all derived from the rows except run_wall_s and the run's energy."""
@@ -197,12 +180,12 @@ class Summary:
     model: str
     dataset: str
     run_dir: str
-    scores: dict[str, Any]
-    tokens: dict[str, int]
-    time: dict[str, float]  # wall_s, cpu_s (sums over rows), run_wall_s (the whole run)
-    energy: dict[str, Any]  # {"status": "measured:<source>" | "unavailable:<reason>", "joules": float | None}
+    scores: Scores
+    tokens: Tokens
+    time: Times  # wall_s, cpu_s, ttft_s (sums over rows), run_wall_s (the whole run)
+    energy: Energy
     comparable_key: str | None = None  # same key: same model, data, prompt, decoding, settings (harness.run)
-    groups: dict[str, dict[str, Any]] | None = None  # summarize_groups, for conditions with a library
+    groups: dict[str, GroupScores] | None = None  # scores per row group (Group value), for conditions with a library
     format: str = field(default=SUMMARY_FORMAT)
     exactness: str | None = None  # "not guaranteed exact: ..." when grafts may cross compute environments
     stop_reasons: dict[str, int] | None = None  # stop_reason_counts of the rows
@@ -217,12 +200,11 @@ class Summary:
            group: Group | None, started_at: str | None = None, finished_at: str | None = None) -> Summary:
         """The summary of a finished run's rows; `group` (a library condition's run) adds it, its rows' groups
         and how many rows found their own entry."""
-        t = totals(rows)
         return cls(
-            condition=condition, model=model, dataset=dataset, run_dir=run_dir,
-            scores=summarize_scores(rows), tokens=t["tokens"], time={**t["time"], "run_wall_s": round(run_wall_s, 3)},
-            energy={"status": energy_status, "joules": energy_j}, comparable_key=comparable_key,
-            groups=summarize_groups(rows) if group is not None else None, stop_reasons=stop_reason_counts(rows),
+            condition=condition, model=model, dataset=dataset, run_dir=run_dir, scores=Scores.of(rows),
+            tokens=Tokens.of(rows), time=Times.of(rows, run_wall_s), energy=Energy(energy_status, energy_j),
+            comparable_key=comparable_key, groups=GroupScores.by_group(rows) if group is not None else None,
+            stop_reasons=stop_reason_counts(rows),
             started_at=started_at, finished_at=finished_at, group=None if group is None else Group(group).value,
             own_entry_rows=None if group is None else own_entry_rows(rows),
         )  # fmt: skip
@@ -230,13 +212,13 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         out = {
             "format": self.format, "condition": self.condition, "model": self.model, "dataset": self.dataset,
-            "run_dir": self.run_dir, "scores": self.scores, "tokens": self.tokens, "time": self.time,
-            "energy": self.energy,
+            "run_dir": self.run_dir, "scores": self.scores.to_json(), "tokens": self.tokens.to_json(),
+            "time": self.time.to_json(), "energy": self.energy.to_json(),
         }  # fmt: skip
         if self.comparable_key is not None:
             out["comparable_key"] = self.comparable_key
         if self.groups is not None:
-            out["groups"] = self.groups
+            out["groups"] = {g: v.to_json() for g, v in self.groups.items()}
         if self.exactness is not None:
             out["exactness"] = self.exactness
         if self.stop_reasons is not None:
@@ -248,8 +230,12 @@ class Summary:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Summary:
-        return cls(d["condition"], d["model"], d["dataset"], d["run_dir"], d["scores"], d["tokens"], d["time"],
-                   d["energy"], d.get("comparable_key"), d.get("groups"), d.get("format", ""),
+        """The summary of a summary.json; a missing key raises KeyError naming it (optional keys read as None)."""
+        groups = d.get("groups")
+        return cls(d["condition"], d["model"], d["dataset"], d["run_dir"], Scores.from_json(d["scores"]),
+                   Tokens.from_json(d["tokens"]), Times.from_json(d["time"]), Energy.from_json(d["energy"]),
+                   d.get("comparable_key"), None if groups is None else {g: GroupScores.from_json(v) for g, v in
+                   groups.items()}, d.get("format", ""),
                    d.get("exactness"), d.get("stop_reasons"), d.get("started_at"),
                    d.get("finished_at"), d.get("group"), d.get("own_entry_rows"))  # fmt: skip
 
@@ -268,7 +254,7 @@ def run_group(summary: Summary, config: dict[str, Any] | None = None) -> Group |
 def group_note(summary: Summary) -> str | None:
     """A line saying how many rows of a recurring run had no entry of their own in the library (None when all
     did, or the run is held-out or has no library): those rows' figures are held-out-like."""
-    group, own, n = summary.group, summary.own_entry_rows, summary.scores.get("n_rows")
+    group, own, n = summary.group, summary.own_entry_rows, summary.scores.n_rows
     if group != Group.RECURRING.value or own is None or own >= (n or 0):
         return None
     return (f"recurring run: {n - own} of {n} rows found no library entry of their own (retrieval read a "

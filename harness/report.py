@@ -56,21 +56,18 @@ def sweep_table(root: Path) -> Any:
     records = []
     for folder, config, raw_config in zip(folders, configs, raw, strict=True):
         s = folder.read_summary()
-        n = max(1, int(s.scores.get("n_rows") or 0))
-        joules = s.energy.get("joules")
-        group = run_group(s, raw_config)
+        n, joules, group = max(1, s.scores.n_rows), s.energy.joules, run_group(s, raw_config)
         records.append({
             "run": folder.path.relative_to(root).as_posix() if folder.path != root else folder.name,
             **{k: config.get(k) for k in varying},
             "condition": s.condition,
             "group": None if group is None else group.label,
-            "n": s.scores.get("n_rows"), "accuracy": s.scores.get("accuracy"),
-            "ci_low": s.scores.get("accuracy_ci_low"), "ci_high": s.scores.get("accuracy_ci_high"),
-            "decode_tokens": s.tokens.get("decode"), "decode_per_attempt": (s.tokens.get("decode") or 0) / n,
-            "prefill_tokens": s.tokens.get("prefill"), "grafted_tokens": s.tokens.get("grafted"),
-            "wall_s": s.time.get("wall_s"), "wall_per_attempt_s": (s.time.get("wall_s") or 0.0) / n,
-            "run_wall_s": s.time.get("run_wall_s"),
-            "energy_j": math.nan if joules is None else joules, "energy_status": s.energy.get("status"),
+            "n": s.scores.n_rows, "accuracy": s.scores.accuracy,
+            "ci_low": s.scores.accuracy_ci_low, "ci_high": s.scores.accuracy_ci_high,
+            "decode_tokens": s.tokens.decode, "decode_per_attempt": s.tokens.decode / n,
+            "prefill_tokens": s.tokens.prefill, "grafted_tokens": s.tokens.grafted,
+            "wall_s": s.time.wall_s, "wall_per_attempt_s": s.time.wall_s / n, "run_wall_s": s.time.run_wall_s,
+            "energy_j": math.nan if joules is None else joules, "energy_status": s.energy.status,
         })  # fmt: skip
     return pd.DataFrame.from_records(records)
 

@@ -14,7 +14,7 @@ Given a compare folder (``runs/compare/<stamp>``, holding ``comparison.json``), 
 comparison lists, checks each is the run it was made from (manifest SHA-256), of the condition, group and
 comparable key its label says, re-checks the graft-vs-incontext pairing from the recorded rows (same completion
 token ids and first-logits SHA-256) and recomputes every figure of comparison.json from those runs, naming any
-field that differs (``harness.comparison.audit_comparison``)::
+field that differs (``harness.comparison_audit.audit_comparison``)::
 
     make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
 
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.audit import RunCheck, audit, diff_values
-from harness.comparison import COMPARISON, ComparisonCheck, audit_comparison
+from harness.comparison import COMPARISON
+from harness.comparison_audit import ComparisonCheck, audit_comparison
 from harness.errors import HarnessError
 from harness.run_folder import RunFolder
 

@@ -12,6 +12,10 @@ tokenizer fingerprints, library manifest) from its outputs.partial.jsonl, in the
 seeds (`run.fresh=true` starts over); Ctrl-C and SIGTERM stop between rows with one line
 (harness.errors.RunInterrupted) and leave the folder resumable; a run that fails before its first row removes
 its folder.
+
+Length: ~430 lines, one unit on purpose: the row loop, its resume, interruption and context-fit rules share the
+run's state (folder, partial rows, seeds, meters), and splitting them would pass that state through every call;
+the pieces that stand alone already live elsewhere (decode, run_folder, manifest, energy, tracking).
 """
 
 from __future__ import annotations
@@ -402,26 +406,26 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
                 "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):  # fmt: skip
         table.add_column(col)
     table.add_row(
-        str(s["n_problems"]),
-        f"{s['accuracy']:.3f} [{s['accuracy_ci_low']:.3f}, {s['accuracy_ci_high']:.3f}]",
-        str(t["prompt"]),
-        str(t["prefill"]),
-        str(t["grafted"]),
-        str(t["decode"]),
-        f"{summary.time.get('ttft_s', 0.0) / max(s['n_rows'], 1):.3f}",
+        str(s.n_problems),
+        f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
+        str(t.prompt),
+        str(t.prefill),
+        str(t.grafted),
+        str(t.decode),
+        f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
         stops_text(summary.stop_reasons),
-        f"{summary.time['wall_s']:.1f}",
-        f"{summary.time['cpu_s']:.1f}",
-        f"{e['joules']:.1f} J" if e["joules"] is not None else "unavailable",
+        f"{summary.time.wall_s:.1f}",
+        f"{summary.time.cpu_s:.1f}",
+        f"{e.joules:.1f} J" if e.joules is not None else "unavailable",
     )
     console.print(table)
     hit = (summary.stop_reasons or {}).get("length", 0)
     if hit:
-        console.print(f"[yellow]{hit} of {s['n_rows']} rows hit the token budget (decoding.max_new_tokens): their "
+        console.print(f"[yellow]{hit} of {s.n_rows} rows hit the token budget (decoding.max_new_tokens): their "
                       "answers were cut off[/]")  # fmt: skip
     if group_note(summary):
         console.print(f"[yellow]{group_note(summary)}[/]")
-    console.print(f"energy: {e['status']}")
+    console.print(f"energy: {e.status}")
     if summary.exactness:
         console.print(f"[yellow]{summary.exactness}[/]")
     console.print(f"run folder: {folder.path}   (re-check: make rescore RUN={folder.path})")

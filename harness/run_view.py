@@ -39,7 +39,7 @@ def run_times_ms(folder: RunFolder, summary: Summary) -> tuple[int, int]:
         end = int(folder.file(SUMMARY).stat().st_mtime * 1000)
     start = _iso_ms(summary.started_at)
     if start is None:
-        start = end - int(1000 * float(summary.time.get("run_wall_s") or 0.0))
+        start = end - int(1000 * (summary.time.run_wall_s or 0.0))
     return start, max(start, end)
 
 
@@ -74,22 +74,16 @@ def headline_metrics(summary: Summary) -> dict[str, float]:
     """The few figures a reviewer reads first, under short names: accuracy with its 95% interval, decode
     tokens per problem, TTFT and wall time per row (means, not sums), problems and rows; per group
     (``recurring.accuracy``) for conditions with a library. Everything else stays in ``summary.json``."""
-    s, rows = summary.scores, max(int(summary.scores.get("n_rows") or 0), 1)
-    out: dict[str, float] = {
-        "accuracy": s.get("accuracy"), "accuracy_ci_low": s.get("accuracy_ci_low"),
-        "accuracy_ci_high": s.get("accuracy_ci_high"), "n_problems": s.get("n_problems"), "n_rows": s.get("n_rows"),
-        "decode_tokens_per_problem": summary.tokens.get("decode", 0) / rows,
-        "prefill_tokens_per_row": summary.tokens.get("prefill", 0) / rows,
-        "grafted_tokens_per_row": summary.tokens.get("grafted", 0) / rows,
-        "ttft_s_per_row": (summary.time.get("ttft_s") or 0.0) / rows,
-        "wall_s_per_row": (summary.time.get("wall_s") or 0.0) / rows,
-        "run_wall_s": summary.time.get("run_wall_s"),
+    s, t, rows = summary.scores, summary.tokens, max(summary.scores.n_rows, 1)
+    out: dict[str, float | None] = {
+        "accuracy": s.accuracy, "accuracy_ci_low": s.accuracy_ci_low, "accuracy_ci_high": s.accuracy_ci_high,
+        "n_problems": s.n_problems, "n_rows": s.n_rows, "decode_tokens_per_problem": t.decode / rows,
+        "prefill_tokens_per_row": t.prefill / rows, "grafted_tokens_per_row": t.grafted / rows,
+        "ttft_s_per_row": (summary.time.ttft_s or 0.0) / rows, "wall_s_per_row": summary.time.wall_s / rows,
+        "run_wall_s": summary.time.run_wall_s, "energy_j": summary.energy.joules,
     }  # fmt: skip
-    if summary.energy.get("joules") is not None:
-        out["energy_j"] = summary.energy["joules"]
     for group, g in (summary.groups or {}).items():
-        if isinstance(g, dict) and g.get("accuracy") is not None:
-            out[f"{group}.accuracy"] = g["accuracy"]
+        out[f"{group}.accuracy"] = g.accuracy
     return {k: float(v) for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
@@ -144,13 +138,12 @@ def _description(summary: Summary, group: str | None, config: dict[str, Any], fo
     lib = config.get("library") if isinstance(config.get("library"), dict) else {}
     lines = [
         f"**{summary.condition}{', ' + group if group else ''}** on `{summary.dataset}` "
-        f"({s.get('n_problems')} problems, {s.get('n_rows')} attempts) with `{summary.model}`.",
+        f"({s.n_problems} problems, {s.n_rows} attempts) with `{summary.model}`.",
         "",
-        f"- accuracy {s.get('accuracy', 0):.3f} (95% CI {s.get('accuracy_ci_low', 0):.3f} - "
-        f"{s.get('accuracy_ci_high', 0):.3f})",
-        f"- tokens: decode {t.get('decode')}, grafted {t.get('grafted')}, prefill {t.get('prefill')}",
-        f"- time: {summary.time.get('wall_s', 0):.1f} s wall over attempts ({summary.time.get('run_wall_s')} s run)",
-        f"- energy: {e.get('joules'):.1f} J" if e.get("joules") is not None else f"- energy: {e.get('status')}",
+        f"- accuracy {s.accuracy:.3f} (95% CI {s.accuracy_ci_low:.3f} - {s.accuracy_ci_high:.3f})",
+        f"- tokens: decode {t.decode}, grafted {t.grafted}, prefill {t.prefill}",
+        f"- time: {summary.time.wall_s:.1f} s wall over attempts ({summary.time.run_wall_s} s run)",
+        f"- energy: {e.joules:.1f} J" if e.joules is not None else f"- energy: {e.status}",
     ]
     if group:
         lines.append(f"- library `{lib.get('name')}` v{lib.get('version')}, exclude_self={lib.get('exclude_self')}"
@@ -182,7 +175,7 @@ def run_tags(folder: RunFolder, summary: Summary, manifest: dict[str, Any], grou
         "git_dirty": code.get("dirty"),
         "mlflow.source.git.commit": code.get("commit"),
         "manifest_sha256": manifest.get("manifest_sha256"),
-        "energy_status": summary.energy.get("status") if isinstance(summary.energy, dict) else None,
+        "energy_status": summary.energy.status,
         "run_dir": str(folder.path),
         "mlflow.note.content": _description(summary, group, config, folder),
     }

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.comparison import Plan
+from harness.comparison import Comparison, VsBaseline
 from harness.comparison_view import load_warning
 from harness.hashing import atomic_write_text
 
@@ -21,23 +21,21 @@ __all__ = ["SUMMARY_PAGE", "headline_rows", "write_summary_page"]
 SUMMARY_PAGE = "summary.html"
 
 
-def headline_rows(comparison: Mapping[str, Any]) -> list[dict[str, str]]:
+def headline_rows(comparison: Comparison) -> list[dict[str, str]]:
     """One row per run: accuracy [95% CI], decode tokens per problem, TTFT s per row, baseline / run factors."""
     out = []
-    for label, s in (comparison.get("summaries") or {}).items():
-        sc, n = s["scores"], max(int(s["scores"].get("n_rows") or 0), 1)
-        c = s.get("comparison") or {}
+    for label, s in comparison.summaries.items():
+        sc, n, c = s.scores, max(s.scores.n_rows, 1), s.comparison
 
-        def fx(key: str, c: Mapping[str, Any] = c) -> str:
-            return "1" if not c else ("n/a" if c.get(key) is None else f"{c[key]:.2f}")
+        def fx(value: float | None, c: VsBaseline | None = c) -> str:
+            return "1" if c is None else ("n/a" if value is None else f"{value:.2f}")
 
-        out.append({"run": label, "problems": str(sc["n_problems"]),
-                    "accuracy [95% CI]": f"{sc['accuracy']:.3f} [{sc['accuracy_ci_low']:.3f}, "
-                                         f"{sc['accuracy_ci_high']:.3f}]",
-                    "decode tokens / problem": f"{s['tokens']['decode'] / n:.1f}",
-                    "TTFT s / row": f"{(s['time'].get('ttft_s') or 0.0) / n:.3f}",
-                    "baseline/run decode tokens": fx("token_reduction"), "baseline/run TTFT": fx("ttft_factor"),
-                    "baseline/run wall": fx("wall_factor")})  # fmt: skip
+        out.append({"run": label, "problems": str(sc.n_problems),
+                    "accuracy [95% CI]": f"{sc.accuracy:.3f} [{sc.accuracy_ci_low:.3f}, {sc.accuracy_ci_high:.3f}]",
+                    "decode tokens / problem": f"{s.tokens.decode / n:.1f}",
+                    "TTFT s / row": f"{(s.time.ttft_s or 0.0) / n:.3f}",
+                    "baseline/run decode tokens": fx(c and c.token_reduction),
+                    "baseline/run TTFT": fx(c and c.ttft_factor), "baseline/run wall": fx(c and c.wall_factor)})
     return out
 
 
@@ -53,26 +51,24 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def write_summary_page(out: Path, title: str, comparison: Mapping[str, Any], per_problem: Sequence[Mapping[str, Any]],
+def write_summary_page(out: Path, title: str, comparison: Comparison, per_problem: Sequence[Mapping[str, Any]],
                        misses: Sequence[str], plots: Sequence[Path]) -> Path:  # fmt: skip
     """Write the page (module docstring) to `out` and return it."""
-    pairs = comparison.get("pairs") or {}
-    plan = Plan.of_comparison(comparison)
-    twin = [{"graft run": plan.pairs[g][0],
-             "identical rows": f"{p['identical_rows']}/{p['identical_rows'] + p['differing_rows']}",
+    pairs, plan = comparison.pairs or {}, comparison.plan
+    twin = [{"graft run": plan.pairs[g][0], "identical rows": f"{p.pairing.identical}/{p.rows}",
              **{f"incontext/graft {k.split('_')[0]}": ("n/a" if v is None else f"{v:.2f}")
-                for k, v in (p.get("graft_vs_incontext") or {}).items()}} for g, p in pairs.items()]  # fmt: skip
+                for k, v in (p.graft_vs_incontext.to_json() if p.graft_vs_incontext else {}).items()}}
+            for g, p in pairs.items()]  # fmt: skip
     images = "".join(
         f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
         f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{html.escape(p.name)}</figcaption></figure>'
         for p in plots if p.exists()
     )
-    warning = load_warning(dict(comparison))
-    lib = comparison.get("library") or {}
-    lib_line = (f"<p>Library {html.escape(str(lib.get('name')))} v{lib.get('version')}: {lib.get('entries')} entries, "
-                f"{lib.get('tokens')} tokens, {(lib.get('bytes') or 0) / 1e6:.1f} MB; "
-                f"{'built' if lib.get('built') else 'opened'} in {lib.get('seconds')} s by this job.</p>"
-                if lib else "")  # fmt: skip
+    warning = load_warning(comparison)
+    lib = comparison.library
+    lib_line = (f"<p>Library {html.escape(str(lib.name))} v{lib.version}: {lib.entries} entries, {lib.tokens} tokens, "
+                f"{(lib.bytes or 0) / 1e6:.1f} MB; {'built' if lib.built else 'opened'} in {lib.seconds} s by this "
+                "job.</p>" if lib is not None else "")  # fmt: skip
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:70em}}table{{border-collapse:collapse;margin:.5em 0 1.2em}}
 td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:right}}th{{background:#f3f3f3}}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import run_view
+from harness.comparison import Comparison, LibraryRecord
 from harness.errors import RunFolderError
 from harness.mlflow_run import log_finished_run as _log
 from harness.mlflow_store import _retry, _scalar_text, http_fail_fast
@@ -26,37 +27,37 @@ if TYPE_CHECKING:
 __all__ = ["HEADLINE_COLUMNS", "VIEW_KEY", "comparison_metrics", "log_comparison", "log_report", "view_url"]
 
 
-def comparison_metrics(comparison: dict[str, Any]) -> dict[str, float]:
+def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     """The compare parent run's metrics, under short names: per run ``<run>.accuracy`` (with ``_ci_low`` /
     ``_ci_high``), ``<run>.decode_tokens_per_problem``, ``<run>.ttft_s_per_row``; factors named by what they
     divide (``baseline_over_graft_recurring_decode_tokens``, ``incontext_over_graft_held_out_ttft``); per group
     ``<group>.identical_rows`` (k) and ``<group>.paired_rows`` (n); the highest load average seen. The rest of
     comparison.json is its artifact."""
     out: dict[str, Any] = {}
-    for label, s in (comparison.get("summaries") or {}).items():
-        slug, sc = _slug(label), s["scores"]
-        n = max(int(sc.get("n_rows") or 0), 1)
-        out.update({f"{slug}.accuracy": sc.get("accuracy"), f"{slug}.accuracy_ci_low": sc.get("accuracy_ci_low"),
-                    f"{slug}.accuracy_ci_high": sc.get("accuracy_ci_high"),
-                    f"{slug}.decode_tokens_per_problem": s["tokens"]["decode"] / n,
-                    f"{slug}.ttft_s_per_row": (s["time"].get("ttft_s") or 0.0) / n})  # fmt: skip
-        c = s.get("comparison") or {}
-        for key, what in (("token_reduction", "decode_tokens"), ("ttft_factor", "ttft"), ("wall_factor", "wall"),
-                          ("cpu_factor", "cpu"), ("energy_factor", "energy")):
-            out[f"baseline_over_{slug}_{what}"] = c.get(key)
-    for group, p in (comparison.get("pairs") or {}).items():
-        out[f"{group}.identical_rows"] = p["identical_rows"]
-        out[f"{group}.paired_rows"] = p["identical_rows"] + p["differing_rows"]
-        for key, value in (p.get("graft_vs_incontext") or {}).items():
+    for label, s in comparison.summaries.items():
+        slug, sc = _slug(label), s.scores
+        n = max(sc.n_rows, 1)
+        out.update({f"{slug}.accuracy": sc.accuracy, f"{slug}.accuracy_ci_low": sc.accuracy_ci_low,
+                    f"{slug}.accuracy_ci_high": sc.accuracy_ci_high,
+                    f"{slug}.decode_tokens_per_problem": s.tokens.decode / n,
+                    f"{slug}.ttft_s_per_row": (s.time.ttft_s or 0.0) / n})  # fmt: skip
+        c = s.comparison
+        if c is not None:
+            for value, what in ((c.token_reduction, "decode_tokens"), (c.ttft_factor, "ttft"),
+                                (c.wall_factor, "wall"), (c.cpu_factor, "cpu"), (c.energy_factor, "energy")):
+                out[f"baseline_over_{slug}_{what}"] = value
+    for group, p in (comparison.pairs or {}).items():
+        out[f"{group}.identical_rows"] = p.pairing.identical
+        out[f"{group}.paired_rows"] = p.rows
+        for key, value in (p.graft_vs_incontext.to_json() if p.graft_vs_incontext else {}).items():
             out[f"incontext_over_graft_{group}_{key.removesuffix('_factor')}"] = value
-    load = comparison.get("load") or {}
-    seen = [x for v in (load.get("runs") or {}).values() for x in (v.get("start"), v.get("end")) if x is not None]
-    if seen:
-        out["load_average_max"] = max(seen)
+    highest = comparison.load.highest if comparison.load else None
+    if highest:
+        out["load_average_max"] = highest[0]
     return {k: float(v) for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def _comparison_note(comparison: dict[str, Any], dataset: str | None, model: str | None, page_link: str) -> str:
+def _comparison_note(comparison: Comparison, dataset: str | None, model: str | None, page_link: str) -> str:
     """The parent run's description: the figures themselves, the factor directions, and the summary page link."""
     from harness.comparison_view import load_warning
 
@@ -64,16 +65,15 @@ def _comparison_note(comparison: dict[str, Any], dataset: str | None, model: str
              "(above 1: the run is faster or needs fewer tokens).", "",
              "| run | accuracy [95% CI] | decode tok/problem | TTFT s/row | baseline/run TTFT |",
              "|---|---|---|---|---|"]
-    for label, s in (comparison.get("summaries") or {}).items():
-        sc, n = s["scores"], max(int(s["scores"].get("n_rows") or 0), 1)
-        f = (s.get("comparison") or {}).get("ttft_factor")
-        lines.append(f"| {label} | {sc['accuracy']:.3f} [{sc['accuracy_ci_low']:.3f}, {sc['accuracy_ci_high']:.3f}] "
-                     f"| {s['tokens']['decode'] / n:.1f} | {(s['time'].get('ttft_s') or 0.0) / n:.3f} | "
-                     f"{'-' if s.get('comparison') is None else ('n/a' if f is None else f'{f:.2f}')} |")
+    for label, s in comparison.summaries.items():
+        sc, n = s.scores, max(s.scores.n_rows, 1)
+        f = s.comparison.ttft_factor if s.comparison else None
+        lines.append(f"| {label} | {sc.accuracy:.3f} [{sc.accuracy_ci_low:.3f}, {sc.accuracy_ci_high:.3f}] "
+                     f"| {s.tokens.decode / n:.1f} | {(s.time.ttft_s or 0.0) / n:.3f} | "
+                     f"{'-' if s.comparison is None else ('n/a' if f is None else f'{f:.2f}')} |")
     lines.append("")
-    for group, p in (comparison.get("pairs") or {}).items():
-        lines.append(f"- {group}: {p['identical_rows']}/{p['identical_rows'] + p['differing_rows']} graft rows "
-                     "identical to their in-context twin")
+    for group, p in (comparison.pairs or {}).items():
+        lines.append(f"- {group}: {p.pairing.identical}/{p.rows} graft rows identical to their in-context twin")
     warning = load_warning(comparison)
     if warning:
         lines.append(f"- **{warning}**")
@@ -107,7 +107,7 @@ def _share_view(client: MlflowClient, experiment_id: str, parent_run_id: str) ->
            "share the headline view")  # fmt: skip
 
 
-def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str, experiment: str,
+def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, experiment: str,
                    per_problem: list[dict[str, Any]] | None = None, params: dict[str, Any] | None = None,
                    reused: Sequence[str] = (), records: Mapping[str, FinishedRun] | None = None,
                    run_ids: Mapping[str, str] | None = None) -> str:
@@ -125,12 +125,11 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
     (`run_ids`), so nothing is read back; without them (a later re-log) each folder is read, its run id from its
     ``tracking.json``. Returns the run id."""
     from harness import per_problem as pp
-    from harness.comparison import Plan
     from harness.plots import comparison_plots
     from harness.summary_page import SUMMARY_PAGE, write_summary_page
 
     path = Path(path)
-    folders = {label: RunFolder(p) for label, p in (comparison.get("runs") or {}).items()}
+    folders = {label: RunFolder(p) for label, p in comparison.runs.items()}
     if records is None:
         records = {}
         for label, folder in folders.items():
@@ -157,16 +156,16 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
     end_ms = int(path.stat().st_mtime * 1000)
     # the job's span: its own runs; a run it reused from an earlier job (`reused`: labels) is not part of it
     starts = [t[0] for k, t in times.items() if k not in reused] or [end_ms]
-    library = comparison.get("library") or {}
-    if library.get("started_at"):
-        starts.append(int(float(library["started_at"]) * 1000))  # the job's time includes the library build
+    library = comparison.library
+    if library is not None and library.started_at:
+        starts.append(int(float(library.started_at) * 1000))  # the job's time includes the library build
     plots = comparison_plots(rows, comparison, path.parent)
-    misses = pp.misses(table, Plan.of_comparison(comparison))
+    misses = pp.misses(table, comparison.plan)
     title = f"graft vs incontext vs baseline: {dataset}, {model}"
     page = write_summary_page(path.parent / SUMMARY_PAGE, title, comparison, table, misses, plots)
-    tags = {"job": "compare", "condition": "compare", "comparable_key": comparison.get("comparable_key"),
+    tags = {"job": "compare", "condition": "compare", "comparable_key": comparison.comparable_key,
             "model": model, "dataset": dataset, "run_dir": str(path.parent.resolve()),
-            **{f"run.{_slug(k)}": v for k, v in (comparison.get("runs") or {}).items()}}  # fmt: skip
+            **{f"run.{_slug(k)}": v for k, v in comparison.runs.items()}}  # fmt: skip
 
     def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
         link = f"#/experiments/{experiment_id}/runs/{run_id}/artifacts/{SUMMARY_PAGE}"
@@ -174,7 +173,7 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
                                                                                       link)), "describe run")
         for child in children:
             _retry(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
-        if library:
+        if library is not None:
             _log_library(library, run_id, tracking_uri=tracking_uri, experiment=experiment)
         _share_view(client, experiment_id, run_id)
 
@@ -188,21 +187,22 @@ def log_comparison(path: Path, comparison: dict[str, Any], *, tracking_uri: str,
                     table_file=pp.TABLE_FILE, then=adopt)  # fmt: skip
 
 
-def _log_library(library: dict[str, Any], parent_run_id: str, *, tracking_uri: str, experiment: str) -> str:
+def _log_library(library: LibraryRecord, parent_run_id: str, *, tracking_uri: str, experiment: str) -> str:
     """The library the compare job opened or built, as a run nested under the job: ``library <name> v<version>``
     with its real start and duration, metrics seconds, entries, tokens, bytes; tags built, path, manifest."""
-    start = int(float(library.get("started_at") or time.time()) * 1000)
-    end = start + int(1000 * float(library.get("seconds") or 0.0))
-    what = "built" if library.get("built") else "opened (already built)"
-    note = (f"**library {library.get('name')} v{library.get('version')}** {what} by the compare job in "
-            f"{library.get('seconds')} s: {library.get('entries')} verified entries, {library.get('tokens')} tokens "
-            f"of KV, {(library.get('bytes') or 0) / 1e6:.1f} MB in the store. Folder `{library.get('path')}`.")
+    lib = library
+    start = int(float(lib.started_at or time.time()) * 1000)
+    end = start + int(1000 * float(lib.seconds or 0.0))
+    what = "built" if lib.built else "opened (already built)"
+    note = (f"**library {lib.name} v{lib.version}** {what} by the compare job in {lib.seconds} s: {lib.entries} "
+            f"verified entries, {lib.tokens} tokens of KV, {(lib.bytes or 0) / 1e6:.1f} MB in the store. "
+            f"Folder `{lib.path}`.")
     tags = {"job": "library", "condition": "library", "mlflow.parentRunId": parent_run_id, "mlflow.note.content": note,
-            "built": str(bool(library.get("built"))).lower(), "library_dir": library.get("path"),
-            "library_manifest_sha256": library.get("manifest_sha256")}  # fmt: skip
-    metrics = {"seconds": library.get("seconds"), "entries": library.get("entries"), "tokens": library.get("tokens"),
-               "bytes": library.get("bytes"), "build_s" if library.get("built") else "open_s": library.get("seconds")}
-    return _log(tracking_uri, experiment, f"library {library.get('name')} v{library.get('version')}",
+            "built": str(bool(lib.built)).lower(), "library_dir": lib.path,
+            "library_manifest_sha256": lib.manifest_sha256}  # fmt: skip
+    metrics = {"seconds": lib.seconds, "entries": lib.entries, "tokens": lib.tokens, "bytes": lib.bytes,
+               "build_s" if lib.built else "open_s": lib.seconds}
+    return _log(tracking_uri, experiment, f"library {lib.name} v{lib.version}",
                 tags={k: _scalar_text(v) for k, v in tags.items() if v is not None}, params={},
                 metrics={k: v for k, v in metrics.items() if v is not None}, files=[], times_ms=(start, end))
 

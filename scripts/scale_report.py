@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from harness.comparison import COMPARISON, Comparison  # noqa: E402
 from harness.errors import LibraryError  # noqa: E402
 from harness.hashing import atomic_write_text  # noqa: E402
 from harness.library import Library  # noqa: E402
@@ -95,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
     if args.compare is not None:
-        comp = json.loads((args.compare / "comparison.json").read_text())
-        runs = {k: (REPO / v if not Path(v).is_absolute() else Path(v)) for k, v in comp["runs"].items()}
+        comp = Comparison.from_json(RunFolder(args.compare).read_json(COMPARISON))
+        runs = {k: (REPO / v if not Path(v).is_absolute() else Path(v)) for k, v in comp.runs.items()}
     elif args.graft:
         runs = {**_labelled(args.graft, "graft"), **_labelled(args.incontext, "incontext")}
         if args.baseline:

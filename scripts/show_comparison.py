@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 from rich.console import Console  # noqa: E402
 
 from harness import per_problem  # noqa: E402
-from harness.comparison import BASELINE_LABEL, COMPARISON  # noqa: E402
+from harness.comparison import COMPARISON, Comparison  # noqa: E402
 from harness.comparison_view import print_comparison  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.run_folder import RunFolder  # noqa: E402
@@ -32,9 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folder = RunFolder(args.compare_dir)
     try:
-        result = folder.read_json(COMPARISON)
+        result = Comparison.from_json(folder.read_json(COMPARISON))
     except HarnessError as exc:
         print(f"show_comparison: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        print(f"show_comparison: {folder.file(COMPARISON)}: not a comparison this harness reads ({type(exc).__name__}: "
+              f"{exc}); re-check it with make rescore RUN={args.compare_dir}", file=sys.stderr)
         return 2
     try:
         table = folder.read_json(per_problem.PER_PROBLEM).get("rows") or []
@@ -42,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         table = []  # written before the per-problem view existed: no misses list
     title = args.compare_dir.name
     try:
-        s = RunFolder(result["runs"][BASELINE_LABEL]).read_summary()
+        s = RunFolder(result.runs[result.plan.baseline]).read_summary()
         title = f"{s.dataset}, {s.model} ({args.compare_dir.name})"
     except (HarnessError, KeyError, TypeError):
         pass
-    print_comparison(title, result, misses=per_problem.misses(table), console=Console(width=args.width),
+    print_comparison(title, result, misses=per_problem.misses(table, result.plan), console=Console(width=args.width),
                      reprint=f"python scripts/show_comparison.py {args.compare_dir}")
     return 0
 

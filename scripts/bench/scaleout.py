@@ -99,7 +99,7 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
             rows[name] = folder.read_rows()
             walls = [r.wall_s for r in rows[name]]
             result[name] = {"per_problem_wall_s_median": statistics.median(walls), "per_problem_wall_s": walls,
-                            "run_wall_s": summary.time.get("run_wall_s")}
+                            "run_wall_s": summary.time.run_wall_s}
     same = [(r.problem_id, r.completion.token_ids, r.completion.first_logits_sha256) for r in rows["ray"]] == [
         (r.problem_id, r.completion.token_ids, r.completion.first_logits_sha256) for r in rows["in_process"]]
     result["rows_equal"] = same

@@ -3,6 +3,7 @@ wrote is read back from disk. Uses the tiny random-weight model (plumbing only).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import ModuleType
@@ -20,9 +21,8 @@ def _summary(fakerun: ModuleType, condition: str, decode_scale: int, wall: float
     s = Summary.of(fakerun.make_rows(condition), condition=condition, model="toy", dataset="toy", run_dir=condition,
                    comparable_key="k", run_wall_s=1.0, energy_status="unavailable:test", energy_j=None,
                    group=None)  # fmt: skip
-    tokens = {**s.tokens, "decode": s.tokens["decode"] // decode_scale}
-    return Summary(s.condition, s.model, s.dataset, s.run_dir, s.scores, tokens, {**s.time, "wall_s": wall},
-                   s.energy, s.comparable_key)  # fmt: skip
+    return dataclasses.replace(s, tokens=dataclasses.replace(s.tokens, decode=s.tokens.decode // decode_scale),
+                               time=dataclasses.replace(s.time, wall_s=wall))  # fmt: skip
 
 
 def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Path) -> None:
@@ -30,13 +30,15 @@ def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Pa
     graft = _summary(fakerun, "graft", 4, 1.0)
     folders = {"baseline": RunFolder(tmp_path / "b"), "graft (recurring)": RunFolder(tmp_path / "g")}
     result = comparison.comparison("k", folders, {"baseline": base, "graft (recurring)": graft})
-    assert set(result) == {"comparable_key", "runs", "summaries"}
-    assert result["summaries"]["baseline"]["comparison"] is None
-    c = result["summaries"]["graft (recurring)"]["comparison"]
-    assert c["token_reduction"] == pytest.approx(base.tokens["decode"] / graft.tokens["decode"])
-    assert c["wall_factor"] == pytest.approx(4.0)
-    assert c["energy_factor"] is None and c["energy_status"].startswith("unavailable")
-    assert c["baseline_run"] == "baseline" and c["accuracy_delta"] == 0
+    assert set(result.to_json()) == {"comparable_key", "runs", "summaries"}
+    assert result.summaries["baseline"].comparison is None
+    c = result.summaries["graft (recurring)"].comparison
+    assert c is not None and c.token_reduction == pytest.approx(base.tokens.decode / graft.tokens.decode)
+    assert c.wall_factor == pytest.approx(4.0)
+    assert c.energy_factor is None and c.energy_status.startswith("unavailable")
+    assert c.baseline_run == "baseline" and c.accuracy_delta == 0
+    # the typed record round-trips through its JSON
+    assert comparison.Comparison.from_json(json.loads(json.dumps(result.to_json()))) == result
 
 
 def _no_read_back(monkeypatch) -> None:
@@ -62,8 +64,7 @@ def test_compare_job_with_tracking_reads_nothing_it_wrote(tmp_path: Path, monkey
     [parent] = [r for r in runs if r.data.tags.get("job") == "compare"]
     nested = {r.data.tags.get("condition") for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert nested == {"baseline", "incontext", "graft", "truncated", "library"}
-    assert parent.data.metrics["truncated_recurring.accuracy"] == result["summaries"]["truncated (recurring)"][
-        "scores"]["accuracy"]  # fmt: skip
+    assert parent.data.metrics["truncated_recurring.accuracy"] == result.summaries["truncated (recurring)"].scores.accuracy
 
 
 def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None:
@@ -76,25 +77,28 @@ def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None
     ])  # fmt: skip
     planned = ["baseline", "incontext (recurring)", "graft (recurring)", "incontext (held-out)", "graft (held-out)",
                "truncated (recurring)"]  # configs/compare/graft.yaml, in its order
-    assert list(result["summaries"]) == planned and result["plan"]["runs"] == planned
-    assert result["plan"]["pairs"] == {"recurring": ["graft (recurring)", "incontext (recurring)"],
-                                       "held_out": ["graft (held-out)", "incontext (held-out)"]}  # fmt: skip
+    assert list(result.summaries) == planned and result.plan.labels == planned and result.plan_recorded
+    assert result.plan.pairs == {"recurring": ("graft (recurring)", "incontext (recurring)"),
+                                 "held_out": ("graft (held-out)", "incontext (held-out)")}  # fmt: skip
     for group in ("recurring", "held_out"):
-        p = result["pairs"][group]
-        assert (p["identical_rows"], p["differing_rows"], p["differences"]) == (2, 0, []), p
-    assert set(result["summaries"]["baseline"]["stop_reasons"]) == {"eos", "stop", "length"}
-    assert result["summaries"]["graft (recurring)"]["groups"]["recurring"]["n_problems"] == 2
-    assert set(result["summaries"]["graft (held-out)"]["groups"]) == {"held_out"}
-    assert result["summaries"]["baseline"]["tokens"]["grafted"] == 0
+        p = (result.pairs or {})[group].pairing
+        assert (p.identical, p.differing, p.differences) == (2, 0, []), p
+    s = result.summaries
+    assert set(s["baseline"].stop_reasons or {}) == {"eos", "stop", "length"}
+    assert (s["graft (recurring)"].groups or {})["recurring"].n_problems == 2
+    assert set(s["graft (held-out)"].groups or {}) == {"held_out"}
+    assert s["baseline"].tokens.grafted == 0
     written = list((tmp_path / "runs" / "compare").glob("*/comparison.json"))
-    assert len(written) == 1 and json.loads(written[0].read_text()) == json.loads(json.dumps(result))
-    for label, path in result["runs"].items():
+    on_disk = json.loads(written[0].read_text())
+    assert len(written) == 1 and on_disk == json.loads(json.dumps(result.to_json()))
+    assert comparison.Comparison.from_json(on_disk) == result  # what the views read is what the job held
+    for label, path in result.runs.items():
         assert (Path(path) / "manifest.json").is_file(), label
-    assert Path(result["runs"]["graft (held-out)"]).name.endswith("-held_out")
-    assert Path(result["runs"]["incontext (held-out)"]).parent.name == "incontext"
+    assert Path(result.runs["graft (held-out)"]).name.endswith("-held_out")
+    assert Path(result.runs["incontext (held-out)"]).parent.name == "incontext"
 
 
-def _compare(tmp_path: Path, *extra: str) -> dict:
+def _compare(tmp_path: Path, *extra: str) -> comparison.Comparison:
     return compare.main([
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library",
@@ -128,7 +132,7 @@ def test_rescore_of_a_compare_folder_rechecks_the_pairing_and_fails_on_a_tampere
         else:
             row["completion_token_ids"] = [*row["completion_token_ids"], 7]
 
-    _edit_first_row(Path(result["runs"]["graft (recurring)"]) / "outputs.jsonl", change)
+    _edit_first_row(Path(result.runs["graft (recurring)"]) / "outputs.jsonl", change)
     assert _rescore(compare_dir) == 1
     out = capsys.readouterr().out
     assert "graft (recurring) row differs from its twin incontext (recurring): problem_id='kvg-001', sample=0" in out

@@ -25,9 +25,9 @@ def test_compare_job_on_llamacpp_gives_graft_rows_identical_to_their_twins(tmp_p
         f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
     ])  # fmt: skip
     for group in ("recurring", "held_out"):
-        p = result["pairs"][group]
-        assert (p["identical_rows"], p["differing_rows"]) == (2, 0), p
-    for label, run in result["runs"].items():
+        p = (result.pairs or {})[group].pairing
+        assert (p.identical, p.differing) == (2, 0), p
+    for label, run in result.runs.items():
         manifest = json.loads((Path(run) / "manifest.json").read_text())
         det = manifest["inputs"]["determinism"]
         assert det["backend"] == "llamacpp" and det["n_ctx"] == 1024 and det["threads"] == 1, label

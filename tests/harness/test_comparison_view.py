@@ -13,7 +13,8 @@ from types import ModuleType
 from rich.console import Console
 
 from harness import per_problem
-from harness.comparison import PAIRS, comparison
+from harness.comparison import Comparison, JobLoad, RunLoad, comparison
+from harness.comparison_plan import PAIRS
 from harness.comparison_view import print_comparison
 from harness.pairing import pair
 from harness.record import Group, Retrieval, Row, Summary
@@ -35,7 +36,7 @@ def _rows(fakerun: ModuleType, label: str) -> list[Row]:
         for r in rows]  # fmt: skip
 
 
-def _result(fakerun: ModuleType, tmp_path: Path, load: float = 0.3) -> tuple[dict, dict[str, list[Row]]]:
+def _result(fakerun: ModuleType, tmp_path: Path, load: float = 0.3) -> tuple[Comparison, dict[str, list[Row]]]:
     rows = {label: _rows(fakerun, label) for label in LABELS}
     rows[PAIRS["recurring"][0]] = [dataclasses.replace(r, completion=dataclasses.replace(r.completion,
                                  first_logits_sha256="f" * 64)) for r in rows[PAIRS["recurring"][0]]]  # fmt: skip
@@ -46,11 +47,10 @@ def _result(fakerun: ModuleType, tmp_path: Path, load: float = 0.3) -> tuple[dic
     folders = {label: RunFolder(tmp_path / label.replace(" ", "_")) for label in LABELS}
     pairings = {g: pair(rows[PAIRS[g][1]], rows[PAIRS[g][0]]) for g in PAIRS}
     result = comparison("k", folders, summaries, pairings, {k: "m" for k in LABELS})
-    result["load"] = {"cores": 2, "runs": {label: {"start": load, "end": load} for label in LABELS}}
-    return result, rows
+    return dataclasses.replace(result, load=JobLoad(2, {label: RunLoad(load, load) for label in LABELS})), rows
 
 
-def _render(result: dict, width: int, misses: list[str] = ()) -> str:
+def _render(result: Comparison, width: int, misses: list[str] = ()) -> str:
     console = Console(width=width, record=True, color_system=None)
     print_comparison("toy, toy-model, max_new_tokens=16, greedy, batch_size=1", result, misses=misses,
                      console=console, reprint="python scripts/show_comparison.py runs/compare/x")
@@ -109,7 +109,7 @@ def test_show_comparison_reprints_a_finished_comparison(fakerun: ModuleType, tmp
     result, rows = _result(fakerun, tmp_path)
     out = tmp_path / "compare" / "stamp"
     out.mkdir(parents=True)
-    (out / "comparison.json").write_text(json.dumps(result))
+    (out / "comparison.json").write_text(json.dumps(result.to_json()))
     (out / "per_problem.json").write_text(json.dumps({"rows": per_problem.per_problem(rows, {})}))
     done = subprocess.run([sys.executable, str(repo_root / "scripts" / "show_comparison.py"), str(out),
                            "--width", "80"], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip

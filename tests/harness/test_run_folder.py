@@ -51,7 +51,7 @@ def test_folder_reads_back_the_records_it_wrote(fake_run: Path, fakerun: ModuleT
     assert folder.is_complete() and not folder.file(PARTIAL).exists()
     assert folder.read_rows() == fakerun.make_rows()
     summary = folder.read_summary()
-    assert isinstance(summary, Summary) and summary.scores["correct"] == 2 and summary.tokens["grafted"] == 0
+    assert isinstance(summary, Summary) and summary.scores.correct == 2 and summary.tokens.grafted == 0
     assert folder.read_config()["decoding"]["max_new_tokens"] == 64
     assert [p["id"] for p in folder.read_problems()] == ["toy-1", "toy-2"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -240,7 +241,9 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     from mlflow import MlflowClient
 
     from harness import per_problem
-    from harness.comparison import comparison
+    from harness.comparison import Factors, JobLoad, LibraryRecord, PairResult, RunLoad, comparison
+    from harness.comparison_plan import Plan
+    from harness.pairing import Pairing
     from harness.run_folder import RunFolder
     from harness.tracking import log_comparison
 
@@ -249,15 +252,17 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     children = {label: log_run_dir(f.path, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
                 for label, f in folders.items()}  # fmt: skip
     result = comparison("k" * 64, folders, {label: f.read_summary() for label, f in folders.items()})
-    result["pairs"] = {"held_out": {"identical_rows": 3, "differing_rows": 0, "differences": [],
-                                    "graft_vs_incontext": {"ttft_factor": 2.5, "prefill_factor": 4.0}}}
-    result["load"] = {"cores": 2, "runs": {"baseline": {"start": 0.5, "end": 3.5}}}
-    result["library"] = {"name": "toylib", "version": 1, "path": "/x/lib", "entries": 2, "tokens": 300,
-                         "bytes": 1_234_567, "built": True, "seconds": 12.5, "started_at": 1767225600.0}
+    pairs = {"held_out": PairResult(str(folders["graft (held-out)"].path), "/x/incontext", Pairing(3, 0, []),
+                                    Factors(prefill_factor=4.0, ttft_factor=2.5))}  # fmt: skip
+    result = dataclasses.replace(
+        result, pairs=pairs, plan=Plan.of_comparison({"runs": result.runs, "pairs": pairs}),
+        load=JobLoad(2, {"baseline": RunLoad(0.5, 3.5)}),
+        library=LibraryRecord(name="toylib", version=1, path="/x/lib", entries=2, tokens=300, bytes=1_234_567,
+                              built=True, seconds=12.5, started_at=1767225600.0))  # fmt: skip
     table = per_problem.per_problem({k: f.read_rows() for k, f in folders.items()}, {})
     path = tmp_path / "compare" / "2026-01-01_00-00-00-000000" / "comparison.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(result))
+    path.write_text(json.dumps(result.to_json()))
     parent = log_comparison(path, result, tracking_uri=sqlite_uri, experiment="kvgraft-test", per_problem=table,
                             params={"dataset": "toy", "limit": 2, "max_new_tokens": 16, "model": "toy-model",
                                     "library": "toylib-v1"})  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from harness import compare, rescore
-from harness.comparison import audit_comparison
+from harness.comparison_audit import audit_comparison
 from harness.config import compose_config
 from harness.run import run
 
@@ -26,7 +26,7 @@ def _overrides(root: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
+def job(tmp_path_factory) -> tuple[Path, Any]:
     """One compare job's folder and its comparison (the module's tests copy comparison.json and edit the copy)."""
     root = tmp_path_factory.mktemp("job")
     result = compare.main(_overrides(root))
@@ -66,9 +66,9 @@ def test_the_untouched_compare_folder_passes_and_records_each_runs_manifest(job,
     folder, result = job
     assert _rescore(folder) == 0
     assert "every figure recomputes" in capsys.readouterr().out
-    for label, path in result["runs"].items():
+    for label, path in result.runs.items():
         manifest = json.loads((Path(path) / "manifest.json").read_text())
-        assert result["run_manifests"][label] == manifest["manifest_sha256"]
+        assert (result.run_manifests or {})[label] == manifest["manifest_sha256"]
     assert audit_comparison(folder).ok
 
 
@@ -100,7 +100,7 @@ def test_each_edit_of_comparison_json_fails_rescore_naming_the_field(job, tmp_pa
 
 def test_a_baseline_with_another_comparable_key_or_another_run_fails(job, tmp_path, capsys):
     _, result = job
-    root = Path(result["runs"]["baseline"]).parents[2]
+    root = Path(result.runs["baseline"]).parents[2]
     other, _ = run(compose_config(_overrides(root, "decoding.max_new_tokens=4", "condition=baseline")),
                    tmp_path / "runs" / "baseline" / "other-key", progress=False)  # fmt: skip
     folder = _edited(job, tmp_path, lambda d: d["runs"].update(baseline=str(other.path)))
@@ -138,8 +138,8 @@ def test_the_compare_job_reuses_only_a_baseline_that_rescores_and_says_why(tmp_p
     assert f"baseline {bad} not reused" in " ".join(out.split())
     assert ("outputs.jsonl: file is missing" if damage == "outputs_missing" else "does not re-score") in out
     assert "running the baseline first" in out
-    assert result["runs"]["baseline"] != str(bad)
-    assert result["summaries"]["baseline"]["scores"]["accuracy"] != 0.75
+    assert result.runs["baseline"] != str(bad)
+    assert result.summaries["baseline"].scores.accuracy != 0.75
     assert audit_comparison(next((tmp_path / "runs" / "compare").iterdir())).ok
 
 
@@ -147,5 +147,5 @@ def test_a_baseline_that_rescores_is_reused(tmp_path, capsys):
     good = _baseline(tmp_path, "good")
     capsys.readouterr()
     result = compare.main(_overrides(tmp_path))
-    assert result["runs"]["baseline"] == str(good)
+    assert result.runs["baseline"] == str(good)
     assert f"matching baseline run: {good}" in " ".join(capsys.readouterr().out.split())
