@@ -9,16 +9,19 @@ model.llamacpp's settings; docs/backends.md) with its frozen model.
 
 `check_overrides(args)` refuses a misspelt override in one line with the near miss ("did you mean
 decoding.max_new_tokens?"); every entry point runs it (`python -m harness` before Hydra, `compose_config` for
-`python -m harness.compare` and `python -m harness.library`). Closed choices are enums, refused at composition.
+`python -m harness.compare` and `python -m harness.library`). Closed choices are enums, refused at composition;
+ranges (`bounded`) and model.device's form are declared on the fields too, and `validate` checks every declared
+field in one walk over the schema (`check_fields`); only the rules between fields are written out in `validate`.
 
 A leaf of the harness: it imports no harness module but the exception family (harness.errors) and the execution
 schema (harness.execution, itself a leaf); the `kvgraft.claim_dir` resolver, which creates Hydra's run or sweep
 folder exclusively (harness.run_folder.claim), lives with the Hydra app in harness/__main__.py. `typed` is
 `OmegaConf.to_object` over the schema (no hand-written conversion).
 
-Over 400 lines for a reason: it is the whole schema (one dataclass per config group, the closed choices as enums)
-with the composition checks that read it; moving `compose_config`/`check_overrides` out would need every caller
-(tests, scripts, entry points) to import from a second module for one concept.
+Over 400 lines for a reason: it is the whole schema (one dataclass per config group, the closed choices as enums,
+the ranges on the fields) with the checks that read those declarations (the field walk, the composition and
+override checks); moving `compose_config`/`check_overrides` out would need every caller (tests, scripts, entry
+points) to import from a second module for one concept, and the walk means nothing without the declarations.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -52,42 +56,75 @@ LibrarySource = StrEnum("LibrarySource", "dataset harvest")
 Retrieval = StrEnum("Retrieval", "bm25 none")
 Meter = StrEnum("Meter", "auto nvml rapl none")
 ContextOverflow = StrEnum("ContextOverflow", "refuse truncate")
+ModelBackend = StrEnum("ModelBackend", "transformers llamacpp")  # kvstore.backend.Backend is the loaded engine
+KVType = StrEnum("KVType", "float16 float32 bfloat16")  # llama.cpp KV cache types an artifact can store
+
+BACKENDS = tuple(b.value for b in ModelBackend)  # model.backend's values, as plain strings
+CONTEXT_OVERFLOW = tuple(o.value for o in ContextOverflow)
+
+
+# Ranges and hints live on the fields too (field metadata): `validate` walks the whole schema once and refuses a
+# value outside its field's range in one line naming the key, the range and the hint; `compose_config` and `typed`
+# add the hint to OmegaConf's refusal of a wrong type or an enum value that is not a member.
+def bounded(default: Any, *, at_least: float | None = None, above: float | None = None, at_most: float | None = None,
+            hint: str) -> Any:  # fmt: skip
+    """A schema field whose value must lie in a range (`at_least` <= value, `above` < value, value <= `at_most`;
+    an int field must hold an integer, a float field a finite number); `hint` says what the value is."""
+    bounds = {"at_least": at_least, "above": above, "at_most": at_most}
+    return field(default=default, metadata={**{k: v for k, v in bounds.items() if v is not None}, "hint": hint})
+
+
+def choice(default: Any, hint: str) -> Any:
+    """A schema field with a hint; for an enum field its members are the allowed values."""
+    return field(default=default, metadata={"hint": hint})
+
+
+#: model.device's forms (a torch device type, then :N its index); check_device asks torch whether it exists.
+DEVICE_FIELD = {
+    "pattern": r"(cpu|cuda|mps|xpu)(:\d+)?",
+    "forms": "cpu, cuda, cuda:N, mps, xpu, xpu:N",
+    "hint": "a torch device, :N its index; whether this machine has it is checked when the model loads",
+}
 
 
 @dataclass
 class LlamaCppConfig:  # mirrors kvstore.backends.llamacpp.LlamaCppSettings (model.backend=llamacpp only)
     gguf: str = ""  # a GGUF file; "" = model.source's: the bundled Gemma 3 270M GGUF for source gemma3-270m
-    n_ctx: int = 4096  # context size (prompt + decoding.max_new_tokens must fit)
-    n_batch: int = 512  # the prefill schedule: chunks of n_batch tokens
-    n_ubatch: int = 512
-    threads: int = 2  # llama.cpp threads (decode and batch)
-    type_k: str = "float16"  # KV cache types: float16 | float32 | bfloat16 (quantized caches are not stored)
-    type_v: str = "float16"
+    n_ctx: int = bounded(4096, at_least=1, hint="the context size: prompt + decoding.max_new_tokens must fit")
+    n_batch: int = bounded(512, at_least=1, hint="the prefill schedule: chunks of n_batch tokens")
+    n_ubatch: int = bounded(512, at_least=1, hint="llama.cpp's physical batch size")
+    threads: int = bounded(2, at_least=1, hint="llama.cpp threads, decode and batch")
+    type_k: KVType = choice(KVType.float16, "the KV cache type; quantized KV caches are not stored as artifacts")
+    type_v: KVType = choice(KVType.float16, "the KV cache type; quantized KV caches are not stored as artifacts")
     flash_attn: bool = False
     swa_full: bool = True  # keep every sliding-window position: needed to deposit or graft past the window
     extra_bufts: bool = True  # llama.cpp's repacked weight buffers
-
-
-BACKENDS = ("transformers", "llamacpp")
 
 
 @dataclass
 class ModelConfig:
     name: str = "gemma3-270m"
     source: str = "gemma3-270m"  # "gemma3-270m" (bundled GGUF), "tiny-gemma3", a local folder or a hub id
-    device: str = "cpu"
-    backend: str = "transformers"  # the generation engine: transformers | llamacpp (docs/backends.md)
+    device: str = field(default="cpu", metadata=DEVICE_FIELD)  # checked against this machine by check_device
+    backend: ModelBackend = choice(ModelBackend.transformers, "the generation engine; configs/model/*.yaml, e.g. "
+                                   "model=gemma3_270m_llamacpp; docs/backends.md")  # fmt: skip
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
 
 
 #: The determinism schema is generated from the engine's own dataclass (kvstore.Determinism: the same fields, types
-#: and defaults, but mutable, as a Hydra schema must be), so the config and the engine cannot drift apart; `validate`
-#: runs the engine's checks on it (a bad value is its SettingsError as one ConfigError line).
+#: and defaults, but mutable, as a Hydra schema must be), so the config and the engine cannot drift apart; the
+#: harness's own ranges are added here, and `validate` also runs the engine's checks on it (a bad value is its
+#: SettingsError as one ConfigError line).
+_DETERMINISM_BOUNDS = {
+    "threads": {"at_least": 1, "hint": "torch intra-op threads"},
+    "prefill_chunk": {"at_least": 1, "hint": "tokens per prefill step"},
+}
 DeterminismConfig = dataclasses.make_dataclass(
     "DeterminismConfig",
-    [(f.name, typing.get_type_hints(Determinism)[f.name], field(default=f.default))
+    [(f.name, typing.get_type_hints(Determinism)[f.name],
+      bounded(f.default, **_DETERMINISM_BOUNDS[f.name]) if f.name in _DETERMINISM_BOUNDS else field(default=f.default))
      for f in dataclasses.fields(Determinism)],
-)
+)  # fmt: skip
 DeterminismConfig.__module__ = __name__
 
 
@@ -102,7 +139,7 @@ class DatasetConfig:
     columns: dict[str, str] = field(
         default_factory=lambda: {"id": "id", "problem": "problem", "answer": "answer", "solution": "solution"}
     )
-    limit: int | None = None  # take the first N problems
+    limit: int | None = bounded(None, at_least=1, hint="the first N problems; null takes them all")
 
 
 @dataclass
@@ -115,12 +152,13 @@ class PromptConfig:
 @dataclass
 class DecodingConfig:
     strategy: Strategy = Strategy.greedy  # greedy | sample
-    max_new_tokens: int = 64
-    n_samples: int = 1
-    temperature: float = 0.7
-    top_p: float = 0.95
+    max_new_tokens: int = bounded(64, at_least=1, hint="the token budget of each answer")
+    n_samples: int = bounded(1, at_least=1, hint="samples per problem")
+    temperature: float = bounded(0.7, at_least=0, hint="sampling needs > 0; greedy decoding ignores it")
+    top_p: float = bounded(0.95, above=0, at_most=1, hint="1 keeps every token; 0 keeps none")
     seed: int = 0  # sample s samples with seed + s
-    batch_size: int = 1  # samples of a problem decoded together (1: one at a time); part of comparable_key
+    # samples of a problem decoded together (1: one at a time); part of comparable_key
+    batch_size: int = bounded(1, at_least=1, hint="1 decodes one sample at a time")
 
 
 @dataclass
@@ -175,9 +213,6 @@ class RunConfig:
     context_overflow: ContextOverflow = ContextOverflow.refuse
 
 
-CONTEXT_OVERFLOW = ("refuse", "truncate")
-
-
 @dataclass
 class CompareRunConfig:
     """One run of the compare job: a condition and, for a condition with a library, its group."""
@@ -219,7 +254,8 @@ def typed(cfg: DictConfig | Config) -> Config:
     is a ConfigError naming the key and what it may be, raised before any model loads."""
     if isinstance(cfg, Config):
         c = cfg
-    else:  # OmegaConf builds the dataclasses (resolved); the schema merge refuses an unknown key or a wrong type
+    else:  # OmegaConf builds the dataclasses (resolved); the schema merge refuses an unknown key, a wrong type or
+        # a value that is not a member of its enum
         from omegaconf.errors import OmegaConfBaseException
 
         try:
@@ -230,71 +266,106 @@ def typed(cfg: DictConfig | Config) -> Config:
     return c
 
 
-def _at_least(key: str, value: Any, low: int, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{key}={value!r}: must be an integer >= {low} ({hint})")
-
-
 def validate(c: Config) -> None:
-    """Refuse settings that cannot work, one ConfigError line each: decoding (strategy, budgets, temperature > 0
-    for sampling, 0 < top_p <= 1), problem limits, determinism counts, run choices. The condition name is checked
-    against the registry by harness.run (harness.conditions imports this module), also before the model loads."""
+    """Refuse settings that cannot work, one ConfigError line each: every field's own range, enum or form as the
+    schema declares it (`check_fields`), then the rules between fields (llama.cpp on the CPU, greedy decoding with
+    one sample, temperature > 0 for sampling) and the engine's checks of the determinism settings. The condition
+    name is checked against the registry by harness.run (harness.conditions imports this module), also before the
+    model loads."""
+    check_fields(c)
     check_backend(c.model)
     d = c.decoding
-    if d.strategy not in ("greedy", "sample"):
-        raise ConfigError(f"decoding.strategy={d.strategy!r}: use 'greedy' or 'sample' (configs/decoding/)")
-    _at_least("decoding.max_new_tokens", d.max_new_tokens, 1, "the token budget of each answer")
-    _at_least("decoding.n_samples", d.n_samples, 1, "samples per problem")
-    _at_least("decoding.batch_size", d.batch_size, 1, "1 decodes one sample at a time")
     if d.strategy == "greedy" and d.n_samples > 1:
         raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
-    for key, value in (("decoding.temperature", d.temperature), ("decoding.top_p", d.top_p)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"{key}={value!r}: must be a finite number")
     if d.strategy == "sample" and d.temperature <= 0:
         raise ConfigError(f"decoding.temperature={d.temperature}: sampling needs temperature > 0 (0 is greedy "
                           "decoding: use decoding=greedy, whose rows are recorded as greedy)")  # fmt: skip
-    if d.temperature < 0:
-        raise ConfigError(f"decoding.temperature={d.temperature}: must be > 0 (greedy decoding ignores it)")
-    if not 0 < d.top_p <= 1:
-        raise ConfigError(f"decoding.top_p={d.top_p}: must be in (0, 1] (1 keeps every token; 0 keeps none)")
-    for key, ds in (("dataset", c.dataset), ("library.dataset", c.library.dataset)):
-        if ds.limit is not None:
-            _at_least(f"{key}.limit", ds.limit, 1, "the first N problems; null takes them all")
-    _at_least("determinism.threads", c.determinism.threads, 1, "torch intra-op threads")
-    _at_least("determinism.prefill_chunk", c.determinism.prefill_chunk, 1, "tokens per prefill step")
     try:  # the engine's own checks of its settings (dtype, attention, profile, ...), before the model loads
         Determinism(**dataclasses.asdict(c.determinism))
     except KVStoreError as exc:
         raise ConfigError(str(exc)) from None
-    if c.run.context_overflow not in CONTEXT_OVERFLOW:
-        raise ConfigError(f"run.context_overflow={c.run.context_overflow!r}: use one of {', '.join(CONTEXT_OVERFLOW)}")
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Walk a config dataclass and the dataclasses under it (lists of them included) and refuse, in one
+    ConfigError line naming the full key, a value its field's declaration does not allow: outside the field's
+    range (`bounded`), not a member of the field's enum (a Config built in Python is not checked by OmegaConf), or
+    not of the field's form (model.device)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        key, value = prefix + f.name, getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key + ".")
+            continue
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    check_fields(item, f"{key}[{i}].")
+        kind, optional = _base_type(hints[f.name])
+        if value is None and optional:
+            continue
+        note = f" ({f.metadata['hint']})" if f.metadata.get("hint") else ""
+        if isinstance(kind, type) and issubclass(kind, Enum):
+            allowed = [m.value for m in kind]
+            if value not in allowed:  # a StrEnum member equals its value
+                raise ConfigError(f"{key}={value!r}: use one of {', '.join(allowed)}{note}")
+        if bounds := _bounds(f):
+            _check_range(key, value, kind, bounds, note)
+        if "pattern" in f.metadata and not (isinstance(value, str) and re.fullmatch(f.metadata["pattern"], value)):
+            raise ConfigError(f"{key}={value!r}: use one of {f.metadata['forms']}{note}")
+
+
+def _base_type(kind: Any) -> tuple[Any, bool]:
+    """`int | None` -> (int, True); `int` -> (int, False)."""
+    args = typing.get_args(kind)
+    if type(None) in args and len(args) == 2:
+        return next(a for a in args if a is not type(None)), True
+    return kind, False
+
+
+def _bounds(f: dataclasses.Field) -> dict[str, float]:
+    return {k: f.metadata[k] for k in ("at_least", "above", "at_most") if k in f.metadata}
+
+
+def _range_text(kind: Any, bounds: dict[str, float]) -> str:
+    """What a `bounded` field of type `kind` must be: "an integer >= 1", "a finite number in (0, 1]", ..."""
+    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
+    if high is not None and (low is not None or above is not None):
+        span = f"in [{low}, {high}]" if low is not None else f"in ({above}, {high}]"
+    else:
+        span = f">= {low}" if low is not None else f"> {above}" if above is not None else f"<= {high}"
+    return f"{'an integer' if kind is int else 'a finite number'} {span}"
+
+
+def _check_range(key: str, value: Any, kind: Any, bounds: dict[str, float], note: str) -> None:
+    if isinstance(value, bool):
+        number = False
+    elif kind is int:
+        number = isinstance(value, int)
+    else:
+        number = isinstance(value, int | float) and math.isfinite(value)
+    if not (number and _within(value, bounds)):
+        raise ConfigError(f"{key}={value!r}: must be {_range_text(kind, bounds)}{note}")
+
+
+def _within(value: float, bounds: dict[str, float]) -> bool:
+    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
+    return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
 
 
 def check_backend(m: ModelConfig) -> None:
-    """A ConfigError naming model.backend when it is not one this harness loads, and for the llama.cpp backend
-    the settings it cannot take (CPU only, counts >= 1), before anything loads."""
-    if m.backend not in BACKENDS:
-        raise ConfigError(f"model.backend={m.backend!r}: use one of {', '.join(BACKENDS)} (configs/model/*.yaml; "
-                          "e.g. model=gemma3_270m_llamacpp)")  # fmt: skip
-    if m.backend != "llamacpp":
-        return
-    if m.device != "cpu":
+    """The llama.cpp backend's rule between fields: it runs on the CPU (model.device=cpu), a ConfigError naming
+    model.device otherwise, before anything loads. (model.backend's values and llama.cpp's counts and KV cache
+    types are the schema's: `check_fields`, and OmegaConf at composition.)"""
+    if m.backend == "llamacpp" and m.device != "cpu":
         raise ConfigError(f"model.device={m.device!r}: the llamacpp backend runs on the CPU here; use model.device=cpu")
-    lc = m.llamacpp
-    for key in ("n_ctx", "n_batch", "n_ubatch", "threads"):
-        _at_least(f"model.llamacpp.{key}", getattr(lc, key), 1, "a llama.cpp context setting")
-    kv_types = ("float16", "float32", "bfloat16")
-    for key in ("type_k", "type_v"):
-        if getattr(lc, key) not in kv_types:
-            raise ConfigError(f"model.llamacpp.{key}={getattr(lc, key)!r}: use one of {', '.join(kv_types)} "
-                              "(quantized KV caches are not stored as artifacts)")  # fmt: skip
 
 
 def llamacpp_settings(m: ModelConfig) -> dict[str, Any]:
     """The LlamaCppSettings fields `m` names: model.llamacpp's, with the GGUF from model.source when
     model.llamacpp.gguf is empty (source gemma3-270m: the bundled file) and model.name as the model name."""
     s = dataclasses.asdict(m.llamacpp) if dataclasses.is_dataclass(m.llamacpp) else dict(m.llamacpp)
+    s = {k: v.value if isinstance(v, Enum) else v for k, v in s.items()}  # KV cache types as plain strings
     if not s.get("gguf") and m.source != "gemma3-270m":
         s["gguf"] = m.source
     return {**s, "model_name": m.name}
@@ -415,13 +486,33 @@ def check_overrides(args: list[str]) -> None:
 
 
 def _one_line(exc: Exception) -> str:
-    """Hydra's / OmegaConf's message in one line (their first line, plus the key it names when there is one)."""
+    """Hydra's / OmegaConf's message in one line: their first line (and their cause's), the key it names when the
+    line does not, and that field's range and hint from the schema (`_field_note`)."""
     text = str(exc).strip().splitlines()
     first = text[0] if text else type(exc).__name__
     cause = exc.__cause__
     if cause is not None and str(cause).strip():
         first = f"{first} ({str(cause).strip().splitlines()[0]})"
-    return first
+    key = next((k for k in (getattr(e, "full_key", None) for e in (exc, cause)) if isinstance(k, str) and k), None)
+    if key is None:
+        return first
+    return f"{first if key in first else f'{key}: {first}'}{_field_note(key)}"
+
+
+def _field_note(key: str) -> str:
+    """What the schema declares for the field at dotted `key`, its range and hint (`; decoding.max_new_tokens: an
+    integer >= 1 (the token budget of each answer)`), or "" when it declares nothing or has no such field."""
+    cls: Any = Config
+    found = None
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return ""
+        found, cls = fields[part], typing.get_type_hints(cls)[part]
+    hint = found.metadata.get("hint")
+    if bounds := _bounds(found):
+        return f"; {key}: {_range_text(_base_type(cls)[0], bounds)}" + (f" ({hint})" if hint else "")
+    return f"; {key}: {hint}" if hint else ""
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = "config"):

@@ -24,6 +24,11 @@ its artifact holds, under this process's settings and environment, keeping entry
 environment its artifacts were computed in. The environment and determinism settings are bound per artifact,
 not in the identity: a graft refuses an artifact computed elsewhere, naming the field, and `--redeposit` fixes it
 in place.
+
+Over 400 lines because it is the library's on-disk format written and read in one place: `Library` checks exactly
+the manifest and index rows that `build_library` and `redeposit_library` write (`_write_library`), so splitting
+the reader from the writers would put the two halves of one format in two modules (the sources and the identity
+already live in harness/library_source.py, the bundles in harness/library_bundle.py).
 """
 
 from __future__ import annotations

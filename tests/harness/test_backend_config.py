@@ -6,20 +6,25 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import compose_config, llamacpp_settings, load_model, typed
+from harness.config import Config, ModelConfig, compose_config, llamacpp_settings, load_model, typed
 from harness.errors import ConfigError
 from harness.run import backend_record, comparable_key, context_size, resume_key
 from kvstore.backends.fake import FakeBackend
 
 
 def test_an_unknown_backend_is_one_config_error_before_any_load() -> None:
-    with pytest.raises(ConfigError, match=r"model.backend='vllm': use one of transformers, llamacpp"):
+    # model.backend is an enum: composition refuses it, naming the key, the allowed values and the field's hint
+    says = r"model.backend=vllm \(Invalid value 'vllm', expected one of \[transformers, llamacpp\]\); model.backend: "
+    with pytest.raises(ConfigError, match=says + "the generation engine"):
         load_model(compose_config(["model.backend=vllm"]))
+    with pytest.raises(ConfigError, match=r"model.backend='vllm': use one of transformers, llamacpp"):
+        load_model(Config(model=ModelConfig(backend="vllm")))  # a Config built in Python: the schema walk refuses it
 
 
 @pytest.mark.parametrize(("override", "message"), [
     ("model.llamacpp.n_ctx=0", r"model.llamacpp.n_ctx=0: must be an integer >= 1"),
-    ("model.llamacpp.type_k=q8_0", r"model.llamacpp.type_k='q8_0': use one of float16"),
+    ("model.llamacpp.type_k=q8_0", r"model.llamacpp.type_k=q8_0 \(Invalid value 'q8_0', expected one of "
+                                   r"\[float16, float32, bfloat16\]\); .*quantized KV caches are not stored"),
     ("model.device=cuda", r"model.device='cuda': the llamacpp backend runs on the CPU"),
 ])  # fmt: skip
 def test_llamacpp_settings_that_cannot_work_are_refused_naming_the_key(override: str, message: str) -> None:

@@ -4,14 +4,18 @@ a recorded choice (harness.run.fit_context), never prefilled silently."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+import typing
+from enum import Enum
 from pathlib import Path
 
 import pytest
 
+import harness.config
 from harness.audit import audit
-from harness.config import compose_config, load_model, typed
+from harness.config import Config, DecodingConfig, compose_config, load_model, typed, validate
 from harness.errors import ConfigError
 from harness.problems import Problem
 from harness.run import fit_context, run
@@ -54,6 +58,75 @@ def test_values_in_range_pass():
     typed(compose_config(["decoding.temperature=0"]))  # greedy ignores the temperature: 0 is no contradiction
 
 
+@pytest.mark.parametrize("override,message", [
+    ("decoding.max_new_tokens=0", "decoding.max_new_tokens=0: must be an integer >= 1 (the token budget of each answer)"),
+    ("decoding.top_p=1.5", "decoding.top_p=1.5: must be a finite number in (0, 1] (1 keeps every token; 0 keeps none)"),
+    ("decoding.temperature=-1",
+     "decoding.temperature=-1.0: must be a finite number >= 0 (sampling needs > 0; greedy decoding ignores it)"),
+    ("library.dataset.limit=0", "library.dataset.limit=0: must be an integer >= 1 (the first N problems; null takes them all)"),
+    ("determinism.prefill_chunk=0", "determinism.prefill_chunk=0: must be an integer >= 1 (tokens per prefill step)"),
+    ("model.llamacpp.threads=0", "model.llamacpp.threads=0: must be an integer >= 1 (llama.cpp threads, decode and batch)"),
+    ("model.device=gpu", "model.device='gpu': use one of cpu, cuda, cuda:N, mps, xpu, xpu:N (a torch device, :N its "
+                         "index; whether this machine has it is checked when the model loads)"),
+])  # fmt: skip
+def test_a_range_declared_on_a_field_is_one_line_naming_the_key_and_the_range(override, message, monkeypatch):
+    """The ranges (and model.device's form) are the schema's field declarations, checked by one walk over the nested
+    config dataclasses when the config is typed: before any model loads (loading it here would fail the test)."""
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(harness.config, "load_frozen_model", no_load)
+    monkeypatch.setattr(harness.config, "load_backend", no_load)
+    cfg = compose_config([override])  # composes: the value has the field's type
+    for attempt in (lambda: typed(cfg), lambda: load_model(cfg)):
+        with pytest.raises(ConfigError) as caught:
+            attempt()
+        assert str(caught.value) == message
+
+
+def _enum_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, type[Enum]]]:
+    """Every schema key whose field is an enum, with the enum (read from the schema, so a new one is tested)."""
+    found = []
+    for name, kind in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(kind):
+            found += _enum_fields(kind, f"{prefix}{name}.")
+        elif isinstance(kind, type) and issubclass(kind, Enum):
+            found.append((prefix + name, kind))
+    return found
+
+
+def test_the_closed_choices_are_enums() -> None:
+    keys = {key for key, _ in _enum_fields()}
+    assert {"model.backend", "model.llamacpp.type_k", "model.llamacpp.type_v", "decoding.strategy",
+            "run.context_overflow", "library.retrieval", "energy.meter", "library.source"} <= keys  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "enum"), _enum_fields())
+def test_a_value_outside_an_enum_fails_composition_naming_the_key_and_the_allowed_values(key, enum) -> None:
+    allowed = ", ".join(m.value for m in enum)
+    with pytest.raises(ConfigError) as caught:
+        compose_config([f"{key}=nope"])  # refused by composition itself, before typed() or any model
+    message = str(caught.value)
+    assert f"{key}=nope (Invalid value 'nope', expected one of [{allowed}])" in message and "\n" not in message
+
+
+def test_a_config_built_in_python_is_held_to_the_same_declarations() -> None:
+    """OmegaConf checks a composed config's enums; a Config built in Python is checked by the schema walk."""
+    with pytest.raises(ConfigError, match=r"^decoding.strategy='beam': use one of greedy, sample$"):
+        validate(Config(decoding=DecodingConfig(strategy="beam")))
+    with pytest.raises(ConfigError, match=r"^decoding.n_samples=0: must be an integer >= 1 \(samples per problem\)$"):
+        validate(Config(decoding=DecodingConfig(n_samples=0)))
+    with pytest.raises(ConfigError, match=r"^decoding.max_new_tokens=True: must be an integer >= 1"):
+        validate(Config(decoding=DecodingConfig(max_new_tokens=True)))
+    validate(Config(decoding=DecodingConfig(strategy="sample", n_samples=2)))  # a plain string equal to a member
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "mps", "xpu:0"])
+def test_each_device_form_composes(device) -> None:
+    typed(compose_config([f"model.device={device}"]))  # whether this machine has it is check_device's question
+
+
 @pytest.mark.parametrize("device", ["cuda:99", "xpu:7", "mps", "gpu"])
 def test_a_device_this_machine_lacks_is_refused_before_the_model_loads(device):
     t0 = time.perf_counter()
@@ -62,8 +135,13 @@ def test_a_device_this_machine_lacks_is_refused_before_the_model_loads(device):
     assert time.perf_counter() - t0 < 5  # no model was loaded
 
 
-@pytest.mark.parametrize("name,says", [("grft", "condition.name='grft': did you mean graft?"),
-                                       ("nothing", "condition.name='nothing': use one of baseline, graft, incontext")])
+@pytest.mark.parametrize(
+    "name,says",
+    [
+        ("grft", "condition.name='grft': did you mean graft?"),
+        ("nothing", "condition.name='nothing': use one of baseline, graft, incontext"),
+    ],
+)
 def test_an_unknown_condition_fails_before_the_model_loads(tmp_path, name, says):
     cfg = compose_config([f"condition.name={name}", f"runs_dir={tmp_path}", "tracking=off"])  # the real model
     t0 = time.perf_counter()
