@@ -13,23 +13,22 @@ decoding.max_new_tokens?"); every entry point runs it (`python -m harness` befor
 ranges (`bounded`) and model.device's form are declared on the fields too, and `validate` checks every declared
 field in one walk over the schema (`check_fields`); only the rules between fields are written out in `validate`.
 
-A leaf of the harness: it imports no harness module but the exception family (harness.errors) and the execution
-schema (harness.execution, itself a leaf); the `kvgraft.claim_dir` resolver, which creates Hydra's run or sweep
-folder exclusively (harness.run_folder.claim), lives with the Hydra app in harness/__main__.py. `typed` is
-`OmegaConf.to_object` over the schema (no hand-written conversion).
+A leaf of the harness: it imports no harness module but the exception family (harness.errors), the execution
+schema (harness.execution) and the field declarations with their checking walk (harness.config_fields), each
+itself a leaf; the `kvgraft.claim_dir` resolver, which creates Hydra's run or sweep folder exclusively
+(harness.run_folder.claim), lives with the Hydra app in harness/__main__.py. `typed` is `OmegaConf.to_object`
+over the schema (no hand-written conversion).
 
 Over 400 lines for a reason: it is the whole schema (one dataclass per config group, the closed choices as enums,
-the ranges on the fields) with the checks that read those declarations (the field walk, the composition and
-override checks); moving `compose_config`/`check_overrides` out would need every caller (tests, scripts, entry
-points) to import from a second module for one concept, and the walk means nothing without the declarations.
+the ranges on the fields) with the composition and override checks that read it; moving `compose_config` /
+`check_overrides` out would make every caller (tests, scripts, entry points) import a second module for one
+concept. The generic field walk is harness/config_fields.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import re
 import typing
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -39,6 +38,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from harness.config_fields import bounded, check_fields, choice, field_note
 from harness.errors import ConfigError
 from harness.execution import ExecutionConfig
 from kvstore import Determinism, KVStoreError, load_frozen_model
@@ -61,22 +61,6 @@ KVType = StrEnum("KVType", "float16 float32 bfloat16")  # llama.cpp KV cache typ
 
 BACKENDS = tuple(b.value for b in ModelBackend)  # model.backend's values, as plain strings
 CONTEXT_OVERFLOW = tuple(o.value for o in ContextOverflow)
-
-
-# Ranges and hints live on the fields too (field metadata): `validate` walks the whole schema once and refuses a
-# value outside its field's range in one line naming the key, the range and the hint; `compose_config` and `typed`
-# add the hint to OmegaConf's refusal of a wrong type or an enum value that is not a member.
-def bounded(default: Any, *, at_least: float | None = None, above: float | None = None, at_most: float | None = None,
-            hint: str) -> Any:  # fmt: skip
-    """A schema field whose value must lie in a range (`at_least` <= value, `above` < value, value <= `at_most`;
-    an int field must hold an integer, a float field a finite number); `hint` says what the value is."""
-    bounds = {"at_least": at_least, "above": above, "at_most": at_most}
-    return field(default=default, metadata={**{k: v for k, v in bounds.items() if v is not None}, "hint": hint})
-
-
-def choice(default: Any, hint: str) -> Any:
-    """A schema field with a hint; for an enum field its members are the allowed values."""
-    return field(default=default, metadata={"hint": hint})
 
 
 #: model.device's forms (a torch device type, then :N its index); check_device asks torch whether it exists.
@@ -286,73 +270,6 @@ def validate(c: Config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_fields(obj: Any, prefix: str = "") -> None:
-    """Walk a config dataclass and the dataclasses under it (lists of them included) and refuse, in one
-    ConfigError line naming the full key, a value its field's declaration does not allow: outside the field's
-    range (`bounded`), not a member of the field's enum (a Config built in Python is not checked by OmegaConf), or
-    not of the field's form (model.device)."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        key, value = prefix + f.name, getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            check_fields(value, key + ".")
-            continue
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                if dataclasses.is_dataclass(item):
-                    check_fields(item, f"{key}[{i}].")
-        kind, optional = _base_type(hints[f.name])
-        if value is None and optional:
-            continue
-        note = f" ({f.metadata['hint']})" if f.metadata.get("hint") else ""
-        if isinstance(kind, type) and issubclass(kind, Enum):
-            allowed = [m.value for m in kind]
-            if value not in allowed:  # a StrEnum member equals its value
-                raise ConfigError(f"{key}={value!r}: use one of {', '.join(allowed)}{note}")
-        if bounds := _bounds(f):
-            _check_range(key, value, kind, bounds, note)
-        if "pattern" in f.metadata and not (isinstance(value, str) and re.fullmatch(f.metadata["pattern"], value)):
-            raise ConfigError(f"{key}={value!r}: use one of {f.metadata['forms']}{note}")
-
-
-def _base_type(kind: Any) -> tuple[Any, bool]:
-    """`int | None` -> (int, True); `int` -> (int, False)."""
-    args = typing.get_args(kind)
-    if type(None) in args and len(args) == 2:
-        return next(a for a in args if a is not type(None)), True
-    return kind, False
-
-
-def _bounds(f: dataclasses.Field) -> dict[str, float]:
-    return {k: f.metadata[k] for k in ("at_least", "above", "at_most") if k in f.metadata}
-
-
-def _range_text(kind: Any, bounds: dict[str, float]) -> str:
-    """What a `bounded` field of type `kind` must be: "an integer >= 1", "a finite number in (0, 1]", ..."""
-    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
-    if high is not None and (low is not None or above is not None):
-        span = f"in [{low}, {high}]" if low is not None else f"in ({above}, {high}]"
-    else:
-        span = f">= {low}" if low is not None else f"> {above}" if above is not None else f"<= {high}"
-    return f"{'an integer' if kind is int else 'a finite number'} {span}"
-
-
-def _check_range(key: str, value: Any, kind: Any, bounds: dict[str, float], note: str) -> None:
-    if isinstance(value, bool):
-        number = False
-    elif kind is int:
-        number = isinstance(value, int)
-    else:
-        number = isinstance(value, int | float) and math.isfinite(value)
-    if not (number and _within(value, bounds)):
-        raise ConfigError(f"{key}={value!r}: must be {_range_text(kind, bounds)}{note}")
-
-
-def _within(value: float, bounds: dict[str, float]) -> bool:
-    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
-    return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
-
-
 def check_backend(m: ModelConfig) -> None:
     """The llama.cpp backend's rule between fields: it runs on the CPU (model.device=cpu), a ConfigError naming
     model.device otherwise, before anything loads. (model.backend's values and llama.cpp's counts and KV cache
@@ -500,19 +417,8 @@ def _one_line(exc: Exception) -> str:
 
 
 def _field_note(key: str) -> str:
-    """What the schema declares for the field at dotted `key`, its range and hint (`; decoding.max_new_tokens: an
-    integer >= 1 (the token budget of each answer)`), or "" when it declares nothing or has no such field."""
-    cls: Any = Config
-    found = None
-    for part in key.split("."):
-        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-        if part not in fields:
-            return ""
-        found, cls = fields[part], typing.get_type_hints(cls)[part]
-    hint = found.metadata.get("hint")
-    if bounds := _bounds(found):
-        return f"; {key}: {_range_text(_base_type(cls)[0], bounds)}" + (f" ({hint})" if hint else "")
-    return f"; {key}: {hint}" if hint else ""
+    """What the schema declares for the field at dotted `key` (harness.config_fields.field_note on `Config`)."""
+    return field_note(Config, key)
 
 
 def compose_config(overrides: list[str] | None = None, config_name: str = "config"):

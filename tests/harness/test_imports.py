@@ -88,6 +88,10 @@ def test_library_does_not_import_run():
 
 
 def test_the_config_schema_is_a_leaf():
-    """harness/config.py imports no harness module but the exception family and the execution schema."""
-    harness = {m for m in import_graph()["harness.config"] if m.startswith("harness")}
-    assert harness <= {"harness.errors", "harness.execution"}, harness
+    """harness/config.py imports no harness module but the exception family, the execution schema and the field
+    declarations, and those import no harness module but the exception family."""
+    graph = import_graph()
+    harness = {m for m in graph["harness.config"] if m.startswith("harness")}
+    assert harness <= {"harness.errors", "harness.execution", "harness.config_fields"}, harness
+    for leaf in ("harness.execution", "harness.config_fields"):
+        assert {m for m in graph[leaf] if m.startswith("harness")} <= {"harness.errors"}, leaf
