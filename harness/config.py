@@ -38,7 +38,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config_fields import bounded, check_fields, choice, field_note
+from harness.config_fields import bounded, check_choice, check_fields, choice, field_note
 from harness.errors import ConfigError
 from harness.execution import ExecutionConfig
 from kvstore import Determinism, KVStoreError, load_frozen_model
@@ -379,7 +379,8 @@ def _near(word: str, choices: list[str]) -> str:
 def check_overrides(args: list[str]) -> None:
     """Refuse, in one ConfigError line with the near miss, an override whose key the schema does not have
     (`decoding.max_new_token=8`: did you mean decoding.max_new_tokens?) or a group option that does not exist
-    (`condition=graf`). Hydra flags, `hydra.*` and `~key` deletions are left to Hydra."""
+    (`condition=graf`), or a value a closed choice does not have (`energy.meter=bogus`: use one of auto, nvml,
+    rapl, none). Hydra flags, `hydra.*` and `~key` deletions are left to Hydra."""
     keys, mappings = _keys(Config)
     groups = _groups()
     for arg in args:
@@ -396,6 +397,7 @@ def check_overrides(args: list[str]) -> None:
                                       f"the options are {', '.join(groups[key])}")  # fmt: skip
             continue
         if key in keys or any(key.startswith(m + ".") for m in mappings):
+            check_choice(Config, key, [v.strip() for v in value.split(",")])  # a closed choice, before Hydra runs
             continue
         hint = _near(key, sorted(keys))
         raise ConfigError(f"{arg}: no config key {key!r}; {hint}the keys are in harness/config.py "

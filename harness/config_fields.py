@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 
-__all__ = ["bounded", "check_fields", "choice", "field_note"]
+__all__ = ["bounded", "check_choice", "check_fields", "choice", "field_note", "lookup"]
 
 
 # Ranges and hints live on the fields too (field metadata): `validate` walks the whole schema once and refuses a
@@ -105,18 +105,40 @@ def _within(value: float, bounds: dict[str, float]) -> bool:
     return (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
 
 
-def field_note(root: type, key: str) -> str:
-    """What the schema declares for the field at dotted `key`, its range and hint (`; decoding.max_new_tokens: an
-    integer >= 1 (the token budget of each answer)`) in the schema rooted at `root`, or "" when it declares nothing
-    or has no such field."""
+def lookup(root: type, key: str) -> tuple[dataclasses.Field, Any] | None:
+    """The schema field at dotted `key` under the dataclass `root` and its type (Optional removed), or None."""
     cls: Any = root
     found = None
     for part in key.split("."):
         fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
         if part not in fields:
-            return ""
+            return None
         found, cls = fields[part], typing.get_type_hints(cls)[part]
+    return (found, _base_type(cls)[0]) if found is not None else None
+
+
+def check_choice(root: type, key: str, values: list[str]) -> None:
+    """Refuse, in one ConfigError line naming the key, the allowed values and the hint, a value of `values` (an
+    override's, each of a sweep's) that is not a member of the enum field at `key`; other fields pass."""
+    got = lookup(root, key)
+    if got is None or not (isinstance(got[1], type) and issubclass(got[1], Enum)):
+        return
+    allowed = [m.value for m in got[1]]
+    for value in values:
+        if value not in allowed and value != "null" and "${" not in value:
+            hint = got[0].metadata.get("hint")
+            raise ConfigError(f"{key}={value}: use one of {', '.join(allowed)}" + (f" ({hint})" if hint else ""))
+
+
+def field_note(root: type, key: str) -> str:
+    """What the schema declares for the field at dotted `key`, its range and hint (`; decoding.max_new_tokens: an
+    integer >= 1 (the token budget of each answer)`) in the schema rooted at `root`, or "" when it declares nothing
+    or has no such field."""
+    got = lookup(root, key)
+    if got is None:
+        return ""
+    found, kind = got
     hint = found.metadata.get("hint")
     if bounds := _bounds(found):
-        return f"; {key}: {_range_text(_base_type(cls)[0], bounds)}" + (f" ({hint})" if hint else "")
+        return f"; {key}: {_range_text(kind, bounds)}" + (f" ({hint})" if hint else "")
     return f"; {key}: {hint}" if hint else ""

@@ -59,6 +59,29 @@ def test_overrides_the_schema_allows_pass_the_check():
                      "~tracking.uri", "condition=baseline,graft", "model=null", "library.dataset.limit=2"])  # fmt: skip
 
 
+@pytest.mark.parametrize(("override", "line"), [
+    ("energy.meter=bogus", "energy.meter=bogus: use one of auto, nvml, rapl, none"),
+    ("decoding.strategy=greedy,sampl", "decoding.strategy=sampl: use one of greedy, sample"),  # a sweep's value
+    ("model.llamacpp.type_k=q8_0", "model.llamacpp.type_k=q8_0: use one of float16, float32, bfloat16"),
+])
+def test_a_closed_choice_is_refused_before_hydra_runs(override, line):
+    """`python -m harness` checks overrides before Hydra composes, so a bad enum value is one line, not Hydra's
+    multi-line merge error."""
+    with pytest.raises(ConfigError) as caught:
+        check_overrides([override, "energy.meter=none", "decoding.strategy=sample"])
+    assert str(caught.value).startswith(line) and "\n" not in str(caught.value)
+
+
+def test_the_entry_point_prints_one_line_for_a_bad_choice(repo_root):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "harness", "energy.meter=bogus", "tracking=off"], cwd=repo_root,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    assert done.stderr.strip().splitlines() == ["error: energy.meter=bogus: use one of auto, nvml, rapl, none"]
+
+
 def test_config_groups_mirror_the_harness_concepts():
     assert set(GROUPS) >= {"model", "dataset", "condition", "decoding", "library", "tracking", "energy", "prompt"}
     assert Path(CONFIG_DIR / "config.yaml").is_file()

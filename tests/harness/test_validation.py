@@ -35,16 +35,16 @@ REPO = Path(__file__).resolve().parents[2]
     (["decoding.max_new_tokens=0"], "decoding.max_new_tokens=0"),
     (["decoding=sample", "decoding.n_samples=0"], "decoding.n_samples=0"),
     (["decoding.batch_size=0"], "decoding.batch_size=0"),
-    (["decoding.strategy=beam"], "decoding.strategy=beam (Invalid value 'beam', expected one of [greedy, sample])"),
-    (["energy.meter=zeus"], "energy.meter=zeus (Invalid value 'zeus', expected one of [auto, nvml, rapl, none])"),
-    (["library.retrieval=dense"], "library.retrieval=dense (Invalid value 'dense', expected one of [bm25, none])"),
+    (["decoding.strategy=beam"], "decoding.strategy=beam: use one of greedy, sample"),
+    (["energy.meter=zeus"], "energy.meter=zeus: use one of auto, nvml, rapl, none"),
+    (["library.retrieval=dense"], "library.retrieval=dense: use one of bm25, none"),
     (["decoding.n_samples=4"], "greedy decoding with n_samples > 1"),
     (["dataset.limit=0"], "dataset.limit=0"),
     (["dataset.limit=-2"], "dataset.limit=-2"),
     (["library.dataset.limit=0"], "library.dataset.limit=0"),
     (["determinism.threads=0"], "determinism.threads=0"),
     (["determinism.prefill_chunk=0"], "determinism.prefill_chunk=0"),
-    (["run.context_overflow=ignore"], "run.context_overflow=ignore (Invalid value 'ignore', expected one of [refuse,"),
+    (["run.context_overflow=ignore"], "run.context_overflow=ignore: use one of refuse, truncate"),
 ])  # fmt: skip
 def test_each_out_of_range_value_is_one_line_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as caught:
@@ -108,7 +108,7 @@ def test_a_value_outside_an_enum_fails_composition_naming_the_key_and_the_allowe
     with pytest.raises(ConfigError) as caught:
         compose_config([f"{key}=nope"])  # refused by composition itself, before typed() or any model
     message = str(caught.value)
-    assert f"{key}=nope (Invalid value 'nope', expected one of [{allowed}])" in message and "\n" not in message
+    assert message.startswith(f"{key}=nope: use one of {allowed}") and "\n" not in message
 
 
 def test_a_config_built_in_python_is_held_to_the_same_declarations() -> None:
