@@ -104,7 +104,7 @@ verify-graft: setup
 	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)
 
 # Pre-registered replay (scripts/replay_registry.json): every registered profile, each in its own process.
-# PROFILE=native|portable replays one; ARGS=--register (with PROFILE) registers this machine's hashes.
+# PROFILE=native|portable replays one; ARGS=--register (with PROFILE) registers this machine's hashes beside others'.
 replay: setup
 	$(PY) scripts/replay.py $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
 

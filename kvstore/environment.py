@@ -17,9 +17,11 @@ compared at graft (`environment_differences`, called by kvstore.graft.settings_d
 
 Profiles (`determinism.profile`): "native" runs the machine's own kernel paths (none of the three variables
 set); "portable" pins them to AVX2 (`PROFILES`), a path every x86-64 machine of the last decade has, so that
-machines of different vendors can run the same kernels (`make replay` measures whether they then compute the
-same bits). The variables only act when set before torch is imported: `check_profile` refuses a process where
-they were not, and `enter_profile` (called by the entry points) re-executes the process with them set.
+machines of different vendors run the same kernel paths. It does not promise the same bits: an AMD EPYC
+registration replayed on an Intel Xeon under it, every kernel-path field equal, reproduced 0/55 hashes (`make
+replay`, which keeps measuring it; `PORTABLE_PROFILES` is empty). The variables only act when set before torch
+is imported: `check_profile` refuses a process where they were not, and `enter_profile` (called by the entry
+points) re-executes the process with them set.
 
 This module imports torch only inside functions, so importing it changes nothing.
 """
@@ -46,8 +48,13 @@ PROFILES: dict[str, dict[str, str]] = {
     "native": {},
     "portable": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
 }
-# Portable promises the same bits on any machine that runs its kernel paths (the replay registry checks it).
-PORTABLE_PROFILES = ("portable",)
+# Profiles that promise the same bits on any machine running their kernel paths (harness/replay.py then requires
+# every machine's registration to reproduce). None does: the AMD EPYC (AVX2) registration replayed on an Intel
+# Xeon (AVX-512) under the portable profile, with ATen capability, MKL_CBWR, ONEDNN_MAX_CPU_ISA (all AVX2), torch,
+# transformers and threads equal, reproduced 0/55 hashes (only cpu_vendor, cpu_model, device_name differed;
+# docs/exactness.md, "Exactness that travels"). "portable" still pins the kernel paths; it promises nothing across
+# vendors.
+PORTABLE_PROFILES: tuple[str, ...] = ()
 
 # Fields recorded for information only: they do not select the arithmetic.
 _INFORMATIONAL = ("format", "python", "profile")

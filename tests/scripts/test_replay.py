@@ -1,5 +1,7 @@
-"""harness/replay.py (run as scripts/replay.py): the comparison of a registered profile with a recomputation (pure, on hand-made
-entries), and the script end to end on a tiny registry of the tiny random-weight model."""
+"""harness/replay.py (run as scripts/replay.py): the comparison of a profile's registrations (one per environment:
+this machine's is the check, the others are measurements) with a recomputation, the registry's formats and
+--register's replace-or-append (pure, on hand-made entries), and the script end to end on a tiny registry of the
+tiny random-weight model."""
 
 from __future__ import annotations
 
@@ -32,51 +34,118 @@ def _entry(env: dict, hashes=("a1", "b2"), first="c3", tokens=(5, 6)) -> dict:
 
 ENV = environment_fingerprint()
 # another machine than this one (the tests run on Intel and AMD machines alike)
-OTHER = {**ENV, **({"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC"} if ENV["cpu_vendor"] == "GenuineIntel"
-                   else {"cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R)"})}
+_AMD, _INTEL = ("AuthenticAMD", "AMD EPYC"), ("GenuineIntel", "Intel(R) Xeon(R)")
+_VENDOR, _MODEL = _AMD if ENV["cpu_vendor"] == "GenuineIntel" else _INTEL
+OTHER = {**ENV, "cpu_vendor": _VENDOR, "cpu_model": _MODEL, "device_name": _MODEL}
 
 
 def test_same_environment_and_every_hash_reproduced_passes():
-    out = replay.compare(_entry(ENV), _entry(ENV), "native")
-    assert out.passed and out.reproduced == 3 and not out.environment_differences
+    out = replay.replay_profile([_entry(ENV)], _entry(ENV), "native")
+    assert out.passed and len(out.checks) == 1 and not out.others
+    assert out.checks[0].reproduced == 3 and out.checks[0].matches_environment
     assert out.verdict() == "profile native: 3/3 reproduced; environment matches the registered one -> PASS"
 
 
 def test_one_hash_not_reproduced_fails_and_is_named():
     out = replay.compare(_entry(ENV), _entry(ENV, hashes=("a1", "XX")), "native")
-    assert not out.passed and out.reproduced == 2
+    assert not out.all_reproduced and out.reproduced == 2
     assert [r["name"] for r in out.rows if not r["reproduced"]] == ["sample 1 (10+4)"]
+    assert not replay.replay_profile([_entry(ENV)], _entry(ENV, hashes=("a1", "XX")), "native").passed
     bad_decode = replay.compare(_entry(ENV), _entry(ENV, tokens=(5, 7)), "native")
-    assert not bad_decode.passed and not bad_decode.rows[-1]["reproduced"]
+    assert not bad_decode.all_reproduced and not bad_decode.rows[-1]["reproduced"]
 
 
 def test_a_graft_that_is_not_exact_is_not_reproduced_even_when_the_reference_is():
     now = _entry(ENV)
     now["samples"][0]["graft_equal"] = False
-    assert not replay.compare(_entry(ENV), now, "native").passed
+    assert not replay.compare(_entry(ENV), now, "native").all_reproduced
+    assert not replay.replay_profile([_entry(ENV)], now, "native").passed
 
 
-@pytest.mark.parametrize("profile, passes", [("native", False), ("portable", True)])
-def test_another_environment_passes_only_under_a_portable_profile_that_reproduced_all(profile, passes):
-    out = replay.compare(_entry(OTHER), _entry(ENV), profile)
-    assert out.reproduced == 3 and out.passed is passes
-    assert {d.split(":")[0] for d in out.environment_differences} == {"environment.cpu_model",
-                                                                      "environment.cpu_vendor"}
-    assert "3/3 reproduced in a different environment (2 facts differ" in out.verdict()
-    differing = [key for key, _, _, same in out.environment if not same]
-    assert differing == ["cpu_model", "cpu_vendor"]  # shown side by side, marked
-    one_off = replay.compare(_entry(OTHER), _entry(ENV, first="zz"), profile)
-    assert not one_off.passed  # portability promised but not kept
+def test_another_environments_registration_is_a_measurement_that_does_not_decide():
+    # this machine's registration reproduces; the other machine's does not (its bits differ)
+    regs = [_entry(OTHER, first="zz"), _entry(ENV)]
+    out = replay.replay_profile(regs, _entry(ENV), "portable")  # portable promises nothing (PORTABLE_PROFILES)
+    assert out.passed and not out.portable and len(out.checks) == 1 and len(out.others) == 1
+    other = out.others[0]
+    assert other.reproduced == 2 and not other.all_reproduced and other.source == f"{_MODEL} ({_VENDOR})"
+    assert {d.split(":")[0] for d in other.environment_differences} == {
+        "environment.cpu_model", "environment.cpu_vendor", "environment.device_name"}
+    assert [key for key, _, _, same in other.environment if not same] == ["cpu_model", "cpu_vendor", "device_name"]
+    line = out.measurement_line(other)
+    assert line.startswith(f"profile portable: against the registration from {_MODEL} ({_VENDOR}): 2/3 reproduced; "
+                           f"3 facts differ: cpu_model {_MODEL!r} -> {ENV['cpu_model']!r}, ")
+    assert line.endswith("(a portability measurement; it does not decide the exit status)")
+    assert out.verdict() == "profile portable: 3/3 reproduced; environment matches the registered one -> PASS"
+    # this machine's registration still decides: not reproduced here fails, whatever the other one says
+    assert not replay.replay_profile([_entry(OTHER), _entry(ENV, first="zz")], _entry(ENV), "portable").passed
+
+
+def test_no_registration_of_this_environment_fails_with_the_register_command():
+    out = replay.replay_profile([_entry(OTHER)], _entry(ENV), "native")  # every hash reproduced, elsewhere
+    assert not out.passed and not out.checks and out.others[0].all_reproduced
+    assert out.verdict() == (
+        f"profile native: no registration matches this machine's environment ({ENV['device_name']} "
+        f"({ENV['cpu_vendor']}); registered: {_MODEL} ({_VENDOR})); register it with "
+        "`make replay PROFILE=native ARGS=--register` -> FAIL")
+    custom = replay.replay_profile([_entry(OTHER)], _entry(ENV), "native", registry="/tmp/r.json")
+    assert "`make replay PROFILE=native ARGS='--register --registry /tmp/r.json'` -> FAIL" in custom.verdict()
+
+
+def test_a_profile_that_promises_portability_needs_every_registration_to_reproduce(monkeypatch):
+    import kvstore.environment
+
+    monkeypatch.setattr(kvstore.environment, "PORTABLE_PROFILES", ("portable",))
+    kept = replay.replay_profile([_entry(OTHER), _entry(ENV)], _entry(ENV), "portable")
+    assert kept.portable and kept.passed
+    assert kept.measurement_line(kept.others[0]).endswith("(the profile promises portability) -> PASS")
+    broken = replay.replay_profile([_entry(OTHER, first="zz"), _entry(ENV)], _entry(ENV), "portable")
+    assert not broken.passed
+    assert broken.measurement_line(broken.others[0]).endswith("(the profile promises portability) -> FAIL")
+    assert broken.verdict() == ("profile portable: 3/3 reproduced; environment matches the registered one; the "
+                                "profile promises portability: 0/1 other registrations reproduced in full -> FAIL")
+    assert replay.replay_profile([_entry(OTHER, first="zz"), _entry(ENV)], _entry(ENV), "native").passed
 
 
 def test_other_inputs_are_not_comparable():
     now = _entry(ENV)
     now["model_fingerprint"] = "n" * 64
-    out = replay.compare(_entry(ENV), now, "native")
+    out = replay.replay_profile([_entry(ENV)], now, "native")
     assert not out.passed and "NOT COMPARABLE: model_fingerprint" in out.verdict()
     moved = _entry(ENV)
     moved["samples"][1]["tokens_sha256"] = "other"
-    assert "sample 1: its tokens differ" in replay.compare(_entry(ENV), moved, "native").verdict()
+    assert "sample 1: its tokens differ" in replay.replay_profile([_entry(ENV)], moved, "native").verdict()
+
+
+def test_a_format_1_registry_is_read_as_one_registration_per_profile(tmp_path):
+    old = {"format": "kvgraft-replay/1", "params": {"samples": 2},
+           "profiles": {"native": _entry(OTHER), "portable": _entry(ENV)}}
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps(old))
+    reg = replay.read_registry(path)
+    assert reg["format"] == "kvgraft-replay/2" and reg["params"] == {"samples": 2}
+    assert reg["profiles"] == {"native": [_entry(OTHER)], "portable": [_entry(ENV)]}
+    replay.write_registry(path, reg)  # writing always writes format 2
+    assert json.loads(path.read_text()) == {**old, "format": "kvgraft-replay/2", "profiles": reg["profiles"]}
+    assert replay.read_registry(path) == reg
+    path.write_text(json.dumps({"format": "kvgraft-replay/9", "profiles": {}}))
+    with pytest.raises(SystemExit, match="format 'kvgraft-replay/9'"):
+        replay.read_registry(path)
+
+
+def test_register_replaces_this_environments_registration_and_appends_another():
+    reg = {"format": "kvgraft-replay/2", "params": {}, "profiles": {"native": [_entry(OTHER), _entry(ENV)]}}
+    other_before = json.loads(json.dumps(reg["profiles"]["native"][0]))
+    reg, replaced = replay.register(reg, "native", _entry(ENV, first="new"))
+    assert replaced and len(reg["profiles"]["native"]) == 2
+    assert reg["profiles"]["native"][0] == other_before  # the other machine's is kept as it was
+    assert reg["profiles"]["native"][1]["decode"][0]["first_logits_sha256"] == "new"
+    third = {**ENV, "aten_cpu_capability": "SOMETHING_ELSE"}
+    reg, replaced = replay.register(reg, "native", _entry(third))
+    assert not replaced and [r["environment"] for r in reg["profiles"]["native"]] == [OTHER, ENV, third]
+    reg, replaced = replay.register(reg, "portable", _entry(ENV))  # a profile not registered yet
+    assert not replaced and reg["profiles"]["portable"] == [_entry(ENV)]
+    assert len(reg["profiles"]["native"]) == 3
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -91,8 +160,10 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
              "--decode-tokens", "3"]
     r = _run("--profile", "native", "--register", *small)
     assert r.returncode == 0, r.stderr
+    assert "appended (1 registration of the profile)" in r.stdout
     registry = json.loads(reg.read_text())
-    entry = registry["profiles"]["native"]
+    assert registry["format"] == "kvgraft-replay/2"
+    [entry] = registry["profiles"]["native"]
     assert registry["params"]["samples"] == 3 and len(entry["samples"]) == 3 and len(entry["decode"]) == 2
     # the subprocess ran under the default pinned settings; earlier tests may have changed this process's threads
     Determinism().apply()
@@ -102,10 +173,31 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "profile native: 5/5 reproduced; environment matches the registered one -> PASS" in r.stdout
 
-    entry["samples"][1]["logits_sha256"] = "0" * 64
-    entry["environment"]["cpu_model"] = OTHER["cpu_model"]
+    # another machine's registration (one hash off) beside this one's: measured, the exit status stays 0
+    other = json.loads(json.dumps(entry))
+    other["samples"][1]["logits_sha256"] = "0" * 64
+    other["environment"]["cpu_model"] = OTHER["cpu_model"]
+    registry["profiles"]["native"] = [other, entry]
     reg.write_text(json.dumps(registry))
     r = _run("--registry", str(reg))  # every registered profile, each in its own process
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "profile native: against the registration from " in r.stdout
+    assert "4/5 reproduced; 1 facts differ: cpu_model" in r.stdout
+    assert "profile native: 5/5 reproduced; environment matches the registered one -> PASS" in r.stdout
+    assert "replay: native PASS" in r.stdout
+
+    # registering again replaces this machine's registration and keeps the other one
+    r = _run("--profile", "native", "--register", *small)
+    assert r.returncode == 0, r.stderr
+    assert "replaced this environment's registration (2 registrations of the profile)" in r.stdout
+    assert json.loads(reg.read_text())["profiles"]["native"][0] == other
+
+    # only the other machine's registration: no check here -> FAIL, naming the command that registers
+    registry["profiles"]["native"] = [other]
+    reg.write_text(json.dumps(registry))
+    r = _run("--registry", str(reg))
     assert r.returncode == 1
-    assert "4/5 reproduced in a different environment (1 facts differ; the profile does not promise" in r.stdout
-    assert "DIFFERS" in r.stdout and "replay: native FAIL" in r.stdout
+    assert "DIFFERS" not in r.stdout and "4/5 reproduced; 1 facts differ" in r.stdout
+    assert "profile native: no registration matches this machine's environment" in r.stdout
+    assert f"`make replay PROFILE=native ARGS='--register --registry {reg}'` -> FAIL" in r.stdout
+    assert "replay: native FAIL" in r.stdout
