@@ -1,31 +1,21 @@
-"""scripts/recurring_factor.py's table: totals per problem and overall, each factor baseline / graft, computed
+"""harness/recurring_factor.py's table (make recurring-factor): totals per problem and overall, each factor baseline / graft, computed
 from the rows (hand-built rows here; the experiment itself is `make recurring-factor`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("recurring_factor", REPO / "scripts" / "recurring_factor.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from harness.recurring_factor import factor_table
 
 
 def test_the_factor_table_sums_rows_and_divides_baseline_by_graft(fakerun: ModuleType) -> None:
     base = fakerun.make_rows("baseline")
     graft = [dataclasses.replace(r, condition="graft", wall_s=r.wall_s / 4,
                                  completion=dataclasses.replace(r.completion, decode_tokens=2)) for r in base]  # fmt: skip
-    table = _script().factor_table(base, graft)
+    table = factor_table(base, graft)
     total = table["total"]
     assert total["baseline"]["decode_tokens"] == sum(r.completion.decode_tokens for r in base)
     assert total["graft"]["decode_tokens"] == 2 * len(graft)
