@@ -47,17 +47,33 @@ def temp_path(path: Path) -> Path:
     return path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
 
 
+def _locked_temp(path: Path, attempts: int = 8) -> tuple[Path, BinaryIO]:
+    """A new temp file next to `path`, created and then locked. A `gc` that ran between the two (with grace 0 it
+    may lock and remove a file that young) leaves this process holding an unlinked file: then take a new name."""
+    for _ in range(attempts):
+        tmp = temp_path(path)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        f = os.fdopen(fd, "w+b")
+        try_lock(f.fileno(), blocking=True)
+        try:
+            if os.stat(tmp).st_ino == os.fstat(f.fileno()).st_ino:
+                return tmp, f
+        except FileNotFoundError:
+            pass
+        f.close()  # removed by a concurrent gc before we locked it: nothing of ours is in it yet
+    raise OSError(f"{path.parent}: {attempts} temp files in a row were removed before they could be locked; is a "
+                  "gc with grace 0 running in a loop? run gc with its default grace period")
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """Open a locked temp file next to `path` for writing (and reading back); on a clean exit it is flushed,
     fsync'ed and renamed over `path`, then the folder is fsync'ed; on any exception it is removed and `path` is
     untouched. The file is created with mode 0o666 (the process umask applies, as for any new file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    tmp, f = _locked_temp(path)
     try:
-        with os.fdopen(fd, "w+b") as f:  # closing it releases the lock, after the rename
-            try_lock(f.fileno(), blocking=True)
+        with f:  # closing it releases the lock, after the rename
             yield f
             f.flush()
             os.fsync(f.fileno())

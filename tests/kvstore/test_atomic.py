@@ -23,6 +23,27 @@ def test_atomic_write_replaces_the_whole_file_and_leaves_no_temp(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["f.bin"]
 
 
+def test_a_gc_that_removes_the_temp_before_the_writer_locks_it_does_not_break_the_write(tmp_path, monkeypatch):
+    """The window between creating the temp file and locking it: a gc with grace 0 may lock and remove it there
+    (tests/kvstore/test_admission.py races the two for real). The writer notices and takes a new name."""
+    import kvstore.atomic as atomic
+
+    target = tmp_path / "f.bin"
+    real_lock, removed = atomic.try_lock, []
+
+    def gc_first(fd: int, blocking: bool) -> bool:
+        if not removed:  # the first temp file: a gc removes it before the writer's lock
+            removed.extend(p for p in tmp_path.iterdir() if p.name.endswith(".tmp"))
+            for p in removed:
+                p.unlink()
+        return real_lock(fd, blocking)
+
+    monkeypatch.setattr(atomic, "try_lock", gc_first)
+    atomic_write(target, b"whole bytes")
+    assert len(removed) == 1 and target.read_bytes() == b"whole bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
 def test_a_failing_streamed_write_keeps_the_old_file_and_removes_its_temp(tmp_path):
     target = tmp_path / "bundle.tar"
     target.write_bytes(b"old")
