@@ -24,7 +24,7 @@ __all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison"]
 
 WIDE_COLUMNS = 150  # the side-by-side table needs about this many columns
 _MAX_MISSES = 20
-_NARROW: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True,
+_NARROW: dict[str, Any] = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "collapse_padding": True,
                            "title_justify": "left"}  # fmt: skip
 
 

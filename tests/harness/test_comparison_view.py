@@ -70,6 +70,21 @@ def test_at_80_columns_nothing_is_cut_and_directions_are_stated(fakerun: ModuleT
     assert "loaded" not in text
 
 
+def test_at_80_columns_a_full_size_job_is_not_cut_either(fakerun: ModuleType, tmp_path: Path) -> None:
+    """The widest figures a 40-problem job prints (40/40 twins, two-digit stop counts, 3-digit prefill per row,
+    the longest run label) still fit 80 columns."""
+    from harness.pairing import Pairing
+
+    result, _ = _result(fakerun, tmp_path)
+    figures = {k: dataclasses.replace(s, stop_reasons={"eos": 1, "stop": 34, "length": 5},
+                                      tokens=dataclasses.replace(s.tokens, prefill=340 * 3, grafted=273 * 3))
+               for k, s in result.summaries.items()}  # fmt: skip
+    pairs = {g: dataclasses.replace(p, pairing=Pairing(40, 0)) for g, p in (result.pairs or {}).items()}
+    text = _render(dataclasses.replace(result, summaries=figures, pairs=pairs), 80)
+    assert "…" not in text and "40/40" in text and "1/34/5" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
 def test_wide_terminals_get_the_side_by_side_table(fakerun: ModuleType, tmp_path: Path) -> None:
     result, _ = _result(fakerun, tmp_path)
     text = _render(result, 200)
