@@ -13,11 +13,11 @@ recomputes `comparison(...)` from the run folders and diffs the JSON field by fi
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from harness.comparison_plan import Plan
-from harness.figures import Energy, GroupScores, Scores, Times, Tokens
+from harness.figures import Energy, FlatJson, GroupScores, Scores, Times, Tokens
 from harness.pairing import Pairing
 from harness.record import Summary
 from harness.run_folder import RunFolder
@@ -27,32 +27,8 @@ __all__ = ["COMPARISON", "Comparison", "Factors", "JobLoad", "LibraryRecord", "P
 
 COMPARISON = "comparison.json"
 
-_T = TypeVar("_T")
-
-
-def _flat(cls: type[_T], d: Any) -> _T:
-    """A flat dataclass from its JSON object: every field by name, a defaulted one may be absent (older files);
-    a missing required field raises KeyError naming it."""
-    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING]  # type: ignore[arg-type]
-    if missing:
-        raise KeyError(missing[0])
-    return cls(**{k: d[k] for k in names if k in d})
-
-
-class _FlatJson:
-    """A dataclass of JSON scalars written as one object, its fields as keys (older files may lack defaulted ones)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
-
-    @classmethod
-    def from_json(cls: type[_T], d: Any) -> _T:
-        return _flat(cls, d)
-
-
 @dataclass(frozen=True)
-class Factors(_FlatJson):
+class Factors(FlatJson):
     """What a graft saves against reading the same entry in context: incontext / graft (above 1: cheaper)."""
 
     prefill_factor: float | None = None
@@ -62,7 +38,7 @@ class Factors(_FlatJson):
 
 
 @dataclass(frozen=True)
-class VsBaseline(_FlatJson):
+class VsBaseline(FlatJson):
     """A run against the comparison's baseline (factors are baseline / run; None where a side has no figure)."""
 
     baseline_run: str
@@ -147,7 +123,7 @@ class PairResult:
 
 
 @dataclass(frozen=True)
-class RunLoad:
+class RunLoad(FlatJson):
     """The 1-minute load average when a run of the job started and ended."""
 
     start: float | None = None
@@ -168,15 +144,15 @@ class JobLoad:
         return max(seen) if seen else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"cores": self.cores, "runs": {k: asdict(v) for k, v in (self.runs or {}).items()}}
+        return {"cores": self.cores, "runs": {k: v.to_json() for k, v in (self.runs or {}).items()}}
 
     @classmethod
     def from_json(cls, d: Any) -> JobLoad:
-        return cls(d.get("cores"), {k: _flat(RunLoad, v) for k, v in (d.get("runs") or {}).items()})
+        return cls(d.get("cores"), {k: RunLoad.from_json(v) for k, v in (d.get("runs") or {}).items()})
 
 
 @dataclass(frozen=True)
-class LibraryRecord(_FlatJson):
+class LibraryRecord(FlatJson):
     """The library the job opened or built (comparison.json `library`; not re-checked): which, how big, how long."""
 
     name: str | None = None

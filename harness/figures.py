@@ -13,14 +13,31 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, TypeVar
 
 from harness.metrics import summarize_groups, summarize_scores
 
-__all__ = ["TOKEN_KINDS", "Energy", "GroupScores", "Scores", "Times", "Tokens"]
+__all__ = ["TOKEN_KINDS", "Energy", "FlatJson", "GroupScores", "Scores", "Times", "Tokens"]
 
 _PASS = re.compile(r"^pass@(\d+)$")
+_T = TypeVar("_T")
+
+
+class FlatJson:
+    """A dataclass written as one JSON object, its fields as keys in field order (`to_json`), and read back
+    (`from_json`): a field with a default may be absent (older files), a missing required one raises KeyError
+    naming it. For records whose JSON is exactly their fields."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[_T], d: Mapping[str, Any]) -> _T:
+        missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING]  # type: ignore[arg-type]
+        if missing:
+            raise KeyError(missing[0])
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -50,18 +67,11 @@ class Scores:
         }  # fmt: skip
 
     @classmethod
-    def _fields(cls, d: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            "n_problems": d["n_problems"], "n_samples": d["n_samples"], "n_rows": d["n_rows"],
-            "correct": d["correct"], "accuracy": d["accuracy"], "accuracy_ci_low": d["accuracy_ci_low"],
-            "accuracy_ci_high": d["accuracy_ci_high"],
-            "pass_at": {int(m[1]): v for k, v in d.items() if (m := _PASS.match(k))},
-        }  # fmt: skip
-
-    @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Scores:
-        """The scores of a summary's `scores`; a missing key raises KeyError naming it (avg@n is accuracy)."""
-        return cls(**cls._fields(d))
+        """The scores of a summary's `scores` (a subclass's fields too); a missing key raises KeyError naming it
+        (avg@n is accuracy, so it is not read)."""
+        pass_at = {int(m[1]): v for k, v in d.items() if (m := _PASS.match(k))}
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name != "pass_at"}, pass_at=pass_at)
 
 
 @dataclass(frozen=True)
@@ -78,13 +88,9 @@ class GroupScores(Scores):
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "decode_tokens": self.decode_tokens}
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> GroupScores:
-        return cls(**cls._fields(d), decode_tokens=d["decode_tokens"])
-
 
 @dataclass(frozen=True)
-class Tokens:
+class Tokens(FlatJson):
     """Token totals over a run's rows: the prompt the model saw = prefill (computed) + grafted (restored)."""
 
     prompt: int
@@ -98,12 +104,6 @@ class Tokens:
         return cls(sum(len(c.context_ids) for c in cs), sum(c.prefill_tokens for c in cs),
                    sum(c.grafted_tokens for c in cs), sum(c.decode_tokens for c in cs))  # fmt: skip
 
-    def to_json(self) -> dict[str, int]:
-        return {"prompt": self.prompt, "prefill": self.prefill, "grafted": self.grafted, "decode": self.decode}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Tokens:
-        return cls(d["prompt"], d["prefill"], d["grafted"], d["decode"])
 
 
 TOKEN_KINDS = tuple(f.name for f in fields(Tokens))  # summary.json tokens keys; rows' <kind>_tokens
@@ -138,7 +138,7 @@ class Times:
 
 
 @dataclass(frozen=True)
-class Energy:
+class Energy(FlatJson):
     """The run's energy: `status` is "measured:<source>" or "unavailable:<reason>"; joules None when unavailable."""
 
     status: str
@@ -147,10 +147,3 @@ class Energy:
     @property
     def measured(self) -> bool:
         return self.joules is not None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "joules": self.joules}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Energy:
-        return cls(d["status"], d.get("joules"))
