@@ -1,4 +1,4 @@
-"""harness/replay.py (run as scripts/replay.py): the comparison of a profile's registrations (one per environment:
+"""harness/replay_registry.py and harness/replay.py (run as scripts/replay.py): the comparison of a profile's registrations (one per environment:
 this machine's is the check, the others are measurements) with a recomputation, the registry's formats and
 --register's replace-or-append (pure, on hand-made entries), and the script end to end on a tiny registry of the
 tiny random-weight model."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import replay
+from harness import replay_registry
 from kvstore import Determinism, environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,32 +40,32 @@ OTHER = {**ENV, "cpu_vendor": _VENDOR, "cpu_model": _MODEL, "device_name": _MODE
 
 
 def test_same_environment_and_every_hash_reproduced_passes():
-    out = replay.replay_profile([_entry(ENV)], _entry(ENV), "native")
+    out = replay_registry.replay_profile([_entry(ENV)], _entry(ENV), "native")
     assert out.passed and len(out.checks) == 1 and not out.others
     assert out.checks[0].reproduced == 3 and out.checks[0].matches_environment
     assert out.verdict() == "profile native: 3/3 reproduced; environment matches the registered one -> PASS"
 
 
 def test_one_hash_not_reproduced_fails_and_is_named():
-    out = replay.compare(_entry(ENV), _entry(ENV, hashes=("a1", "XX")), "native")
+    out = replay_registry.compare(_entry(ENV), _entry(ENV, hashes=("a1", "XX")), "native")
     assert not out.all_reproduced and out.reproduced == 2
     assert [r["name"] for r in out.rows if not r["reproduced"]] == ["sample 1 (10+4)"]
-    assert not replay.replay_profile([_entry(ENV)], _entry(ENV, hashes=("a1", "XX")), "native").passed
-    bad_decode = replay.compare(_entry(ENV), _entry(ENV, tokens=(5, 7)), "native")
+    assert not replay_registry.replay_profile([_entry(ENV)], _entry(ENV, hashes=("a1", "XX")), "native").passed
+    bad_decode = replay_registry.compare(_entry(ENV), _entry(ENV, tokens=(5, 7)), "native")
     assert not bad_decode.all_reproduced and not bad_decode.rows[-1]["reproduced"]
 
 
 def test_a_graft_that_is_not_exact_is_not_reproduced_even_when_the_reference_is():
     now = _entry(ENV)
     now["samples"][0]["graft_equal"] = False
-    assert not replay.compare(_entry(ENV), now, "native").all_reproduced
-    assert not replay.replay_profile([_entry(ENV)], now, "native").passed
+    assert not replay_registry.compare(_entry(ENV), now, "native").all_reproduced
+    assert not replay_registry.replay_profile([_entry(ENV)], now, "native").passed
 
 
 def test_another_environments_registration_is_a_measurement_that_does_not_decide():
     # this machine's registration reproduces; the other machine's does not (its bits differ)
     regs = [_entry(OTHER, first="zz"), _entry(ENV)]
-    out = replay.replay_profile(regs, _entry(ENV), "portable")  # portable promises nothing (PORTABLE_PROFILES)
+    out = replay_registry.replay_profile(regs, _entry(ENV), "portable")  # portable promises nothing (PORTABLE_PROFILES)
     assert out.passed and not out.portable and len(out.checks) == 1 and len(out.others) == 1
     other = out.others[0]
     assert other.reproduced == 2 and not other.all_reproduced and other.source == f"{_MODEL} ({_VENDOR})"
@@ -78,17 +78,17 @@ def test_another_environments_registration_is_a_measurement_that_does_not_decide
     assert line.endswith("(a portability measurement; it does not decide the exit status)")
     assert out.verdict() == "profile portable: 3/3 reproduced; environment matches the registered one -> PASS"
     # this machine's registration still decides: not reproduced here fails, whatever the other one says
-    assert not replay.replay_profile([_entry(OTHER), _entry(ENV, first="zz")], _entry(ENV), "portable").passed
+    assert not replay_registry.replay_profile([_entry(OTHER), _entry(ENV, first="zz")], _entry(ENV), "portable").passed
 
 
 def test_no_registration_of_this_environment_fails_with_the_register_command():
-    out = replay.replay_profile([_entry(OTHER)], _entry(ENV), "native")  # every hash reproduced, elsewhere
+    out = replay_registry.replay_profile([_entry(OTHER)], _entry(ENV), "native")  # every hash reproduced, elsewhere
     assert not out.passed and not out.checks and out.others[0].all_reproduced
     assert out.verdict() == (
         f"profile native: no registration matches this machine's environment ({ENV['device_name']} "
         f"({ENV['cpu_vendor']}); registered: {_MODEL} ({_VENDOR})); register it with "
         "`make replay PROFILE=native ARGS=--register` -> FAIL")
-    custom = replay.replay_profile([_entry(OTHER)], _entry(ENV), "native", registry="/tmp/r.json")
+    custom = replay_registry.replay_profile([_entry(OTHER)], _entry(ENV), "native", registry="/tmp/r.json")
     assert "`make replay PROFILE=native ARGS='--register --registry /tmp/r.json'` -> FAIL" in custom.verdict()
 
 
@@ -96,25 +96,25 @@ def test_a_profile_that_promises_portability_needs_every_registration_to_reprodu
     import kvstore.environment
 
     monkeypatch.setattr(kvstore.environment, "PORTABLE_PROFILES", ("portable",))
-    kept = replay.replay_profile([_entry(OTHER), _entry(ENV)], _entry(ENV), "portable")
+    kept = replay_registry.replay_profile([_entry(OTHER), _entry(ENV)], _entry(ENV), "portable")
     assert kept.portable and kept.passed
     assert kept.measurement_line(kept.others[0]).endswith("(the profile promises portability) -> PASS")
-    broken = replay.replay_profile([_entry(OTHER, first="zz"), _entry(ENV)], _entry(ENV), "portable")
+    broken = replay_registry.replay_profile([_entry(OTHER, first="zz"), _entry(ENV)], _entry(ENV), "portable")
     assert not broken.passed
     assert broken.measurement_line(broken.others[0]).endswith("(the profile promises portability) -> FAIL")
     assert broken.verdict() == ("profile portable: 3/3 reproduced; environment matches the registered one; the "
                                 "profile promises portability: 0/1 other registrations reproduced in full -> FAIL")
-    assert replay.replay_profile([_entry(OTHER, first="zz"), _entry(ENV)], _entry(ENV), "native").passed
+    assert replay_registry.replay_profile([_entry(OTHER, first="zz"), _entry(ENV)], _entry(ENV), "native").passed
 
 
 def test_other_inputs_are_not_comparable():
     now = _entry(ENV)
     now["model_fingerprint"] = "n" * 64
-    out = replay.replay_profile([_entry(ENV)], now, "native")
+    out = replay_registry.replay_profile([_entry(ENV)], now, "native")
     assert not out.passed and "NOT COMPARABLE: model_fingerprint" in out.verdict()
     moved = _entry(ENV)
     moved["samples"][1]["tokens_sha256"] = "other"
-    assert "sample 1: its tokens differ" in replay.replay_profile([_entry(ENV)], moved, "native").verdict()
+    assert "sample 1: its tokens differ" in replay_registry.replay_profile([_entry(ENV)], moved, "native").verdict()
 
 
 def test_a_format_1_registry_is_read_as_one_registration_per_profile(tmp_path):
@@ -122,28 +122,28 @@ def test_a_format_1_registry_is_read_as_one_registration_per_profile(tmp_path):
            "profiles": {"native": _entry(OTHER), "portable": _entry(ENV)}}
     path = tmp_path / "registry.json"
     path.write_text(json.dumps(old))
-    reg = replay.read_registry(path)
+    reg = replay_registry.read_registry(path)
     assert reg["format"] == "kvgraft-replay/2" and reg["params"] == {"samples": 2}
     assert reg["profiles"] == {"native": [_entry(OTHER)], "portable": [_entry(ENV)]}
-    replay.write_registry(path, reg)  # writing always writes format 2
+    replay_registry.write_registry(path, reg)  # writing always writes format 2
     assert json.loads(path.read_text()) == {**old, "format": "kvgraft-replay/2", "profiles": reg["profiles"]}
-    assert replay.read_registry(path) == reg
+    assert replay_registry.read_registry(path) == reg
     path.write_text(json.dumps({"format": "kvgraft-replay/9", "profiles": {}}))
     with pytest.raises(SystemExit, match="format 'kvgraft-replay/9'"):
-        replay.read_registry(path)
+        replay_registry.read_registry(path)
 
 
 def test_register_replaces_this_environments_registration_and_appends_another():
     reg = {"format": "kvgraft-replay/2", "params": {}, "profiles": {"native": [_entry(OTHER), _entry(ENV)]}}
     other_before = json.loads(json.dumps(reg["profiles"]["native"][0]))
-    reg, replaced = replay.register(reg, "native", _entry(ENV, first="new"))
+    reg, replaced = replay_registry.register(reg, "native", _entry(ENV, first="new"))
     assert replaced and len(reg["profiles"]["native"]) == 2
     assert reg["profiles"]["native"][0] == other_before  # the other machine's is kept as it was
     assert reg["profiles"]["native"][1]["decode"][0]["first_logits_sha256"] == "new"
     third = {**ENV, "aten_cpu_capability": "SOMETHING_ELSE"}
-    reg, replaced = replay.register(reg, "native", _entry(third))
+    reg, replaced = replay_registry.register(reg, "native", _entry(third))
     assert not replaced and [r["environment"] for r in reg["profiles"]["native"]] == [OTHER, ENV, third]
-    reg, replaced = replay.register(reg, "portable", _entry(ENV))  # a profile not registered yet
+    reg, replaced = replay_registry.register(reg, "portable", _entry(ENV))  # a profile not registered yet
     assert not replaced and reg["profiles"]["portable"] == [_entry(ENV)]
     assert len(reg["profiles"]["native"]) == 3
 
