@@ -74,17 +74,17 @@ log-run: setup
 # One table + plots across the runs of a sweep (RUN=runs/multirun/<stamp> or any folder of run folders), logged to MLflow.
 report: setup
 	@test -n "$(RUN)" || { echo "usage: make report RUN=runs/multirun/<stamp>"; exit 2; }
-	$(PY) -m harness.report $(RUN) $(ARGS)
+	$(PY) -m harness.compare.report $(RUN) $(ARGS)
 
 mlflow-ui: setup
 	@echo "open http://127.0.0.1:5000 and pick experiment kvgraft-aime; its runs view is ?workflowType=machine_learning (the UI defaults to GenAI); a compare run's description links the headline view"
 	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
 
 # An MLflow tracking server on 127.0.0.1:$(PORT) (SQLite under runs/): jobs log with tracking=server
-# (tracking.uri=http://127.0.0.1:5000), from any number of processes at once (harness/mlflow_server.py).
+# (tracking.uri=http://127.0.0.1:5000), from any number of processes at once (harness/tracking/server.py).
 PORT ?= 5000
 mlflow-server: setup
-	$(PY) -m harness.mlflow_server --runs $(CURDIR)/runs --port $(PORT) $(ARGS)
+	$(PY) -m harness.tracking.server --runs $(CURDIR)/runs --port $(PORT) $(ARGS)
 
 # The scale-out extras (docs/scale-out.md): an S3 store (boto3 + SeaweedFS for the local server the tests start)
 setup-s3: setup

@@ -1,6 +1,6 @@
 """Hydra entry point: `python -m harness [overrides]` (`make aime-baseline`), `-m` for multirun sweeps.
 
-Each job writes its run folder to Hydra's output dir, named as harness.run_folder.STAMP_FORMAT says and created
+Each job writes its run folder to Hydra's output dir, named as harness.record.folder.STAMP_FORMAT says and created
 exclusively (configs/config.yaml's `kvgraft.claim_dir`): runs/<condition>/<stamp>/ (multirun:
 runs/multirun/<stamp>[-N]/<job>_<condition>/, `-N` when another sweep took that second). A single run resumes
 an interrupted run of the same config under runs/<condition>/ (its folder, not Hydra's new one, which is
@@ -21,11 +21,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import check_overrides
+from harness.config.schema import check_overrides
 from harness.errors import ConfigError, debugging, exit_on_error
-from harness.run import run
-from harness.run_folder import RunFolder, claim
-from kvstore.environment import PROFILES, enter_profile, profile_problems
+from harness.record.folder import RunFolder, claim
+from harness.run.loop import run
+from kvstore import PROFILES, enter_profile, profile_problems
 
 #: Free space a Hydra run needs before its job starts: Hydra writes .hydra/ and its log into the folder itself,
 #: where a full disk would give its traceback instead of our one line.

@@ -91,21 +91,21 @@ class LibraryError(HarnessError):
 class RunFolderError(HarnessError):
     """A run folder is missing a file, or a file cannot be parsed (harness/RUN_FORMAT.md).
 
-    Raised by harness.run_folder.RunFolder when reading a folder, and so by the audit, rescore and log-run.
+    Raised by harness.record.folder.RunFolder when reading a folder, and so by the audit, rescore and log-run.
     Pass a complete run folder (one with manifest.json), restore the named file, or re-run.
     """
 
 
 class StorageError(HarnessError):
     """The file system refused a write the harness needs: the disk is full (ENOSPC, EDQUOT) or the folder is
-    read-only (EROFS, EACCES). Raised by harness.run_folder while a run folder is created or written; the message
+    read-only (EROFS, EACCES). Raised by harness.record.folder while a run folder is created or written; the message
     names the path. Free space, or point `runs_dir=` at a writable folder; rows already written stay in
     outputs.partial.jsonl, so re-running the same command resumes the run.
     """
 
 
 class RunInterrupted(HarnessError):
-    """A run was stopped by Ctrl-C (SIGINT) or SIGTERM. Raised by harness.run after the rows so far are on disk
+    """A run was stopped by Ctrl-C (SIGINT) or SIGTERM. Raised by harness.run.loop after the rows so far are on disk
     (outputs.partial.jsonl) and the folder is unlocked: re-run the same command to resume, `run.fresh=true` to
     start over. `exit_code` is 128 + the signal number, as a shell reports a process the signal killed.
     """
@@ -143,7 +143,7 @@ def storage_error(exc: OSError, path: str | Path, doing: str) -> HarnessError | 
 
 
 class PairingError(HarnessError):
-    """A graft row differs from its in-context twin (harness/pairing.py): the graft did not carry exactly what
+    """A graft row differs from its in-context twin (harness/compare/pairing.py): the graft did not carry exactly what
     reading the entry in context carries. Raised by the compare job after comparison.json is written, and reported
     by the rescore of a compare folder. A defect of the engine or the environment, never noise: re-run
     `make verify-graft` and report the rows named.

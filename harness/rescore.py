@@ -7,14 +7,14 @@ Run from the repository root::
     python scripts/rescore.py RUN_DIR --json                                # machine-readable result
 
 It re-hashes ``manifest.json``, ``outputs.jsonl`` (file and every row), ``summary.json`` and
-``problems.jsonl``, re-scores every completion with ``harness.answers.score`` and recomputes the
-summary scores and groups (``harness.audit.audit``), then prints recorded vs recomputed scores.
+``problems.jsonl``, re-scores every completion with ``harness.task.answers.score`` and recomputes the
+summary scores and groups (``harness.record.audit.audit``), then prints recorded vs recomputed scores.
 
 Given a compare folder (``runs/compare/<stamp>``, holding ``comparison.json``), it audits every run the
 comparison lists, checks each is the run it was made from (manifest SHA-256), of the condition, group and
 comparable key its label says, re-checks the graft-vs-incontext pairing from the recorded rows (same completion
 token ids and first-logits SHA-256) and recomputes every figure of comparison.json from those runs, naming any
-field that differs (``harness.comparison_audit.audit_comparison``)::
+field that differs (``harness.compare.audit.audit_comparison``)::
 
     make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
 
@@ -35,11 +35,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.audit import RunCheck, audit, diff_values
-from harness.comparison import COMPARISON
-from harness.comparison_audit import ComparisonCheck, audit_comparison
+from harness.compare.audit import ComparisonCheck, audit_comparison
+from harness.compare.comparison import COMPARISON
 from harness.errors import HarnessError
-from harness.run_folder import RunFolder
+from harness.record.audit import RunCheck, audit, diff_values
+from harness.record.folder import RunFolder
 
 
 def _fmt(value: Any) -> str:
@@ -99,12 +99,12 @@ def _main_comparison(compare_dir: Path, as_json: bool) -> int:
         check = audit_comparison(compare_dir)
     except HarnessError as exc:
         print(json.dumps({"ok": False, "error": str(exc)}) if as_json else f"error: {exc}",
-              file=sys.stdout if as_json else sys.stderr)  # fmt: skip
+              file=sys.stdout if as_json else sys.stderr)
         return 2
     if as_json:
         print(json.dumps({"ok": check.ok, "findings": check.findings, "pairs": check.pairs,
                           "runs": {k: {"ok": r.ok, "n_rows": r.n_rows} for k, r in check.runs.items()}},
-                         indent=2, sort_keys=True))  # fmt: skip
+                         indent=2, sort_keys=True))
     else:
         _print_comparison(compare_dir, check)
     return 0 if check.ok else 1
@@ -114,11 +114,11 @@ def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
     """Re-check every job of a sweep folder (``runs/multirun/<stamp>``: run folders one level down, or compare
     folders): one line per job, then the verdict. Exit 2 when the folder holds no run at all."""
     jobs = sorted({*(p.parent for p in sweep_dir.glob(f"*/{COMPARISON}")),
-                   *(f.path for f in RunFolder.find(sweep_dir))})  # fmt: skip
+                   *(f.path for f in RunFolder.find(sweep_dir))})
     if not jobs:
         message = f"{sweep_dir}: no run folder (manifest.json) or compare folder (comparison.json) in it or below it"
         print(json.dumps({"ok": False, "error": message}) if as_json else f"error: {message}",
-              file=sys.stdout if as_json else sys.stderr)  # fmt: skip
+              file=sys.stdout if as_json else sys.stderr)
         return 2
     results, findings = {}, []
     for job in jobs:

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - not POSIX: gc relies on the grace peri
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["atomic_directory", "atomic_file", "atomic_write", "discard", "fsync_dir", "publish", "temp_path",
-           "try_lock"]  # fmt: skip
+           "try_lock"]
 
 
 def try_lock(fd: int, blocking: bool) -> bool:

@@ -9,7 +9,7 @@
     kvstore gc
     kvstore export (ID ... | --tag T) [--attach FILE ...] -o BUNDLE   # artifacts (+ opaque files) as one file
     kvstore import BUNDLE [--attachments-dir DIR]   # verify every byte, then add all or nothing
-    (a solution library: python -m harness.library_bundle export|import, harness/library_bundle.py)
+    (a solution library: python -m harness.library.bundle export|import, harness/library/bundle.py)
 
 The store defaults to $KVGRAFT_STORE or runs/store; the model to the bundled Gemma 3 270M. Ids may be
 abbreviated to a unique prefix of at least 8 hex digits. Every failure prints one line, `kvstore: error: ...`, and
@@ -28,12 +28,13 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from kvstore.backends.transformers.model import BUNDLED, layout_string
 from kvstore.determinism import ATTN_IMPLEMENTATIONS
 from kvstore.errors import InvalidIdError, KVStoreError, NotFoundError
-from kvstore.format import read_metadata
-from kvstore.model import BUNDLED, layout_string
-from kvstore.open_store import open_store
-from kvstore.store import ArtifactId, LocalStore
+from kvstore.format.artifact import read_metadata
+from kvstore.format.ids import ArtifactId
+from kvstore.store.local import LocalStore
+from kvstore.store.open import open_store
 
 MIN_PREFIX = 8
 _EPILOG = (f"Ids may be abbreviated to a unique prefix of at least {MIN_PREFIX} hex digits.\nExit status: 0 ok, "
@@ -172,10 +173,10 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
 
 
 def _deposit(args) -> int:
-    from kvstore.capture import deposit_tokens
+    from kvstore.backends.transformers.capture import deposit_tokens
+    from kvstore.backends.transformers.model import load_frozen_model
     from kvstore.determinism import Determinism
     from kvstore.environment import enter_profile
-    from kvstore.model import load_frozen_model
 
     enter_profile(args.profile)  # re-executes with the profile's kernel variables when not set
     if os.environ.get("KVGRAFT_DEBUG", "") in ("", "0"):  # transformers' notes on fallback kernels are not ours
@@ -317,7 +318,7 @@ def _gc(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------- export / import
-# (kvstore/bundle.py; the bundle format is FORMAT.md section 7)
+# (kvstore/bundle/bundle.py; the bundle format is FORMAT.md section 7)
 
 
 def _bundle_commands(sub) -> None:
@@ -337,7 +338,7 @@ def _bundle_commands(sub) -> None:
 
 
 def _export(args) -> int:
-    from kvstore.bundle import export_bundle
+    from kvstore.bundle.bundle import export_bundle
 
     given = [x for x in (args.ids, args.tag) if x]
     if len(given) != 1:
@@ -364,7 +365,7 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    from kvstore.bundle import import_bundle
+    from kvstore.bundle.bundle import import_bundle
 
     store = _store(args)
     info = import_bundle(args.bundle, store, attachments_dir=args.attachments_dir)

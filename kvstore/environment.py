@@ -12,8 +12,9 @@ know of that selects the arithmetic:
     torch and transformers versions; torch's intra-op threads;
     on CUDA: GPU name and compute capability, CUDA, cuDNN, cuBLAS and driver versions.
 
-It is recorded in every artifact (`Snapshot.environment`, kvstore.capture), library and run manifest, and
-compared at graft (`environment_differences`, called by kvstore.graft.settings_differences).
+It is recorded in every artifact (`Snapshot.environment`, kvstore.backends.transformers.capture), library and run
+manifest, and
+compared at graft (`environment_differences`, called by kvstore.backends.transformers.graft.settings_differences).
 
 Profiles (`determinism.profile`): "native" runs the machine's own kernel paths (none of the three variables
 set); "portable" pins them to AVX2 (`PROFILES`), a path every x86-64 machine of the last decade has, so that
@@ -48,7 +49,8 @@ PROFILES: dict[str, dict[str, str]] = {
     "native": {},
     "portable": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
 }
-# Profiles that promise the same bits on any machine running their kernel paths (harness/replay.py then requires
+# Profiles that promise the same bits on any machine running their kernel paths (harness/experiments/replay.py then
+# requires
 # every machine's registration to reproduce). None does: the AMD EPYC (AVX2) registration replayed on an Intel
 # Xeon (AVX-512) under the portable profile, with ATen capability, MKL_CBWR, ONEDNN_MAX_CPU_ISA (all AVX2), torch,
 # transformers and threads equal, reproduced 0/55 hashes (only cpu_vendor, cpu_model, device_name differed;

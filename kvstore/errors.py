@@ -102,7 +102,8 @@ class StoreUnavailableError(KVStoreError):
 
 
 class RestoreWorkerError(KVStoreError):
-    """The second process of `kvstore.restore_worker.RestoreWorker` died, never became ready, loaded another model
+    """The second process of `kvstore.engine.restore_worker.RestoreWorker` died, never became ready, loaded another
+    model
     than the caller's (fingerprints differ) or handed back logits that do not hash to the SHA-256 it reported.
     The message holds the end of the worker's log; fix what it says (usually the model spec) and run again."""
 

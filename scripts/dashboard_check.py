@@ -6,7 +6,7 @@
 
 Starts ``mlflow ui`` on a free local port against the store, finds the newest compare job (parent run, tag
 ``job=compare``) and saves PNGs of what a reviewer reads: the runs table in the shared headline view
-(``harness.tracking.view_url``), the parent run, a nested (held-out graft) run, the parent's per-problem table,
+(``harness.tracking.log.view_url``), the parent run, a nested (held-out graft) run, the parent's per-problem table,
 its summary page and the library run (``--docs docs/img`` copies them there); ``--all`` adds the page the
 experiment opens on, the nested run's outputs table and traces, the experiment's traces and the accuracy plot.
 Needs Debian's ``chromium`` (``apt-get install -y chromium``). The server is stopped at the end.
@@ -27,7 +27,6 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def _free_port() -> int:
@@ -53,7 +52,7 @@ def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
 def _shoot(chromium: str, url: str, png: Path, budget_ms: int) -> None:
     cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
            "--no-first-run", "--hide-scrollbars", f"--screenshot={png}", "--window-size=1600,1000",
-           f"--virtual-time-budget={budget_ms}", url]  # fmt: skip
+           f"--virtual-time-budget={budget_ms}", url]
     subprocess.run(cmd, check=False, capture_output=True, timeout=budget_ms / 1000 + 120)
     print(f"{png.name}: {url}" + ("" if png.is_file() else "  (no screenshot written)"))
 
@@ -61,7 +60,7 @@ def _shoot(chromium: str, url: str, png: Path, budget_ms: int) -> None:
 def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None, full: bool = False) -> None:
     from mlflow import MlflowClient
 
-    from harness.tracking import view_url
+    from harness.compare.mlflow_runs import view_url
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -69,7 +68,7 @@ def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None
     uri = f"sqlite:///{store.resolve()}"
     client = MlflowClient(tracking_uri=uri)
     parents = [r for e in client.search_experiments() for r in client.search_runs(
-        [e.experiment_id], "tags.job = 'compare'", order_by=["attributes.start_time DESC"], max_results=1)]  # fmt: skip
+        [e.experiment_id], "tags.job = 'compare'", order_by=["attributes.start_time DESC"], max_results=1)]
     if not parents:
         raise SystemExit(f"error: no compare run in {store}; run make aime-graft first")
     parent = max(parents, key=lambda r: r.info.start_time)
@@ -82,7 +81,7 @@ def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port)])  # fmt: skip
+                               "--host", "127.0.0.1", "--port", str(port)])
     try:
         _wait_up(base, server)
         run = f"{base}/#/experiments/{eid}/runs/{child.info.run_id}"
@@ -131,10 +130,11 @@ def screenshots(store: Path, out: Path, budget_ms: int, docs: Path | None = None
 
 def trace_cost(n_rows: int) -> None:
     """Log an n-row hand-built run folder with traces off, then on, to a fresh store; print both times."""
-    from harness.answers import score
-    from harness.record import Completion, Group, Retrieval, Row, Summary
-    from harness.run_folder import RunFolder
-    from harness.tracking import default_tracking_uri, log_run_dir
+    from harness.record.folder import RunFolder
+    from harness.record.rows import Completion, Group, Retrieval, Row, Summary
+    from harness.task.answers import score
+    from harness.tracking.log import log_run_dir
+    from harness.tracking.store import default_tracking_uri
 
     with tempfile.TemporaryDirectory() as tmp:
         uri = default_tracking_uri(Path(tmp))
@@ -149,16 +149,16 @@ def trace_cost(n_rows: int) -> None:
                 c = Completion(prompt=f"Problem {i}", context_ids=list(range(50)), text=f"Final answer: {i % 7}",
                                token_ids=[1, 2, 3], stop_reason="stop", prefill_tokens=10, grafted_tokens=40,
                                decode_tokens=3, ttft_s=0.1,
-                               retrieval=Retrieval(f"p{i}", "f" * 64, 1.0, "exact"))  # fmt: skip
+                               retrieval=Retrieval(f"p{i}", "f" * 64, 1.0, "exact"))
                 rows.append(Row.scored(f"p{i}", 0, "graft", "recurring", c, "3", score(c.text, "3"), wall_s=0.4,
-                                       cpu_s=0.4, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
+                                       cpu_s=0.4, energy_j=None, energy_status="unavailable:test"))
             summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(folder.path),
                                  comparable_key=None, run_wall_s=0.4 * n_rows, energy_status="unavailable:test",
-                                 energy_j=None, group=Group.RECURRING)  # fmt: skip
+                                 energy_j=None, group=Group.RECURRING)
             config = {"library": {"exclude_self": False}, "tracking": {"traces": traces}}
             folder.finish(config=config, problems=[{"id": r.problem_id} for r in rows], rows=rows, summary=summary,
                           prompt_template="{problem}", model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64,
-                          determinism={}, environment={})  # fmt: skip
+                          determinism={}, environment={})
             t0 = time.perf_counter()
             log_run_dir(folder.path, tracking_uri=uri, experiment="trace-cost")
             times[traces] = time.perf_counter() - t0

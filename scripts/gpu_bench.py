@@ -4,14 +4,14 @@ raw read, and energy, for random-weight models built from real architectures' co
     .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json                 # CUDA: the full run
     .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json    # CPU dry run, tiny sizes
 
-Models: kvstore.random_models.CONFIGS (hard-coded from the public config.json of each family; weights drawn
+Models: kvstore.testing.random_models.CONFIGS (hard-coded from the public config.json of each family; weights drawn
 from --seed): Gemma 3 1B-class and 12B-class text configs (sliding window + full attention, 1 and 8 KV heads),
 and a Llama 3.1 8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling). `--small` keeps
 each architecture's layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
 
 Per model:
-1. exactness: `kvstore.verify.check_graft` on --samples random (prefix, suffix) pairs in bf16, the graft half
-   run in kvstore's second-process restorer (kvstore.restore_worker), which builds the same model (its
+1. exactness: `kvstore.engine.verify.check_graft` on --samples random (prefix, suffix) pairs in bf16, the graft half
+   run in kvstore's second-process restorer (kvstore.engine.restore_worker), which builds the same model (its
    fingerprint must match) and restores each artifact from the store by id: verdict = suffix logits' SHA-256
    equal to the fresh reference's;
 2. TTFT at --sizes tokens: recompute (prefill N + one token) vs graft (store.get + graft + one forward), with
@@ -44,16 +44,15 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from harness.energy import make_meter  # noqa: E402
+from harness.run.energy import make_meter  # noqa: E402
 from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit_tokens  # noqa: E402
+from kvstore.backends.transformers.model import FrozenModel, layout_string  # noqa: E402
+from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
+from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.errors import RestoreWorkerError  # noqa: E402
-from kvstore.format import FORMAT, hash_threads  # noqa: E402
-from kvstore.model import FrozenModel, layout_string  # noqa: E402
-from kvstore.random_models import CONFIGS, build_random_model, kv_bytes  # noqa: E402
-from kvstore.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
-from kvstore.verify import graft_logits, reference_logits  # noqa: E402
+from kvstore.format.artifact import FORMAT, hash_threads  # noqa: E402
+from kvstore.testing.random_models import CONFIGS, build_random_model, kv_bytes  # noqa: E402
 
 FULL_SIZES, SMALL_SIZES = (2048, 8192, 32768), (32, 64, 128)
 
@@ -73,9 +72,9 @@ def exactness(args, fm: FrozenModel, name: str, work: Path, rng: random.Random, 
     there from the same spec, its fingerprint checked)."""
     store_dir = work / "exact"
     store = LocalStore(store_dir)
-    spec = ModelSpec("kvstore.random_models:build_random_model",
+    spec = ModelSpec("kvstore.testing.random_models:build_random_model",
                      {"name": name, "small": args.small, "device": args.device, "seed": args.seed,
-                      "determinism": fm.determinism.to_dict()})  # fmt: skip
+                      "determinism": fm.determinism.to_dict()})
     vocab = fm.config.vocab_size
     rows, t0 = [], time.perf_counter()
     try:
@@ -94,7 +93,7 @@ def exactness(args, fm: FrozenModel, name: str, work: Path, rng: random.Random, 
                     store.remove(c.artifact_id)
                 except Exception as e:  # noqa: BLE001 - a failed sample is a result, recorded with its reason
                     rows.append({"prefix": n, "suffix": m, "equal": False,
-                                 "error": f"{type(e).__name__}: {e}"[:300]})  # fmt: skip
+                                 "error": f"{type(e).__name__}: {e}"[:300]})
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
     equal = sum(r["equal"] for r in rows)

@@ -30,7 +30,7 @@ def _rss_mb() -> float:
 
 
 def _cfg(args):
-    from harness.config import compose_config
+    from harness.config.schema import compose_config
 
     return compose_config(
         [
@@ -48,11 +48,12 @@ def _cfg(args):
 
 
 def build(args) -> dict:
-    from harness.config import load_model
-    from harness.library import Library, build_library
+    from harness.config.model import load_model
+    from harness.config.schema import typed
+    from harness.library.build import Library, build_library
 
     cfg = _cfg(args)
-    fm = load_model(cfg)
+    fm = load_model(typed(cfg))
     t = time.perf_counter()
     path = build_library(cfg.library, fm, REPO)
     m = Library(path, None).manifest  # type: ignore[arg-type]  (read through the library's owner, re-checked)
@@ -68,13 +69,14 @@ def build(args) -> dict:
 
 def serve(args) -> dict:
     """In a fresh process: open the library, then retrieve + graft for random problems."""
-    from harness.config import load_model
-    from harness.library import Library, open_library
-    from harness.problems import load_problems
+    from harness.config.model import load_model
+    from harness.config.schema import typed
+    from harness.library.build import Library, open_library
+    from harness.task.problems import load_problems
     from kvstore import forward, graft_snapshot
 
     cfg = _cfg(args)
-    fm = load_model(cfg).fm  # the transformers backend's FrozenModel (graft_snapshot / forward below)
+    fm = load_model(typed(cfg)).fm  # the transformers backend's FrozenModel (graft_snapshot / forward below)
     rss_model = _rss_mb()
     t = time.perf_counter()
     lib = open_library(cfg.library, fm, REPO)

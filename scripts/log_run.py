@@ -6,7 +6,8 @@ Run from the repository root::
     python scripts/log_run.py RUN_DIR --tracking-uri sqlite:////abs/path/mlflow.db --experiment kvgraft-aime
 
 Defaults: the tracking URI is the project store ``sqlite:////<repo>/runs/mlflow.db``; the experiment is
-the run's ``tracking.experiment`` from its ``config.yaml``, else ``harness.tracking.DEFAULT_EXPERIMENT``. A folder whose
+the run's ``tracking.experiment`` from its ``config.yaml``, else ``harness.tracking.log.DEFAULT_EXPERIMENT``. A folder
+whose
 ``tracking.json`` already names a run id in the same store is skipped unless ``--force`` is given.
 Each logged folder gets a fresh ``tracking.json`` with the run id. Exit status 0 when every folder was
 logged (or skipped), 1 when any failed (the message says which and why).
@@ -20,8 +21,9 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.run_folder import RunFolder
-from harness.tracking import DEFAULT_EXPERIMENT, default_tracking_uri, log_run_dir
+from harness.record.folder import RunFolder
+from harness.tracking.log import log_run_dir
+from harness.tracking.store import DEFAULT_EXPERIMENT, default_tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,9 +40,10 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
-from experiments import DEFAULT_PROBLEMS, joined_text  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+from harness.experiments.text import DEFAULT_PROBLEMS, joined_text
 
 FALLBACK_TEXT = (
     "Find the number of ordered pairs of positive integers (a, b) such that a + b = 1000 and neither a nor b "
@@ -97,7 +98,8 @@ def _llamacpp_artifact(args: argparse.Namespace, err: Console):
     """The llama.cpp backend (bundled GGUF, n_ctx fitting prefix + suffix), its artifact of the prefix through a
     MemoryStore, and the report's facts (prefix and suffix included)."""
     from kvstore import MemoryStore
-    from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
+    from kvstore.backends.llamacpp.backend import LlamaCppBackend
+    from kvstore.backends.llamacpp.settings import LlamaCppSettings
 
     n, m = args.prefix_tokens, args.suffix_tokens
     err.print("loading the bundled GGUF in llama.cpp ...")
@@ -164,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         environment_fingerprint,
         load_frozen_model,
     )
+    from kvstore.backends.transformers.model import smallest_window
     from kvstore.errors import KVStoreError
-    from kvstore.model import smallest_window
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     err = Console(stderr=True)

@@ -31,11 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments import cpu_name  # noqa: E402
-
-from harness.hashing import sha256_json  # noqa: E402
+from harness.record.hashing import sha256_json  # noqa: E402
+from kvstore.environment import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = ("wall_s", "cpu_s", "ttft_s", "energy_j")  # the cost of a row, not what the model computed

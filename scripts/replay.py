@@ -1,14 +1,12 @@
 """Pre-registered replay as a command (`make replay`): `python scripts/replay.py [--profile P] [--register]
-[--speed]`. What it recomputes and how it judges is harness/replay.py; the registry is scripts/replay_registry.json."""
+[--speed]`. What it recomputes and how it judges is harness/experiments/replay.py; the registry is
+scripts/replay_registry.json."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.replay import main  # noqa: E402
+from harness.experiments.replay import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,9 +5,6 @@ so the command works from a checkout without installing the package (torch is no
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.rescore import main  # noqa: E402
 

@@ -6,7 +6,7 @@ answer the grafted entry held), and for the held-out group whether the model cop
     python scripts/scale_report.py --graft recurring=runs/graft/<run> --graft held_out=runs/graft/<run> \
         --baseline runs/baseline/<run> [--incontext recurring=runs/incontext/<run>]   # separate runs
 
-Reads only the run folders and the library (through harness.library: entry id -> problem and verified answer),
+Reads only the run folders and the library (through harness.library.build: entry id -> problem and verified answer),
 never the model.
 The library is found from the run manifest's library name, version and manifest SHA-256 under --library-root.
 """
@@ -21,18 +21,17 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from harness.comparison import COMPARISON, Comparison  # noqa: E402
+from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
+from harness.compare.pairing import pair_folders  # noqa: E402
 from harness.errors import LibraryError  # noqa: E402
-from harness.hashing import atomic_write_text  # noqa: E402
-from harness.library import Library  # noqa: E402
-from harness.pairing import pair_folders  # noqa: E402
-from harness.run_folder import RunFolder  # noqa: E402
+from harness.library.build import Library  # noqa: E402
+from harness.record.folder import RunFolder  # noqa: E402
+from harness.record.hashing import atomic_write_text  # noqa: E402
 
 
 def find_library(manifest: dict, root: Path) -> Library:
-    """The library the run grafted from, opened (and so re-checked) through harness.library; no store needed."""
+    """The library the run grafted from, opened (and so re-checked) through harness.library.build; no store needed."""
     lib = manifest["inputs"].get("library") or {}
     for cand in sorted(root.glob(f"{lib.get('name')}-v{lib.get('version')}-*")):
         try:

@@ -4,7 +4,7 @@
     python scripts/show_comparison.py runs/compare/<stamp> --width 80     # as an 80-column terminal shows it
 
 Reads ``comparison.json`` and ``per_problem.json`` (the misses list) and prints them as the job did
-(harness/comparison_view.py). Exit status 2 when the folder holds no readable comparison.json.
+(harness/compare/views.py). Exit status 2 when the folder holds no readable comparison.json.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from rich.console import Console  # noqa: E402
 
-from harness import per_problem  # noqa: E402
-from harness.comparison import COMPARISON, Comparison  # noqa: E402
-from harness.comparison_view import print_comparison  # noqa: E402
+from harness.compare import per_problem  # noqa: E402
+from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
+from harness.compare.views import print_comparison  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
-from harness.run_folder import RunFolder  # noqa: E402
+from harness.record.folder import RunFolder  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

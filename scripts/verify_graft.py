@@ -16,8 +16,8 @@ For each of N (prefix, suffix) pairs cut from real problem text (read by the har
 procedure ``kvstore.check_graft(fm, prefix, suffix, store, oneshot=True, restore=...)`` runs:
   (a) fresh reference: ``prefill(prefix)`` in the pinned chunk schedule, then ``forward(suffix)``;
   (b) graft: ``deposit_tokens(prefix)`` put into a LocalStore by this process; the graft half
-      (``kvstore.verify.graft_logits``) runs in ONE separate process, the engine's second-process restorer
-      (``kvstore.restore_worker.RestoreWorker``, model loaded once): it gets each artifact back by id
+      (``kvstore.engine.verify.graft_logits``) runs in ONE separate process, the engine's second-process restorer
+      (``kvstore.engine.restore_worker.RestoreWorker``, model loaded once): it gets each artifact back by id
       (``LocalStore.get`` re-hashes every byte), grafts it with ``token_ids=prefix+suffix``, runs
       ``forward(suffix)`` and hands the logits back as a safetensors file; compared with
       ``compare_logits(reference, graft)``;
@@ -57,8 +57,7 @@ from rich.progress import (  # noqa: E402
 )
 from rich.table import Table  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.experiment_text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
+from harness.experiments.text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -109,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     from kvstore import LocalStore, atomic_write, check_graft, environment_fingerprint, load_frozen_model
+    from kvstore.backends.transformers.gguf import BUNDLED
+    from kvstore.backends.transformers.model import smallest_window
+    from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
     from kvstore.errors import RemoteGraftError
-    from kvstore.gguf import BUNDLED
-    from kvstore.model import smallest_window
-    from kvstore.restore_worker import ModelSpec, RestoreWorker
 
     def start_worker(determinism: dict) -> RestoreWorker:
         spec = ModelSpec.backend("transformers", source=args.model, determinism=determinism)

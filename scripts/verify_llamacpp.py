@@ -30,13 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments import DEFAULT_PROBLEMS, problem_texts
 from safetensors.torch import load_file, save_file
 from verify_graft import build_samples, prefix_lengths
 
+from harness.experiments.text import DEFAULT_PROBLEMS, problem_texts
 from kvstore import LocalStore, check_graft
-from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
-from kvstore.verify import Restored, graft_logits
+from kvstore.backends.llamacpp.backend import LlamaCppBackend
+from kvstore.backends.llamacpp.settings import LlamaCppSettings
+from kvstore.engine.verify import Restored, graft_logits
 
 
 def _settings(a: argparse.Namespace) -> LlamaCppSettings:

@@ -1,4 +1,4 @@
-"""Tests for harness.answers: the data-driven cases of tests/cases/answers.yaml, scoring and gold parsing.
+"""Tests for harness.task.answers: the data-driven cases of tests/cases/answers.yaml, scoring and gold parsing.
 
 Run: ``python -m pytest -q tests/test_answers.py``.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.answers import Score, extract_answer, normalize_answer, parse_gold, score
 from harness.errors import AnswerError, HarnessError
+from harness.task.answers import Score, extract_answer, normalize_answer, parse_gold, score
 
 CASES_PATH = Path(__file__).parent / "cases" / "answers.yaml"
 _CASE_FILE: dict = yaml.safe_load(CASES_PATH.read_text(encoding="utf-8"))

@@ -416,7 +416,7 @@ def test_answer_matches_independent_recomputation(problem_id: str) -> None:
 
 def test_the_harness_loader_reads_the_file_as_written() -> None:
     """load_problems (what every run uses) gives the same ids, answers, texts and solutions as the raw rows."""
-    from harness.problems import load_problems
+    from harness.task.problems import load_problems
 
     problems = load_problems(str(PROBLEMS_PATH))
     assert [(p.id, p.answer, p.problem, p.solution) for p in problems] == [
@@ -427,7 +427,7 @@ def test_the_harness_loader_reads_the_file_as_written() -> None:
 
 def test_every_bundled_solution_scores_as_its_own_answer() -> None:
     """The scorer reads each worked solution's final answer (what a library build verifies before deposit)."""
-    from harness.answers import score
+    from harness.task.answers import score
 
     wrong = [row["id"] for row in ROWS if not score(row["solution"], row["answer"]).correct]
     assert wrong == []

@@ -20,11 +20,11 @@ How each is checked (``check``), by what it runs:
 - ``make TARGET [VAR=...]``: ``make -n`` knows the target, and each recipe line it prints that runs one of our
   entry points is checked as below (so ``ARGS`` is checked by the entry point that gets it). ``make rescore`` of
   a run folder also runs for real, on a hand-built run folder (tests/harness/fakerun.py);
-- ``python -m harness[.compare|.library] OVERRIDES``: every override composes (``harness.config.compose_config``;
+- ``python -m harness[.compare|.library] OVERRIDES``: every override composes (``harness.config.schema.compose_config``;
   each value of a sweep in turn); a ``hydra/launcher`` that needs an extra must be named in pyproject.toml's
   extras. An override that does not compose passes only if the doc shows, as the next line, exactly the
   ``error:`` line the entry point prints for it;
-- ``python scripts/X.py`` / ``python -m harness.report|harness.mlflow_server|pytest``: the script exists and every
+- ``python scripts/X.py`` / ``python -m harness.compare.report|harness.tracking.server|pytest``: the script exists and every
   ``--flag`` is listed by its ``--help`` (all ``--help`` pages are read in one subprocess); a run-folder path
   has the shape of one (``runs/<condition>/<stamp>[-label]``, ``runs/compare/<stamp>`` ...);
 - ``kvstore [--store S] [--model M] COMMAND ...``: a command of ``kvstore --help``, flags of its own ``--help``;
@@ -57,15 +57,15 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_TAGS = {"bash", "sh", "shell", "zsh"}
 PLAIN_SHELL = {"ls", "export", "cd", "tail", "head", "kill", "sleep", "cat", "echo", "wc", "grep"}
 PYTHON = re.compile(r"(\.venv[\w-]*/bin/)?python3?")  # python, .venv/bin/python, .venv-audit/bin/python
-HARNESS_ENTRY_POINTS = {"harness", "harness.compare", "harness.library"}
-ARGPARSE_MODULES = {"harness.report", "harness.mlflow_server"}
+HARNESS_ENTRY_POINTS = {"harness", "harness.compare.job", "harness.library.build"}
+ARGPARSE_MODULES = {"harness.compare.report", "harness.tracking.server"}
 #: flags an entry point takes besides overrides
-HARNESS_FLAGS = {"harness": {"-m", "--multirun"}, "harness.library": {"--redeposit"}, "harness.compare": set()}
+HARNESS_FLAGS = {"harness": {"-m", "--multirun"}, "harness.library.build": {"--redeposit"}, "harness.compare.job": set()}
 #: kvstore's global options that take a value
 KVSTORE_GLOBALS = {"--store", "--model"}
 #: Hydra launchers that come from an extra in pyproject.toml rather than configs/hydra/launcher/
 LAUNCHER_EXTRAS = {"submitit_slurm": ("cluster", "hydra-submitit-launcher"),
-                   "submitit_local": ("cluster", "hydra-submitit-launcher")}  # fmt: skip
+                   "submitit_local": ("cluster", "hydra-submitit-launcher")}
 STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d(-\d{6})?(-[a-z_]+)?(-\d+)?"
 RUN_PATH = re.compile(r"(.*/)?runs/(baseline|graft|incontext|compare|multirun)/(?P<rest>[^/]+)(/.*)?")
 
@@ -249,7 +249,7 @@ def _help_specs() -> set[tuple[str, ...]]:
 def help_pages() -> dict[str, str]:
     specs = sorted(_help_specs())
     done = subprocess.run([sys.executable, "-c", _HELP_PROBE, json.dumps(specs)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=_env())  # fmt: skip
+                          text=True, timeout=300, env=_env())
     assert done.returncode == 0, f"reading the --help pages failed: {done.stderr[-2000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -296,7 +296,7 @@ def _recipe(env_items: tuple[tuple[str, str], ...], words: tuple[str, ...]) -> l
     target_and_vars = [w for w in words[1:] if not w.startswith("-")]
     assert target_and_vars, "make without a target"
     done = subprocess.run(["make", "-n", "-o", ".venv/.setup-done", *target_and_vars], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, env={**_env(), **env})  # fmt: skip
+                          capture_output=True, text=True, timeout=60, env={**_env(), **env})
     assert done.returncode == 0, f"make -n {' '.join(target_and_vars)}: {done.stderr.strip()}"
     return done.stdout.splitlines()
 
@@ -327,7 +327,7 @@ def _entry_points(cmd: Command) -> list[list[str]]:
 def _compose(overrides: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from harness.config import compose_config
+    from harness.config.schema import compose_config
 
     parsed = OverridesParser.create().parse_overrides(overrides)  # a syntax error raises here
     base, sweeps = [], []
@@ -367,7 +367,7 @@ def _check_harness(cmd: Command, argv: list[str]) -> str:
     try:
         _compose(overrides)
     except Exception as exc:  # noqa: BLE001 - a Hydra grammar error or our ConfigError: the doc must show it
-        from harness.config import compose_config
+        from harness.config.schema import compose_config
 
         try:
             compose_config(overrides)
@@ -514,7 +514,7 @@ def _rescore_a_run_folder_for_real() -> None:
     fakerun = _load("kvgraft_tests_fakerun", ROOT / "tests/harness/fakerun.py")
     run = fakerun.build_fake_run(_scratch("docs-rescore-") / "run")
     done = subprocess.run(["make", "-o", ".venv/.setup-done", "rescore", f"RUN={run}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+                          capture_output=True, text=True, timeout=120, env=_env())
     assert done.returncode == 0 and "OK: 3 rows re-scored, all hashes match" in done.stdout, done.stdout + done.stderr
 
 
@@ -559,7 +559,7 @@ def test_the_extraction_rule(tmp_path: Path) -> None:
     doc.write_text("text `make inline` is prose\n```bash\n# a comment\nmake a ARGS=\"x=1\" \\\n  y=2   # note\n```\n"
                    "```\n$ python scripts/rescore.py r\nOK\nmore\n$ ls\nplain output\n```\n```python\nx = 1\n```\n"
                    "```\nmake b\nsaid b\nA=1 python x.py\n```\n```\nOK: output only\nmake c\n```\n",
-                   encoding="utf-8")  # fmt: skip
+                   encoding="utf-8")
     got = extract(doc)
     assert [(c.line, c.text, c.output) for c in got] == [
         (4, 'make a ARGS="x=1"  y=2   # note', ()),

@@ -1,4 +1,4 @@
-"""Tests for harness.metrics: Wilson intervals, unbiased pass@k and run summaries."""
+"""Tests for harness.record.metrics: Wilson intervals, unbiased pass@k and run summaries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from harness.metrics import pass_at_k, summarize_scores, wilson_interval
+from harness.record.metrics import pass_at_k, summarize_scores, wilson_interval
 
 
 def _rows(flags_by_problem: dict[str, list[bool]]) -> list[dict]:

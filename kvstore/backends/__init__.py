@@ -1,51 +1,67 @@
-"""Generation backends behind kvstore.backend.Backend, one module each, and `load_backend` to pick one by name.
+"""The backend registry: every generation engine kvgraft grafts into, one folder (or module) each, found by what it
+declares. A backend's face holds `REGISTERED = kvstore.engine.protocol.Registered(name, settings, loader)`;
+`load_backend(name, **settings)` builds its Settings dataclass from the keywords (an unknown keyword is a
+SettingsError naming it) and calls its loader. Adding a backend is its folder, its config file
+(configs/model/<name>.yaml) and its test: nothing here changes (docs/extending.md).
 
-    transformers  kvstore.backends.transformers.TransformersBackend (a kvstore.FrozenModel; the default)
-    llamacpp      kvstore.backends.llamacpp.LlamaCppBackend (llama-cpp-python on a GGUF file)
-    fake          kvstore.backends.fake.FakeBackend (scripted continuations, for harness unit tests)
+    transformers/  the default: a kvstore.FrozenModel (Hugging Face transformers), the whole engine in its folder
+    llamacpp/      llama-cpp-python on a GGUF file
+    fake.py        scripted continuations, for the harness's unit tests
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
+import pkgutil
 from typing import Any
 
-from kvstore.backend import Backend
-from kvstore.errors import IncompatibleError, ModelLoadError
+from kvstore.engine.protocol import Backend, Registered
+from kvstore.errors import ModelLoadError, SettingsError
 
-BACKENDS = ("transformers", "llamacpp", "fake")
+__all__ = ["backend_names", "load_backend", "registered", "settings_class"]
 
-
-def load_backend(name: str = "transformers", **kwargs: Any) -> Backend:
-    """The backend `name` with its model loaded: transformers takes load_frozen_model's arguments (source,
-    determinism, device, seed), llamacpp LlamaCppSettings' fields (gguf, n_ctx, ...), fake FakeBackend's."""
-    if name == "transformers":
-        from kvstore.model import load_frozen_model
-
-        return as_backend(load_frozen_model(**kwargs))
-    if name == "llamacpp":
-        from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
-
-        return LlamaCppBackend(LlamaCppSettings(**kwargs))
-    if name == "fake":
-        from kvstore.backends.fake import FakeBackend
-
-        return FakeBackend(**kwargs)
-    raise ModelLoadError(f"backend {name!r} is not one of {list(BACKENDS)}; set model.backend to one of them")
+DEFAULT = "transformers"
 
 
-def as_backend(model: Any) -> Backend:
-    """`model` as a Backend: a backend is returned as it is, a kvstore.FrozenModel becomes its transformers
-    backend (one per FrozenModel, so repeated calls share it)."""
-    if isinstance(model, Backend):
-        return model
-    from kvstore.model import FrozenModel
+@functools.cache
+def _registry() -> dict[str, Registered]:
+    found: dict[str, Registered] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        entry = getattr(importlib.import_module(f"{__name__}.{info.name}"), "REGISTERED", None)
+        if isinstance(entry, Registered):
+            found[entry.name] = entry
+    return {name: found[name] for name in sorted(found, key=lambda n: (n != DEFAULT, n))}
 
-    if isinstance(model, FrozenModel):
-        from kvstore.backends.transformers import TransformersBackend
 
-        be = model.__dict__.get("_backend")
-        if be is None:
-            be = model.__dict__["_backend"] = TransformersBackend(model)
-        return be
-    raise IncompatibleError(f"{type(model).__name__} is neither a kvstore backend nor a FrozenModel; load one with "
-                            "kvstore.load_frozen_model() or kvstore.backends.load_backend()")
+def backend_names() -> tuple[str, ...]:
+    """The registered backends' names, the default (transformers) first."""
+    return tuple(_registry())
+
+
+def registered(name: str) -> Registered:
+    """The registry entry of backend `name`; a ModelLoadError naming the choices when there is none."""
+    entry = _registry().get(name)
+    if entry is None:
+        raise ModelLoadError(f"backend {name!r} is not one of {list(backend_names())}; load one of them "
+                             "(a new backend declares REGISTERED in its folder: docs/extending.md)")
+    return entry
+
+
+def settings_class(name: str) -> type:
+    """Backend `name`'s Settings dataclass."""
+    return registered(name).settings_class()
+
+
+def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
+    """The backend `name` with its model loaded under `settings` (its Settings dataclass's fields: transformers
+    source, determinism, device, seed; llamacpp gguf, n_ctx, ...; fake script, margin)."""
+    entry = registered(name)
+    cls = entry.settings_class()
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}; its settings are "
+                            f"{sorted(known)} ({cls.__module__}.{cls.__name__})")
+    return entry.load(cls(**settings))

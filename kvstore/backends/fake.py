@@ -22,12 +22,26 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvstore.backend import refuse_other_backend
+from kvstore.engine.admission import admit
+from kvstore.engine.protocol import Registered
 from kvstore.errors import IncompatibleError, KVStoreError
-from kvstore.format import LayerKV, Snapshot
+from kvstore.format.artifact import LayerKV, Snapshot
 
 PAD, BOS, EOS, OFFSET = 0, 1, 2, 3
 VOCAB = 256 + OFFSET
+
+
+@dataclass(frozen=True)
+class FakeSettings:
+    """script: context text -> the continuation typed after it; margin: how far above the noise floor the scripted
+    token scores; model_name: the name artifacts record."""
+
+    script: dict[str, str] = field(default_factory=dict)
+    margin: float = 8.0
+    model_name: str = "fake"
+
+
+REGISTERED = Registered("fake", settings="kvstore.backends.fake:FakeSettings", loader="kvstore.backends.fake:load")
 
 
 @dataclass
@@ -38,7 +52,7 @@ class FakeState:
 
 
 class FakeBackend:
-    """kvstore.backend.Backend with scripted continuations (see the module docstring)."""
+    """kvstore.engine.protocol.Backend with scripted continuations (see the module docstring)."""
 
     name = "fake"
     dtype = "float32"
@@ -161,25 +175,16 @@ class FakeBackend:
             extra=dict(extra or {}),
         )
 
-    def settings_differences(self, snapshot: Snapshot) -> list[str]:
-        rec, cur = dict(snapshot.determinism), self.settings()
-        return [f"determinism.{k}: artifact {rec.get(k)!r}, this process {cur.get(k)!r}"
-                for k in sorted(set(rec) | set(cur)) if rec.get(k) != cur.get(k)]
-
     def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> FakeState:
-        refuse_other_backend(snapshot, self.name)
+        admit(snapshot, self, token_ids)  # the one admission (kvstore.engine.admission)
         name = snapshot.model_name or "artifact"
-        if snapshot.model_fingerprint != self.fingerprint:
-            raise IncompatibleError(f"{name}: model fingerprint {snapshot.model_fingerprint[:12]} differs from the "
-                                    f"fake backend's {self.fingerprint[:12]} (another script); deposit it again")
-        diffs = self.settings_differences(snapshot)
-        if diffs:
-            raise IncompatibleError(f"{name}: other settings: {'; '.join(diffs)}; deposit it again")
         held = [int(x) for x in snapshot.layers[0].keys.flatten().tolist()]
         if held != list(snapshot.token_ids):
             raise IncompatibleError(f"{name}: its keys do not hold its token ids; deposit it again")
-        if token_ids is not None and list(token_ids[: len(held)]) != held:
-            raise IncompatibleError(f"{name}: the context's token ids do not begin with the artifact's "
-                                    f"{len(held)} tokens; graft only onto text that starts with the artifact's text")
         self.calls["grafts"] += 1
         return FakeState([held])
+
+
+def load(settings: FakeSettings) -> FakeBackend:
+    """The registry's loader (kvstore.backends)."""
+    return FakeBackend(dict(settings.script), settings.margin, settings.model_name)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common import stats, token_stream, write_summary
 
-from harness.experiment_text import DEFAULT_PROBLEMS
+from harness.experiments.text import DEFAULT_PROBLEMS
 from kvstore import Determinism, LocalStore, deposit_tokens, graft_snapshot, load_frozen_model
 
 

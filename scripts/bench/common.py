@@ -1,4 +1,4 @@
-"""What the benchmarks share (scripts/bench/): the repository on sys.path, the goals, timing with repeats and
+"""What the benchmarks share (scripts/bench/): the goals, timing with repeats and
 their summary, the machine (CPU name, cores, load average at start and end), the token stream cut from real text,
 and writing a summary JSON. Imported as a sibling module: `python scripts/bench/X.py` puts scripts/bench/ first
 on sys.path."""
@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -18,13 +17,10 @@ import psutil
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from harness.experiment_text import problem_texts  # noqa: E402
-from harness.manifest import code_state  # noqa: E402
+from harness.experiments.text import problem_texts  # noqa: E402
+from harness.record.manifest import code_state  # noqa: E402
 from kvstore import Determinism, atomic_write, environment_fingerprint  # noqa: E402
-from kvstore.environment import cpu_name  # noqa: E402, F401  (re-exported: every benchmark names its CPU)
 
 GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.8, "overhead": 0.05,
          "ceiling_fraction": 0.9, "ceiling_from": 512}

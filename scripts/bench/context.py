@@ -45,7 +45,7 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
-from kvstore.model import layout_string
+from kvstore.backends.transformers.model import layout_string
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import psutil
 import torch
-from common import REPO as ROOT  # noqa: E402  (puts the repository on sys.path)
-from common import cpu_name  # noqa: E402
+from common import REPO as ROOT  # noqa: E402
 
-from harness.decode import generate, generate_batch  # noqa: E402
+from harness.run.decode import generate, generate_batch  # noqa: E402
 from kvstore import Determinism, atomic_write, load_frozen_model, new_cache, prefill  # noqa: E402
+from kvstore.environment import cpu_name
 
 PROBLEMS = ROOT / "problems" / "kvgraft_original.jsonl"
 GOALS = {"batched_speedup": 4.0, "harness_vs_llama_cpp": 0.5}

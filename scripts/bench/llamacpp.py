@@ -1,6 +1,6 @@
 """The llama.cpp backend against bare llama-cpp-python, every ratio from one run (same GGUF, same settings):
 
-1. greedy decode tokens/s: harness.decode.generate on the llamacpp backend vs bare llama-cpp-python
+1. greedy decode tokens/s: harness.run.decode.generate on the llamacpp backend vs bare llama-cpp-python
    (`Llama.generate` at temperature 0 on its own context); the tokens must agree.
 2. TTFT at N tokens (default 512, 2,048, 8,192): graft (store.get with every byte verified + graft + one
    forward) vs recompute (prefill N in the n_batch schedule + the same forward); logits compared.
@@ -8,7 +8,7 @@
    the restore layout, llama_state_seq_set_data) vs llama.cpp's own unverified `llama_state_seq_set_data` of
    the state bytes it wrote (already in memory) and `llama_state_seq_load_file` of the same tokens; and
    whether llama.cpp's own restore gives the fresh logits (past the sliding window it restores the window's
-   cells from cell 0, another layout than a fresh prefill's: see kvstore/backends/llamacpp_state.py).
+   cells from cell 0, another layout than a fresh prefill's: see kvstore/backends/llamacpp/state.py).
 
     python scripts/bench/llamacpp.py --out runs/bench_llamacpp [--sizes 512,2048,8192] [--new-tokens 64]
 
@@ -31,16 +31,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_name  # puts the repository on sys.path
-
 from kvstore import LocalStore, compare_logits
-from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
+from kvstore.backends.llamacpp.backend import LlamaCppBackend
+from kvstore.backends.llamacpp.settings import LlamaCppSettings
+from kvstore.environment import cpu_name
 
 PROMPT = "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\n"
 
 
 def bench_decode(be: LlamaCppBackend, new_tokens: int, repeats: int) -> dict:
-    from harness.decode import generate
+    from harness.run.decode import generate
 
     ids = be.encode(PROMPT)
     ours, bare, toks_ours, toks_bare = [], [], None, None

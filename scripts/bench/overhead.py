@@ -1,4 +1,4 @@
-"""`make bench`, figure 4: greedy decode tokens/s through harness.decode.generate versus bare `model.generate` on
+"""`make bench`, figure 4: greedy decode tokens/s through harness.run.decode.generate versus bare `model.generate` on
 the same prompts, and llama.cpp's decode tokens/s as a reference point."""
 
 
@@ -11,7 +11,7 @@ import torch
 from common import GOALS, clock, stats
 from peer import llama_clear, llama_logits_argmax
 
-from harness.experiment_text import read_problems
+from harness.experiments.text import read_problems
 from kvstore import (
     forward,
     prefill,
@@ -22,12 +22,12 @@ from kvstore import (
 def bench_overhead(fm, text_path: Path, prompts: int, new_tokens: int, repeats: int, llm) -> dict:
     ids_list = [fm.encode(p.problem) for p in read_problems(text_path)[:prompts]]
     try:
-        from harness.decode import generate as harness_generate
+        from harness.run.decode import generate as harness_generate
 
-        label = "harness.decode.generate (greedy)"
+        label = "harness.run.decode.generate (greedy)"
     except ImportError:
         harness_generate = None
-        label = "kvstore-level greedy loop (prefill + forward; harness.decode not importable)"
+        label = "kvstore-level greedy loop (prefill + forward; harness.run.decode not importable)"
 
     def through_harness(ids):
         if harness_generate is not None:

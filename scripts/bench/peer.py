@@ -12,7 +12,7 @@ from pathlib import Path
 
 from common import GOALS, clock, goal_row, stats
 
-from kvstore.gguf import BUNDLED
+from kvstore.backends.transformers.gguf import BUNDLED
 
 # ---------------------------------------------------------------- 3. peer: llama.cpp state save/restore
 

@@ -20,7 +20,7 @@ from kvstore import (
     from_bytes,
     graft_snapshot,
 )
-from kvstore.format import FORMAT, content_id, hash_threads
+from kvstore.format.artifact import FORMAT, content_id, hash_threads
 
 # ---------------------------------------------------------------- 2. restore vs raw read (+ tier)
 

@@ -10,7 +10,7 @@
    (kvstore.CachedStore) against the disk store, to see whether it pays.
 3. peer: llama.cpp's per-sequence state save/restore (llama-cpp-python) on the same GGUF and the same tokens:
    restore time and bytes per token. Optional: recorded as unavailable when llama-cpp-python is missing.
-4. harness overhead: greedy decode tokens/s through harness.decode.generate versus bare `model.generate`
+4. harness overhead: greedy decode tokens/s through harness.run.decode.generate versus bare `model.generate`
    on the same prompts, and llama.cpp's decode tokens/s as a reference point.
 
 Writes <out>/summary.json, <out>/ttft.png, <out>/restore_bandwidth.png; prints the tables. Tokens come from
@@ -33,7 +33,7 @@ from peer import bench_peer, open_llama
 from restore import bench_restore
 from ttft import bench_ttft
 
-from harness.experiment_text import DEFAULT_PROBLEMS
+from harness.experiments.text import DEFAULT_PROBLEMS
 from kvstore import (
     Determinism,
     LocalStore,
@@ -41,8 +41,8 @@ from kvstore import (
     load_frozen_model,
     prefill,
 )
-from kvstore.gguf import BUNDLED
-from kvstore.model import layout_string
+from kvstore.backends.transformers.gguf import BUNDLED
+from kvstore.backends.transformers.model import layout_string
 
 # ---------------------------------------------------------------- output
 

@@ -9,7 +9,7 @@ execution.workers=1), per-problem wall (the rows' wall_s: what the run loop wait
 
 Restore = `store.get(id)` (read, every byte hashed to the id, parsed) + `graft_snapshot` into a fresh cache,
 timed `--repeats` times, median reported, for a LocalStore folder and an S3Store on a SeaweedFS server started
-on 127.0.0.1 for the run (`kvstore.local_s3.LocalS3`; a real S3 API over loopback: no network latency, so the
+on 127.0.0.1 for the run (`kvstore.testing.local_s3.LocalS3`; a real S3 API over loopback: no network latency, so the
 ratio is the protocol + copy cost, a floor for a remote bucket). The graft after each is checked exact against
 the fresh reference once per store. The per-problem comparison runs the bundled problems under the baseline
 condition, greedy, --problem-tokens new tokens, determinism.threads=1 in both (the actor asks Ray for 1 CPU), the
@@ -26,12 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import cpu_name, write_summary  # noqa: E402  (puts the repository on sys.path)
+from common import write_summary
 
 from kvstore import LocalStore, deposit_tokens, graft_snapshot, load_frozen_model, logits_sha256  # noqa: E402
-from kvstore.local_s3 import LocalS3  # noqa: E402
-from kvstore.s3_store import S3Store  # noqa: E402
-from kvstore.verify import graft_logits, reference_logits  # noqa: E402
+from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
+from kvstore.environment import cpu_name
+from kvstore.store.s3 import S3Store  # noqa: E402
+from kvstore.testing.local_s3 import LocalS3  # noqa: E402
 
 
 def time_restore(fm, store, aid: str, prefix: list[int], repeats: int) -> dict:
@@ -81,8 +82,9 @@ MODEL_CONFIGS = {"gemma3-270m": "gemma3_270m", "tiny-gemma3": "tiny_gemma3"}
 
 def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
     """Per-problem wall of the same harness run in this process and on one Ray actor; rows checked equal."""
-    from harness.config import compose_config, load_model
-    from harness.run import run
+    from harness.config.model import load_model
+    from harness.config.schema import compose_config, typed
+    from harness.run.loop import run
 
     repo = Path(__file__).resolve().parents[1]
     os.environ["PYTHONPATH"] = str(repo)  # the actor imports this checkout's harness
@@ -92,7 +94,7 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
         base = [f"model={MODEL_CONFIGS.get(model, model)}", "condition=baseline", f"dataset.limit={problems}",
                 f"decoding.max_new_tokens={tokens}", "determinism.threads=1", "tracking=off", f"project_root={repo}",
                 f"runs_dir={tmp}/runs"]
-        fm = load_model(compose_config(base))
+        fm = load_model(typed(compose_config(base)))
         rows = {}
         for name, extra in (("in_process", []), ("ray", ["execution=ray", "execution.workers=1"])):
             folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=fm, progress=False)

@@ -12,7 +12,7 @@ from kvstore import (
     LocalStore,
     check_graft,
 )
-from kvstore.verify import graft_logits, reference_logits
+from kvstore.engine.verify import graft_logits, reference_logits
 
 # ---------------------------------------------------------------- 1. graft vs recompute
 

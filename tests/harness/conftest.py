@@ -57,7 +57,7 @@ def _mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def sqlite_uri(tmp_path: Path, _mlflow_template_db: Path) -> str:
     """URI of a fresh, already-initialised SQLite store at ``tmp_path/runs/mlflow.db``."""
-    from harness.tracking import default_tracking_uri
+    from harness.tracking.store import default_tracking_uri
 
     runs = tmp_path / "runs"
     runs.mkdir(exist_ok=True)
@@ -77,8 +77,8 @@ def fast_mlflow(monkeypatch: pytest.MonkeyPatch) -> None:
 def _deposit_library(be, problems, root: Path, entry_text, name: str):
     """A library of `problems` deposited by backend `be` (artifacts in a LocalStore under root/store, index and
     manifest under root/lib); `entry_text(problem)` is each entry's text."""
-    from harness.hashing import sha256_json, write_json, write_jsonl
-    from harness.library import Entry, Library
+    from harness.library.build import Entry, Library
+    from harness.record.hashing import sha256_json, write_json, write_jsonl
     from kvstore import LocalStore
 
     store = LocalStore(root / "store")

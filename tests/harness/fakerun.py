@@ -1,8 +1,8 @@
 """Build a small, realistic run folder by hand (no model) for manifest, rescore and tracking tests.
 
 The folder follows ``harness/RUN_FORMAT.md``: three baseline rows (two problems, one with two samples) as
-typed ``harness.record.Row``s, scored with ``harness.answers.score``, summarised with ``Summary.of`` and
-written by ``harness.run_folder.RunFolder.finish`` (manifest last), as a real run writes them.
+typed ``harness.record.rows.Row``s, scored with ``harness.task.answers.score``, summarised with ``Summary.of`` and
+written by ``harness.record.folder.RunFolder.finish`` (manifest last), as a real run writes them.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.answers import score
-from harness.record import Completion, Row, Summary
-from harness.run_folder import RunFolder
+from harness.record.folder import RunFolder
+from harness.record.rows import Completion, Row, Summary
+from harness.task.answers import score
 
 PROMPT_TEMPLATE = "Solve the problem. Put the final answer in \\boxed{{}}.\n\nProblem: {problem}\n\nSolution:"
 

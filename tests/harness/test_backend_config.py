@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import pytest
 
-from harness.config import Config, ModelConfig, compose_config, llamacpp_settings, load_model, typed
+from harness.config.model import backend_settings, load_model
+from harness.config.schema import Config, ModelConfig, compose_config, typed
 from harness.errors import ConfigError
-from harness.run import backend_record, comparable_key, context_size, resume_key
+from harness.run.loop import backend_record, comparable_key, context_size, resume_key
 from kvstore.backends.fake import FakeBackend
 
 
 def test_an_unknown_backend_is_one_config_error_before_any_load() -> None:
     # model.backend is an enum: the override check refuses it before composing, naming the key, the allowed values
     # and the field's hint
-    says = r"model.backend=vllm: use one of transformers, llamacpp \("
+    says = r"model.backend=vllm: use one of transformers, fake, llamacpp \("
     with pytest.raises(ConfigError, match=says + "the generation engine"):
-        load_model(compose_config(["model.backend=vllm"]))
-    with pytest.raises(ConfigError, match=r"model.backend='vllm': use one of transformers, llamacpp"):
-        load_model(Config(model=ModelConfig(backend="vllm")))  # a Config built in Python: the schema walk refuses it
+        load_model(typed(compose_config(["model.backend=vllm"])))
+    with pytest.raises(ConfigError, match=r"model.backend='vllm': use one of transformers, fake, llamacpp"):
+        typed(Config(model=ModelConfig(backend="vllm")))  # a Config built in Python: the schema walk refuses it
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -27,20 +28,20 @@ def test_an_unknown_backend_is_one_config_error_before_any_load() -> None:
     ("model.llamacpp.type_k=q8_0", r"model.llamacpp.type_k=q8_0: use one of float16, float32, bfloat16 "
                                    r"\(.*quantized KV caches are not stored"),
     ("model.device=cuda", r"model.device='cuda': the llamacpp backend runs on the CPU"),
-])  # fmt: skip
+])
 def test_llamacpp_settings_that_cannot_work_are_refused_naming_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         typed(compose_config(["model=gemma3_270m_llamacpp", override]))
 
 
 def test_the_llamacpp_model_config_maps_onto_llamacpp_settings() -> None:
-    from kvstore.backends.llamacpp import LlamaCppSettings
+    from kvstore.backends.llamacpp.settings import LlamaCppSettings
 
     c = typed(compose_config(["model=gemma3_270m_llamacpp", "model.llamacpp.n_ctx=1024", "model.llamacpp.threads=1"]))
-    s = llamacpp_settings(c.model)
+    s = backend_settings(c)
     assert LlamaCppSettings(**s) == LlamaCppSettings(gguf="", n_ctx=1024, threads=1, model_name="gemma3-270m-gguf")
     other = typed(compose_config(["model=gemma3_270m_llamacpp", "model.source=/models/x.gguf"]))
-    assert llamacpp_settings(other.model)["gguf"] == "/models/x.gguf"  # a GGUF path as the source
+    assert backend_settings(other)["gguf"] == "/models/x.gguf"  # a GGUF path as the source
 
 
 def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:

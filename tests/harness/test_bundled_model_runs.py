@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.audit import audit
-from harness.config import compose_config
-from harness.library import build_library
-from harness.run import run
+from harness.config.schema import compose_config
+from harness.library.build import build_library
+from harness.record.audit import audit
+from harness.run.loop import run
 from kvstore import load_frozen_model
 
 pytestmark = pytest.mark.integration

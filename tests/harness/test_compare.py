@@ -10,9 +10,11 @@ from types import ModuleType
 
 import pytest
 
-from harness import compare, comparison, rescore
-from harness.record import Summary
-from harness.run_folder import RunFolder
+from harness import rescore
+from harness.compare import comparison
+from harness.compare import job as compare
+from harness.record.folder import RunFolder
+from harness.record.rows import Summary
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 def _summary(fakerun: ModuleType, condition: str, decode_scale: int, wall: float) -> Summary:
     s = Summary.of(fakerun.make_rows(condition), condition=condition, model="toy", dataset="toy", run_dir=condition,
                    comparable_key="k", run_wall_s=1.0, energy_status="unavailable:test", energy_j=None,
-                   group=None)  # fmt: skip
+                   group=None)
     return dataclasses.replace(s, tokens=dataclasses.replace(s.tokens, decode=s.tokens.decode // decode_scale),
-                               time=dataclasses.replace(s.time, wall_s=wall))  # fmt: skip
+                               time=dataclasses.replace(s.time, wall_s=wall))
 
 
 def test_comparison_is_computed_from_summaries(fakerun: ModuleType, tmp_path: Path) -> None:
@@ -53,7 +55,7 @@ def _no_read_back(monkeypatch) -> None:
 
 
 def test_compare_job_with_tracking_reads_nothing_it_wrote(tmp_path: Path, monkeypatch, sqlite_uri: str) -> None:
-    """With MLflow on, each run and the comparison are logged from the records the job holds (harness.tracking:
+    """With MLflow on, each run and the comparison are logged from the records the job holds (harness.tracking.log:
     log_run, log_comparison with records and run ids): no run file, summary or tracking.json is read back."""
     from mlflow import MlflowClient
 
@@ -74,12 +76,12 @@ def test_compare_job_reads_nothing_it_wrote(tmp_path: Path, monkeypatch) -> None
     result = compare.main([
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
-    ])  # fmt: skip
+    ])
     planned = ["baseline", "incontext (recurring)", "graft (recurring)", "incontext (held-out)", "graft (held-out)",
                "truncated (recurring)"]  # configs/compare/graft.yaml, in its order
     assert list(result.summaries) == planned and result.plan.labels == planned and result.plan_recorded
     assert result.plan.pairs == {"recurring": ("graft (recurring)", "incontext (recurring)"),
-                                 "held_out": ("graft (held-out)", "incontext (held-out)")}  # fmt: skip
+                                 "held_out": ("graft (held-out)", "incontext (held-out)")}
     for group in ("recurring", "held_out"):
         p = (result.pairs or {})[group].pairing
         assert (p.identical, p.differing, p.differences) == (2, 0, []), p
@@ -103,7 +105,7 @@ def _compare(tmp_path: Path, *extra: str) -> comparison.Comparison:
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
         "decoding.max_new_tokens=3", "tracking=off", f"library.root={tmp_path}/library",
         f"library.store={tmp_path}/store", *extra,
-    ])  # fmt: skip
+    ])
 
 
 def _rescore(path: Path) -> int:
@@ -140,7 +142,7 @@ def test_rescore_of_a_compare_folder_rechecks_the_pairing_and_fails_on_a_tampere
 
 
 def test_a_graft_row_differing_from_its_incontext_twin_fails_the_job_loudly(tmp_path, monkeypatch, capsys):
-    from harness.conditions import Baseline, InContext
+    from harness.run.conditions import Baseline, InContext
 
     # a broken control: the query alone instead of the entry, so the twins cannot agree
     monkeypatch.setattr(InContext, "context", lambda self, problem: Baseline.context(self, problem))

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup builds it)")
 
-from harness import compare  # noqa: E402
+from harness.compare import job as compare  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def test_compare_job_on_llamacpp_gives_graft_rows_identical_to_their_twins(tmp_p
         "model=gemma3_270m_llamacpp", "model.llamacpp.n_ctx=1024", "model.llamacpp.threads=1", f"project_root={REPO}",
         f"runs_dir={tmp_path}/runs", "dataset.limit=2", "decoding.max_new_tokens=8", "tracking=off",
         f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
-    ])  # fmt: skip
+    ])
     for group in ("recurring", "held_out"):
         p = (result.pairs or {})[group].pairing
         assert (p.identical, p.differing) == (2, 0), p

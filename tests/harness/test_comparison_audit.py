@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from harness import compare, rescore
-from harness.comparison_audit import audit_comparison
-from harness.config import compose_config
-from harness.run import run
+from harness import rescore
+from harness.compare import job as compare
+from harness.compare.audit import audit_comparison
+from harness.config.schema import compose_config
+from harness.run.loop import run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _overrides(root: Path, *extra: str) -> list[str]:
     return ["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={root}/runs", "dataset.limit=2",
             "decoding.max_new_tokens=3", "tracking=off", f"library.root={root}/library", f"library.store={root}/store",
-            *extra]  # fmt: skip
+            *extra]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_the_untouched_compare_folder_passes_and_records_each_runs_manifest(job,
     (lambda d: d["summaries"]["truncated (recurring)"]["tokens"].update(prefill=1), "truncated (recurring).tokens"),
 ], ids=["token_reduction", "accuracy_delta", "baseline_accuracy", "pairs_swapped", "graft_runs_swapped",
         "identical_rows", "baseline_accuracy_score", "decode_tokens", "pair_repointed", "no_manifests",
-        "manifest_edited", "plan_pair_repointed", "plan_run_dropped", "new_condition_figure"])  # fmt: skip
+        "manifest_edited", "plan_pair_repointed", "plan_run_dropped", "new_condition_figure"])
 def test_each_edit_of_comparison_json_fails_rescore_naming_the_field(job, tmp_path, capsys, edit, named):
     folder = _edited(job, tmp_path, edit)
     assert _rescore(folder) == 1
@@ -102,7 +103,7 @@ def test_a_baseline_with_another_comparable_key_or_another_run_fails(job, tmp_pa
     _, result = job
     root = Path(result.runs["baseline"]).parents[2]
     other, _ = run(compose_config(_overrides(root, "decoding.max_new_tokens=4", "condition=baseline")),
-                   tmp_path / "runs" / "baseline" / "other-key", progress=False)  # fmt: skip
+                   tmp_path / "runs" / "baseline" / "other-key", progress=False)
     folder = _edited(job, tmp_path, lambda d: d["runs"].update(baseline=str(other.path)))
     assert _rescore(folder) == 1
     out = capsys.readouterr().out
@@ -118,7 +119,7 @@ def test_a_baseline_with_another_comparable_key_or_another_run_fails(job, tmp_pa
 
 def _baseline(root: Path, name: str) -> Path:
     folder, _ = run(compose_config(_overrides(root, "condition=baseline")),
-                    root / "runs" / "baseline" / name, progress=False)  # fmt: skip
+                    root / "runs" / "baseline" / name, progress=False)
     return folder.path
 
 

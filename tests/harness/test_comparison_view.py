@@ -12,13 +12,13 @@ from types import ModuleType
 
 from rich.console import Console
 
-from harness import per_problem
-from harness.comparison import Comparison, JobLoad, RunLoad, comparison
-from harness.comparison_plan import PAIRS
-from harness.comparison_view import print_comparison
-from harness.pairing import pair
-from harness.record import Group, Retrieval, Row, Summary
-from harness.run_folder import RunFolder
+from harness.compare import per_problem
+from harness.compare.comparison import Comparison, JobLoad, RunLoad, comparison
+from harness.compare.pairing import pair
+from harness.compare.plan import PAIRS
+from harness.compare.views import print_comparison
+from harness.record.folder import RunFolder
+from harness.record.rows import Group, Retrieval, Row, Summary
 
 LABELS = ["baseline", *PAIRS["recurring"], *PAIRS["held_out"]]
 
@@ -33,17 +33,17 @@ def _rows(fakerun: ModuleType, label: str) -> list[Row]:
     return [dataclasses.replace(r, group=group.value, completion=dataclasses.replace(
         r.completion, retrieval=Retrieval(entry or f"e-{r.problem_id}", "f" * 64, 1.0, "bm25" if entry else "exact"),
         first_logits_sha256="f" * 64))
-        for r in rows]  # fmt: skip
+        for r in rows]
 
 
 def _result(fakerun: ModuleType, tmp_path: Path, load: float = 0.3) -> tuple[Comparison, dict[str, list[Row]]]:
     rows = {label: _rows(fakerun, label) for label in LABELS}
     rows[PAIRS["recurring"][0]] = [dataclasses.replace(r, completion=dataclasses.replace(r.completion,
-                                 first_logits_sha256="f" * 64)) for r in rows[PAIRS["recurring"][0]]]  # fmt: skip
+                                 first_logits_sha256="f" * 64)) for r in rows[PAIRS["recurring"][0]]]
     summaries = {label: Summary.of(rs, condition=label.split(" ")[0], model="toy-model", dataset="toy",
                                    run_dir=label, comparable_key="k", run_wall_s=1.0,
                                    energy_status="unavailable:no RAPL", energy_j=None, group=None)
-                 for label, rs in rows.items()}  # fmt: skip
+                 for label, rs in rows.items()}
     folders = {label: RunFolder(tmp_path / label.replace(" ", "_")) for label in LABELS}
     pairings = {g: pair(rows[PAIRS[g][1]], rows[PAIRS[g][0]]) for g in PAIRS}
     result = comparison("k", folders, summaries, pairings, {k: "m" for k in LABELS})
@@ -73,12 +73,12 @@ def test_at_80_columns_nothing_is_cut_and_directions_are_stated(fakerun: ModuleT
 def test_at_80_columns_a_full_size_job_is_not_cut_either(fakerun: ModuleType, tmp_path: Path) -> None:
     """The widest figures a 40-problem job prints (40/40 twins, two-digit stop counts, 3-digit prefill per row,
     the longest run label) still fit 80 columns."""
-    from harness.pairing import Pairing
+    from harness.compare.pairing import Pairing
 
     result, _ = _result(fakerun, tmp_path)
     figures = {k: dataclasses.replace(s, stop_reasons={"eos": 1, "stop": 34, "length": 5},
                                       tokens=dataclasses.replace(s.tokens, prefill=340 * 3, grafted=273 * 3))
-               for k, s in result.summaries.items()}  # fmt: skip
+               for k, s in result.summaries.items()}
     pairs = {g: dataclasses.replace(p, pairing=Pairing(40, 0)) for g, p in (result.pairs or {}).items()}
     text = _render(dataclasses.replace(result, summaries=figures, pairs=pairs), 80)
     assert "…" not in text and "40/40" in text and "1/34/5" in text
@@ -104,7 +104,7 @@ def test_per_problem_view_and_misses_name_what_the_graft_read(fakerun: ModuleTyp
     entries = {"e-toy-1": {"problem_id": "toy-1", "answer": "42"}, "e-toy-2": {"problem_id": "toy-2", "answer": "9"}}
     table = per_problem.per_problem(rows, entries)
     assert [(r["problem_id"], r["sample"], r["gold"]) for r in table] == [("toy-1", 0, "42"), ("toy-1", 1, "42"),
-                                                                           ("toy-2", 0, "9")]  # fmt: skip
+                                                                           ("toy-2", 0, "9")]
     first = table[0]
     assert first["graft held-out"] == "42" and first["graft held-out ok"] is True
     assert first["held-out entry"] == "toy-2" and first["held-out entry answer"] == "9"
@@ -114,22 +114,22 @@ def test_per_problem_view_and_misses_name_what_the_graft_read(fakerun: ModuleTyp
     # sample 1 of toy-1 answered 32 in every run: wrong in both groups; held-out rows also differ from their twin
     assert "recurring toy-1#1: gold 42 | graft 32, read toy-1 (answer 42) | incontext 32 | baseline 32" in misses
     assert any(m.startswith("held-out toy-2#0: gold 9 | graft 9, read toy-2 (answer 9)") and "graft != twin" in m
-               for m in misses)  # fmt: skip
+               for m in misses)
     assert not any(m.startswith("recurring toy-1#0") for m in misses)  # right and identical: not a miss
     assert set(per_problem.columns_of(table)) >= {"problem_id", "gold", "baseline", "graft recurring ok"}
 
 
 def test_show_comparison_reprints_a_finished_comparison(fakerun: ModuleType, tmp_path: Path,
-                                                        repo_root: Path) -> None:  # fmt: skip
+                                                        repo_root: Path) -> None:
     result, rows = _result(fakerun, tmp_path)
     out = tmp_path / "compare" / "stamp"
     out.mkdir(parents=True)
     (out / "comparison.json").write_text(json.dumps(result.to_json()))
     (out / "per_problem.json").write_text(json.dumps({"rows": per_problem.per_problem(rows, {})}))
     done = subprocess.run([sys.executable, str(repo_root / "scripts" / "show_comparison.py"), str(out),
-                           "--width", "80"], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                           "--width", "80"], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "scores and tokens" in done.stdout and "misses" in done.stdout and "…" not in done.stdout
     missing = subprocess.run([sys.executable, str(repo_root / "scripts" / "show_comparison.py"), str(tmp_path)],
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                             capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode == 2 and "comparison.json" in missing.stderr

@@ -1,4 +1,4 @@
-"""The `truncated` condition (harness/conditions/truncated.py): the retrieved entry's first `settings.tokens`
+"""The `truncated` condition (harness/run/conditions/truncated.py): the retrieved entry's first `settings.tokens`
 tokens as plain text before the query, no graft; its settings come from configs/condition/truncated.yaml and a
 bad one is a ConfigError naming the key. Tiny random-weight model: plumbing, not accuracy."""
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.conditions import CONDITIONS, build_condition
-from harness.config import compose_config, typed
+from harness.config.schema import compose_config, typed
 from harness.errors import ConfigError
-from harness.library import build_library
-from harness.problems import load_problems
-from harness.record import Group
+from harness.library.build import build_library
+from harness.record.rows import Group
+from harness.run.conditions import CONDITIONS, build_condition
+from harness.task.problems import load_problems
 from kvstore import load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def setup(tmp_path_factory):
     c = typed(compose_config([
         "model=tiny_gemma3", "condition=truncated", f"project_root={REPO}", "decoding.max_new_tokens=2",
         f"library.root={tmp}/library", f"library.store={tmp}/store", "tracking=off", "dataset.limit=2",
-    ]))  # fmt: skip
+    ]))
     fm = load_frozen_model("tiny-gemma3")
     build_library(c.library, fm, REPO, progress=False)
     return c, fm, load_problems(str(REPO / "problems/kvgraft_original.jsonl"), limit=2)
@@ -33,7 +33,7 @@ def setup(tmp_path_factory):
 
 def _build(c, fm, **settings):
     return build_condition("truncated", fm, c.prompt, c.decoding, c.library, REPO,
-                           settings={**c.condition.settings, **settings})  # fmt: skip
+                           settings={**c.condition.settings, **settings})
 
 
 def test_its_settings_come_from_its_config(setup) -> None:
@@ -61,7 +61,7 @@ def test_the_prompt_holds_the_entry_cut_to_its_first_tokens_and_nothing_is_graft
 @pytest.mark.parametrize(("settings", "message"), [
     ({"tokens": 0}, r"condition.settings of truncated: tokens=0: must be an integer >= 1"),
     ({"tokns": 5}, r"condition.settings.tokns: not a setting of truncated; allowed: \['tokens'\]"),
-])  # fmt: skip
+])
 def test_a_bad_setting_is_a_config_error_naming_the_key(setup, settings, message) -> None:
     c, fm, _ = setup
     with pytest.raises(ConfigError, match=message):

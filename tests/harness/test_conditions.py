@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.answers import score
-from harness.conditions import CONDITIONS, Baseline, Graft, InContext, build_condition
-from harness.config import compose_config, typed
+from harness.compare.pairing import pair
+from harness.config.schema import compose_config, typed
 from harness.errors import ConfigError, LibraryError
-from harness.library import build_library, open_library
-from harness.pairing import pair
-from harness.problems import load_problems
-from harness.record import Group, Row
+from harness.library.build import build_library, open_library
+from harness.record.rows import Group, Row
+from harness.run.conditions import CONDITIONS, Baseline, Graft, InContext, build_condition
+from harness.task.answers import score
+from harness.task.problems import load_problems
 from kvstore import Determinism, load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def cfg(tmp_path_factory):
     return typed(compose_config([
         "model=tiny_gemma3", f"project_root={REPO}", "decoding.max_new_tokens=3", f"library.root={tmp}/library",
         f"library.store={tmp}/store", "tracking=off",
-    ]))  # fmt: skip
+    ]))
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,10 @@ def _condition(name, cfg, fm, library_cfg=None):
 
 
 def test_the_registry_is_the_one_place_that_knows_condition_names():
-    # the three of harness/conditions/__init__.py, then one module per further condition (harness/conditions/*.py)
+    # the three of harness/run/conditions/__init__.py, then one module per further condition (harness/run/conditions/*.py)
     assert {k: CONDITIONS[k] for k in ("baseline", "graft", "incontext")} == {
-        "baseline": Baseline, "graft": Graft, "incontext": InContext}  # fmt: skip
-    modules = {p.stem for p in (REPO / "harness" / "conditions").glob("*.py")} - {"__init__"}
+        "baseline": Baseline, "graft": Graft, "incontext": InContext}
+    modules = {p.stem for p in (REPO / "harness" / "run" / "conditions").glob("*.py")} - {"__init__"}
     assert set(CONDITIONS) == {"baseline", "graft", "incontext", *modules}
     assert all(cls.name == name for name, cls in CONDITIONS.items())
     assert not Baseline.uses_library and Graft.uses_library and InContext.uses_library
@@ -116,12 +116,12 @@ def _rows(cond, problems, samples):
     for p in problems:
         for c, s in zip(cond.complete_samples(p, samples), samples, strict=True):
             out.append(Row.scored(p.id, s, cond.name, cond.group, c, p.answer, score(c.text, p.answer), wall_s=0.0,
-                                  cpu_s=0.0, energy_j=None, energy_status="unavailable:test"))  # fmt: skip
+                                  cpu_s=0.0, energy_j=None, energy_status="unavailable:test"))
     return out
 
 
 @pytest.mark.parametrize("model,dtype", [("tiny-gemma3", "float32"), ("tiny-llama", "float32"),
-                                         ("tiny-gemma3", "bfloat16")])  # fmt: skip
+                                         ("tiny-gemma3", "bfloat16")])
 @pytest.mark.parametrize("exclude_self", [False, True])
 def test_incontext_rows_are_bit_identical_to_graft_rows(tmp_path_factory, problems, model, dtype, exclude_self):
     """The control: the entry read in context (computed fresh, deposit schedule) gives the graft's rows exactly:
@@ -133,7 +133,7 @@ def test_incontext_rows_are_bit_identical_to_graft_rows(tmp_path_factory, proble
         "model=tiny_gemma3", f"model.source={model}", f"determinism.dtype={dtype}", f"project_root={REPO}",
         "decoding=sample", "decoding.max_new_tokens=6", "decoding.n_samples=2", f"library.root={tmp}/library",
         f"library.store={tmp}/store", "tracking=off", f"library.exclude_self={str(exclude_self).lower()}",
-    ]))  # fmt: skip
+    ]))
     build_library(c.library, fm, REPO, progress=False)
     some = problems[:3]
     graft = _rows(_condition("graft", c, fm), some, [0, 1])
@@ -179,7 +179,7 @@ def test_prefetched_artifacts_give_the_same_completions_as_direct_reads(cfg, fm,
 
 
 # ---- the conditions on the scripted fake backend (kvstore.backends.fake): plumbing without model weights ----
-from harness.config import DecodingConfig, PromptConfig  # noqa: E402
+from harness.config.schema import DecodingConfig, PromptConfig  # noqa: E402
 from kvstore.backends.fake import FakeBackend  # noqa: E402
 from kvstore.errors import IncompatibleError  # noqa: E402
 
@@ -218,7 +218,7 @@ def test_graft_on_the_fake_backend_refuses_an_artifact_of_another_backend(proble
     # another script: another fingerprint
     lib = deposit_library(FakeBackend({"x": "y"}), problems[:1], tmp_path, _fake_entry, "fake")
     cond = Graft(FakeBackend({"x": "z"}), PromptConfig(), DecodingConfig(max_new_tokens=2), lib)
-    with pytest.raises(IncompatibleError, match="model fingerprint .* differs from the fake backend's"):
+    with pytest.raises(IncompatibleError, match="model fingerprint .* differs from the loaded model's"):
         cond.complete(problems[0], 0)
     snap = lib.store.get(lib.entries[0].artifact_id)
     snap.determinism = {**snap.determinism, "backend": "llamacpp"}

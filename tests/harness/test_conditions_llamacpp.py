@@ -10,12 +10,13 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup builds it)")
 
-from harness.conditions import Baseline, Graft, InContext  # noqa: E402
-from harness.config import DecodingConfig, PromptConfig  # noqa: E402
+from harness.config.schema import DecodingConfig, PromptConfig  # noqa: E402
 from harness.errors import ConfigError, HarnessError  # noqa: E402
-from harness.problems import load_problems  # noqa: E402
+from harness.run.conditions import Baseline, Graft, InContext  # noqa: E402
+from harness.task.problems import load_problems  # noqa: E402
 from kvstore import KVStoreError  # noqa: E402
-from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings  # noqa: E402
+from kvstore.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from kvstore.backends.llamacpp.settings import LlamaCppSettings  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

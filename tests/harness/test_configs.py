@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import CONFIG_DIR, check_overrides, compose_config
+from harness.config.schema import CONFIG_DIR, check_overrides, compose_config
 from harness.errors import ConfigError
 
 GROUPS = sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir())
@@ -35,7 +35,7 @@ def test_every_group_option_composes(group: str, option: str):
     ("decoding.max_new_tokns=5", "decoding.max_new_tokens"), ("dataset.limt=3", "dataset.limit"),
     ("model.sorce=x", "model.source"), ("+decoding.max_new_token=8", "decoding.max_new_tokens"),
     ("condition=graf", "graft"), ("decoding=sampel", "sample"), ("run.frsh=true", "run.fresh"),
-])  # fmt: skip
+])
 def test_a_misspelt_key_is_one_line_naming_the_near_miss(override: str, near: str):
     with pytest.raises(ConfigError, match=f"did you mean {near}\\?") as caught:
         compose_config([override])
@@ -56,7 +56,7 @@ def test_a_key_with_no_near_miss_and_a_bad_value_are_still_one_line():
 
 def test_overrides_the_schema_allows_pass_the_check():
     check_overrides(["-m", "--cfg", "job", "decoding.max_new_tokens=3,5", "dataset.columns.id=ID", "hydra.verbose=true",
-                     "~tracking.uri", "condition=baseline,graft", "model=null", "library.dataset.limit=2"])  # fmt: skip
+                     "~tracking.uri", "condition=baseline,graft", "model=null", "library.dataset.limit=2"])
 
 
 @pytest.mark.parametrize(("override", "line"), [
@@ -77,7 +77,7 @@ def test_the_entry_point_prints_one_line_for_a_bad_choice(repo_root):
     import sys
 
     done = subprocess.run([sys.executable, "-m", "harness", "energy.meter=bogus", "tracking=off"], cwd=repo_root,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0, done.stdout
     assert done.stderr.strip().splitlines() == ["error: energy.meter=bogus: use one of auto, nvml, rapl, none"]
 
@@ -88,7 +88,7 @@ def test_config_groups_mirror_the_harness_concepts():
 
 
 def test_dataset_columns_override_works_as_documented(tmp_path):
-    from harness.problems import load_problems
+    from harness.task.problems import load_problems
 
     data = tmp_path / "my.jsonl"
     data.write_text('{"ID": "q1", "Problem": "What is $2+3$?", "Answer": "5"}\n')
@@ -99,7 +99,7 @@ def test_dataset_columns_override_works_as_documented(tmp_path):
 
 
 def test_default_experiment_is_defined_once():
-    from harness.tracking import DEFAULT_EXPERIMENT
+    from harness.tracking.store import DEFAULT_EXPERIMENT
 
     assert compose_config().tracking.experiment == DEFAULT_EXPERIMENT
     lines = (CONFIG_DIR / "tracking" / "mlflow.yaml").read_text().splitlines()

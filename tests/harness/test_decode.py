@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.decode import STOP_REASONS, _pick, generate, generate_batch
 from harness.errors import ConfigError
+from harness.run.decode import STOP_REASONS, _pick, generate, generate_batch
 from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, logits_sha256, new_cache, prefill
 
 
@@ -195,7 +195,7 @@ def test_a_batch_needs_one_seed_per_row(fm):
 
 @pytest.mark.parametrize("ties", ["none", "bf16", "integers"])
 def test_the_nucleus_from_the_top_candidates_is_the_full_sort_nucleus_bit_for_bit(ties, monkeypatch):
-    from harness import decode
+    from harness.run import decode
 
     fallbacks = []
     by_sort = decode._nucleus_by_sort

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.energy import EnergyReading, describe_energy, make_meter, rapl_delta_uj
+from harness.run.energy import EnergyReading, describe_energy, make_meter, rapl_delta_uj
 
 MAX_RANGE = 262_143_328_850  # a typical package max_energy_range_uj
 

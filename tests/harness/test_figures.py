@@ -1,4 +1,4 @@
-"""The typed run-level figures (harness/figures.py) and comparison.json's record (harness/comparison.py): each
+"""The typed run-level figures (harness/record/figures.py) and comparison.json's record (harness/compare/comparison.py): each
 writes exactly the JSON the dicts did before them and reads it back to an equal record; older files (no plan, no
 ttft_s) still read; a missing required key is a KeyError naming it."""
 
@@ -11,11 +11,11 @@ from types import ModuleType
 
 import pytest
 
-from harness.comparison import Comparison, comparison
-from harness.figures import TOKEN_KINDS, Energy, GroupScores, Scores, Times, Tokens
-from harness.metrics import summarize_groups, summarize_scores
-from harness.record import Group, Summary
-from harness.run_folder import RunFolder
+from harness.compare.comparison import Comparison, comparison
+from harness.record.figures import TOKEN_KINDS, Energy, GroupScores, Scores, Times, Tokens
+from harness.record.folder import RunFolder
+from harness.record.metrics import summarize_groups, summarize_scores
+from harness.record.rows import Group, Summary
 
 
 def _rows(fakerun: ModuleType, group: Group | None = None) -> list:
@@ -57,7 +57,7 @@ def test_tokens_times_energy_round_trip_and_old_times_keep_their_keys(fakerun: M
 def test_summary_json_is_unchanged_by_the_types(fakerun: ModuleType) -> None:
     rows = _rows(fakerun, Group.HELD_OUT)
     s = Summary.of(rows, condition="graft", model="m", dataset="d", run_dir="r", comparable_key="k",
-                   run_wall_s=2.0, energy_status="unavailable:test", energy_j=None, group=Group.HELD_OUT)  # fmt: skip
+                   run_wall_s=2.0, energy_status="unavailable:test", energy_j=None, group=Group.HELD_OUT)
     d = s.to_json()
     assert d["scores"] == summarize_scores(rows) and d["groups"] == summarize_groups(rows)
     assert d["time"]["run_wall_s"] == 2.0 and d["energy"] == {"status": "unavailable:test", "joules": None}
@@ -70,7 +70,7 @@ def test_a_comparison_written_before_plans_still_reads(fakerun: ModuleType, tmp_
     rows = _rows(fakerun)
     summaries = {label: Summary.of(rows, condition=label, model="m", dataset="d", run_dir=label, comparable_key="k",
                                    run_wall_s=1.0, energy_status="unavailable:t", energy_j=None, group=None)
-                 for label in ("baseline", "graft (recurring)")}  # fmt: skip
+                 for label in ("baseline", "graft (recurring)")}
     folders = {k: RunFolder(tmp_path / k.replace(" ", "_")) for k in summaries}
     d = comparison("k", folders, summaries).to_json()
     del d["summaries"]["baseline"]["time"]["ttft_s"]

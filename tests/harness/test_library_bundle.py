@@ -1,4 +1,4 @@
-"""A solution library as one bundle (harness/library_bundle.py): its files travel as the bundle's opaque
+"""A solution library as one bundle (harness/library/bundle.py): its files travel as the bundle's opaque
 attachments; export and import check them with the library's own rules, so a modified library, or a bundle whose
 library names an artifact it does not carry, is refused before anything is written. Tiny random-weight model."""
 
@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import compose_config, load_model, typed
+from harness.config.model import load_model
+from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError
-from harness.library import LIBRARY_FILES, Library, build_library
-from harness.library_bundle import export_library, import_library, main
+from harness.library.build import LIBRARY_FILES, Library, build_library
+from harness.library.bundle import export_library, import_library, main
 from kvstore import LocalStore
-from kvstore.bundle import export_bundle
+from kvstore.bundle.bundle import export_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,8 +25,8 @@ def built(tmp_path_factory):
     """(store, library folder) of a 2-entry library."""
     tmp = tmp_path_factory.mktemp("lib")
     cfg = typed(compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"library.root={tmp / 'library'}",
-                                f"library.store={tmp / 'store'}", "library.dataset.limit=2"]))  # fmt: skip
-    folder = build_library(cfg.library, load_model(cfg), REPO, progress=False)
+                                f"library.store={tmp / 'store'}", "library.dataset.limit=2"]))
+    folder = build_library(cfg.library, load_model(typed(cfg)), REPO, progress=False)
     return LocalStore(tmp / "store"), folder
 
 

@@ -10,18 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import compose_config, load_model, typed
+from harness.config.model import load_model
+from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError
-from harness.hashing import sha256_json
-from harness.library import build_library, open_library
-from harness.problems import Problem
+from harness.library.build import build_library, open_library
+from harness.record.hashing import sha256_json
+from harness.task.problems import Problem
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(root: Path, store: Path, *extra: str):
     return typed(compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"library.root={root}",
-                                 f"library.store={store}", "library.dataset.limit=3", *extra]))  # fmt: skip
+                                 f"library.store={store}", "library.dataset.limit=3", *extra]))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def built(tmp_path_factory):
     """(config, model, library folder) of a 3-entry library; tests that change it work on a copy."""
     tmp = tmp_path_factory.mktemp("lib")
     cfg = _cfg(tmp / "library", tmp / "store")
-    fm = load_model(cfg)
+    fm = load_model(typed(cfg))
     return cfg, fm, build_library(cfg.library, fm, REPO, progress=False)
 
 
@@ -87,7 +88,7 @@ def test_a_folder_holding_another_librarys_manifest_is_refused_naming_what_diffe
     m["manifest_sha256"] = sha256_json({k: v for k, v in m.items() if k != "manifest_sha256"})
     (path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(LibraryError, match=r"identity_sha256 is not that of the configured library \(differs in: "
-                                           r"source_limit\)"):  # fmt: skip
+                                           r"source_limit\)"):
         open_library(cfg.library, fm, REPO)
 
 
@@ -95,7 +96,7 @@ def test_a_folder_holding_another_librarys_manifest_is_refused_naming_what_diffe
     (b'{"entry_id": \n', "not valid UTF-8 JSON"),
     (b"[1, 2]\n", "expected a JSON object (an entry), found list"),
     (b'{"entry_id": "\xff\xfe"}\n', "not valid UTF-8 JSON"),
-], ids=["invalid_json", "not_an_object", "bad_utf8"])  # fmt: skip
+], ids=["invalid_json", "not_an_object", "bad_utf8"])
 def test_a_bad_index_line_is_one_library_error_naming_file_and_line(copy, bad, says):
     cfg, fm, path = copy
     lines = (path / "index.jsonl").read_bytes().splitlines(keepends=True)
@@ -113,6 +114,6 @@ def test_an_exact_match_with_another_answer_is_refused(built):
     e = lib.entries[0]
     same_text = Problem("other-set-7", e.problem, str((int(e.answer) + 1) % 1000))
     with pytest.raises(LibraryError, match=rf"problem other-set-7: library .* holds the same problem text \(entry "
-                                           rf"{e.entry_id}, problem {e.problem_id}\) with answer {e.answer}"):  # fmt: skip
+                                           rf"{e.entry_id}, problem {e.problem_id}\) with answer {e.answer}"):
         lib.retrieve(same_text)
     assert lib.retrieve(Problem("again", e.problem, e.answer)).kind == "exact"

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import compose_config, load_model, typed
-from harness.library import _write_library, build_library, main, open_library, redeposit_library
-from harness.run import run
+from harness.config.model import load_model
+from harness.config.schema import compose_config, typed
+from harness.library.build import _write_library, build_library, main, open_library, redeposit_library
+from harness.run.loop import run
 from kvstore import IncompatibleError, check_graft, environment_fingerprint, graft_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def moved(tmp_path):
     """A built library whose every artifact is replaced by the same artifact recorded in another environment.
     Returns (config, model, library path, the artifact ids as first built)."""
     cfg = typed(compose_config(_overrides(tmp_path)))
-    fm = load_model(cfg).fm  # the transformers backend's FrozenModel: graft_snapshot / check_graft take it
+    fm = load_model(typed(cfg)).fm  # the transformers backend's FrozenModel: graft_snapshot / check_graft take it
     build_library(cfg.library, fm, REPO, progress=False)
     lib = open_library(cfg.library, fm, REPO)
     built = {e.entry_id: e.artifact_id for e in lib.entries}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.audit import audit
-from harness.run_folder import LOCK, MANIFEST, PARTIAL, RESUME, RunFolder, claim
+from harness.record.audit import audit
+from harness.record.folder import LOCK, MANIFEST, PARTIAL, RESUME, RunFolder, claim
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
@@ -24,7 +24,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "
 TIMING = {"wall_s", "cpu_s", "energy_j", "energy_status", "ttft_s"}
 #: 6 problems x 2 seeded samples, ~1 s a row on 2 cores: long enough to kill mid-run.
 SAMPLED = ["model=tiny_gemma3", "dataset.limit=6", "decoding=sample", "decoding.n_samples=2",
-           "decoding.max_new_tokens=40", "tracking=off"]  # fmt: skip
+           "decoding.max_new_tokens=40", "tracking=off"]
 
 
 def harness(runs: Path, *overrides: str) -> list[str]:
@@ -68,7 +68,7 @@ def test_two_sweeps_started_in_the_same_second_land_in_two_folders(tmp_path):
     sweep = f"hydra.sweep.dir=${{kvgraft.claim_dir:{runs}/multirun,same-second}}"
     common = ["-m", "model=tiny_gemma3", "dataset.limit=1", "decoding.max_new_tokens=2", "tracking=off", sweep]
     procs = [subprocess.Popen(harness(runs, *common, f"decoding.seed={s}"), cwd=REPO, env=ENV, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for s in (1, 2)]  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for s in (1, 2)]
     for p in procs:
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-2000:]
@@ -84,7 +84,7 @@ def test_two_sweeps_started_in_the_same_second_land_in_two_folders(tmp_path):
 def test_kill_9_then_the_same_command_resumes_with_the_rows_of_an_uninterrupted_run(tmp_path):
     runs = tmp_path / "runs"
     proc = subprocess.Popen(harness(runs, *SAMPLED), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+                            stderr=subprocess.DEVNULL)
     (first,) = _wait_for_folder(runs, proc)
     wait_for_rows(first / PARTIAL, 3, proc)
     proc.send_signal(signal.SIGKILL)
@@ -101,7 +101,7 @@ def test_kill_9_then_the_same_command_resumes_with_the_rows_of_an_uninterrupted_
     assert not any((first / n).exists() for n in (PARTIAL, RESUME, LOCK))
 
     clean = subprocess.run(harness(runs, *SAMPLED, "run.fresh=true"), cwd=REPO, env=ENV, capture_output=True,
-                           text=True, timeout=600)  # fmt: skip
+                           text=True, timeout=600)
     assert clean.returncode == 0, clean.stderr[-2000:]
     (other,) = [p for p in folders(runs) if p != first]
     resumed, uninterrupted = computed(first / "outputs.jsonl"), computed(other / "outputs.jsonl")
@@ -123,7 +123,7 @@ def _wait_for_folder(runs: Path, proc: subprocess.Popen, timeout: float = 120) -
 def test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder(tmp_path):
     runs = tmp_path / "runs"
     proc = subprocess.Popen(harness(runs, *SAMPLED), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)
     (folder,) = _wait_for_folder(runs, proc)
     wait_for_rows(folder / PARTIAL, 2, proc)
     proc.send_signal(signal.SIGTERM)
@@ -143,19 +143,19 @@ def test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder(tmp_pat
 def test_a_run_that_fails_leaves_no_folder(tmp_path):
     runs = tmp_path / "runs"
     bad = subprocess.run(harness(runs, "model=tiny_gemma3", "dataset=file", f"dataset.path={tmp_path}/none.jsonl",
-                                 "tracking=off"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+                                 "tracking=off"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error:")
     assert folders(runs) == []
     sweep = subprocess.run(harness(runs, "-m", "model=tiny_gemma3", "dataset=file", "dataset.path=/nowhere.jsonl",
-                                   "tracking=off"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+                                   "tracking=off"), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     assert sweep.returncode == 1
     assert not (runs / "multirun").exists() or not any((runs / "multirun").iterdir())
 
 
-@pytest.mark.parametrize("entry", ["harness", "harness.compare", "harness.library"])
+@pytest.mark.parametrize("entry", ["harness", "harness.compare.job", "harness.library.build"])
 def test_every_entry_point_refuses_a_misspelt_key_in_one_line_with_the_near_miss(entry, tmp_path):
     r = subprocess.run([sys.executable, "-m", entry, "decoding.max_new_token=8", f"runs_dir={tmp_path}"], cwd=REPO,
-                       env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+                       env=ENV, capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert "decoding.max_new_token" in lines[0] and "did you mean decoding.max_new_tokens?" in lines[0]

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from harness.audit import audit
 from harness.errors import ManifestError, RunFolderError
-from harness.hashing import (
+from harness.record.audit import audit
+from harness.record.folder import RunFolder
+from harness.record.hashing import (
     atomic_write_bytes,
     canonical_json,
     sha256_hex,
@@ -21,8 +22,7 @@ from harness.hashing import (
     write_json,
     write_jsonl,
 )
-from harness.manifest import build_manifest
-from harness.run_folder import RunFolder
+from harness.record.manifest import build_manifest
 
 
 def _audit(run_dir: Path):
@@ -78,7 +78,7 @@ def test_manifest_has_the_run_format_fields(fake_run: Path, fakerun: ModuleType)
     assert set(inputs) >= {
         "problems", "prompt_template", "config", "model_fingerprint", "tokenizer_fingerprint",
         "code", "packages", "environment", "determinism", "artifacts",
-    }  # fmt: skip
+    }
     assert inputs["problems"] == {p["id"]: sha256_json(p) for p in fakerun.PROBLEMS}
     assert inputs["prompt_template"] == sha256_hex(fakerun.PROMPT_TEMPLATE.encode())
     assert set(inputs["code"]) == {"commit", "dirty"}
@@ -102,7 +102,7 @@ def test_build_manifest_rejects_bytes_that_are_not_the_rows(fakerun: ModuleType)
             problems=fakerun.PROBLEMS, prompt_template="t", config={}, model_fingerprint="m",
             tokenizer_fingerprint="t", determinism={}, environment={}, rows=rows,
             outputs_bytes=b"not the rows\n", summary={},
-        )  # fmt: skip
+        )
 
 
 # --- audit -------------------------------------------------------------------------------------------

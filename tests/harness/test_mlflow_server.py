@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import compose_config
-from harness.mlflow_server import MlflowServer, free_port
-from harness.tracking import try_log_run_dir
+from harness.config.schema import compose_config
+from harness.tracking.log import try_log_run_dir
+from harness.tracking.server import MlflowServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 N_JOBS = 6

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import TrackingError
-from harness.mlflow_store import ensure_sqlite_store
-from harness.tracking import default_tracking_uri, log_run_dir
+from harness.tracking.log import log_run_dir
+from harness.tracking.store import default_tracking_uri, ensure_sqlite_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,10 +88,10 @@ def test_a_creator_killed_mid_migration_leaves_no_database(tmp_path, fake_run):
     uri = default_tracking_uri(db.parent)
     code = ("import os, signal, mlflow.store.db.utils as u\n"
             "u._upgrade_db = lambda engine: os.kill(os.getpid(), signal.SIGKILL)\n"
-            "from harness.mlflow_store import ensure_sqlite_store\n"
-            f"ensure_sqlite_store({uri!r})\n")  # fmt: skip
+            "from harness.tracking.store import ensure_sqlite_store\n"
+            f"ensure_sqlite_store({uri!r})\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          check=False)  # fmt: skip
+                          check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not db.exists() and list(db.parent.glob(".mlflow.db.*.tmp"))  # only the killed creator's temp file
     run_id = log_run_dir(fake_run, tracking_uri=uri, experiment="kvgraft-test", traces=False)

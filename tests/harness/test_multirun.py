@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.audit import audit
-from harness.run_folder import RunFolder
+from harness.record.audit import audit
+from harness.record.folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.errors import HarnessError, ProblemError
-from harness.problems import load_problems, problem_fingerprint
+from harness.task.problems import load_problems, problem_fingerprint
 
 ROWS = [
     {"id": "a", "problem": "What is $1+1$?", "answer": "002", "solution": "1+1=2, so \\boxed{2}.", "year": 2020},
@@ -255,7 +255,7 @@ needs_public_set = pytest.mark.skipif(not AIME_PUBLIC.is_file(), reason=f"{AIME_
 
 @needs_public_set
 def test_the_public_aime_config_loads_a_slice_with_dataset_limit():
-    from harness.config import compose_config
+    from harness.config.schema import compose_config
 
     cfg = compose_config(["dataset=aime_1983_2023", "dataset.limit=7"])
     d = cfg.dataset
@@ -266,7 +266,7 @@ def test_the_public_aime_config_loads_a_slice_with_dataset_limit():
 
 @needs_public_set
 def test_the_public_aime_config_loads_all_975_problems_from_the_file_the_library_reads():
-    from harness.config import compose_config
+    from harness.config.schema import compose_config
 
     cfg = compose_config(["dataset=aime_1983_2023", "library=aime_1983_2023"])
     assert (REPO / cfg.dataset.path).resolve() == (REPO / cfg.library.dataset.path).resolve()

@@ -15,9 +15,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="needs ray: make setup-ray")
 
-from harness.config import compose_config  # noqa: E402
+from harness.config.schema import compose_config  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
-from harness.run import run  # noqa: E402
+from harness.run.loop import run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_rows_over_two_ray_workers_equal_the_single_process_run(tmp_path, tiny_g
 
 def test_a_worker_killed_mid_problem_loses_and_duplicates_nothing(tmp_path, tiny_gemma3, monkeypatch):
     """kill -9 of a worker while it computes a problem: the problem is queued again, a new worker replaces it."""
-    from harness import distributed
+    from harness.run import distributed
 
     pools: list = []
     real_init = distributed.RayPool.__init__

@@ -2,7 +2,7 @@
 127.0.0.1 (`ray start --head --block`, token auth off as for any private test cluster) and stops after it. Two
 values give two run folders; both re-score, and their rows equal, token for token, a single-process run of the
 same config (Ray's per-task OMP_NUM_THREADS is pinned to determinism.threads by the launcher config); both jobs log
-to a real `mlflow server` (harness.mlflow_server, started on 127.0.0.1 by this module) and both runs are there.
+to a real `mlflow server` (harness.tracking.server, started on 127.0.0.1 by this module) and both runs are there.
 Skipped, saying why, where ray or hydra-ray-launcher is not installed (`make setup-ray`)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 pytest.importorskip("ray", reason="needs ray: make setup-ray")
 pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="needs hydra-ray-launcher: make setup-ray")
 
-from harness.mlflow_server import MlflowServer  # noqa: E402
-from kvstore.local_s3 import free_ports  # noqa: E402
+from harness.tracking.server import MlflowServer  # noqa: E402
+from kvstore.testing.local_s3 import free_ports  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).parent / "ray"
@@ -76,7 +76,7 @@ def mlflow_server(tmp_path_factory):
 
 
 def _rows(folder: Path) -> list[tuple]:
-    from harness.run_folder import RunFolder
+    from harness.record.folder import RunFolder
 
     return [(r.problem_id, r.sample, r.completion.context_ids, r.completion.token_ids, r.completion.text, r.correct)
             for r in RunFolder(folder).read_rows()]

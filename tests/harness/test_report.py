@@ -8,9 +8,9 @@ from types import ModuleType
 
 import pytest
 
-from harness.record import Summary
-from harness.report import main, sweep_table
-from harness.run_folder import RunFolder
+from harness.compare.report import main, sweep_table
+from harness.record.folder import RunFolder
+from harness.record.rows import Summary
 
 pytestmark = pytest.mark.usefixtures("fast_mlflow")
 
@@ -23,14 +23,14 @@ def _sweep(root: Path, fakerun: ModuleType) -> Path:
     for job, (tokens, samples) in enumerate([(16, 1), (16, 2), (32, 1), (32, 2)]):
         folder = RunFolder(sweep / f"{job}_baseline")
         config = {**fakerun.CONFIG, "decoding": {**fakerun.CONFIG["decoding"], "max_new_tokens": tokens,
-                                                 "samples": samples}, "runs_dir": f"/elsewhere/{job}"}  # fmt: skip
+                                                 "samples": samples}, "runs_dir": f"/elsewhere/{job}"}
         summary = Summary.of(rows[: 1 + job % 3], condition="baseline", model="toy-model", dataset="toy",
                              run_dir=str(folder.path), comparable_key=None, run_wall_s=1.0 + job,
                              energy_status="measured:rapl" if samples == 2 else "unavailable:no meter",
-                             energy_j=2.5 * tokens if samples == 2 else None, group=None)  # fmt: skip
+                             energy_j=2.5 * tokens if samples == 2 else None, group=None)
         folder.finish(config=config, problems=fakerun.PROBLEMS, rows=rows[: 1 + job % 3], summary=summary,
                       prompt_template=fakerun.PROMPT_TEMPLATE, model_fingerprint="a" * 64,
-                      tokenizer_fingerprint="b" * 64, determinism={}, environment={})  # fmt: skip
+                      tokenizer_fingerprint="b" * 64, determinism={}, environment={})
     return sweep
 
 
@@ -47,14 +47,14 @@ def test_the_sweep_table_has_one_row_per_run_with_the_swept_keys_and_figures(tmp
 
 
 def test_make_report_writes_its_table_and_plots_and_logs_them(tmp_path: Path, fakerun: ModuleType,
-                                                              sqlite_uri: str) -> None:  # fmt: skip
+                                                              sqlite_uri: str) -> None:
     from mlflow import MlflowClient
 
-    from harness.tracking import log_run_dir
+    from harness.tracking.log import log_run_dir
 
     sweep = _sweep(tmp_path, fakerun)
     jobs = {log_run_dir(p, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
-            for p in sorted(sweep.glob("*_baseline"))}  # fmt: skip
+            for p in sorted(sweep.glob("*_baseline"))}
     assert main([str(sweep), "--tracking-uri", sqlite_uri, "--experiment", "kvgraft-test"]) == 0
     out = sweep / "report"
     names = sorted(p.name for p in out.iterdir())
@@ -70,7 +70,7 @@ def test_make_report_writes_its_table_and_plots_and_logs_them(tmp_path: Path, fa
     assert "job_3.ci_low" in run.data.metrics and run.info.end_time > run.info.start_time
     assert "| 1_baseline | 0.500 [" in run.data.tags["mlflow.note.content"]
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"report.csv", "report_table.json",
-                                                                        "accuracy.png"}  # fmt: skip
+                                                                        "accuracy.png"}
 
 
 def test_a_folder_without_runs_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,8 +81,8 @@ def test_a_folder_without_runs_is_a_clear_error(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_terminal_table_is_narrow_and_uncut(tmp_path: Path, fakerun: ModuleType,
-                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    from harness.report import print_table
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.compare.report import print_table
 
     print_table(sweep_table(_sweep(tmp_path, fakerun)), "report over 4 jobs")
     out = capsys.readouterr().out

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 # import name -> distribution name, for the packages a rescore imports
 DISTRIBUTION = {"yaml": "pyyaml", "numpy": "numpy", "sympy": "sympy", "mpmath": "sympy", "rich": "rich",
-                "pygments": "rich", "markdown_it": "rich", "mdurl": "rich"}  # fmt: skip
+                "pygments": "rich", "markdown_it": "rich", "mdurl": "rich"}
 TRACE = """import json, runpy, sys
 for m in ("torch", "transformers"):
     sys.modules[m] = None
@@ -39,7 +39,7 @@ def audit_extra() -> list[str]:
 def test_the_audit_extra_is_what_a_rescore_imports(fake_run):
     code = TRACE.format(script=str(REPO / "scripts" / "rescore.py"))
     proc = subprocess.run([sys.executable, "-c", code, str(fake_run)], env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"},
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, check=False)
     status, imported = json.loads(proc.stdout.strip().splitlines()[-1])
     assert status == 0, proc.stdout + proc.stderr
     unknown = [m for m in imported if m not in DISTRIBUTION and m != "cython_runtime"]
@@ -50,13 +50,13 @@ def test_the_audit_extra_is_what_a_rescore_imports(fake_run):
 def test_a_fresh_venv_with_only_the_audit_extra_rescores_a_run(fake_run, tmp_path):
     venv = tmp_path / "audit-venv"
     make = subprocess.run(["make", "-s", "audit-venv", f"AUDIT_VENV={venv}"], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
+                          text=True, timeout=600, check=False)
     assert make.returncode == 0, make.stdout + make.stderr
     python = str(venv / "bin" / "python")
     no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, check=False)
     assert no_torch.returncode == 1 and "No module named 'torch'" in no_torch.stderr
     proc = subprocess.run([python, str(REPO / "scripts" / "rescore.py"), str(fake_run)], cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+                          timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: 3 rows re-scored, all hashes match" in proc.stdout

@@ -11,11 +11,11 @@ from types import ModuleType
 
 def _rescore(repo_root: Path, folder: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(repo_root / "scripts" / "rescore.py"), str(folder)],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_a_sweep_folder_rechecks_every_job_and_names_a_tampered_one(tmp_path: Path, fakerun: ModuleType,
-                                                                    repo_root: Path) -> None:  # fmt: skip
+                                                                    repo_root: Path) -> None:
     sweep = tmp_path / "multirun" / "2026-12-01_11-00-00"
     jobs = [fakerun.build_fake_run(sweep / f"{i}_baseline_decoding.max_new_tokens={n}") for i, n in ((0, 3), (1, 5))]
     done = _rescore(repo_root, sweep)

@@ -18,7 +18,7 @@ def rescore_without_torch(folder: Path, tmp_path: Path) -> subprocess.CompletedP
     (shim / "sitecustomize.py").write_text(BLOCK)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{shim}:{REPO}", "HOME": str(tmp_path)}
     return subprocess.run([sys.executable, str(REPO / "scripts" / "rescore.py"), str(folder)], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_shim_really_blocks_torch(tmp_path):
@@ -26,7 +26,7 @@ def test_the_shim_really_blocks_torch(tmp_path):
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(BLOCK)
     proc = subprocess.run([sys.executable, "-c", "import torch"], env={"PYTHONPATH": str(shim)},
-                          capture_output=True, text=True, check=False)  # fmt: skip
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 1 and "ModuleNotFoundError" in proc.stderr
 
 
@@ -44,11 +44,11 @@ def test_an_edited_run_folder_fails_without_torch_too(fake_run, tmp_path):
 
 
 def test_a_compare_folder_rechecks_without_torch(tmp_path):
-    from harness import compare
+    from harness.compare import job as compare
 
     compare.main(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=1",
                   "decoding.max_new_tokens=2", "tracking=off", f"library.root={tmp_path}/library",
-                  f"library.store={tmp_path}/store"])  # fmt: skip
+                  f"library.store={tmp_path}/store"])
     folder = next((tmp_path / "runs" / "compare").iterdir())
     proc = rescore_without_torch(folder, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.audit import audit
-from harness.compare import find_baseline
-from harness.config import compose_config
-from harness.library import build_library, open_library
-from harness.problems import load_problems
-from harness.run import comparable_key, run
+from harness.compare.job import find_baseline
+from harness.config.schema import compose_config
+from harness.library.build import build_library, open_library
+from harness.record.audit import audit
+from harness.run.loop import comparable_key, run
+from harness.task.problems import load_problems
 from kvstore import LocalStore, load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
 
 def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm):
     cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "decoding.batch_size=3", "dataset.limit=2",
-               "decoding.max_new_tokens=5", "tracking=off", "condition=graft")  # fmt: skip
+               "decoding.max_new_tokens=5", "tracking=off", "condition=graft")
     a, sa = run(cfg, tmp_path / "a", fm=fm, progress=False, build_library_if_missing=True)
     b, _ = run(cfg, tmp_path / "b", fm=fm, progress=False)
     ra, rb = a.read_rows(), b.read_rows()
@@ -121,18 +121,18 @@ def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm
     assert sum((sa.stop_reasons or {}).values()) == 8 and sa.scores.n_samples == 4 and 4 in sa.scores.pass_at
     assert audit(a).ok, audit(a).findings
     one = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "dataset.limit=2", "decoding.max_new_tokens=5",
-               "tracking=off", "condition=graft")  # fmt: skip
+               "tracking=off", "condition=graft")
     assert comparable_key(cfg, fm) != comparable_key(one, fm)  # the batch size is part of what the bits depend on
 
 
 def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterrupted_rows(tmp_path, fm):
     from omegaconf import OmegaConf
 
-    from harness.run import resume_key
-    from harness.run_folder import RunFolder
+    from harness.record.folder import RunFolder
+    from harness.run.loop import resume_key
 
     cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "decoding.batch_size=2", "dataset.limit=2",
-               "tracking=off")  # fmt: skip
+               "tracking=off")
     clean, _ = run(cfg, tmp_path / "clean", fm=fm, progress=False)
     rows = clean.read_rows()
     problems = load_problems(str(REPO / cfg.dataset.path), limit=2)

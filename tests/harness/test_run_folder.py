@@ -12,11 +12,12 @@ from types import ModuleType
 
 import pytest
 
-from harness.audit import audit
-from harness.config import CONFIG_DIR
+from harness.config.schema import CONFIG_DIR
 from harness.errors import RunFolderError
-from harness.hashing import write_jsonl
-from harness.record import (
+from harness.record.audit import audit
+from harness.record.folder import MANIFEST, OUTPUTS, PARTIAL, STAMP_FORMAT, RunFolder
+from harness.record.hashing import write_jsonl
+from harness.record.rows import (
     Completion,
     Group,
     Retrieval,
@@ -27,7 +28,6 @@ from harness.record import (
     legacy_row_group,
     run_group,
 )
-from harness.run_folder import MANIFEST, OUTPUTS, PARTIAL, STAMP_FORMAT, RunFolder
 
 # outputs.jsonl keys as harness/RUN_FORMAT.md documents them
 ROW_KEYS = {
@@ -35,7 +35,7 @@ ROW_KEYS = {
     "stop_reason", "gold_answer", "extracted", "answer", "correct", "prompt_tokens", "prefill_tokens",
     "grafted_tokens", "decode_tokens", "first_logits_sha256", "ttft_s", "seed", "wall_s", "cpu_s", "energy_j",
     "energy_status", "entry_id", "artifact_id", "similarity", "match",
-}  # fmt: skip
+}
 
 
 def test_a_row_keeps_the_documented_keys_and_round_trips(fakerun: ModuleType) -> None:
@@ -69,7 +69,7 @@ def test_rows_appended_before_an_interrupt_are_on_disk(tmp_path: Path, fakerun: 
 
 
 def test_the_manifest_is_written_last(tmp_path: Path, fakerun: ModuleType, monkeypatch) -> None:
-    import harness.run_folder as rf
+    import harness.record.folder as rf
 
     order: list[str] = []
     for name in ("write_json", "write_jsonl", "atomic_write_text"):
@@ -106,15 +106,15 @@ def _graft_run(tmp_path: Path, fakerun: ModuleType, *, exclude_self: bool, match
         c = r.completion
         m = match if isinstance(match, str) else match[i]
         grafted = Completion(c.prompt, [7, 7, *c.context_ids], c.text, c.token_ids, c.stop_reason, c.prefill_tokens, 2,
-                             c.decode_tokens, retrieval=Retrieval("e1", "f" * 64, 1.0, m))  # fmt: skip
+                             c.decode_tokens, retrieval=Retrieval("e1", "f" * 64, 1.0, m))
         rows.append(Row(r.problem_id, r.sample, "graft", group.value, grafted, r.gold, r.extracted, r.answer,
-                        r.correct, r.wall_s, r.cpu_s, r.energy_j, r.energy_status))  # fmt: skip
+                        r.correct, r.wall_s, r.cpu_s, r.energy_j, r.energy_status))
     summary = Summary.of(rows, condition="graft", model="toy", dataset="toy", run_dir=str(tmp_path), comparable_key="k",
-                         run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, group=group)  # fmt: skip
+                         run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, group=group)
     config = {**fakerun.CONFIG, "library": {"exclude_self": exclude_self}}
     folder = RunFolder(tmp_path / f"graft-{match}-{exclude_self}")
     folder.finish(config=config, problems=fakerun.PROBLEMS, rows=rows, summary=summary, prompt_template="t",
-                  model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64, determinism={}, environment={})  # fmt: skip
+                  model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64, determinism={}, environment={})
     return folder
 
 
@@ -235,7 +235,7 @@ def test_a_folder_written_before_the_run_group_still_audits_by_the_old_row_rule(
     folder = RunFolder(tmp_path / "old")
     folder.finish(config={**fakerun.CONFIG, "library": {"exclude_self": False}}, problems=fakerun.PROBLEMS, rows=rows,
                   summary=summary, prompt_template="t", model_fingerprint="a" * 64, tokenizer_fingerprint="b" * 64,
-                  determinism={}, environment={})  # fmt: skip
+                  determinism={}, environment={})
     assert audit(folder).ok, audit(folder).findings
     assert set(folder.read_summary().groups or {}) == {"recurring", "held_out"}
     assert run_group(folder.read_summary(), {"library": {"exclude_self": False}}) is Group.RECURRING

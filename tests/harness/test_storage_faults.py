@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.audit import audit
-from harness.config import compose_config
+from harness.config.schema import compose_config
 from harness.errors import StorageError
-from harness.run import run
-from harness.run_folder import MANIFEST, PARTIAL
+from harness.record.audit import audit
+from harness.record.folder import MANIFEST, PARTIAL
+from harness.run.loop import run
 from kvstore import load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def fm():
 
 def _cfg(runs: Path, *extra: str):
     return compose_config(["model=tiny_gemma3", "dataset.limit=10", "decoding.max_new_tokens=4", "tracking=off",
-                           f"runs_dir={runs}", f"project_root={REPO}", *extra])  # fmt: skip
+                           f"runs_dir={runs}", f"project_root={REPO}", *extra])
 
 
 def _computed(folder) -> list[dict]:
@@ -83,7 +83,7 @@ def _computed(folder) -> list[dict]:
 def test_hydra_entry_on_a_full_disk_is_one_line(tmpfs):
     fill(tmpfs, 0)
     r = subprocess.run([sys.executable, "-m", "harness", "model=tiny_gemma3", "tracking=off",
-                        f"runs_dir={tmpfs}/runs"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+                        f"runs_dir={tmpfs}/runs"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"error: {tmpfs}/runs") and "no space left" in lines[0] and "runs_dir=" in lines[0]
@@ -91,7 +91,7 @@ def test_hydra_entry_on_a_full_disk_is_one_line(tmpfs):
 
 def test_hydra_entry_on_a_read_only_runs_folder_is_one_line(read_only):
     r = subprocess.run([sys.executable, "-m", "harness", "model=tiny_gemma3", "tracking=off",
-                        f"runs_dir={read_only}/runs"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+                        f"runs_dir={read_only}/runs"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"error: {read_only}/runs") and "read-only (EROFS)" in lines[0]

@@ -9,16 +9,16 @@ from types import ModuleType
 
 import pytest
 
-from harness.record import Retrieval, Row
-from harness.tracing import span_plan
-from harness.tracking import log_run_dir
+from harness.record.rows import Retrieval, Row
+from harness.tracking.log import log_run_dir
+from harness.tracking.tracing import span_plan
 
 pytestmark = pytest.mark.usefixtures("fast_mlflow")
 
 
 def _grafted(row: Row, ttft_s: float | None) -> Row:
     c = dataclasses.replace(row.completion, grafted_tokens=100, prefill_tokens=7, ttft_s=ttft_s,
-                            retrieval=Retrieval("toy-1", "f" * 64, 1.0, "exact"))  # fmt: skip
+                            retrieval=Retrieval("toy-1", "f" * 64, 1.0, "exact"))
     return dataclasses.replace(row, condition="graft", group="recurring", completion=c)
 
 
@@ -63,7 +63,7 @@ def test_every_row_becomes_a_trace_of_its_run_with_spans_and_the_score_as_feedba
         assert [s.name for s in trace.data.spans][1:] == ["prefill", "decode"]
         feedback = {a.name: a for a in trace.info.assessments}
         assert feedback["correct"].value is row_key[2]
-        assert feedback["correct"].source.source_id == "harness.answers.score"
+        assert feedback["correct"].source.source_id == "harness.task.answers.score"
         assert feedback["expected_answer"].value in ("42", "9")
     assert mlflow.get_tracking_uri() == uri_before  # the global URI the exporter needed is restored
 

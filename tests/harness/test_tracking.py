@@ -11,7 +11,8 @@ from types import ModuleType
 
 import pytest
 
-from harness.tracking import default_tracking_uri, flatten, log_run_dir, metric_leaves, try_log_run_dir
+from harness.tracking.log import log_run_dir, try_log_run_dir
+from harness.tracking.store import default_tracking_uri, flatten, metric_leaves
 
 pytestmark = pytest.mark.usefixtures("fast_mlflow")
 
@@ -153,8 +154,8 @@ def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: s
     problem set as a dataset input whose digest is the manifest's, the per-problem table, the experiment kind."""
     from mlflow import MlflowClient
 
-    from harness.run_folder import RunFolder
-    from harness.run_view import dataset_digest
+    from harness.record.folder import RunFolder
+    from harness.tracking.views import dataset_digest
 
     summary = json.loads((fake_run / "summary.json").read_text())
     summary["started_at"], summary["finished_at"] = "2026-01-02T03:04:05+00:00", "2026-01-02T03:05:07.500000+00:00"
@@ -217,7 +218,7 @@ def test_http_fail_fast_bounds_mlflow_retries_only_for_http_and_only_while_loggi
     import os
     import socket
 
-    from harness.tracking import http_fail_fast
+    from harness.tracking.store import http_fail_fast
 
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")  # the user's setting wins
@@ -240,32 +241,32 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     the per-problem table, and the library recorded as a nested run with its time and size."""
     from mlflow import MlflowClient
 
-    from harness import per_problem
-    from harness.comparison import Factors, JobLoad, LibraryRecord, PairResult, RunLoad, comparison
-    from harness.comparison_plan import Plan
-    from harness.pairing import Pairing
-    from harness.run_folder import RunFolder
-    from harness.tracking import log_comparison
+    from harness.compare import per_problem
+    from harness.compare.comparison import Factors, JobLoad, LibraryRecord, PairResult, RunLoad, comparison
+    from harness.compare.mlflow_runs import log_comparison
+    from harness.compare.pairing import Pairing
+    from harness.compare.plan import Plan
+    from harness.record.folder import RunFolder
 
     folders = {label: RunFolder(fakerun.build_fake_run(tmp_path / name))
-               for label, name in [("baseline", "base"), ("graft (held-out)", "graft-held_out")]}  # fmt: skip
+               for label, name in [("baseline", "base"), ("graft (held-out)", "graft-held_out")]}
     children = {label: log_run_dir(f.path, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
-                for label, f in folders.items()}  # fmt: skip
+                for label, f in folders.items()}
     result = comparison("k" * 64, folders, {label: f.read_summary() for label, f in folders.items()})
     pairs = {"held_out": PairResult(str(folders["graft (held-out)"].path), "/x/incontext", Pairing(3, 0, []),
-                                    Factors(prefill_factor=4.0, ttft_factor=2.5))}  # fmt: skip
+                                    Factors(prefill_factor=4.0, ttft_factor=2.5))}
     result = dataclasses.replace(
         result, pairs=pairs, plan=Plan.of_comparison({"runs": result.runs, "pairs": pairs}),
         load=JobLoad(2, {"baseline": RunLoad(0.5, 3.5)}),
         library=LibraryRecord(name="toylib", version=1, path="/x/lib", entries=2, tokens=300, bytes=1_234_567,
-                              built=True, seconds=12.5, started_at=1767225600.0))  # fmt: skip
+                              built=True, seconds=12.5, started_at=1767225600.0))
     table = per_problem.per_problem({k: f.read_rows() for k, f in folders.items()}, {})
     path = tmp_path / "compare" / "2026-01-01_00-00-00-000000" / "comparison.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(result.to_json()))
     parent = log_comparison(path, result, tracking_uri=sqlite_uri, experiment="kvgraft-test", per_problem=table,
                             params={"dataset": "toy", "limit": 2, "max_new_tokens": 16, "model": "toy-model",
-                                    "library": "toylib-v1"})  # fmt: skip
+                                    "library": "toylib-v1"})
 
     client = MlflowClient(tracking_uri=sqlite_uri)
     for child in children.values():
@@ -273,7 +274,7 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     run = client.get_run(parent)
     assert run.info.run_name == "compare 2026-01-01_00-00-00"
     assert run.data.params == {"dataset": "toy", "limit": "2", "max_new_tokens": "16", "model": "toy-model",
-                               "library": "toylib-v1"}  # fmt: skip
+                               "library": "toylib-v1"}
     m = run.data.metrics
     assert m["graft_held_out.accuracy"] == pytest.approx(0.75) and "graft_held_out.accuracy_ci_low" in m
     assert m["graft_held_out.decode_tokens_per_problem"] > 0 and "graft_held_out.ttft_s_per_row" in m

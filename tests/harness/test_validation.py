@@ -1,6 +1,6 @@
 """Out-of-range input is refused before the model loads, in one ConfigError line naming the key and what it may
-be (harness.config.validate, check_device); prompts longer than the model's context are refused or cut to fit as
-a recorded choice (harness.run.fit_context), never prefilled silently."""
+be (harness.config.schema.validate, check_device); prompts longer than the model's context are refused or cut to fit as
+a recorded choice (harness.run.loop.fit_context), never prefilled silently."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-import harness.config
-from harness.audit import audit
-from harness.config import Config, DecodingConfig, compose_config, load_model, typed, validate
+import harness.config.schema
+from harness.config.model import load_model
+from harness.config.schema import Config, DecodingConfig, compose_config, typed, validate
 from harness.errors import ConfigError
-from harness.problems import Problem
-from harness.run import fit_context, run
+from harness.record.audit import audit
+from harness.run.loop import fit_context, run
+from harness.task.problems import Problem
 from kvstore import load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
     (["determinism.threads=0"], "determinism.threads=0"),
     (["determinism.prefill_chunk=0"], "determinism.prefill_chunk=0"),
     (["run.context_overflow=ignore"], "run.context_overflow=ignore: use one of refuse, truncate"),
-])  # fmt: skip
+])
 def test_each_out_of_range_value_is_one_line_naming_the_key(overrides, names):
     with pytest.raises(ConfigError) as caught:
         typed(compose_config(overrides))
@@ -68,7 +69,7 @@ def test_values_in_range_pass():
     ("model.llamacpp.threads=0", "model.llamacpp.threads=0: must be an integer >= 1 (llama.cpp threads, decode and batch)"),
     ("model.device=gpu", "model.device='gpu': use one of cpu, cuda, cuda:N, mps, xpu, xpu:N (a torch device, :N its "
                          "index; whether this machine has it is checked when the model loads)"),
-])  # fmt: skip
+])
 def test_a_range_declared_on_a_field_is_one_line_naming_the_key_and_the_range(override, message, monkeypatch):
     """The ranges (and model.device's form) are the schema's field declarations, checked by one walk over the nested
     config dataclasses when the config is typed: before any model loads (loading it here would fail the test)."""
@@ -76,8 +77,8 @@ def test_a_range_declared_on_a_field_is_one_line_naming_the_key_and_the_range(ov
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(harness.config, "load_frozen_model", no_load)
-    monkeypatch.setattr(harness.config, "load_backend", no_load)
+    monkeypatch.setattr(harness.config.schema, "load_frozen_model", no_load)
+    monkeypatch.setattr(harness.config.schema, "load_backend", no_load)
     cfg = compose_config([override])  # composes: the value has the field's type
     for attempt in (lambda: typed(cfg), lambda: load_model(cfg)):
         with pytest.raises(ConfigError) as caught:
@@ -99,7 +100,7 @@ def _enum_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, type[E
 def test_the_closed_choices_are_enums() -> None:
     keys = {key for key, _ in _enum_fields()}
     assert {"model.backend", "model.llamacpp.type_k", "model.llamacpp.type_v", "decoding.strategy",
-            "run.context_overflow", "library.retrieval", "energy.meter", "library.source"} <= keys  # fmt: skip
+            "run.context_overflow", "library.retrieval", "energy.meter", "library.source"} <= keys
 
 
 @pytest.mark.parametrize(("key", "enum"), _enum_fields())

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvstore import FrozenModel, Snapshot, load_frozen_model
-from kvstore.format import LayerKV
+from kvstore.format.artifact import LayerKV
 
 
 @pytest.fixture(scope="session")

@@ -31,10 +31,12 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
+from kvstore.atomic import atomic_write
+from kvstore.engine.verify import logits_sha256, reference_logits
 from kvstore.errors import IndexDatabaseError, ValidationError
-from kvstore.format import LayerKV
-from kvstore.store import ArtifactId, Store, atomic_write
-from kvstore.verify import logits_sha256, reference_logits
+from kvstore.format.artifact import LayerKV
+from kvstore.format.ids import ArtifactId
+from kvstore.store.base import Store
 
 PREFIX = [2] + [4 + (7 * i) % 256 for i in range(39)]  # 40 tokens: across tiny-gemma3's window of 16
 SUFFIX = [9, 10, 11]
@@ -242,7 +244,7 @@ def test_swapped_batch_and_sequence_dims_are_refused_at_admission(gemma_bytes, s
 
 def _plant(store: LocalStore, data: bytes) -> str:
     """An object file written behind the index's back (as after a crash between write and index)."""
-    aid = ArtifactId.of(data)  # the hash the bytes' format names them by (kvstore.format.content_id)
+    aid = ArtifactId.of(data)  # the hash the bytes' format names them by (kvstore.format.artifact.content_id)
     atomic_write(store.path(aid), data)
     return aid
 
@@ -377,7 +379,7 @@ def test_store_is_an_abstract_interface():
 
 
 def test_published_objects_get_the_umask_mode_and_import_changes_no_umask(tmp_path, gemma_bytes):
-    probe = ("import os; before = os.umask(0o027); import kvstore.store; after = os.umask(0o027); "
+    probe = ("import os; before = os.umask(0o027); import kvstore.store.local; after = os.umask(0o027); "
              "print(oct(before), oct(after))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out[1] == "0o27"  # importing the store did not touch the umask

@@ -1,6 +1,6 @@
 """Every architecture grafts exactly or is refused in one line (issue 20; docs/exactness.md holds the table).
 
-One tiny random checkpoint per architecture (kvstore.tiny.save_architecture: transformers' own config classes, no
+One tiny random checkpoint per architecture (kvstore.backends.transformers.tiny.save_architecture: transformers' own config classes, no
 download, windows and chunks of 8 tokens). For each, one of:
 - exact: the graft's suffix logits are SHA-256-equal to the fresh reference at prefixes below (5) and past (20, 40)
   every window/chunk, and the layer layout names each kind;
@@ -28,10 +28,10 @@ from kvstore import (
     load_frozen_model,
     prefill,
 )
-from kvstore.capture import capture_snapshot
+from kvstore.backends.transformers.capture import capture_snapshot
+from kvstore.backends.transformers.model import layout_string
+from kvstore.backends.transformers.tiny import ARCHITECTURES, save_architecture
 from kvstore.errors import CaptureError, UnsupportedModelError
-from kvstore.model import layout_string
-from kvstore.tiny import ARCHITECTURES, save_architecture
 
 SUFFIX = [4 + ord(c) for c in " hence 12"]
 PREFIXES = (5, 20, 40)  # below the 8-token windows/chunks, past them (2.5 and 5 chunks)
@@ -119,7 +119,7 @@ def test_an_architecture_without_sdpa_is_refused_at_load_naming_the_setting_and_
 def test_layer_layouts_name_every_kind_and_never_call_an_unknown_one_full(folders):
     from transformers import AutoConfig
 
-    from kvstore.model import layer_layout
+    from kvstore.backends.transformers.model import layer_layout
 
     zamba = layer_layout(AutoConfig.from_pretrained(folders["zamba2"]))
     assert [x["kind"] for x in zamba] == ["linear", "hybrid"]
@@ -156,7 +156,7 @@ def test_bookkeeping_a_rebuild_does_not_reproduce_is_refused_at_deposit(tiny_gem
 
 
 def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_graft(tiny_llama, monkeypatch):
-    import kvstore.graft as graft
+    import kvstore.backends.transformers.graft as graft
     from kvstore import graft_snapshot
 
     snap = deposit_tokens(tiny_llama, prompt_ids(12))
@@ -177,7 +177,7 @@ def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_
 def test_a_chunked_layer_is_stored_as_the_sliding_cache_it_is(folders):
     """transformers builds chunked and sliding layers as the same DynamicSlidingWindowLayer; the artifact records
     the bytes it holds ("sliding", the last window - 1 positions), the model's layout names the kind ("chunked")."""
-    from kvstore.model import stored_layout
+    from kvstore.backends.transformers.model import stored_layout
 
     fm = load_frozen_model(folders["llama4-text"])
     snap = deposit_tokens(fm, prompt_ids(20))

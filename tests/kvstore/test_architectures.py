@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from kvstore import Determinism, LocalStore, SettingsError, check_graft, load_frozen_model, new_cache, prefill
-from kvstore.model import layer_layout, layout_string, smallest_window
-from kvstore.tiny import byte_tokenizer
+from kvstore.backends.transformers.model import layer_layout, layout_string, smallest_window
+from kvstore.backends.transformers.tiny import byte_tokenizer
 
 SUFFIX = [4 + ord(c) for c in " hence 12"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.atomic import atomic_directory, atomic_file, atomic_write, publish, temp_path
-from kvstore.canonical import canonical_json
+from kvstore.format.canonical import canonical_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,10 +102,10 @@ def test_canonical_json_names_the_two_stored_rules():
 
 def test_the_light_modules_and_the_package_import_without_torch():
     code = ("import sys\nfor m in ('torch', 'transformers'):\n    sys.modules[m] = None\n"
-            "import kvstore, kvstore.atomic, kvstore.canonical, kvstore.errors, harness.hashing\n"
-            "assert 'atomic_write' in dir(kvstore)\nprint('ok')\n")  # fmt: skip
+            "import kvstore, kvstore.atomic, kvstore.format.canonical, kvstore.errors, harness.record.hashing\n"
+            "assert 'atomic_write' in dir(kvstore)\nprint('ok')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"},
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
 
 

@@ -17,10 +17,15 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make setup builds it)")
 
-from kvstore import LocalStore, check_graft, logits_sha256  # noqa: E402
-from kvstore.backends import as_backend  # noqa: E402
-from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings  # noqa: E402
-from kvstore.backends.llamacpp_state import serialize_state  # noqa: E402
+from kvstore import (  # noqa: E402
+    LocalStore,
+    as_backend,  # noqa: E402
+    check_graft,
+    logits_sha256,
+)
+from kvstore.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from kvstore.backends.llamacpp.settings import LlamaCppSettings  # noqa: E402
+from kvstore.backends.llamacpp.state import serialize_state  # noqa: E402
 from kvstore.errors import IncompatibleError  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -56,8 +61,9 @@ def test_a_graft_through_the_store_is_byte_identical_to_the_fresh_reference(be, 
 _RESTORE = """
 import json, sys
 from kvstore import LocalStore, logits_sha256
-from kvstore.backends.llamacpp import LlamaCppBackend, LlamaCppSettings
-from kvstore.verify import graft_logits
+from kvstore.backends.llamacpp.backend import LlamaCppBackend
+from kvstore.backends.llamacpp.settings import LlamaCppSettings
+from kvstore.engine.verify import graft_logits
 root, aid, prefix, suffix = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 be = LlamaCppBackend(LlamaCppSettings(n_ctx=1024, n_batch=256, n_ubatch=256))
 r = graft_logits(be, prefix, suffix, store=LocalStore(root), artifact_id=aid)

@@ -1,4 +1,4 @@
-"""Bundles (kvstore.bundle, FORMAT.md section 7): export -> import round trips byte for byte (artifacts, tags and
+"""Bundles (kvstore.bundle.bundle, FORMAT.md section 7): export -> import round trips byte for byte (artifacts, tags and
 opaque attachments), grafts exactly in another process, and every hostile bundle is refused with the target store
 left exactly as it was. (A solution library as a bundle: tests/harness/test_library_bundle.py.)"""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from kvstore import LocalStore, MemoryStore, to_bytes
-from kvstore.bundle import MANIFEST_NAME, BundleInfo, export_bundle, import_bundle
+from kvstore.bundle.bundle import MANIFEST_NAME, BundleInfo, export_bundle, import_bundle
 from kvstore.cli import main
 from kvstore.errors import BundleError
-from kvstore.store import ArtifactId, id_to_relpath
+from kvstore.format.ids import ArtifactId, id_to_relpath
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -283,11 +283,11 @@ def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, sourc
     store, ids, files = source
     export_bundle(store, ids, tmp_path / "b.kvb", attachments=files)
     before, listing = _tree(target.root), target.list()
-    import kvstore.bundle
-    import kvstore.store
+    import kvstore.bundle.bundle
+    import kvstore.store.local
 
     calls = []
-    real = kvstore.store.atomic_write
+    real = kvstore.store.local.atomic_write
 
     def flaky(path, data):
         calls.append(path)
@@ -295,8 +295,8 @@ def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, sourc
             raise KeyboardInterrupt("interrupted")  # an interrupt mid-publish, not only an error
         real(path, data)
 
-    monkeypatch.setattr(kvstore.store, "atomic_write", flaky)
-    monkeypatch.setattr(kvstore.bundle, "atomic_write", flaky)
+    monkeypatch.setattr(kvstore.store.local, "atomic_write", flaky)
+    monkeypatch.setattr(kvstore.bundle.bundle, "atomic_write", flaky)
     with pytest.raises(KeyboardInterrupt):
         import_bundle(tmp_path / "b.kvb", target, attachments_dir=tmp_path / "files")
     assert len(calls) >= 2
@@ -311,11 +311,11 @@ def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, sourc
 def test_large_imports_are_published_in_bounded_batches(source, target, tmp_path, monkeypatch):
     store, ids, _ = source
     export_bundle(store, ids, tmp_path / "b.kvb")
-    import kvstore.bundle
+    import kvstore.bundle.bundle
 
     calls = []
     real = type(target).put_many
-    monkeypatch.setattr(kvstore.bundle, "PUBLISH_BATCH_BYTES", 1)  # one artifact per put_many
+    monkeypatch.setattr(kvstore.bundle.bundle, "PUBLISH_BATCH_BYTES", 1)  # one artifact per put_many
     monkeypatch.setattr(type(target), "put_many", lambda self, items, tags=(): calls.append(tags) or real(self, items, tags))
     assert set(import_bundle(tmp_path / "b.kvb", target).added) == set(ids)
     assert len(calls) == 3 and all(ArtifactId.of(target.get_bytes(a)) == a for a in ids)
@@ -323,16 +323,16 @@ def test_large_imports_are_published_in_bounded_batches(source, target, tmp_path
 
 _KILLED_MID_PUBLISH = """
 import os, signal, sys
-import kvstore.store
+import kvstore.store.local
 from kvstore import LocalStore
-from kvstore.bundle import import_bundle
-real, calls = kvstore.store.atomic_write, []
+from kvstore.bundle.bundle import import_bundle
+real, calls = kvstore.store.local.atomic_write, []
 def dying(path, data):
     calls.append(path)
     if len(calls) == 3:
         os.kill(os.getpid(), signal.SIGKILL)  # kill -9 between object writes, before the index transaction
     real(path, data)
-kvstore.store.atomic_write = dying
+kvstore.store.local.atomic_write = dying
 import_bundle(sys.argv[1], LocalStore(sys.argv[2]))
 """
 
@@ -361,8 +361,8 @@ def test_a_kill_9_mid_publish_leaves_only_valid_objects_and_a_rerun_completes(so
 _GRAFT_IN_FRESH_PROCESS = """
 import json, sys
 from kvstore import LocalStore, load_frozen_model
-from kvstore.bundle import import_bundle
-from kvstore.verify import graft_logits, logits_sha256, reference_logits
+from kvstore.bundle.bundle import import_bundle
+from kvstore.engine.verify import graft_logits, logits_sha256, reference_logits
 bundle, root, files, aid, prefix, suffix = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], *map(json.loads, sys.argv[5:])
 fm = load_frozen_model("tiny-gemma3")
 store = LocalStore(root)

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from kvstore import LocalStore, check_graft, load_frozen_model, logits_sha256
-from kvstore.restore_worker import ModelSpec, RestoreWorker
+from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
 
 pytestmark = pytest.mark.integration
 

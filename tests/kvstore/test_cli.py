@@ -12,7 +12,7 @@ import pytest
 
 from kvstore import InvalidIdError, LocalStore, NotFoundError
 from kvstore.cli import main, resolve_id
-from kvstore.store import ArtifactInfo
+from kvstore.store.base import ArtifactInfo
 
 TEXT = "Two plus two is four."
 
@@ -148,7 +148,8 @@ def test_the_console_script_is_installed():
 
 def test_verify_and_gc_report_an_object_whose_tokens_sha256_lies(kvstore, hand_built):
     from kvstore import to_bytes, tokens_sha256
-    from kvstore.store import ArtifactId, atomic_write
+    from kvstore.atomic import atomic_write
+    from kvstore.format.ids import ArtifactId
 
     data = to_bytes(hand_built())
     n = int.from_bytes(data[:8], "little")
@@ -174,7 +175,7 @@ def test_verify_and_gc_report_an_object_whose_tokens_sha256_lies(kvstore, hand_b
 
 @pytest.fixture(scope="module")
 def arch_folders(tmp_path_factory) -> dict[str, str]:
-    from kvstore.tiny import save_architecture
+    from kvstore.backends.transformers.tiny import save_architecture
 
     root = tmp_path_factory.mktemp("arch")
     return {n: str(save_architecture(n, root / n)) for n in ("gemma2", "qwen3-next", "deepseek-v3", "t5")}
@@ -214,7 +215,7 @@ def test_deposit_sets_the_attention_implementation_an_error_asks_for(arch_folder
 
 
 def test_an_unexpected_failure_is_one_line_and_the_traceback_needs_kvgraft_debug(kvstore, monkeypatch):
-    import kvstore.capture as capture
+    import kvstore.backends.transformers.capture as capture
 
     def broken(*args, **kwargs):
         raise AttributeError("'Widget' object has no attribute 'get_seq_length'")

@@ -24,6 +24,7 @@ from kvstore import (
     graft_snapshot,
     to_bytes,
 )
+from kvstore.engine.verify import check_graft
 from kvstore.environment import (
     ENVIRONMENT_FORMAT,
     PROFILES,
@@ -33,7 +34,6 @@ from kvstore.environment import (
     environment_id,
     profile_problems,
 )
-from kvstore.verify import check_graft
 
 REPO = Path(__file__).resolve().parents[2]
 IDS = [2] + [4 + (i * 7) % 200 for i in range(23)]  # 24 tokens: crosses tiny-gemma3's window of 16

@@ -26,7 +26,7 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
-from kvstore.format import FORMAT_V1, FORMAT_V2, LayerKV, content_id
+from kvstore.format.artifact import FORMAT_V1, FORMAT_V2, LayerKV, content_id
 
 # Ids of to_bytes(hand_built()) (conftest): safetensors framing + canonical kvgraft metadata + tensors.
 # If one changes, the artifact bytes changed: every stored id changes with it. That needs a new FORMAT version,

@@ -1,4 +1,4 @@
-"""The layout memo (kvstore/framing.py): a header checked once is not re-checked on the next read of the same
+"""The layout memo (kvstore/format/framing.py): a header checked once is not re-checked on the next read of the same
 bytes, and nothing the memo skips could let changed bytes through: a header differing in any byte or a file of
 another length is checked from scratch, tensor contents are never covered, and callers get fresh metadata."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import kvstore.framing as framing
+import kvstore.format.framing as framing
 from kvstore import FormatError, IntegrityError, LocalStore, ValidationError, from_bytes, to_bytes
 
 

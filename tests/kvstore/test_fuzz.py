@@ -1,4 +1,4 @@
-"""The CI fuzz (kvstore/fuzz.py, run by scripts/fuzz_store.py; seeded and bounded): mutants of real artifacts from both tiny models are
+"""The CI fuzz (kvstore/testing/fuzz.py, run by scripts/fuzz_store.py; seeded and bounded): mutants of real artifacts from both tiny models are
 admitted, read and grafted; none may graft to logits different from its original's without an error, and
 every refusal must be a KVStoreError. A control run with the admission checks removed shows the fuzz does
 find silent wrong grafts when they exist, so the first test can fail."""
@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-import kvstore.format
-import kvstore.framing
-import kvstore.graft
+import kvstore.backends.transformers.graft
+import kvstore.format.artifact
+import kvstore.format.framing
 
 
 @pytest.fixture(scope="module")
 def fuzz_store():
-    import kvstore.fuzz
+    import kvstore.testing.fuzz
 
-    return kvstore.fuzz
+    return kvstore.testing.fuzz
 
 
 def test_no_mutant_grafts_silently_wrong_and_every_refusal_is_a_kvstore_error(fuzz_store):
@@ -35,16 +35,16 @@ def test_no_mutant_grafts_silently_wrong_and_every_refusal_is_a_kvstore_error(fu
 @pytest.fixture
 def fresh_layout_memo():
     """Headers admitted while checks are switched off must not stay remembered as checked."""
-    kvstore.framing.forget_layouts()
+    kvstore.format.framing.forget_layouts()
     yield
-    kvstore.framing.forget_layouts()
+    kvstore.format.framing.forget_layouts()
 
 
 def test_without_the_admission_checks_the_fuzz_finds_silent_wrong_grafts(fuzz_store, monkeypatch, fresh_layout_memo):
-    monkeypatch.setattr(kvstore.framing, "_check_meta", lambda meta: None)
-    monkeypatch.setattr(kvstore.format, "check_snapshot", lambda snapshot: None)
-    monkeypatch.setattr(kvstore.graft, "check_snapshot", lambda snapshot: None)
-    monkeypatch.setattr(kvstore.graft, "settings_differences", lambda snapshot, fm: [])
+    monkeypatch.setattr(kvstore.format.framing, "_check_meta", lambda meta: None)
+    monkeypatch.setattr(kvstore.format.artifact, "check_snapshot", lambda snapshot: None)
+    monkeypatch.setattr(kvstore.engine.admission, "check_snapshot", lambda snapshot: None)
+    monkeypatch.setattr(kvstore.engine.admission, "settings_differences", lambda recorded, current: [])
     s = fuzz_store.fuzz(500, seed=7)
     # e.g. layer 0's cumulative_length edited: the cache then reports another length and the suffix is
     # placed at other positions; swapped shape dims fail inside the model's forward.

@@ -3,7 +3,7 @@
 import pytest
 
 from kvstore.errors import FormatError
-from kvstore.invariants import MAX_INT, MAX_JSON_DEPTH, MAX_STRING, loads_strict
+from kvstore.format.invariants import MAX_INT, MAX_JSON_DEPTH, MAX_STRING, loads_strict
 
 
 def test_a_header_within_the_bounds_parses() -> None:

@@ -1,4 +1,4 @@
-"""kvstore/backends/llamacpp_state.py on hand-built layers (no llama.cpp needed): the state round trip is byte
+"""kvstore/backends/llamacpp/state.py on hand-built layers (no llama.cpp needed): the state round trip is byte
 exact, the restore layout puts position p in cell p of every cache with zero placeholders before a sliding
 layer's window, and a state whose cells are not positions in order is refused naming the cell."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore.backends.llamacpp_state import _CELL, parse_state, serialize_state, state_layers
+from kvstore.backends.llamacpp.state import _CELL, parse_state, serialize_state, state_layers
 from kvstore.errors import IncompatibleError
-from kvstore.format import LayerKV
+from kvstore.format.artifact import LayerKV
 
 T, N_SWA, HEADS, HEAD_DIM = 700, 512, 2, 8
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kvstore.lm_head import BLOCK_ROWS, MAX_ROWS, block_lm_head
+from kvstore.backends.transformers.lm_head import BLOCK_ROWS, MAX_ROWS, block_lm_head
 
 
 class _Head(torch.nn.Module):

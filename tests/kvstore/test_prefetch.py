@@ -1,4 +1,4 @@
-"""kvstore.prefetch.Prefetcher: background read + verify within a memory budget, refusing damaged bytes,
+"""kvstore.store.prefetch.Prefetcher: background read + verify within a memory budget, refusing damaged bytes,
 surfacing worker failures as KVStoreError, and never deadlocking when ids are asked for out of order."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kvstore import IntegrityError, KVStoreError, LocalStore, MemoryStore, NotFoundError
-from kvstore.format import LayerKV
-from kvstore.prefetch import Prefetcher
+from kvstore.format.artifact import LayerKV
+from kvstore.store.prefetch import Prefetcher
 
 MISSING = "0" * 64
 

@@ -1,12 +1,12 @@
-"""kvstore.random_models: the real-architecture configs build and describe their KV state (no download)."""
+"""kvstore.testing.random_models: the real-architecture configs build and describe their KV state (no download)."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvstore import ModelLoadError
-from kvstore.model import layer_layout
-from kvstore.random_models import kv_bytes, model_config
+from kvstore.backends.transformers.model import layer_layout
+from kvstore.testing.random_models import kv_bytes, model_config
 
 
 def test_the_full_configs_have_their_families_layouts_and_kv_sizes():

@@ -1,4 +1,4 @@
-"""kvstore.restore_worker: the graft half run in a second process gives the fresh reference's logits, a graft it
+"""kvstore.engine.restore_worker: the graft half run in a second process gives the fresh reference's logits, a graft it
 cannot do is one error for that artifact (the worker keeps serving), and a worker that dies or loads another
 model says so with the end of its log."""
 
@@ -9,9 +9,9 @@ import os
 import pytest
 
 from kvstore import LocalStore, check_graft, deposit_tokens, logits_sha256
+from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
+from kvstore.engine.verify import reference_logits
 from kvstore.errors import RemoteGraftError, RestoreWorkerError
-from kvstore.restore_worker import ModelSpec, RestoreWorker
-from kvstore.verify import reference_logits
 
 PREFIX = [2, *range(10, 40)]  # 31 tokens: past tiny-gemma3's sliding window of 16
 SUFFIX = [50, 61, 72, 83]
@@ -35,6 +35,6 @@ def test_a_worker_with_another_model_or_a_broken_spec_is_refused_with_its_log(ti
     with RestoreWorker(ModelSpec.backend("transformers", source="tiny-llama"), tmp_path / "s") as worker:
         with pytest.raises(RestoreWorkerError, match="another model"):
             worker.check_model(tiny_gemma3.fingerprint)
-    with RestoreWorker(ModelSpec("kvstore.tiny:no_such_loader"), tmp_path / "s") as worker:
+    with RestoreWorker(ModelSpec("kvstore.backends.transformers.tiny:no_such_loader"), tmp_path / "s") as worker:
         with pytest.raises(RestoreWorkerError, match="exited with status 1; its log ends:(.|\n)*no_such_loader"):
             worker.ready()

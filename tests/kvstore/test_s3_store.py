@@ -19,11 +19,11 @@ import pytest
 pytest.importorskip("boto3", reason="the S3 store needs boto3 (pip install -c constraints.txt 'kvgraft[s3]')")
 
 from kvstore import IntegrityError, MemoryStore, NotFoundError, Prefetcher, deposit_tokens, logits_sha256, to_bytes
+from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.errors import StoreUnavailableError
-from kvstore.ids import ArtifactId, id_to_relpath
-from kvstore.local_s3 import LocalS3, free_ports, weed_binary
-from kvstore.s3_store import S3Bytes, S3Store
-from kvstore.verify import graft_logits, reference_logits
+from kvstore.format.ids import ArtifactId, id_to_relpath
+from kvstore.store.s3 import S3Bytes, S3Store
+from kvstore.testing.local_s3 import LocalS3, free_ports, weed_binary
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,7 +148,7 @@ def test_two_processes_depositing_the_same_artifact_at_once_store_it_once(url, s
     data = to_bytes(hand_built())
     blob = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvgraft-race-{uuid.uuid4().hex}.kv"
     blob.write_bytes(data)
-    code = ("import sys, time; from kvstore.s3_store import S3Store; s = S3Store(sys.argv[1]); "
+    code = ("import sys, time; from kvstore.store.s3 import S3Store; s = S3Store(sys.argv[1]); "
             "d = open(sys.argv[2], 'rb').read(); t = float(sys.argv[3]); time.sleep(max(0, t - time.time())); "
             "print(s.put_bytes(d, tags=[sys.argv[4]]))")
     start = str(time.time() + 4)
@@ -168,8 +168,8 @@ def test_two_processes_depositing_the_same_artifact_at_once_store_it_once(url, s
 
 _SLOW_WRITER = """
 import io, sys, time
-from kvstore.s3_store import S3Store
-from kvstore.format import to_bytes
+from kvstore.store.s3 import S3Store
+from kvstore.format.artifact import to_bytes
 store = S3Store(sys.argv[1])
 real = store.blobs.client.put_object
 
@@ -259,8 +259,8 @@ def test_an_s3_url_is_checked_before_any_request():
 
 def test_a_library_built_into_s3_grafts_rows_identical_to_one_in_a_local_store(url, s3_env, tmp_path, tiny_gemma3):
     """`library.store=s3://...`: build, then a graft run (with prefetch) whose rows equal the local store's."""
-    from harness.config import compose_config
-    from harness.run import run
+    from harness.config.schema import compose_config
+    from harness.run.loop import run
 
     def rows(store: str, tag: str) -> list[tuple]:
         cfg = compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs-{tag}",

@@ -25,8 +25,8 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
-from kvstore.format import FORMAT_V1, FORMAT_V2
-from kvstore.store import id_to_relpath, relpath_to_id
+from kvstore.format.artifact import FORMAT_V1, FORMAT_V2
+from kvstore.format.ids import id_to_relpath, relpath_to_id
 
 MISSING = "f" * 64
 
@@ -166,7 +166,7 @@ def test_corrupted_bytes_are_an_integrity_error_on_get_and_verify(store, hand_bu
 def test_a_flipped_byte_anywhere_is_refused_by_the_mapped_read_before_any_tensor(tmp_path, hand_built, version,
                                                                                   monkeypatch):
     """LocalStore.get maps the file and hashes it (BLAKE3 on several threads for v2, SHA-256 for v1)."""
-    import kvstore.format as fmt
+    import kvstore.format.artifact as fmt
 
     monkeypatch.setattr(fmt, "PARALLEL_HASH_MIN", 0)  # the threaded hash even for this small file
     store = LocalStore(tmp_path / "s")
@@ -214,7 +214,7 @@ def test_a_private_get_is_checked_and_keeps_its_bytes_when_the_file_changes_late
 
 
 def test_the_parallel_tensor_verify_refuses_a_flipped_tensor_byte(hand_built, monkeypatch):
-    import kvstore.format as fmt
+    import kvstore.format.artifact as fmt
 
     monkeypatch.setattr(fmt, "PARALLEL_HASH_MIN", 0)
     monkeypatch.setattr(fmt, "hash_threads", lambda: 3)

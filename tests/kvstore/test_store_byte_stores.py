@@ -1,4 +1,4 @@
-"""The byte-store contract (kvstore/byte_store.py) on the two byte stores that need no server: the memory one and
+"""The byte-store contract (kvstore/store/byte_store.py) on the two byte stores that need no server: the memory one and
 the folder a LocalStore writes (S3Bytes runs the same verbs in test_s3_store.py). And the one layer above them:
 a LocalStore is an ObjectStore whose index is a SQLite file, so the admission and gc every store runs are the
 ones it runs."""
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.byte_store import MemoryBytes
-from kvstore.dir_bytes import DirectoryBytes
 from kvstore.errors import KVStoreError, NotFoundError
-from kvstore.object_store import ObjectStore
-from kvstore.sqlite_index import SqliteIndex
-from kvstore.store import LocalStore
+from kvstore.store.byte_store import MemoryBytes
+from kvstore.store.directory import DirectoryBytes
+from kvstore.store.local import LocalStore
+from kvstore.store.objects import ObjectStore
+from kvstore.store.sqlite_index import SqliteIndex
 
 
 @pytest.fixture(params=["memory", "directory"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvstore import LocalStore, MemoryStore, Snapshot, to_bytes, tokens_sha256
-from kvstore.format import LayerKV
+from kvstore.format.artifact import LayerKV
 
 _DET = {"threads": 2, "deterministic_algorithms": True, "attn_implementation": "sdpa", "dtype": "float32",
         "prefill_chunk": 512}

@@ -21,9 +21,9 @@ import torch
 
 from kvstore import LocalStore, deposit_tokens, logits_sha256, to_bytes
 from kvstore.cli import main as kvstore_main
+from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.errors import ReadOnlyStoreError, StoreFullError
-from kvstore.format import LayerKV
-from kvstore.verify import graft_logits, reference_logits
+from kvstore.format.artifact import LayerKV
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from kvstore import (
     Snapshot,
     to_bytes,
 )
-from kvstore.format import LayerKV
+from kvstore.format.artifact import LayerKV
 
 _DET = {"threads": 2, "deterministic_algorithms": True, "attn_implementation": "sdpa", "dtype": "float32",
         "prefill_chunk": 512}

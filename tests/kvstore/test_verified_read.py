@@ -1,4 +1,4 @@
-"""The verified read (kvstore/verified_read.py): the id's hash runs on a worker thread while the header is parsed.
+"""The verified read (kvstore/store/verified_read.py): the id's hash runs on a worker thread while the header is parsed.
 A byte changed anywhere in a stored file is refused with IntegrityError before any snapshot is returned, on the
 overlapped path as on the serial one, also when the damage breaks the parse; a forked child reads too."""
 
@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import kvstore.verified_read as verified_read
+import kvstore.store.verified_read as verified_read
 from kvstore import IntegrityError, LocalStore, deposit_tokens
 
 

@@ -1,4 +1,4 @@
-"""kvstore.verify: the exactness procedure in one function. check_graft reports graft vs fresh reference with
+"""kvstore.engine.verify: the exactness procedure in one function. check_graft reports graft vs fresh reference with
 both SHA-256s, KL, max |d|, argmax agreement and timings; the one-shot comparison is reported when asked, never
 folded into the verdict; a graft that is not the fresh computation is reported as not equal."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvstore import KVStoreError, LocalStore, MemoryStore, check_graft, compare_logits, deposit_tokens
-from kvstore.verify import Restored, graft_logits, reference_logits
+from kvstore.engine.verify import Restored, graft_logits, reference_logits
 
 SUFFIX = [4 + ord(c) for c in " so x = 5"]
 

@@ -69,7 +69,7 @@ def test_bf16_restore_deposits_and_restores_in_bf16(tmp_path):
     out = json.loads((tmp_path / "bf16.json").read_text())
     assert out["dtype"] == "bfloat16" and out["skipped_sizes"] == [64]
     assert [r["tokens"] for r in out["rows"]] == [16, 32]
-    from harness.experiment_text import DEFAULT_PROBLEMS, joined_text
+    from harness.experiments.text import DEFAULT_PROBLEMS, joined_text
     from kvstore import LocalStore, deposit_tokens, load_frozen_model
 
     fm = load_frozen_model("tiny-gemma3")  # the same 32 tokens deposited in float32

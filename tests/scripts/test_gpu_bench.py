@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvstore.random_models import kv_bytes, model_config
+from kvstore.testing.random_models import kv_bytes, model_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""harness/replay_registry.py and harness/replay.py (run as scripts/replay.py): the comparison of a profile's registrations (one per environment:
+"""harness/experiments/registry.py and harness/experiments/replay.py (run as scripts/replay.py): the comparison of a profile's registrations (one per environment:
 this machine's is the check, the others are measurements) with a recomputation, the registry's formats and
 --register's replace-or-append (pure, on hand-made entries), and the script end to end on a tiny registry of the
 tiny random-weight model."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import replay_registry
+from harness.experiments import registry as replay_registry
 from kvstore import Determinism, environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]

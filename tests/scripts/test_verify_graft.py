@@ -87,7 +87,7 @@ def _run_any(tmp_path: Path, model: str, *extra: str) -> subprocess.CompletedPro
 
 
 def test_an_architecture_that_needs_eager_is_refused_in_one_line_then_grafts_exactly_with_the_flag(tmp_path):
-    from kvstore.tiny import save_architecture
+    from kvstore.backends.transformers.tiny import save_architecture
 
     folder = str(save_architecture("gemma2", tmp_path / "gemma2"))
     proc = _run_any(tmp_path, folder)
@@ -103,7 +103,7 @@ def test_an_architecture_that_needs_eager_is_refused_in_one_line_then_grafts_exa
 
 
 def test_an_architecture_whose_cache_cannot_be_captured_is_refused_in_one_line(tmp_path):
-    from kvstore.tiny import save_architecture
+    from kvstore.backends.transformers.tiny import save_architecture
 
     proc = _run_any(tmp_path, str(save_architecture("jamba", tmp_path / "jamba")))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

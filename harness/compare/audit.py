@@ -1,0 +1,158 @@
+"""The re-check of a written comparison.json: recompute every figure from the run folders it names, without the
+model (no torch).
+
+    check = audit_comparison("runs/compare/<stamp>")       # scripts/rescore.py, make rescore RUN=...
+
+It audits every run listed (harness.record.audit), checks that each is the run the comparison was made from (its
+manifest SHA-256, recorded in `run_manifests`), that it is the condition and group its label says and shares the
+comparison's comparable key, re-pairs each pair's rows (harness.compare.pairing), then recomputes the whole comparison
+from those runs (harness.compare.comparison.comparison, the function the job used) and reports every field that differs
+(`summaries.graft (held-out).comparison.token_reduction`, `pairs.recurring.graft_run` ...). The file is read as
+JSON, not as a typed Comparison: a damaged or edited file must still be diffed field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.compare.comparison import COMPARISON, comparison
+from harness.compare.pairing import Pairing, pair_folders
+from harness.compare.plan import Plan
+from harness.errors import RunFolderError
+from harness.record.audit import RunCheck, audit, diff_values
+from harness.record.folder import RunFolder
+from harness.record.rows import Summary, run_group
+
+__all__ = ["MACHINE_FIELDS", "ComparisonCheck", "audit_comparison"]
+
+_MAX_FIELD_MESSAGES = 30
+#: What the machine was like while the job ran (load average per run, the library's build): recorded in
+#: comparison.json for an honest reading of its timings, not recomputable from the runs, so not re-checked.
+MACHINE_FIELDS = ("load", "library")
+
+
+@dataclass
+class ComparisonCheck:
+    """Result of :func:`audit_comparison`: each listed run's audit (label -> RunCheck), each group's pairing
+    re-derived from the recorded rows (group -> Pairing.to_json()), and findings (empty when ok)."""
+
+    ok: bool
+    findings: list[str]
+    runs: dict[str, RunCheck]
+    pairs: dict[str, Any]
+
+
+def _check_run(label: str, folder: RunFolder, comp: dict[str, Any], recorded_manifests: dict[str, Any],
+               plan: Plan, findings: list[str]) -> tuple[Summary, str] | None:
+    """The run's summary and manifest SHA-256 after checking it is the run, condition, group and comparable key
+    comparison.json says; None when its files cannot be read (already a finding of the audit)."""
+    where = f"run {label!r} ({folder.path})"
+    try:
+        summary, manifest = folder.read_summary(), folder.read_manifest()
+        config = folder.read_config() if folder.file("config.yaml").exists() else {}
+    except RunFolderError:
+        return None
+    sha = str(manifest.get("manifest_sha256"))
+    if label in recorded_manifests and recorded_manifests[label] != sha:
+        findings.append(f"comparison.json run_manifests.{label}: {str(recorded_manifests[label])[:16]}.. but {where} "
+                        f"has manifest {sha[:16]}..: not the run the comparison was made from (re-pointed or "
+                        "replaced); restore it or re-run `make aime-graft`")
+    if summary.comparable_key != comp.get("comparable_key"):
+        key = str(comp.get("comparable_key"))[:16]
+        findings.append(f"comparison.json runs.{label}: {where} has comparable_key "
+                        f"{str(summary.comparable_key)[:16]}.., the comparison {key}..: a run with another model, "
+                        "dataset, prompt or decoding cannot be compared")
+    planned = plan.run(label)
+    if planned is None:
+        findings.append(f"comparison.json runs.{label}: not a run of the comparison's plan {plan.labels}")
+        return summary, sha
+    if summary.condition != planned.condition:
+        findings.append(f"comparison.json runs.{label}: {where} is a {summary.condition!r} run, the label needs "
+                        f"{planned.condition!r}")
+    library = config.get("library") if isinstance(config.get("library"), dict) else {}
+    if planned.group is not None and "exclude_self" in library and run_group(summary, config) is not planned.group:
+        findings.append(f"comparison.json runs.{label}: {where} ran with library.exclude_self="
+                        f"{str(bool(library['exclude_self'])).lower()}: it is not the {planned.group.label} run")
+    return summary, sha
+
+
+def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
+    """Re-check a compare job's folder without the model (module docstring). Raises RunFolderError when
+    comparison.json is missing or unreadable; every other discrepancy is a finding naming the field."""
+    folder = RunFolder(compare_dir)
+    comp = folder.read_json(COMPARISON)
+    findings: list[str] = []
+    runs = comp.get("runs") if isinstance(comp.get("runs"), dict) else {}
+    if not runs:
+        findings.append(f"{folder.file(COMPARISON)}: no 'runs' listed; the file is damaged")
+    recorded_manifests = comp.get("run_manifests")
+    if not isinstance(recorded_manifests, dict):
+        findings.append("comparison.json: no 'run_manifests' (the manifest SHA-256 of each run compared): written "
+                        "before comparisons were bound to their runs, so they cannot be re-checked; re-run "
+                        "`make aime-graft`")
+        recorded_manifests = {}
+    for label in sorted(set(recorded_manifests) - set(runs)):
+        findings.append(f"comparison.json: run_manifests.{label} names a run that 'runs' does not list")
+    try:
+        plan = Plan.of_comparison(comp)
+    except (ValueError, TypeError, IndexError) as exc:
+        findings.append(f"comparison.json plan: unreadable ({exc}); the file is damaged")
+        plan = Plan.of_comparison({k: v for k, v in comp.items() if k != "plan"})
+    if set(plan.labels) != set(runs):
+        findings.append(f"comparison.json plan.runs: {plan.labels} but 'runs' lists {sorted(runs)}; the file was "
+                        "edited")
+    checks: dict[str, RunCheck] = {}
+    folders: dict[str, RunFolder] = {}
+    summaries: dict[str, Summary] = {}
+    manifests: dict[str, str] = {}
+    for label, path in runs.items():
+        run = RunFolder(path)
+        try:
+            checks[label] = audit(run)
+        except RunFolderError as exc:
+            findings.append(f"run {label!r} ({path}): {exc}")
+            continue
+        findings.extend(f"run {label!r} ({path}): {f}" for f in checks[label].findings)
+        got = _check_run(label, run, comp, recorded_manifests, plan, findings)
+        if got is not None:
+            folders[label], (summaries[label], manifests[label]) = run, got
+    if "pairs" not in comp:
+        findings.append(f"{folder.file(COMPARISON)}: no 'pairs' section: written before the incontext control "
+                        "existed; re-run `make aime-graft` to get the graft-vs-incontext check")
+    pairings: dict[str, Pairing] = {}
+    for key, (first, twin) in plan.pairs.items():
+        if first in runs and twin in runs:
+            try:
+                pairings[key] = pair_folders(RunFolder(runs[first]), RunFolder(runs[twin]))
+            except RunFolderError as exc:
+                findings.append(f"comparison.json pairs.{key}: cannot re-pair its runs ({exc})")
+                continue
+            findings.extend(f"pairs.{key}: {first} row differs from its twin {twin}: {d}"
+                            for d in pairings[key].differences)
+        else:
+            findings.append(f"comparison.json pairs.{key}: 'runs' does not list {first} and {twin}")
+    for key in sorted(set(comp.get("pairs") or {}) - set(plan.pairs)):
+        findings.append(f"comparison.json pairs.{key}: not a pair of the comparison's plan; the file was edited")
+    if plan.baseline not in runs:
+        findings.append(f"comparison.json: 'runs' has no {plan.baseline!r}; every figure is against it")
+    elif set(summaries) == set(runs):  # every run readable: recompute every figure from them
+        recomputed = comparison(comp.get("comparable_key"), folders, summaries,
+                                pairings if "pairs" in comp else None, manifests,
+                                plan if "plan" in comp else None).to_json()
+        recorded = {k: v for k, v in comp.items() if k != "run_manifests" and k not in MACHINE_FIELDS}
+        recomputed.pop("run_manifests", None)
+        diffs = diff_values(recorded, recomputed, "")
+        for path, old, new in diffs[:_MAX_FIELD_MESSAGES]:
+            findings.append(f"comparison.json {path.lstrip('.')}: recorded {_short(old)} but the runs it names give "
+                            f"{_short(new)}; the comparison was edited or a run changed (re-run `make aime-graft`)")
+        if len(diffs) > _MAX_FIELD_MESSAGES:
+            findings.append(f"comparison.json: ... and {len(diffs) - _MAX_FIELD_MESSAGES} more fields differ")
+    return ComparisonCheck(ok=not findings, findings=findings, runs=checks,
+                           pairs={g: p.to_json() for g, p in pairings.items()})
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -1,0 +1,67 @@
+"""Loading the model a config names: the backend `model.backend` picks from kvstore's registry, under its settings
+(`model.<backend>`; transformers: model.source, model.device and the determinism group). The config module only
+describes; this is where a model is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Any
+
+from harness.config.schema import Config
+from harness.errors import ConfigError
+from kvstore import Backend, Determinism, load_backend, settings_class
+
+TRANSFORMERS = "transformers"
+BUNDLED_SOURCE = "gemma3-270m"  # model.source of the bundled model: a GGUF-reading backend takes its own copy
+
+
+def check_device(spec: str) -> None:
+    """A ConfigError naming model.device when this machine has no such device (cuda without a GPU, cuda:3 on a
+    one-GPU machine), before torch is asked to put a model there."""
+    import torch
+
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"model.device={spec!r}: not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return
+    backend = getattr(torch, dev.type, None)
+    available = bool(getattr(backend, "is_available", lambda: False)())
+    if not available:
+        raise ConfigError(f"model.device={spec!r}: this machine has no {dev.type} device (torch {torch.__version__} "
+                          "sees none); use model.device=cpu")
+    count = int(getattr(backend, "device_count", lambda: 1)())
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"model.device={spec!r}: this machine has {count} {dev.type} device(s) "
+                          f"({dev.type}:0..{count - 1})")
+
+
+def backend_settings(c: Config) -> dict[str, Any]:
+    """The keywords of `kvstore.load_backend(model.backend, ...)` the config names. transformers: model.source,
+    model.device and the determinism group. Another backend: its section `model.<backend>` (defaults when the config
+    gives none), with model.name as its `model_name` and, for a backend that reads a `gguf` file left empty,
+    model.source when that is not the bundled model's name."""
+    m = c.model
+    name = str(m.backend)
+    if name == TRANSFORMERS:
+        return {"source": m.source, "determinism": Determinism(**dataclasses.asdict(c.determinism)),
+                "device": m.device}
+    section = getattr(m, name, None)
+    s = dataclasses.asdict(section) if section is not None else {}
+    s = {k: v.value if isinstance(v, Enum) else v for k, v in s.items()}  # closed choices as plain strings
+    fields = {f.name for f in dataclasses.fields(settings_class(name))}
+    if "gguf" in fields and not s.get("gguf") and m.source != BUNDLED_SOURCE:
+        s["gguf"] = m.source
+    if "model_name" in fields:
+        s["model_name"] = m.name
+    return s
+
+
+def load_model(c: Config) -> Backend:
+    """The backend the config names with its frozen model loaded (transformers: its device checked first; `.fm`
+    is the kvstore.FrozenModel). Every harness function that takes a model takes this Backend."""
+    if str(c.model.backend) == TRANSFORMERS:
+        check_device(c.model.device)
+    return load_backend(str(c.model.backend), **backend_settings(c))

@@ -1,0 +1,2 @@
+"""The solution library: build.py (verified solutions deposited once; `python -m harness.library`), source.py
+(where entries come from: a dataset, or a run's verified outputs), bundle.py (a library as one bundle file)."""

@@ -1,0 +1,438 @@
+"""The solution library: verified solutions, each deposited once as a KV artifact, with an index from
+problem fingerprint to artifact and the text used for retrieval.
+
+Nothing enters unverified: `harness.task.answers.score` checks each solution's final answer against the ground
+truth and that record stays with the entry. A library is identified by everything that determines its content
+(`library_identity`: the source rows and file hash, the selection (path, columns, limit) or harvested run, the
+entry template, the model and tokenizer) and lives in `<root>/<name>-v<version>-<model fp[:12]>-<identity[:12]>/`,
+so a library built from other rows is never reused; opening one re-checks its manifest's own hash, its identity
+and every index row:
+    index.jsonl    one entry per line (canonical JSON): entry_id, problem_id, problem_fingerprint, problem,
+                   answer, artifact_id, tokens, origin, verification
+    manifest.json  name, version, identity, fingerprints, template hash, entry hashes, skipped rows, manifest_sha256
+Artifacts live in the shared content-addressed store (`library.store`) and are read one at a time, so a
+library of any size is served without holding its artifacts in memory. How it is searched is fixed when it
+is opened (`open_library`: `library.exclude_self`, `library.retrieval`).
+
+    python -m harness.library                       # build the default library (make library)
+    python -m harness.library library=harvest library.harvest_run=runs/baseline/<run>
+    python -m harness.library --redeposit [overrides]   # re-deposit its entries in this compute environment
+
+Exactness is a property of (artifact, environment) (kvstore/environment.py): a graft refuses an artifact
+deposited in another compute environment. `redeposit_library` recomputes each such entry from the token ids
+its artifact holds, under this process's settings and environment, keeping entry ids; the manifest records the
+environment its artifacts were computed in. The environment and determinism settings are bound per artifact,
+not in the identity: a graft refuses an artifact computed elsewhere, naming the field, and `--redeposit` fixes it
+in place.
+
+Over 400 lines because it is the library's on-disk format written and read in one place: `Library` checks exactly
+the manifest and index rows that `build_library` and `redeposit_library` write (`_write_library`), so splitting
+the reader from the writers would put the two halves of one format in two modules (the sources and the identity
+already live in harness/library/source.py, the bundles in harness/library/bundle.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from harness.config.model import load_model
+from harness.config.schema import compose_config, typed
+from harness.errors import LibraryError, exit_on_error
+from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
+from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
+from harness.task.answers import score
+from harness.task.problems import Problem, problem_fingerprint
+from harness.task.prompts import render
+from kvstore import (
+    Backend,
+    FrozenModel,
+    KVStoreError,
+    LocalStore,
+    Snapshot,
+    artifact_differences,
+    as_backend,
+    enter_profile,
+    open_store,  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
+    tokens_sha256,
+)
+
+_WORD = re.compile(r"[a-z0-9]+")
+LIBRARY_FILES = ("index.jsonl", "manifest.json")  # a library folder's files, in the order they are written
+
+
+@dataclass(frozen=True)
+class Entry:
+    entry_id: str
+    problem_id: str
+    problem_fingerprint: str
+    problem: str
+    answer: str
+    artifact_id: str
+    tokens: int
+    origin: str
+    verification: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: dict) -> Entry:
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+
+    def to_row(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Match:
+    entry: Entry
+    similarity: float  # 1.0 for an exact fingerprint match; the BM25 score otherwise
+    kind: str  # "exact" | "bm25"
+
+
+def library_dir(root: str | Path, name: str, version: int, model_fingerprint: str, identity_sha256: str) -> Path:
+    """`<root>/<name>-v<version>-<model fp[:12]>-<identity[:12]>`: one folder per content (`library_identity`)."""
+    return Path(root) / f"{name}-v{version}-{model_fingerprint[:12]}-{identity_sha256[:12]}"
+
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+RETRIEVALS = ("bm25", "none")
+
+
+class Library:
+    """A built library opened for lookups. Entries are small index rows; artifacts stay in the store.
+
+    `exclude_self` (held-out: the evaluated problem never reaches the context) and `retrieval` (how a
+    non-exact match is found: bm25 | none) are fixed here, so every lookup of one run follows the same rule."""
+
+    def __init__(self, path: Path, store: LocalStore, *, exclude_self: bool = False, retrieval: str = "bm25") -> None:
+        if retrieval not in RETRIEVALS:
+            raise LibraryError(f"library.retrieval={retrieval!r}: use one of {list(RETRIEVALS)}")
+        self.path = Path(path)
+        self.store = store
+        self.exclude_self, self.retrieval = bool(exclude_self), retrieval
+        try:
+            self.manifest = json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
+            data = (self.path / "index.jsonl").read_bytes()
+        except (OSError, ValueError) as e:
+            raise LibraryError(
+                f"library {self.path} is missing or unreadable ({e}); build it with `make library`"
+            ) from e
+        if not isinstance(self.manifest, dict):
+            raise LibraryError(f"{self.path / 'manifest.json'}: expected a JSON object; rebuild it with `make library`")
+        body = {k: v for k, v in self.manifest.items() if k != "manifest_sha256"}
+        if sha256_json(body) != self.manifest.get("manifest_sha256"):
+            raise LibraryError(
+                f"{self.path / 'manifest.json'}: manifest_sha256 does not match the manifest's content; the library "
+                "was modified after it was built: restore it, or rebuild it with `make library`"
+            )
+        rows = _index_rows(self.path / "index.jsonl", data)
+        recorded = self.manifest.get("entries", {})
+        for i, row in enumerate(rows, start=1):
+            if recorded.get(row.get("entry_id")) != sha256_json(row):
+                raise LibraryError(
+                    f"{self.path / 'index.jsonl'}, row {i} (entry {row.get('entry_id')}): does not match the hash "
+                    "in manifest.json; the library was modified. Rebuild it with `make library`."
+                )
+        if len(rows) != len(recorded):
+            raise LibraryError(f"{self.path}: index has {len(rows)} entries, manifest lists {len(recorded)}")
+        if "index_sha256" in self.manifest and sha256_hex(data) != self.manifest["index_sha256"]:
+            raise LibraryError(f"{self.path / 'index.jsonl'}: SHA-256 differs from manifest.json index_sha256 (rows "
+                               "reordered or reformatted); rebuild it with `make library`")
+        self.entries = [Entry.from_row(r) for r in rows]
+        self._by_fp = {e.problem_fingerprint: e for e in self.entries}
+        self._bm25 = None
+
+    @property
+    def manifest_sha256(self) -> str:
+        return self.manifest["manifest_sha256"]
+
+    def describe(self) -> dict:
+        return {
+            "name": self.manifest["name"],
+            "version": self.manifest["version"],
+            "path": str(self.path),
+            "entries": len(self.entries),
+            "manifest_sha256": self.manifest_sha256,
+            "exclude_self": self.exclude_self,
+            "retrieval": self.retrieval,
+        }
+
+    def retrieve(self, problem: Problem) -> Match | None:
+        """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
+        otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded."""
+        fp = problem.fingerprint
+        exclude_self = self.exclude_self
+        if not exclude_self and fp in self._by_fp:
+            entry = self._by_fp[fp]
+            if entry.answer != problem.answer:
+                raise LibraryError(
+                    f"problem {problem.id}: library {self.path} holds the same problem text (entry {entry.entry_id}, "
+                    f"problem {entry.problem_id}) with answer {entry.answer}, where this problem set says "
+                    f"{problem.answer}; one of the two is wrong: correct it (and rebuild the library)"
+                )
+            return Match(entry, 1.0, "exact")
+        if self.retrieval == "none":
+            return None
+        if self._bm25 is None:
+            from rank_bm25 import BM25Okapi
+
+            self._bm25 = BM25Okapi([_words(e.problem) for e in self.entries])
+        scores = self._bm25.get_scores(_words(problem.problem))
+        best, best_score = None, float("-inf")
+        for e, s in zip(self.entries, scores):
+            if exclude_self and (e.problem_fingerprint == fp or e.problem_id == problem.id):
+                continue
+            if s > best_score:
+                best, best_score = e, float(s)
+        return Match(best, best_score, "bm25") if best is not None else None
+
+
+def _index_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
+    """The rows of index.jsonl; a line that is not UTF-8 JSON of an object is a LibraryError naming it."""
+    rows = []
+    for i, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise LibraryError(f"{path}, line {i}: not valid UTF-8 JSON ({e}); the library was modified: restore "
+                               "it, or rebuild it with `make library`") from e
+        if not isinstance(row, dict):
+            raise LibraryError(f"{path}, line {i}: expected a JSON object (an entry), found {type(row).__name__}; "
+                               "the library was modified: restore it, or rebuild it with `make library`")
+        rows.append(row)
+    return rows
+
+
+def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
+    """The artifact of `ids` on the backend: prefilled from position 0 in its pinned schedule, then captured
+    (transformers: exactly kvstore.deposit_tokens, so every artifact id is unchanged)."""
+    state, _ = be.prefill(ids)
+    return be.capture(state, ids, extra)
+
+
+def build_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."), progress: bool = True) -> Path:
+    """Verify, deposit and index every candidate solution on the backend `fm` (a FrozenModel: its transformers
+    backend). Resumable: an entry whose tokens are already in the store for this model and these settings is not
+    recomputed. Returns the library folder."""
+    fm = as_backend(fm)
+    store = open_store(lib_cfg.store, project_root)
+    candidates, origin = read_candidates(lib_cfg, project_root)
+    identity = library_identity(lib_cfg, fm, project_root, candidates)
+    identity_sha256 = sha256_json(identity)
+    out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
+    tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
+    entries: dict[str, dict] = {}
+    skipped = []
+    # Pass 1 (seconds): verify each solution, render and tokenize its entry, find those already deposited.
+    planned: list[tuple[Problem, str, dict, str, list[int], str | None]] = []
+    for p, solution in candidates:
+        check = score(solution, p.answer)
+        verification = {
+            "scorer": "harness.answers.score",
+            "extracted": check.extracted,
+            "answer": check.answer,
+            "gold": check.gold,
+            "correct": check.correct,
+        }
+        if not check.correct:
+            skipped.append(
+                {
+                    "problem_id": p.id,
+                    "reason": f"solution's final answer {check.extracted!r} does not score correct against {p.answer}",
+                    "verification": verification,
+                }
+            )
+            continue
+        text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
+        ids = fm.encode(text)
+        existing = [
+            a for a in store.find_tokens(tokens_sha256(ids))
+            if store.info(a).model_fingerprint == fm.fingerprint and not artifact_differences(store.get(a), fm)
+        ]
+        planned.append((p, solution, verification, text, ids, str(existing[0]) if existing else None))
+    # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.
+    t0 = time.perf_counter()
+    todo = sum(len(ids) for *_, ids, aid in planned if aid is None)
+    reused = sum(aid is not None for *_, aid in planned)
+    if progress and reused:
+        print(f"library {lib_cfg.name}: {reused} of {len(planned)} entries already in the store (resumed)", flush=True)
+    bar = tqdm(total=todo, desc=f"library {lib_cfg.name}: depositing", unit="tok", unit_scale=True,
+               disable=not progress or todo == 0, miniters=1)
+    for p, solution, verification, text, ids, aid in planned:
+        if aid is not None:
+            store.add_tags(aid, [tag])
+        else:
+            try:
+                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag]))
+            except KVStoreError as e:
+                raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
+            bar.update(len(ids))
+            bar.set_postfix_str(f"entry {p.id}", refresh=False)
+        fp = problem_fingerprint(p.problem)
+        entry = Entry(
+            entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16],
+            problem_id=p.id,
+            problem_fingerprint=fp,
+            problem=p.problem,
+            answer=p.answer,
+            artifact_id=aid,
+            tokens=len(ids),
+            origin=origin,
+            verification=verification,
+        )
+        entries.setdefault(entry.entry_id, entry.to_row())
+    bar.close()
+    if progress:
+        secs = time.perf_counter() - t0
+        disk = sum(store.info(e["artifact_id"]).size for e in entries.values())
+        toks = sum(e["tokens"] for e in entries.values())
+        print(f"library {lib_cfg.name}: deposited {len(planned) - reused} entries ({todo} tokens) in {secs:.0f} s"
+              + (f" = {todo / secs:.0f} tokens/s" if todo and secs > 0 else "")
+              + f"; {reused} already in the store; {len(skipped)} refused; {disk / 1e9:.2f} GB on disk for {toks} "
+              f"tokens ({disk / max(toks, 1) / 1e3:.1f} kB/token, {fm.dtype}, {fm.name}); peak RSS "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB", flush=True)
+    if not entries:
+        raise LibraryError(f"library {lib_cfg.name}: no verified solution to deposit ({len(skipped)} skipped)")
+    rows = list(entries.values())
+    manifest = {
+        "format": LIBRARY_FORMAT,
+        "name": lib_cfg.name,
+        "version": lib_cfg.version,
+        "origin": origin,
+        "identity": identity,
+        "identity_sha256": identity_sha256,
+        "model_fingerprint": fm.fingerprint,
+        "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+        "model_name": fm.model_name,
+        "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
+        "store": str(store.root),
+        "skipped": skipped,
+    }
+    _write_library(out_dir, manifest, rows, fm)
+    return out_dir
+
+
+def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenModel | Backend) -> None:
+    """Write index.jsonl, then manifest.json (last: a library without it is incomplete) with the entry hashes,
+    totals, and the settings (llama.cpp: "backend" and its settings) and compute environment its artifacts were
+    computed in."""
+    fm = as_backend(fm)
+    manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    manifest.update(
+        determinism=fm.settings(),
+        environment=fm.environment(),
+        n_entries=len(rows),
+        entries={r["entry_id"]: sha256_json(r) for r in rows},
+        index_sha256=sha256_hex(jsonl_bytes(rows)),
+        tokens_total=sum(r["tokens"] for r in rows),
+    )
+    manifest["manifest_sha256"] = sha256_json(manifest)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out_dir / "index.jsonl", rows)
+    write_json(out_dir / "manifest.json", manifest)
+
+
+def redeposit_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."),
+                      progress: bool = True) -> dict:
+    """Re-deposit every entry of the library `lib_cfg` names whose artifact this process could not graft
+    exactly (another compute environment or settings), from the token ids the artifact holds, keeping entry ids.
+    Returns {"path", "entries", "redeposited", "kept", "differences": {entry_id: [...]}}."""
+    fm = as_backend(fm)
+    lib = open_library(lib_cfg, fm, project_root)
+    tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
+    rows, differences = [], {}
+    for e in tqdm(lib.entries, desc=f"redeposit {lib_cfg.name}", unit="entry", disable=not progress):
+        try:
+            snap = lib.store.get(e.artifact_id)
+        except KVStoreError as err:
+            raise LibraryError(f"library {lib.path}, entry {e.entry_id}: artifact {e.artifact_id} cannot be read "
+                               f"({err}); rebuild the library with `make library`") from err
+        if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
+            raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
+                               "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
+        diffs = artifact_differences(snap, fm)
+        row = e.to_row()
+        if diffs:
+            differences[e.entry_id] = diffs
+            try:
+                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=[tag])
+            except KVStoreError as err:
+                raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
+            row["artifact_id"] = str(aid)
+        rows.append(row)
+    if differences:
+        _write_library(lib.path, lib.manifest, rows, fm)
+    return {"path": str(lib.path), "entries": len(rows), "redeposited": len(differences),
+            "kept": len(rows) - len(differences), "differences": differences}
+
+
+def open_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."),
+                 build_if_missing: bool = False) -> Library:
+    """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
+    say: the one built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index
+    re-checked."""
+    fm = as_backend(fm)
+    identity = library_identity(lib_cfg, fm, project_root)
+    identity_sha256 = sha256_json(identity)
+    path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
+    if not (path / "manifest.json").exists():
+        if not build_if_missing:
+            raise LibraryError(
+                f"no library {lib_cfg.name} v{lib_cfg.version} built from this content (source rows "
+                f"{identity['candidates_sha256'][:12]}, template {identity['entry_template_sha256'][:12]}) for model "
+                f"{fm.fingerprint[:12]} at {path}; build it with `make library` (with the same library.* "
+                "overrides), or run `make aime-graft`, which builds it"
+            )
+        build_library(lib_cfg, fm, project_root)
+    store = open_store(lib_cfg.store, project_root)
+    lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
+    if lib.manifest.get("identity_sha256") != identity_sha256:
+        recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
+        differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
+        raise LibraryError(
+            f"{path / 'manifest.json'}: identity_sha256 is not that of the configured library (differs in: "
+            f"{', '.join(differs) or 'identity_sha256'}): the folder holds a library built from other content; "
+            "remove the folder and rebuild it with `make library`"
+        )
+    return lib
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> None:
+    """`python -m harness.library [--redeposit] [overrides]`: build the configured library and print what went in
+    (--redeposit: re-deposit its entries that this environment cannot graft exactly, keeping entry ids)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    redeposit = "--redeposit" in args
+    cfg = compose_config([a for a in args if a != "--redeposit"])
+    enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
+    root = Path(cfg.project_root)
+    fm = load_model(typed(cfg))
+    if redeposit:
+        r = redeposit_library(cfg.library, fm, root)
+        kinds = sorted({d.split(":", 1)[0] for ds in r["differences"].values() for d in ds})
+        print(f"library {r['path']}: {r['redeposited']} of {r['entries']} entries re-deposited in this compute "
+              f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
+        return
+    path = build_library(cfg.library, fm, root)
+    m = Library(path, open_store(cfg.library.store, root)).manifest
+    print(
+        f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "
+        f"{m['tokens_total']} tokens deposited -> {path} (manifest {m['manifest_sha256'][:12]})"
+    )
+
+
+if __name__ == "__main__":
+    main()

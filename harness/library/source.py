@@ -1,0 +1,93 @@
+"""What a solution library is built from: its candidate (problem, solution) pairs, read from a problem set
+(`library.source=dataset`) or harvested from a run's correct rows (`library.source=harvest`), and the identity of
+that content (`library_identity`), whose SHA-256 names the library's folder and is checked when it is opened
+(harness/library/build.py). A library built from other rows, another selection (path, columns, limit), another entry
+template or another model is another library: it is never reused in place of this one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import HarnessError, LibraryError
+from harness.record.folder import RunFolder
+from harness.record.hashing import sha256_hex, sha256_json
+from harness.task.problems import Problem, load_problems
+
+if TYPE_CHECKING:
+    from kvstore import Backend, FrozenModel
+
+LIBRARY_FORMAT = "kvgraft-library/1"
+
+
+def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, str]], str]:
+    """(problem, solution text) pairs and the origin label."""
+    if lib_cfg.source == "dataset":
+        d = lib_cfg.dataset
+        path = str(project_root / d.path) if d.path else None
+        problems = load_problems(path, d.hub_id, d.subset, d.split, dict(d.columns), d.limit)
+        return [(p, p.solution) for p in problems if p.solution], f"dataset:{d.name}"
+    if lib_cfg.source == "harvest":
+        if not lib_cfg.harvest_run:
+            raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
+        run = RunFolder(project_root / lib_cfg.harvest_run)
+        try:
+            probs = {r["id"]: r for r in run.read_problems()}
+            rows = run.read_rows()
+        except HarnessError as e:
+            raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
+        out, seen = [], set()
+        for r in rows:
+            if r.correct and r.problem_id not in seen and r.problem_id in probs:
+                seen.add(r.problem_id)
+                pr = probs[r.problem_id]
+                text = r.completion.text
+                out.append((Problem(pr["id"], pr["problem"], pr["answer"], text, pr.get("source") or {}), text))
+        return out, f"harvest:{run.name}"
+    raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
+
+
+def library_identity(lib_cfg, fm: FrozenModel | Backend, project_root: Path,
+                     candidates: list[tuple[Problem, str]] | None = None) -> dict[str, Any]:
+    """Everything that determines a library's content: the candidate rows it is built from (`candidates`, read
+    from the source when not given) and the source file's SHA-256, how they are selected (dataset path, hub id,
+    columns, limit; or the harvested run and its manifest SHA-256), the entry template, the model and tokenizer.
+    Its SHA-256 names the library's folder and is checked when the library is opened."""
+    if candidates is None:
+        candidates, _ = read_candidates(lib_cfg, project_root)
+    if lib_cfg.source == "dataset":
+        d = lib_cfg.dataset
+        path = project_root / d.path if d.path else None
+        source = {"path": d.path, "hub_id": d.hub_id, "subset": d.subset, "split": d.split,
+                  "columns": dict(d.columns), "limit": d.limit,
+                  "file_sha256": _file_sha256(path) if path is not None else None}
+    else:
+        run = RunFolder(project_root / lib_cfg.harvest_run)
+        try:
+            manifest_sha256 = run.read_manifest().get("manifest_sha256")
+        except HarnessError as e:
+            raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
+        source = {"harvest_run": lib_cfg.harvest_run, "manifest_sha256": manifest_sha256}
+    identity = {
+        "format": LIBRARY_FORMAT, "name": lib_cfg.name, "version": lib_cfg.version, "source": lib_cfg.source,
+        **{f"source_{k}": v for k, v in source.items()},
+        "candidates_sha256": sha256_json([[p.to_row(), text] for p, text in candidates]),
+        "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
+        "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+    }
+    from kvstore import as_backend
+
+    be = as_backend(fm)
+    if be.name != "transformers":  # absent = transformers: every library built before the seam keeps its folder
+        identity["backend"] = be.name
+        identity["backend_settings"] = be.settings()  # llama.cpp: n_ctx, n_batch, ... and its build
+    return identity
+
+
+def _file_sha256(path: Path) -> str:
+    try:
+        return sha256_hex(path.read_bytes())
+    except OSError as e:
+        raise LibraryError(f"library.dataset.path {path}: cannot read it ({e.strerror or e}); give an existing "
+                           "problem file") from e

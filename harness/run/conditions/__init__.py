@@ -1,0 +1,271 @@
+"""Conditions: how a problem is put to the frozen model. A condition is one class (a subclass of `Baseline`, the
+protocol) with a registry `name`, `uses_library` and, when it has settings of its own, a `Settings` dataclass
+filled from its config's `condition.settings` (configs/condition/<name>.yaml). The registry `CONDITIONS` (config
+name -> class) is every such class in this package: the three below and one module per further condition
+(harness/run/conditions/<name>.py, found by importing the package's modules), so a new condition is its module, its
+config and its test (docs/extending.md). `build_condition` makes one from the typed config pieces.
+
+baseline   the model alone: prefill the query prompt, decode.
+graft      retrieve a verified library entry, graft its artifact (read from the store, verified) at its own
+           positions, prefill only the query prompt after it, decode with the same settings as baseline.
+incontext  the control for graft: the same retrieval (same entry, same exclude_self), but the entry's tokens are
+           computed fresh in the same pinned schedule as its deposit (`kvstore.prefill`, the same
+           determinism.prefill_chunk as `deposit_tokens`), then the query. Its rows must be bit-identical to
+           graft's (harness/compare/pairing.py checks that); it only costs the entry's prefill.
+
+Every model-shaped step (encode, prefill, graft, decode) goes through the backend (kvstore.engine.protocol.Backend):
+a condition is given a backend (transformers, llama.cpp, the scripted fake of the unit tests) or a
+kvstore.FrozenModel, which stands for its transformers backend.
+
+ttft_s of a row runs from the start of the problem (retrieval, artifact read and graft, or the entry's fresh
+prefill) to its first token.
+
+A condition is built once per run and turns (problem, samples) into `harness.record.rows.Completion`s. With
+`decoding.batch_size` > 1 the samples of a problem decode together (`harness.run.decode.generate_batch`), in
+chunks of batch_size rows: each chunk's context is prefilled (or grafted) once and shared by its rows.
+Sample s samples with seed `decoding.seed + s` whatever the batch size; the batch size is still part of what a
+run's bits depend on (harness.run.loop.comparable_key), since a batch need not give the bits of n single rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harness.config.schema import DecodingConfig, LibraryConfig, PromptConfig
+from harness.errors import ConfigError
+from harness.library.build import Library, Match, open_library
+from harness.record.rows import Completion, Group, Retrieval, group_for
+from harness.run.decode import Generation, generate_batch
+from harness.task.problems import Problem
+from harness.task.prompts import render
+from kvstore import Backend, FrozenModel, Prefetcher, as_backend
+
+
+@dataclass
+class Context:
+    """What the model sees before decoding: the rendered prompt, every context token, and how the cache that
+    holds a prefix of them is made (None: nothing cached, the whole context is prefilled)."""
+
+    prompt: str
+    context_ids: list[int]
+    make_cache: Callable[[], Any] | None = None  # a fresh cache holding `grafted` (or fresh-computed) tokens
+    grafted: int = 0  # tokens restored from an artifact (graft only)
+    match: Match | None = None
+    precomputed: int = 0  # tokens make_cache computes fresh (incontext: the entry), counted as prefill
+    extra: dict[str, Any] | None = None  # the condition's own per-row values (Completion.extra)
+
+
+def _completion(ctx: Context, gen: Generation, setup_s: float) -> Completion:
+    m = ctx.match
+    return Completion(
+        prompt=ctx.prompt, context_ids=ctx.context_ids, text=gen.text, token_ids=gen.token_ids,
+        stop_reason=gen.stop_reason, prefill_tokens=ctx.precomputed + gen.prefill_tokens,
+        grafted_tokens=ctx.grafted,
+        decode_tokens=gen.decode_tokens, first_logits_sha256=gen.first_logits_sha256,
+        ttft_s=round(setup_s + gen.ttft_s, 6),
+        seed=gen.seed, retrieval=Retrieval(m.entry.entry_id, m.entry.artifact_id, m.similarity, m.kind) if m else None,
+        extra=ctx.extra,
+    )
+
+
+class Baseline:
+    """The frozen model alone; the protocol every condition follows (module docstring). A subclass overrides
+    `context` (what the model sees before decoding) and, if it reads ahead, `upcoming`/`close`."""
+
+    name: ClassVar[str] = "baseline"
+    uses_library: ClassVar[bool] = False  # True: opened with a Library, and its runs (and rows) have a Group
+    Settings: ClassVar[type | None] = None  # a dataclass of the condition's own settings (condition.settings)
+
+    def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
+        self.fm, self.prompt, self.decoding = fm, prompt, decoding
+        self.backend: Backend = as_backend(fm)
+        self.settings: Any = None  # an instance of Settings, set by build_condition
+
+    def describe(self) -> dict[str, Any]:
+        settings = {} if self.settings is None else {"settings": dataclasses.asdict(self.settings)}
+        return {"condition": self.name, **settings}
+
+    @property
+    def group(self) -> Group | None:
+        """The run's group and each of its rows' (harness.record.rows.Group): None without a library."""
+        return None
+
+    def context(self, problem: Problem) -> Context:
+        """The query prompt alone, prefilled whole."""
+        prompt = render(self.prompt.template, problem=problem.problem)
+        return Context(prompt, self.backend.encode(prompt))
+
+    def complete_samples(
+        self, problem: Problem, samples: Sequence[int], on_token: Callable[[int], None] | None = None
+    ) -> list[Completion]:
+        """Completions of `problem` for the given sample indices, decoded together (one shared context and
+        cache); `complete` and the run loop call it with chunks of at most decoding.batch_size samples."""
+        d = self.decoding
+        t0 = time.perf_counter()
+        ctx = self.context(problem)
+        cache = ctx.make_cache() if ctx.make_cache is not None else None
+        setup_s = time.perf_counter() - t0  # retrieval, artifact read + graft (or fresh prefix): part of the TTFT
+        gens = generate_batch(
+            self.backend, ctx.context_ids, len(samples), [d.seed + s for s in samples], max_new_tokens=d.max_new_tokens,
+            stop=list(self.prompt.stop), strategy=d.strategy, temperature=d.temperature, top_p=d.top_p, cache=cache,
+            on_token=on_token,
+        )
+        return [_completion(ctx, g, setup_s) for g in gens]
+
+    def complete(self, problem: Problem, sample: int) -> Completion:
+        """One sample of `problem` (batch size 1)."""
+        return self.complete_samples(problem, [sample])[0]
+
+    def upcoming(self, problem: Problem) -> None:
+        """`problem` comes next: a condition may start reading what it will need (the baseline needs nothing)."""
+
+    def close(self) -> None:
+        """Release background resources (none for the baseline)."""
+
+
+class Graft(Baseline):
+    """A verified library entry grafted at its own positions before the query prompt."""
+
+    name: ClassVar[str] = "graft"
+    uses_library: ClassVar[bool] = True
+
+    def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
+                 prefetch_bytes: int = 0) -> None:
+        super().__init__(fm, prompt, decoding)
+        self.library = library
+        # the next problem's artifact is read + verified in the background while the current one decodes
+        self.prefetch = Prefetcher(library.store, prefetch_bytes) if prefetch_bytes > 0 else None
+        self._ahead: dict[str, Match | None] = {}  # problem id -> its retrieval, done once when it was announced
+
+    @property
+    def group(self) -> Group | None:
+        return group_for(self.library.exclude_self)
+
+    def upcoming(self, problem: Problem) -> None:
+        if self.prefetch is None:
+            return
+        match = self._ahead[problem.id] = self.library.retrieve(problem)
+        if match is not None:
+            self.prefetch.schedule([match.entry.artifact_id])
+
+    def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "library": self.library.describe()}
+
+    def _entry(self, problem: Problem):
+        """(rendered prompt, match, the entry's snapshot) or None when retrieval found nothing."""
+        # exclude_self and retrieval were fixed when the library was opened; announced problems were retrieved then
+        match = self._ahead.pop(problem.id) if problem.id in self._ahead else self.library.retrieve(problem)
+        if match is None:
+            return None
+        aid = match.entry.artifact_id  # verified on read (the prefetcher reads through the same store.get)
+        snapshot = self.prefetch.get(aid) if self.prefetch is not None else self.library.store.get(aid)
+        return render(self.prompt.template, problem=problem.problem), match, snapshot
+
+    def context(self, problem: Problem) -> Context:
+        found = self._entry(problem)
+        if found is None:  # nothing to graft: the query alone, recorded as such
+            return super().context(problem)
+        prompt, match, snapshot = found
+        context = snapshot.token_ids + self.backend.encode(prompt, add_bos=False)  # the entry ends in a blank line
+        # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
+        return Context(prompt, context, lambda: self.backend.graft(snapshot, token_ids=context),
+                       snapshot.token_count, match)
+
+
+class InContext(Graft):
+    """The graft's control: the same entry's tokens computed fresh (deposit schedule), then the query."""
+
+    name: ClassVar[str] = "incontext"
+
+    def context(self, problem: Problem) -> Context:
+        found = self._entry(problem)
+        if found is None:
+            return Baseline.context(self, problem)
+        prompt, match, snapshot = found
+        entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
+        context = entry_ids + self.backend.encode(prompt, add_bos=False)
+        # the backend's `prefill` from position 0 in its pinned schedule: the deposit's schedule exactly, so the
+        # state holds the bits the artifact holds, computed now instead of read.
+        return Context(prompt, context, lambda: self.backend.prefill(entry_ids)[0], 0, match, len(entry_ids))
+
+
+def _registry() -> dict[str, type[Baseline]]:
+    """Every condition class of this package by name: this module's and each submodule's (imported here)."""
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+    found: dict[str, type[Baseline]] = {}
+    todo: list[type[Baseline]] = [Baseline]
+    while todo:
+        cls = todo.pop(0)
+        todo += cls.__subclasses__()
+        if "name" not in vars(cls):  # a helper subclass that names no condition of its own
+            continue
+        if cls.name in found and found[cls.name] is not cls:
+            raise ConfigError(f"two conditions are named {cls.name!r} ({found[cls.name].__module__}, "
+                              f"{cls.__module__}); rename one (its `name` and configs/condition/<name>.yaml)")
+        found[cls.name] = cls
+    return found
+
+
+def condition_class(name: str) -> type[Baseline]:
+    """The registered class for a config's `condition.name`; a ConfigError naming the choices otherwise."""
+    try:
+        return CONDITIONS[name]
+    except KeyError:
+        raise ConfigError(f"condition={name!r} is not one of {sorted(CONDITIONS)} (configs/condition/)") from None
+
+
+def condition_settings(cls: type[Baseline], settings: Mapping[str, Any] | None) -> Any:
+    """`cls.Settings` filled from `condition.settings`; a ConfigError naming the unknown or missing key and the
+    allowed ones. None for a condition without settings (and settings must then be empty)."""
+    given = dict(settings or {})
+    if cls.Settings is None:
+        if given:
+            raise ConfigError(f"condition.settings: {cls.name} takes no settings, got {sorted(given)}; remove them")
+        return None
+    allowed = [f.name for f in dataclasses.fields(cls.Settings)]
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigError(f"condition.settings.{unknown[0]}: not a setting of {cls.name}; allowed: {allowed} "
+                          f"(configs/condition/{cls.name}.yaml)")
+    try:
+        return cls.Settings(**given)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"condition.settings of {cls.name}: {exc} (configs/condition/{cls.name}.yaml)") from None
+
+
+def build_condition(
+    name: str,
+    fm: FrozenModel | Backend,
+    prompt: PromptConfig,
+    decoding: DecodingConfig,
+    library: LibraryConfig,
+    project_root: Path,
+    build_library_if_missing: bool = False,
+    settings: Mapping[str, Any] | None = None,
+) -> Baseline:
+    """The condition `name`, built once from the typed config pieces and its own `settings` (condition.settings);
+    its library opened if it uses one."""
+    cls = condition_class(name)
+    own = condition_settings(cls, settings)
+    if not cls.uses_library:
+        cond = cls(fm, prompt, decoding)
+    else:
+        lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing)
+        cond = cls(fm, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)
+    cond.settings = own
+    return cond
+
+
+CONDITIONS: dict[str, type[Baseline]] = _registry()

@@ -1,0 +1,284 @@
+"""Decoding on a frozen model: prefill what the cache has not seen, then greedy or seeded sampling up to a
+token budget, each sequence stopping at EOS, a stop string or its budget.
+
+`generate` continues one sequence; `generate_batch` continues one shared context `n` times (n samples of a
+problem): the context is prefilled (or grafted) once, its cache is expanded to the batch, the rows decode
+together and a finished row leaves the batch (its cache rows are dropped), so it stops costing compute.
+The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` counts only what was.
+
+    from harness.run.decode import generate, generate_batch
+    g = generate(fm, fm.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
+    gs = generate_batch(fm, ids, 8, seeds=range(8), max_new_tokens=64, strategy="sample")
+
+`fm` is any kvstore backend (kvstore.engine.protocol.Backend: transformers, llama.cpp, the scripted fake) or a
+kvstore.FrozenModel (its transformers backend); every model-shaped step goes through the backend's verbs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from harness.errors import ConfigError, HarnessError
+from kvstore import Backend, FrozenModel, SettingsError, as_backend, logits_sha256
+
+StopReason = Literal["eos", "stop", "length"]
+STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
+
+
+@dataclass
+class Generation:
+    """One decoded sequence.
+
+    stop_reason: "eos" (the model chose an end-of-sequence token), "stop" (a stop string appeared) or
+    "length" (the token budget ran out).
+    first_logits_sha256: `kvstore.logits_sha256` of the logits that produced the first generated token, so two
+    computations of the same context (a graft and its in-context twin) can be compared without the model.
+    ttft_s: seconds from the call until the first token was chosen, prefill (or the given cache) included.
+    """
+
+    token_ids: list[int]  # generated tokens, up to and including a stop, excluding EOS
+    text: str  # decoded text, cut before the first stop string
+    prefill_tokens: int
+    decode_tokens: int  # tokens chosen (= token_ids plus a final EOS)
+    stop_reason: StopReason
+    first_logits_sha256: str
+    ttft_s: float
+    seed: int | None = None  # the sampling seed (None for greedy)
+
+
+def _pick_rows(
+    logits: torch.Tensor, strategy: str, temperature: float, top_p: float, gens: Sequence[torch.Generator | None]
+) -> list[int]:
+    """The next token of every row of `logits` (rows, vocab); row r samples with `gens[r]`.
+
+    Sampling draws from the nucleus's candidates only (`_nucleus_candidates`, in vocabulary order), not from
+    a vocabulary-sized vector: torch.multinomial draws one exponential per category, so a 262,144-entry
+    draw costs more than the rest of a row's sampling. Same distribution; one softmax for all rows.
+    """
+    if strategy == "greedy":
+        return [int(t) for t in torch.argmax(logits, dim=-1)]
+    probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
+    picks = []
+    for r in range(probs.shape[0]):
+        if top_p < 1.0:
+            vals, ids = _nucleus_candidates(probs[r], top_p)
+        else:
+            vals, ids = probs[r], None
+        j = int(torch.multinomial(vals, 1, generator=gens[r]))
+        picks.append(j if ids is None else int(ids[j]))
+    return picks
+
+
+def _pick(
+    logits: torch.Tensor, strategy: str, temperature: float, top_p: float, generator: torch.Generator | None
+) -> int:
+    """The next token from one row of logits (vocab,): `_pick_rows` on a batch of one."""
+    return _pick_rows(logits[None], strategy, temperature, top_p, [generator])[0]
+
+
+def _nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`probs` with everything outside the top-p nucleus set to 0: the definition (a full sort of the vocab)."""
+    sorted_p, idx = torch.sort(probs, descending=True)
+    keep = torch.cumsum(sorted_p, -1) - sorted_p < top_p
+    return torch.zeros_like(probs).scatter(-1, idx[keep], sorted_p[keep])
+
+
+def _nucleus_candidates(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-p nucleus of one row as (probabilities, token ids) in increasing token id: exactly the nonzero
+    entries of `_nucleus_by_sort`, bit for bit, found from the top `candidates` probabilities only.
+
+    Sorting 262,144 probabilities costs more than a decode step's sampling otherwise does. The sorted
+    prefix holds the same values whichever way it is found, and CPU cumsum is a sequential scan, so the keep
+    test over the prefix gives the same booleans. The shortcut is taken only when it is unambiguous: the
+    candidates' mass reaches past top_p (no later position can be kept), the kept positions are a prefix,
+    and the last kept value is strictly above the next one (no tie whose order a sort would decide).
+    Otherwise it falls back to the full sort. Both paths give the candidates in token-id order, so the draw
+    made from them does not depend on which path found them.
+    """
+    k_cand = min(candidates, probs.shape[-1])
+    top, idx = torch.topk(probs, k_cand)  # (k_cand,) descending
+    cum = torch.cumsum(top, -1)
+    keep = cum - top < top_p
+    k = int(keep.sum())
+    if (
+        k < k_cand
+        and float(cum[-1]) >= top_p + 1e-9
+        and bool(keep[:k].all())
+        and float(top[k - 1]) > float(top[k])
+    ):
+        ids, order = torch.sort(idx[:k])
+        return top[:k][order], ids
+    full = _nucleus_by_sort(probs, top_p)
+    ids = torch.nonzero(full).flatten()
+    return full[ids], ids
+
+
+def _nucleus(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> torch.Tensor:
+    """`probs` with everything outside the nucleus set to 0, from `_nucleus_candidates` (= `_nucleus_by_sort`)."""
+    vals, ids = _nucleus_candidates(probs, top_p, candidates)
+    return torch.zeros_like(probs).scatter(-1, ids, vals)
+
+
+def generate(
+    fm: FrozenModel | Backend,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    strategy: str = "greedy",
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    seed: int | None = None,
+    cache=None,
+    on_token: Callable[[int], None] | None = None,
+    eos: set[int] | None = None,
+) -> Generation:
+    """Continue `prompt_ids` once. `cache` may already hold a prefix of them (a graft); the rest is prefilled.
+
+    on_token: called after every decode step with the number of tokens chosen in it (progress in tokens).
+    eos: the token ids that end a sequence (default `eos_ids(fm)`; an empty set runs every budget out).
+    """
+    return generate_batch(
+        fm, prompt_ids, 1, [int(seed or 0)], max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
+        temperature=temperature, top_p=top_p, cache=cache, on_token=on_token, eos=eos,
+    )[0]
+
+
+def generate_batch(
+    fm: FrozenModel | Backend,
+    prompt_ids: list[int],
+    n: int,
+    seeds: Sequence[int] | None = None,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    strategy: str = "sample",
+    temperature: float = 0.7,
+    top_p: float = 0.95,
+    cache=None,
+    on_token: Callable[[int], None] | None = None,
+    eos: set[int] | None = None,
+) -> list[Generation]:
+    """Continue `prompt_ids` `n` times, the rows decoded together; row i samples with its own `seeds[i]`.
+
+    The shared context is prefilled once (or taken from `cache`, e.g. a graft); the first token of every row
+    is chosen from those logits, then the cache is repeated to the rows still running and each step feeds
+    one token per running row. A row that hits EOS, a stop string or its budget leaves the batch.
+
+    Reproducibility: the same inputs, seeds and `n` give identical outputs. With n=1 this is `generate`.
+    A batch of n rows need not give the same bits as n runs at batch size 1 (batch invariance, see
+    DESIGN.md: GEMM blocking depends on the batch), so the batch size is part of what a run depends on.
+
+    Runs under `torch.inference_mode` (no autograd bookkeeping per op; the same kernels, so the same bits:
+    measured identical tokens and per-step logits SHA-256 against `no_grad`). The cache stays usable after.
+    """
+    with torch.inference_mode():
+        return _generate_batch(
+            as_backend(fm), prompt_ids, n, seeds, max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
+            temperature=temperature, top_p=top_p, cache=cache, on_token=on_token, eos=eos,
+        )
+
+
+def _generate_batch(
+    be: Backend,
+    prompt_ids: list[int],
+    n: int,
+    seeds: Sequence[int] | None,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    strategy: str,
+    temperature: float,
+    top_p: float,
+    cache,
+    on_token: Callable[[int], None] | None,
+    eos: set[int] | None,
+) -> list[Generation]:
+    t0 = time.perf_counter()
+    if strategy not in ("greedy", "sample"):
+        raise ConfigError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
+    if max_new_tokens < 1:
+        raise ConfigError(f"decoding.max_new_tokens={max_new_tokens}: use a budget of at least 1 token")
+    if n < 1:
+        raise ConfigError(f"batch of n={n} rows: use n >= 1")
+    seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != n:
+        raise ConfigError(f"{len(seeds)} seeds for a batch of n={n} rows: give one seed per row")
+    cache = cache if cache is not None else be.new_state()
+    seen = be.seen(cache)
+    if seen >= len(prompt_ids):
+        raise HarnessError(
+            f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
+        )
+    gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds] if strategy == "sample" else [None] * n
+    eos = be.eos_ids() if eos is None else set(eos)
+    stop = [s for s in stop if s]
+    # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
+    # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
+    tail = max((len(s) for s in stop), default=0) + 4
+
+    cache, logits = be.prefill(prompt_ids[seen:], cache)  # (1, vocab): shared by every row's first token
+    first_sha = logits_sha256(logits)
+    outs: list[list[int]] = [[] for _ in range(n)]
+    reasons: list[StopReason] = ["length"] * n
+    ttft = [0.0] * n
+    active = list(range(n))  # row ids still decoding, in cache-batch order
+    position = len(prompt_ids)
+    for step in range(max_new_tokens):
+        running: list[int] = []  # indices into `active` of rows that continue
+        rows = logits if logits.shape[0] == len(active) else logits.expand(len(active), -1)  # step 0: shared
+        picks = _pick_rows(rows, strategy, temperature, top_p, [gens[i] for i in active])
+        for j, i in enumerate(active):
+            tok = picks[j]
+            if step == 0:
+                ttft[i] = time.perf_counter() - t0
+            if tok in eos:
+                reasons[i] = "eos"
+                continue
+            outs[i].append(tok)
+            if stop and _first_stop(be.decode(outs[i][-tail:]), stop) is not None:
+                reasons[i] = "stop"
+                continue
+            running.append(j)
+        if on_token is not None:
+            on_token(len(active))
+        if not running or step + 1 == max_new_tokens:
+            break
+        if step == 0:
+            if len(running) > 1:
+                try:
+                    be.repeat_rows(cache, len(running))  # every row starts from the same context
+                except SettingsError as exc:  # the backend decodes one row at a time: name the harness's key
+                    raise ConfigError(f"decoding.batch_size={len(running)}: {exc}; set decoding.batch_size=1") from None
+        elif len(running) < len(active):
+            be.keep_rows(cache, running)
+        active = [active[j] for j in running]
+        logits = be.step(cache, [outs[i][-1] for i in active], position + step)  # (rows, vocab)
+
+    gens_out = []
+    for i in range(n):
+        text = be.decode(outs[i])
+        hit = _first_stop(text, stop)
+        if hit is not None:
+            text = text[:hit]
+        gens_out.append(Generation(
+            outs[i], text, len(prompt_ids) - seen, len(outs[i]) + (reasons[i] == "eos"), reasons[i], first_sha,
+            ttft[i], seed=seeds[i] if strategy == "sample" else None,
+        ))
+    return gens_out
+
+
+def eos_ids(fm: FrozenModel | Backend) -> set[int]:
+    """Token ids that end generation (the backend's `eos_ids`; transformers: the config's eos_token_id, int or
+    list, and the tokenizer's)."""
+    return as_backend(fm).eos_ids()
+
+
+def _first_stop(text: str, stop: Sequence[str]) -> int | None:
+    hits = [text.find(s) for s in stop if s and s in text]
+    return min(hits) if hits else None

@@ -1,0 +1,431 @@
+"""One harness run: problems -> condition -> decode -> score -> run folder (outputs, summary, manifest) ->
+MLflow. `run(cfg)` takes a composed config and returns (RunFolder, Summary); `python -m harness`
+(harness/__main__.py) is the Hydra entry; the graft-vs-baseline comparison is harness/compare/job.py.
+
+The run folder format is harness/RUN_FORMAT.md. Everything is written locally before tracking is tried,
+so an unreachable MLflow never loses a run.
+
+The lifecycle (docs/reliability.md): the config is checked before the model loads (harness.config.schema.validate),
+prompts against the model's context once the tokenizer is there (`fit_context`); a run killed (kill -9, power)
+is resumed by the next run of the same config (same resume key: resolved config, problem rows, model and
+tokenizer fingerprints, library manifest) from its outputs.partial.jsonl, in the same folder, with the same
+seeds (`run.fresh=true` starts over); Ctrl-C and SIGTERM stop between rows with one line
+(harness.errors.RunInterrupted) and leave the folder resumable; a run that fails before its first row removes
+its folder.
+
+Length: ~430 lines, one unit on purpose: the row loop, its resume, interruption and context-fit rules share the
+run's state (folder, partial rows, seeds, meters), and splitting them would pass that state through every call;
+the pieces that stand alone already live elsewhere (decode, run_folder, manifest, energy, tracking).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from harness.config.model import load_model
+from harness.config.schema import Config, recorded, typed
+from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
+from harness.record.folder import FinishedRun, RunFolder
+from harness.record.hashing import sha256_json
+from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_group
+from harness.run.conditions import CONDITIONS, build_condition
+from harness.run.distributed import completer
+from harness.run.energy import make_meter
+from harness.task.answers import score
+from harness.task.problems import Problem, load_problems
+from harness.task.prompts import render
+from harness.tracking.log import try_log_run_dir
+from harness.tracking.store import default_tracking_uri
+from kvstore import TRANSFORMERS, Backend, FrozenModel, as_backend
+
+__all__ = [
+    "check_condition", "comparable_key", "fit_context", "print_summary", "resume_key", "run", "run_rows",
+]
+
+# logs and pipes get full tables (140 columns) unless COLUMNS says how wide the reader is
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
+NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
+             "in another compute environment through")
+
+
+def backend_record(fm: FrozenModel | Backend) -> dict[str, Any] | None:
+    """What a run's keys record of its backend: None for transformers (its determinism settings are in the keys
+    already, and runs from before the seam keep their keys), else {"backend": name, "settings": settings()}
+    (llama.cpp: every context setting and build fact)."""
+    be = as_backend(fm)
+    return None if be.name == TRANSFORMERS else {"backend": be.name, "settings": be.settings()}
+
+
+def comparable_key(cfg: DictConfig | Config, fm: FrozenModel | Backend) -> str:
+    """Runs with the same key differ only in condition/library: same model, data, prompt, decoding (batch size
+    included: a batch need not give the bits of single rows), settings, backend. batch_size 1 is left out of the
+    key, and so is the transformers backend, so runs from before they existed keep theirs."""
+    c = dataclasses.asdict(typed(cfg))
+    if c["decoding"].get("batch_size") == 1:
+        del c["decoding"]["batch_size"]
+    key = {
+        "model": fm.fingerprint,
+        "tokenizer": fm.tokenizer_fingerprint,
+        **{k: c[k] for k in ("dataset", "prompt", "decoding", "determinism")},
+    }
+    backend = backend_record(fm)
+    if backend is not None:
+        key["backend"] = backend
+    if c["run"]["context_overflow"] != "refuse":  # truncated prompts are other inputs; refuse changes nothing
+        key["context_overflow"] = c["run"]["context_overflow"]
+    return sha256_json(key)
+
+
+def check_condition(name: str) -> None:
+    """A ConfigError naming condition.name, with the near miss, when the registry has no such condition: raised
+    before the model loads."""
+    if name not in CONDITIONS:
+        near = difflib.get_close_matches(name, list(CONDITIONS), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise ConfigError(f"condition.name={name!r}: {hint}use one of {', '.join(CONDITIONS)} (configs/condition/)")
+
+
+def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel | Backend,
+               library: str | None) -> str:
+    """What an interrupted run must share with this one to be resumed by it: the resolved config (run.fresh left
+    out), the problem rows, the model and tokenizer fingerprints, the backend (not transformers: see
+    `backend_record`) and the library manifest."""
+    config = copy.deepcopy(config)
+    config.get("run", {}).pop("fresh", None)
+    key = {
+        "config": config, "problems": [p.to_row() for p in problems], "model": fm.fingerprint,
+        "tokenizer": fm.tokenizer_fingerprint, "library": library,
+    }
+    backend = backend_record(fm)
+    if backend is not None:
+        key["backend"] = backend
+    return sha256_json(key)
+
+
+def context_size(fm: FrozenModel | Backend) -> int | None:
+    """The most positions the model takes: transformers, its config's max_position_embeddings; another backend,
+    its context setting (llama.cpp: n_ctx); None when it does not say."""
+    be = as_backend(fm)
+    if be.name != TRANSFORMERS:
+        n = be.settings().get("n_ctx")
+        return int(n) if n else None
+    config = be.fm.config
+    n = getattr(config, "max_position_embeddings", None) or getattr(
+        getattr(config, "text_config", None), "max_position_embeddings", None
+    )
+    return int(n) if n else None
+
+
+def fit_context(problems: list[Problem], fm: FrozenModel | Backend, c: Config) -> list[Problem]:
+    """Every problem whose prompt plus decoding.max_new_tokens exceeds the model's context: refused (a ConfigError
+    naming it, run.context_overflow=refuse) or its text cut to fit (truncate: said on screen and recorded in the
+    problem row's source as {"context_overflow": {"prompt_tokens", "kept_problem_tokens"}}). Checked after the
+    tokenizer loads and before any prefill; a library condition's grafted entry adds to the prompt (not counted)."""
+    limit = context_size(fm)
+    if limit is None:
+        return problems
+    budget = limit - c.decoding.max_new_tokens
+    out = []
+    for p in problems:
+        n = len(fm.encode(render(c.prompt.template, problem=p.problem)))
+        if n <= budget:
+            out.append(p)
+            continue
+        if budget <= 0 or c.run.context_overflow == "refuse":
+            raise ConfigError(
+                f"problem {p.id}: its prompt is {n:,} tokens, and with decoding.max_new_tokens="
+                f"{c.decoding.max_new_tokens} exceeds the model's context of {limit:,}; drop the problem, lower "
+                "decoding.max_new_tokens, or set run.context_overflow=truncate to cut its text to fit"
+            )
+        ids = fm.encode(p.problem, add_bos=False)
+        keep = len(ids) - (n - budget)
+        while keep > 0:
+            text = fm.decode(ids[:keep])
+            if len(fm.encode(render(c.prompt.template, problem=text))) <= budget:
+                break
+            keep -= max(1, keep // 100)
+        if keep <= 0:
+            raise ConfigError(f"problem {p.id}: the prompt template alone exceeds the model's context of {limit:,}")
+        console.print(f"[yellow]problem {p.id}: prompt of {n:,} tokens > context {limit:,} - "
+                      f"{c.decoding.max_new_tokens} new tokens: text cut to its first {keep:,} tokens "
+                      "(run.context_overflow=truncate)[/]")
+        source = {**p.source, "context_overflow": {"prompt_tokens": n, "kept_problem_tokens": keep}}
+        out.append(dataclasses.replace(p, problem=text, source=source))
+    return out
+
+
+def run(cfg: DictConfig, *args: Any, **kwargs: Any) -> tuple[RunFolder, Summary]:
+    """Run the configured condition over the configured problems, write the run folder (a new one under
+    `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
+    An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
+    the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/). The arguments
+    are `run_rows`'s: folder, fm, progress, build_library_if_missing, resume_from."""
+    finished, _ = run_rows(cfg, *args, **kwargs)
+    return finished.folder, finished.summary
+
+
+def _open_folder(
+    folder: RunFolder | str | Path | None, search: Path | None, runs: Path, condition: str, key: str, fresh: bool
+) -> tuple[RunFolder, list[Row], str | None]:
+    """The folder this run writes (locked) and the rows an interrupted attempt left there (resume), plus the
+    attempt's start time. A given folder nobody resumes into is discarded when it holds nothing yet."""
+    given = None if folder is None else folder if isinstance(folder, RunFolder) else RunFolder(folder)
+    if not fresh:
+        found = None
+        if given is not None and given.path.is_dir() and given.resume_info().get("resume_key") == key:
+            found = given if given.lock() and not given.is_complete() else None
+        if found is None and search is not None:
+            found = RunFolder.find_resumable(search, key)
+        if found is not None:
+            done = found.resume()
+            if given is not None and given != found:
+                given.discard()  # Hydra's fresh folder for this attempt: the run continues in the old one
+            return found, done, found.resume_info().get("started_at")
+    return (given or RunFolder.new(runs, condition)), [], None
+
+
+def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder: RunFolder) -> list[Row]:
+    """The rows of an interrupted attempt that this run keeps: the longest prefix covering whole jobs (a batch is
+    redone whole: its bits depend on the batch), each row the (problem, sample) the plan has at its place."""
+    expected = [(p.id, s) for p, samples in jobs for s in samples]
+    for i, r in enumerate(rows):
+        if i >= len(expected) or (r.problem_id, r.sample) != expected[i]:
+            want = f"{expected[i][0]} sample {expected[i][1]}" if i < len(expected) else "no more rows"
+            raise RunFolderError(
+                f"{folder.file('outputs.partial.jsonl')}, line {i + 1}: {r.problem_id} sample {r.sample} where this "
+                f"run's plan has {want}; start over with run.fresh=true"
+            )
+    keep, n = 0, 0
+    for _, samples in jobs:
+        if n + len(samples) > len(rows):
+            break
+        n += len(samples)
+        keep = n
+    return rows[:keep]
+
+
+def run_rows(
+    cfg: DictConfig,
+    folder: RunFolder | str | Path | None = None,
+    fm: FrozenModel | Backend | None = None,
+    progress: bool = True,
+    build_library_if_missing: bool = False,
+    resume_from: str | Path | None = None,
+) -> tuple[FinishedRun, str | None]:
+    """`run`, returning the records it wrote (the compare job pairs rows and logs its comparison from them) and
+    the MLflow run id (None when tracking is off or logging is pending)."""
+    c = typed(cfg)
+    check_condition(c.condition.name)
+    root = Path(c.project_root)
+    runs = root / c.runs_dir
+    d = c.dataset
+    problems = load_problems(
+        str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
+    )
+    fm = as_backend(fm) if fm is not None else load_model(c)  # a FrozenModel stands for its transformers backend
+    problems = fit_context(problems, fm, c)
+    condition = build_condition(
+        c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
+        settings=c.condition.settings,
+    )
+    desc = condition.describe()
+    config = recorded(cfg)
+    key = resume_key(config, problems, fm, desc.get("library", {}).get("manifest_sha256"))
+    search = Path(resume_from) if resume_from is not None else (runs / c.condition.name if folder is None else None)
+    n, bs = c.decoding.n_samples, c.decoding.batch_size
+    jobs = [(p, list(range(s, min(s + bs, n)))) for p in problems for s in range(0, n, bs)]
+    try:
+        folder, done, first_started = _open_folder(folder, search, runs, c.condition.name, key, c.run.fresh)
+    except BaseException:
+        condition.close()
+        raise
+    rows: list[Row] = []
+    try:
+        if done:
+            rows = _done_prefix(done, jobs, folder)
+            if len(rows) != len(done):
+                folder.keep_rows(rows)
+            console.print(f"resuming the interrupted run in {folder.path}: {len(rows)} of {len(problems) * n} rows "
+                          "already done (outputs.partial.jsonl), same seeds; run.fresh=true starts over")
+        else:
+            folder.begin(key, datetime.now(UTC).isoformat())
+        # scale-out hook: execution=ray computes the remaining jobs on Ray actors, handed back in job order
+        rows, run_energy, t_run, started_at = _decode(
+            c, condition, jobs, folder, rows, progress,
+            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing))
+    except KeyboardInterrupt as exc:
+        condition.close()
+        signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        folder.release()
+        kept = folder.has_rows()
+        if not kept:
+            folder.discard()
+        where = (f"{folder.path} keeps them: re-run the same command to resume (run.fresh=true starts over)" if kept
+                 else "nothing to resume, the empty folder was removed")
+        raise RunInterrupted(f"{signal.Signals(signum).name}: the run stopped after {len(rows)} of "
+                             f"{len(problems) * n} rows; {where}", signum) from None
+    except BaseException:
+        condition.close()
+        folder.release()
+        folder.discard()  # only when it holds no rows: a run with rows stays resumable
+        raise
+    started_at = first_started or started_at
+
+    summary = Summary.of(
+        rows, condition=condition.name, model=fm.model_name, dataset=d.name, run_dir=str(folder.path),
+        comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
+        energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
+        started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
+    )
+    exactness = NOT_EXACT if _allows_mismatch(fm) else None
+    if exactness:
+        summary = dataclasses.replace(summary, exactness=exactness)
+    try:
+        finished = folder.finish(
+            config=config,
+            problems=[p.to_row() for p in problems],
+            rows=rows,
+            summary=summary,
+            prompt_template=c.prompt.template,
+            model_fingerprint=fm.fingerprint,
+            tokenizer_fingerprint=fm.tokenizer_fingerprint,
+            determinism=fm.settings(),  # transformers: the Determinism's dict; llama.cpp: "backend" + settings
+            environment=fm.environment(),
+            library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
+            else None,
+            exactness=exactness,
+        )
+    finally:
+        folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable
+    run_id = None
+    if c.tracking.enabled:
+        uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
+        run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
+    print_summary(summary, folder)
+    return finished, run_id
+
+
+def _allows_mismatch(be: Backend) -> bool:
+    """determinism.allow_environment_mismatch of a transformers backend (not recorded in its settings)."""
+    det = getattr(getattr(be, "fm", None), "determinism", None)
+    return bool(getattr(det, "allow_environment_mismatch", False))
+
+
+def _decode(
+    c: Config, condition: Any, jobs: list[tuple[Problem, list[int]]], folder: RunFolder, rows: list[Row],
+    progress: bool, completer_for: Callable[[list[tuple[Problem, list[int]]]], Callable[..., Any]] | None = None,
+) -> tuple[list[Row], Any, float, str]:
+    """Decode every job past the rows already done, appending each row to the folder as it finishes; returns all
+    rows (`rows` itself, extended as rows finish), the run's energy reading, its start (perf counter) and start
+    time."""
+    meter, run_meter = make_meter(c.energy.meter), make_meter(c.energy.meter)
+    t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
+    run_meter.start()
+    n_total = sum(len(samples) for _, samples in jobs)
+    bar = tqdm(total=n_total, initial=len(rows), desc=f"{condition.name} {c.dataset.name}", unit="sample",
+               disable=not progress)
+    tokens = tqdm(total=n_total * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
+                  disable=not progress, leave=False)
+    skip, first = len(rows), 0
+    while first < len(jobs) and skip >= len(jobs[first][1]):  # whole jobs the interrupted attempt finished
+        skip -= len(jobs[first][1])
+        first += 1
+    complete = completer_for(jobs[first:]) if completer_for is not None else condition.complete_samples
+    try:
+        for i in range(first, len(jobs)):
+            problem, samples = jobs[i]
+            if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
+                condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
+            w0, c0 = time.perf_counter(), time.process_time()
+            meter.start()
+            completions = complete(problem, samples, on_token=tokens.update)
+            energy = meter.stop()
+            # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
+            k = len(completions)
+            wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k
+            joules = energy.joules / k if energy.joules is not None else None
+            for sample, completion in zip(samples, completions, strict=True):
+                row = Row.scored(
+                    problem.id, sample, condition.name, condition.group, completion, problem.answer,
+                    score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
+                    energy_j=joules, energy_status=energy.status,
+                )
+                rows.append(row)
+                folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+            bar.update(k)
+            bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
+    finally:
+        tokens.close()
+        bar.close()
+    condition.close()
+    return rows, run_meter.stop(), t_run, started_at
+
+
+def _track(finished: FinishedRun, uri: str, experiment: str, run_name: str | None) -> str | None:
+    """Log the run from the records it just wrote (harness.tracking.log: nothing read back)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_id = try_log_run_dir(finished, tracking_uri=uri, experiment=experiment, run_name=run_name)
+    for w in caught:
+        if issubclass(w.category, RuntimeWarning):
+            console.print(f"[yellow]warning:[/] {w.message}")
+    if run_id:
+        console.print(f"MLflow: run {run_id} in {uri} (experiment {experiment})")
+    return run_id
+
+
+def stops_text(stop_reasons: dict[str, int] | None) -> str:
+    """"eos/stop/length" counts, e.g. "0/5/1"; "n/a" for a summary written before stop reasons were counted."""
+    if not stop_reasons:
+        return "n/a"
+    return "/".join(str(stop_reasons.get(k, 0)) for k in STOP_REASONS)
+
+
+def print_summary(summary: Summary, folder: RunFolder) -> None:
+    s, t, e = summary.scores, summary.tokens, summary.energy
+    group = run_group(summary)
+    name = f"{summary.condition} {group.label}" if group else summary.condition
+    table = Table(title=f"{name} on {summary.dataset} ({summary.model})")
+    for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
+                "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):
+        table.add_column(col)
+    table.add_row(
+        str(s.n_problems),
+        f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
+        str(t.prompt),
+        str(t.prefill),
+        str(t.grafted),
+        str(t.decode),
+        f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
+        stops_text(summary.stop_reasons),
+        f"{summary.time.wall_s:.1f}",
+        f"{summary.time.cpu_s:.1f}",
+        f"{e.joules:.1f} J" if e.joules is not None else "unavailable",
+    )
+    console.print(table)
+    hit = (summary.stop_reasons or {}).get("length", 0)
+    if hit:
+        console.print(f"[yellow]{hit} of {s.n_rows} rows hit the token budget (decoding.max_new_tokens): their "
+                      "answers were cut off[/]")
+    if group_note(summary):
+        console.print(f"[yellow]{group_note(summary)}[/]")
+    console.print(f"energy: {e.status}")
+    if summary.exactness:
+        console.print(f"[yellow]{summary.exactness}[/]")
+    console.print(f"run folder: {folder.path}   (re-check: make rescore RUN={folder.path})")

@@ -1,0 +1,2 @@
+"""The task, the only AIME-shaped code: problems.py (problem sets and their rows), prompts.py (the templates),
+answers.py (extract and score an answer: sympy-normalised, pure functions)."""

@@ -1,0 +1,110 @@
+"""An MLflow tracking server on 127.0.0.1 that parallel jobs log to: SQL backend and artifacts under runs/.
+
+    make mlflow-server                                  # serves http://127.0.0.1:5000 until Ctrl-C
+    python -m harness condition=baseline tracking=server            # tracking.uri=http://127.0.0.1:5000
+    python -m harness -m condition=baseline,graft tracking=server tracking.uri=http://HOST:PORT
+
+One server process owns the SQLite file (runs/mlflow-server.db; another SQL database by --backend-store-uri),
+so N jobs on N machines write through HTTP instead of each opening the file (SQLite's "database is locked" is
+the server's concern, not theirs). Artifacts are proxied (--serve-artifacts) into runs/mlflow-server-artifacts,
+so a client needs no shared filesystem. MLflow's background job runner (GenAI evaluation jobs, a dozen worker
+processes) is turned off: it is not used here and would triple the start time on a small machine.
+`MlflowServer` is the same server as a context manager, for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from harness.errors import TrackingError
+from kvstore import die_with_parent, stop_process_group
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(runs: Path, port: int, backend_uri: str | None = None, workers: int = 1) -> list[str]:
+    runs = Path(runs).resolve()
+    backend = backend_uri or f"sqlite:///{(runs / 'mlflow-server.db').as_posix()}"
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+            "--artifacts-destination", str(runs / "mlflow-server-artifacts"), "--serve-artifacts",
+            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+
+
+def server_env() -> dict[str, str]:
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1:`port` (a free one by default) with its data under `runs`; `uri` is its URL."""
+
+    def __init__(self, runs: str | os.PathLike, port: int | None = None, start_timeout_s: float = 180.0) -> None:
+        self.runs = Path(runs)
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.runs / "mlflow-server.log"
+        self.started_in_s: float | None = None
+
+    def start(self) -> MlflowServer:
+        self.runs.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(server_command(self.runs, self.port), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=server_env(), start_new_session=True,
+                                         preexec_fn=die_with_parent)
+        while time.monotonic() - t0 < self.start_timeout_s:
+            if self.proc.poll() is not None:
+                raise TrackingError(f"mlflow server exited with {self.proc.returncode} at start; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.started_in_s = time.monotonic() - t0
+                        return self
+            except OSError:
+                time.sleep(0.25)
+        self.stop()
+        raise TrackingError(f"mlflow server {self.uri} not ready within {self.start_timeout_s:.0f} s; see "
+                            f"{self.log_path}")
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group (uvicorn and its workers), SIGKILL after 15 s. Idempotent."""
+        stop_process_group(self.proc, 15)
+
+    def __enter__(self) -> MlflowServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.tracking.server", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", default=str(REPO / "runs"), help="folder of the SQLite backend and artifacts")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--backend-store-uri", default=None, help="another SQL database (postgresql://..., mysql://...)")
+    p.add_argument("--workers", type=int, default=1)
+    a = p.parse_args(argv)
+    Path(a.runs).mkdir(parents=True, exist_ok=True)
+    cmd = server_command(Path(a.runs), a.port, a.backend_store_uri, a.workers)
+    print(f"MLflow server on http://127.0.0.1:{a.port} (jobs: tracking=server tracking.uri=http://127.0.0.1:{a.port})",
+          flush=True)
+    os.execve(cmd[0], cmd, server_env())
+    return 0  # pragma: no cover - execve does not return
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

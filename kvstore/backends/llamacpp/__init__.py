@@ -1,0 +1,7 @@
+"""The llama.cpp backend: llama-cpp-python on a GGUF file (backend.py: the engine; settings.py: what a caller
+chooses; state.py: llama.cpp's sequence state bytes <-> kvgraft layers). docs/backends.md."""
+
+from kvstore.engine.protocol import Registered
+
+REGISTERED = Registered("llamacpp", settings="kvstore.backends.llamacpp.settings:LlamaCppSettings",
+                        loader="kvstore.backends.llamacpp.backend:load")

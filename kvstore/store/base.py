@@ -1,0 +1,147 @@
+"""What every artifact store shares: the index fields of an admitted artifact, the admission and read checks, and the
+`Store` interface (put / get / contains / list, tags and token lookups) that the harness and the CLI use.
+
+    admit(data)                 every FORMAT.md invariant and every tensor hash, before anything is written
+    check_id(aid, data, where)  every read: the bytes hash to their id, or IntegrityError naming where they were
+    check_tags(tags)            tags are 1-256 character strings
+
+The one implementation of the interface is kvstore.store.objects.ObjectStore (admission, verification and the
+index, once, over any byte store); LocalStore, MemoryStore and S3Store are ObjectStores over a directory, a dict
+and a bucket (kvstore/store/local.py, kvstore/store/memory.py, kvstore/store/s3.py).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from kvstore.errors import FormatError, IntegrityError, InvalidIdError, KVStoreError
+from kvstore.format.artifact import Snapshot, from_bytes, guard, to_bytes, tokens_sha256
+from kvstore.format.ids import ArtifactId
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    """The index fields of an admitted artifact, taken from its validated snapshot (never from raw metadata)."""
+
+    id: str
+    size: int
+    token_count: int
+    tokens_sha256: str
+    model_fingerprint: str
+    model_name: str
+
+    @classmethod
+    def of(cls, aid: str, size: int, snap: Snapshot) -> IndexRow:
+        return cls(aid, size, snap.token_count, tokens_sha256(snap.token_ids), snap.model_fingerprint,
+                   snap.model_name)
+
+
+@dataclass(frozen=True)
+class ArtifactInfo(IndexRow):
+    """One index row as a store lists it: the admitted fields plus when it was stored and its tags."""
+
+    created: float
+    tags: tuple[str, ...]
+
+
+def admit(data: bytes | memoryview, verify_tensors: bool = True) -> Snapshot:
+    """Check bytes entering a store completely (structure, every invariant of FORMAT.md section 6, every
+    tensor's SHA-256) and return their snapshot. Every stored object is therefore valid, and a read only has
+    to check that the file still hashes to its id: that one SHA-256 covers every byte, tensors included.
+    verify_tensors=False only for bytes to_bytes has just written (their tensor hashes are computed, not read)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise FormatError(f"artifact bytes must be bytes, got {type(data).__name__}")
+    return from_bytes(data, verify_tensors=verify_tensors)
+
+
+def check_id(aid: str, data: bytes | memoryview, where: str, got: str | None = None) -> None:
+    """Raise IntegrityError unless the bytes hash to `aid` (got: their hash, when already computed); `where` names
+    the object (a file, a bucket key) in the message. Every store's reads end here."""
+    got = got or ArtifactId.of(data)
+    if got != aid:
+        raise IntegrityError(
+            f"artifact {aid} in {where}: bytes hash to {got[:12]}... ({len(data)} bytes): corrupted or truncated, or "
+            "replaced. Remove it (`kvstore rm ID`) and deposit it again."
+        )
+
+
+def check_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    out = tuple(tags)
+    if not all(isinstance(t, str) and 0 < len(t) <= 256 for t in out):
+        raise KVStoreError(f"tags must be non-empty strings of at most 256 characters, got {out!r:.120}")
+    return out
+
+
+class Store(ABC):
+    """The store interface: put / get / contains / iterate, plus tags and token lookups."""
+
+    @abstractmethod
+    def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
+        """Admit artifact bytes (fully validated first); returns their id. Existing ids only gain tags."""
+
+    @abstractmethod
+    def get_bytes(self, aid: str) -> bytes:
+        """The artifact's bytes, checked to hash to `aid`. NotFoundError, IntegrityError."""
+
+    @abstractmethod
+    def contains(self, aid: str) -> bool:
+        """Whether the artifact is stored."""
+
+    @abstractmethod
+    def info(self, aid: str) -> ArtifactInfo:
+        """The artifact's index row. NotFoundError."""
+
+    @abstractmethod
+    def list(self, tag: str | None = None) -> list[ArtifactInfo]:
+        """Index rows (with `tag` only, when given), by id."""
+
+    @abstractmethod
+    def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
+        """Ids of the artifacts holding exactly the token ids with this SHA-256."""
+
+    @abstractmethod
+    def remove(self, aid: str) -> None:
+        """Delete an artifact and its index row. NotFoundError."""
+
+    @abstractmethod
+    def add_tags(self, aid: str, tags: Iterable[str]) -> None:
+        """Tag a stored artifact (its bytes are not read). NotFoundError."""
+
+    def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
+        """Store a snapshot; returns its id. Putting an existing artifact only adds tags."""
+        with guard("snapshot to store"):
+            data = to_bytes(snapshot)
+        return self.put_bytes(data, tags)
+
+    def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
+        """Store many snapshots (or artifact bytes), each with `tags`; their ids in order. Same result as a
+        loop of put/put_bytes; a store may batch it (LocalStore indexes them in one transaction)."""
+        tags = tuple(tags)
+        return [self.put(x, tags) if isinstance(x, Snapshot) else self.put_bytes(x, tags) for x in items]
+
+    def get(self, aid: str) -> Snapshot:
+        """The verified snapshot: the bytes hash to the id before any tensor is returned (tensors were checked
+        one by one when the artifact entered the store). Raises NotFoundError, IntegrityError."""
+        return from_bytes(self.get_bytes(aid), verify_tensors=False)
+
+    def __contains__(self, aid: object) -> bool:
+        try:
+            return isinstance(aid, str) and self.contains(aid)
+        except InvalidIdError:
+            return False
+
+    def __iter__(self) -> Iterator[ArtifactId]:
+        return iter([ArtifactId(i.id) for i in self.list()])
+
+    def __len__(self) -> int:
+        return len(self.list())
+
+    def verify(self, aid: str) -> None:
+        """Re-hash an artifact's bytes and tensors and re-check every invariant; raises IntegrityError,
+        FormatError or ValidationError if it is damaged."""
+        from_bytes(self.get_bytes(aid), verify_tensors=True)
+
+
+__all__ = ["ArtifactInfo", "IndexRow", "Store", "admit", "check_id", "check_tags"]

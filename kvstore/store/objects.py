@@ -1,0 +1,241 @@
+"""`ObjectStore`: the artifact store over any byte store and index; admission, verification and indexing, done once.
+
+    store = ObjectStore(MemoryBytes())              # kvstore.MemoryStore is exactly this
+    store = S3Store("s3://bucket/library")          # kvstore/store/s3.py: ObjectStore(S3Bytes(...))
+    store = LocalStore("runs/store")                # kvstore/store/local.py: ObjectStore(DirectoryBytes, SqliteIndex)
+    aid = store.put(snapshot, tags=["library:x"])   # admitted (every FORMAT.md invariant), then created if absent
+    snap = store.get(aid)                           # every byte re-hashed to the id before a tensor is returned
+
+What a byte store holds (the same object paths for every store, FORMAT.md section 4):
+    objects/ab/cdef...      the artifact bytes, created if absent (content-addressed: a second writer of the same
+                            id finds it there and writes nothing)
+and the index (kvstore/store/index.py) is either kept beside the objects in the same byte store (`BlobIndex`, the
+default: every reader of a bucket sees the same rows) or is a SQLite file (`SqliteIndex`, a LocalStore's).
+
+Every put: admit every item (structure, invariants, tensor hashes) before anything is written; create each object;
+index them all (one transaction where the index has them); a put that fails after writing objects removes the
+ones it created that have no row. A writer killed between object and row leaves an object without a row: `gc()`
+admits and indexes it (or reports it damaged). Every get: the byte store's bytes (a folder maps its file), hashed
+to the id before anything is returned (kvstore/store/verified_read.py). Rows are metadata for listing and lookups only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, MutableMapping
+
+from kvstore.errors import KVStoreError, NotFoundError, ReadOnlyStoreError
+from kvstore.format.artifact import Snapshot, guard, to_bytes
+from kvstore.format.ids import ArtifactId, id_to_relpath, relpath_to_id
+from kvstore.store.base import ArtifactInfo, IndexRow, Store, admit, check_id, check_tags
+from kvstore.store.byte_store import ByteStore
+from kvstore.store.index import BlobIndex, Index
+from kvstore.store.verified_read import verified_snapshot
+
+
+class ObjectStore(Store):
+    """Content-addressed artifacts in a ByteStore, indexed by `index` (default: rows in the same byte store)."""
+
+    read_only = False
+
+    def __init__(self, blobs: ByteStore, index: Index | None = None) -> None:
+        self.blobs = blobs
+        self.index = index if index is not None else BlobIndex(blobs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.blobs.where})"
+
+    def _writable(self, doing: str) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.blobs.where} is read-only (a read-only mount, or not writable by this user): cannot {doing}. "
+                "It can be listed, verified and grafted from; deposit into a writable store (another "
+                "store root: `kvstore deposit --store DIR`, open_store(DIR)) or remount it read-write"
+            )
+
+    # ------------------------------------------------------------------------------------------- writes
+    def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
+        self._writable("put an artifact")
+        return self._put([data], check_tags(tags))[0]
+
+    def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
+        self._writable("put an artifact")
+        return self._put([snapshot], check_tags(tags))[0]
+
+    def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
+        """Every item admitted first, then every object created, then all rows indexed at once (one transaction
+        where the index has them). If indexing fails, the objects this call created are removed again."""
+        self._writable("put artifacts")
+        return self._put(items, check_tags(tags))
+
+    def _put(self, items: Iterable[Snapshot | bytes], tags: tuple[str, ...]) -> list[ArtifactId]:
+        batch = []
+        for x in items:
+            if isinstance(x, Snapshot):
+                with guard("snapshot to store"):
+                    data = to_bytes(x)
+                snap = admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
+            else:
+                data, snap = x, admit(x)
+            aid = ArtifactId.of(data)
+            batch.append((aid, data, IndexRow.of(aid, len(data), snap)))
+        self._publish(batch, tags)
+        return [aid for aid, _, _ in batch]
+
+    def _publish(self, batch: list[tuple[ArtifactId, bytes | memoryview, IndexRow]], tags: tuple[str, ...]) -> None:
+        created: list[ArtifactId] = []
+        try:
+            for aid, data, _row in batch:
+                if self.blobs.create(id_to_relpath(aid), data):
+                    created.append(aid)
+            self.index.add([row for _, _, row in batch], tags)
+        except BaseException:
+            self._unpublish(created)
+            raise
+
+    def _unpublish(self, created: list[ArtifactId]) -> None:
+        """After a failed put: remove the objects it created that have no index row (no orphan is left)."""
+        if not created:
+            return
+        try:
+            rows = self.index.ids()
+        except KVStoreError:
+            rows = set()
+        for aid in created:
+            if aid not in rows:
+                try:
+                    self.blobs.delete(id_to_relpath(aid))
+                except KVStoreError:
+                    pass  # gc admits or reports it
+
+    def add_tags(self, aid: str, tags: Iterable[str]) -> None:
+        """Tag a stored artifact (its bytes are not read). NotFoundError if it has no index row."""
+        self._writable("tag an artifact")
+        aid, tags = ArtifactId(aid), check_tags(tags)
+        self.info(aid)
+        self.index.add_tags(aid, tags)
+
+    def remove(self, aid: str) -> None:
+        """Delete the row and tags first (the artifact leaves every listing), then the object. NotFoundError."""
+        self._writable("remove an artifact")
+        aid = ArtifactId(aid)
+        had_row = self.index.remove(aid)
+        had_object = self.blobs.delete(id_to_relpath(aid))
+        if not (had_row or had_object):
+            raise NotFoundError(f"artifact {aid} is not in {self.blobs.where} (see `kvstore ls`)")
+
+    # -------------------------------------------------------------------------------------------- reads
+    def _check(self, aid: str, data: bytes | memoryview, got: str | None = None) -> None:
+        check_id(aid, data, self.blobs.where_of(id_to_relpath(aid)), got)
+
+    def _fetch(self, aid: str, how: str = "get") -> bytes | memoryview:
+        """The object's bytes, not yet verified: `get`, `map` (in place, where the byte store can) or
+        `read_private` (this process's own copy)."""
+        try:
+            return getattr(self.blobs, how)(id_to_relpath(ArtifactId(aid)))
+        except NotFoundError:
+            raise NotFoundError(f"artifact {aid} is not in {self.blobs.where} (see `kvstore ls`)") from None
+
+    def get_bytes(self, aid: str) -> bytes:
+        data = self._fetch(aid)
+        self._check(aid, data)
+        return data
+
+    def get(self, aid: str, private: bool = False) -> Snapshot:
+        """The verified snapshot: the bytes' hash (the id, covering every byte) is checked before anything is
+        returned (kvstore/store/verified_read.py: the hash runs on all usable CPUs while the header is parsed); every
+        tensor's own hash was checked when the artifact entered the store (`verify` re-checks both). Where the
+        byte store maps its blobs (a folder) tensors view the verified pages (copy-on-write); private=True reads
+        the bytes into this process's own buffer instead, whatever later happens to the stored blob (the
+        prefetcher uses it, as a snapshot may wait a while before it is used)."""
+        aid = ArtifactId(aid)
+        data = self._fetch(aid, "read_private" if private else "map")
+        return verified_snapshot(data, lambda got: self._check(aid, data, got))
+
+    def contains(self, aid: str) -> bool:
+        return self.blobs.contains(id_to_relpath(ArtifactId(aid)))
+
+    def info(self, aid: str) -> ArtifactInfo:
+        aid = ArtifactId(aid)
+        row = self.index.get(aid)
+        if row is None:
+            raise NotFoundError(f"artifact {aid} is not in the index of {self.blobs.where} (see `kvstore ls`, "
+                                "`kvstore gc`)")
+        return row
+
+    def list(self, tag: str | None = None) -> list[ArtifactInfo]:
+        return self.index.list(tag)
+
+    def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
+        return self.index.find_tokens(tokens_sha256)
+
+    def __len__(self) -> int:
+        return self.index.count()
+
+    # ----------------------------------------------------------------------------------------------- gc
+    def _object_ids(self, damaged: list[str]) -> list[ArtifactId]:
+        """Ids of the objects under objects/ (anything else there is reported in `damaged`)."""
+        out = []
+        for key in self.blobs.list("objects/"):
+            try:
+                out.append(relpath_to_id(key))
+            except KVStoreError as e:
+                damaged.append(f"{self.blobs.where_of(key)}: not an object ({e}); move it out of the store")
+        return out
+
+    def _index_objects(self, ids: Iterable[ArtifactId], report: dict) -> None:
+        """Admit (as a put would) and index each object; counts them in report["objects_indexed"], reports the
+        ones that fail in report["damaged"] (never indexed or deleted). Used by gc and by an index rebuild."""
+        for aid in ids:
+            try:
+                data = self.get_bytes(aid)
+                self.index.add([IndexRow.of(aid, len(data), admit(data))], ())
+                report["objects_indexed"] += 1
+            except (KVStoreError, OSError) as e:
+                report["damaged"].append(f"{aid}: {e}")
+
+    def _index_unindexed(self) -> dict:
+        """Index every object that has no row (an index rebuilt from the objects)."""
+        report: dict = {"objects_indexed": 0, "damaged": []}
+        self._index_objects(sorted(set(self._object_ids(report["damaged"])) - self.index.ids()), report)
+        return report
+
+    def gc(self) -> dict:
+        """Repair after killed writers: rows whose object is gone are dropped (asked again where no put can
+        race it); objects without a row are admitted like a put and indexed (damaged ones, and anything under
+        objects/ that is not an object, are reported in `damaged`, never deleted or indexed)."""
+        self._writable("run gc")
+        return self._gc({})
+
+    def _gc(self, report: dict) -> dict:
+        report.update({"rows_dropped": 0, "objects_indexed": 0, "damaged": []})
+        on_store = set(self._object_ids(report["damaged"]))
+        rows = self.index.ids()
+        for aid in sorted(rows - on_store):
+            if self.index.drop_if(aid, lambda aid=aid: not self.contains(aid)):
+                report["rows_dropped"] += 1
+        self._index_objects(sorted(on_store - rows), report)
+        return report
+
+
+class ObjectsById(MutableMapping):
+    """The artifact bytes of a byte store by id, raw (unverified): what tests use to damage an object."""
+
+    def __init__(self, blobs: ByteStore) -> None:
+        self.blobs = blobs
+
+    def __getitem__(self, aid: str) -> bytes:
+        return self.blobs.get(id_to_relpath(aid))
+
+    def __setitem__(self, aid: str, data: bytes) -> None:
+        self.blobs.delete(id_to_relpath(aid))
+        self.blobs.create(id_to_relpath(aid), data)
+
+    def __delitem__(self, aid: str) -> None:
+        if not self.blobs.delete(id_to_relpath(aid)):
+            raise KeyError(aid)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(str(relpath_to_id(k)) for k in self.blobs.list("objects/"))
+
+    def __len__(self) -> int:
+        return len(self.blobs.list("objects/"))

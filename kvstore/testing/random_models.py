@@ -1,0 +1,97 @@
+"""Random-weight models of real architectures' configs (no download): the shapes of production models, for
+benchmarks that measure sizes and speed (scripts/gpu_bench.py) rather than answers.
+
+    CONFIGS   name -> (model_type, config fields), from the public config.json of each family: Gemma 3 1B- and
+              12B-class text configs (sliding window + full attention, 1 and 8 KV heads) and a Llama 3.1
+              8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling)
+    SMALL     the same architectures and layer patterns with tiny dimensions (a CPU check of a whole pipeline)
+    build_random_model(name, small, determinism, device, seed)   the frozen model, weights drawn from the seed
+    kv_bytes(config, tokens)   bytes of the KV state after `tokens` tokens
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvstore.backends.transformers.model import FrozenModel, layer_layout, model_fingerprint, tokenizer_fingerprint
+from kvstore.backends.transformers.tiny import byte_tokenizer
+from kvstore.determinism import Determinism
+from kvstore.errors import ModelLoadError
+
+__all__ = ["CONFIGS", "SMALL", "build_random_model", "kv_bytes", "model_config"]
+
+
+def _gemma_layers(n: int) -> list[str]:
+    return [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(n)]
+
+
+# model_type, config fields (google/gemma-3-1b-pt, google/gemma-3-12b-pt text_config, meta-llama/Llama-3.1-8B)
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "gemma3-1b-class": ("gemma3_text", dict(
+        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window=512, layer_types=_gemma_layers(26),
+        query_pre_attn_scalar=256, max_position_embeddings=32768, rms_norm_eps=1e-6)),
+    "gemma3-12b-class": ("gemma3_text", dict(
+        vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(48),
+        query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
+    "llama3-8b-class": ("llama", dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0)),
+}
+# --small: the same architectures and layer patterns, tiny dimensions
+SMALL: dict[str, dict] = {
+    "gemma3-1b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
+                            layer_types=_gemma_layers(6), query_pre_attn_scalar=16),
+    "gemma3-12b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=12,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+                             layer_types=_gemma_layers(12), query_pre_attn_scalar=16),
+    "llama3-8b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+}
+
+
+def model_config(name: str, small: bool):
+    """The transformers config of model `name` (CONFIGS), shrunk to SMALL dimensions when asked."""
+    from transformers import AutoConfig
+
+    if name not in CONFIGS:
+        raise ModelLoadError(f"unknown random-weight model {name!r}; use one of {', '.join(CONFIGS)}")
+    model_type, fields = CONFIGS[name]
+    return AutoConfig.for_model(model_type, **{**fields, **(SMALL[name] if small else {})})
+
+
+def kv_bytes(cfg, tokens: int, itemsize: int = 2) -> int:
+    """Bytes of the KV state after `tokens` tokens (sliding layers keep window - 1 positions)."""
+    total = 0
+    for lyr in layer_layout(cfg):
+        cached = tokens if lyr["kind"] == "full" else min(tokens, lyr["window"] - 1)
+        total += 2 * cfg.num_key_value_heads * cached * cfg.head_dim * itemsize
+    return total
+
+
+def build_random_model(name: str, small: bool = False, determinism: Determinism | None = None, device: str = "cpu",
+                       seed: int = 0) -> FrozenModel:
+    """A frozen random-weight model of config `name`, initialised on `device` from `seed`, fingerprinted (the
+    loader a kvstore.engine.restore_worker.ModelSpec names to build the same model in a second process)."""
+    from transformers import AutoModelForCausalLM
+
+    det = determinism or Determinism()
+    det.apply()
+    cfg = model_config(name, small)
+    cfg._attn_implementation = det.attn_implementation
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=det.torch_dtype)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tok = byte_tokenizer()
+    fm = FrozenModel(name=f"random:{name}{':small' if small else ''}:seed{seed}", model=model, tokenizer=tok,
+                     determinism=det)
+    fm.fingerprint = model_fingerprint(model)
+    fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
+    fm.layer_layout = layer_layout(model.config)
+    return fm

@@ -1,0 +1,162 @@
+"""The rules of the house (docs/extending.md), checked on the source with ast: one concept per folder with a face,
+layered folders, no private name imported across modules, no re-export outside a face, kvstore independent of the
+harness (and its messages naming none of the harness's config keys), the harness using kvstore only through its
+face, no sys.path edits, no `# fmt: skip`, and backends found by the registry alone."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = {"kvstore": 6, "harness": 7}
+TOP_LEVEL = {"kvstore": {"errors", "atomic", "environment", "determinism", "processes", "cli"},
+             "harness": {"__main__", "errors", "rescore"}}
+
+
+def _files(*dirs: str) -> list[Path]:
+    return sorted(p for d in dirs for p in (REPO / d).rglob("*.py"))
+
+
+def _imports(path: Path):
+    """(module, names, node) of every import statement in `path`, at any depth (relative imports resolved)."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, [], node
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - (node.level - 1)]
+                module = ".".join([*anchor, module] if module else anchor)
+            yield module, [a.name for a in node.names], node
+
+
+def _unit(pkg: str, path: Path) -> str:
+    rel = path.relative_to(REPO / pkg).parts
+    return rel[0].removesuffix(".py")
+
+
+def _unit_graph(pkg: str) -> dict[str, set[str]]:
+    units = {p.name.removesuffix(".py") for p in (REPO / pkg).iterdir()
+             if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))} - {"__init__"}
+    graph: dict[str, set[str]] = {u: set() for u in units}
+    for path in _files(pkg):
+        u = _unit(pkg, path)
+        if u == "__init__":
+            continue
+        for module, _, _ in _imports(path):
+            parts = module.split(".")
+            if parts[0] == pkg and len(parts) > 1 and parts[1] in units and parts[1] != u:
+                graph[u].add(parts[1])
+    return graph
+
+
+@pytest.mark.parametrize("pkg", ["kvstore", "harness"])
+def test_folders_form_layers_without_a_cycle(pkg):
+    graph = _unit_graph(pkg)
+
+    @functools.cache
+    def depth(u: str, path: tuple[str, ...] = ()) -> int:
+        assert u not in path, f"{pkg}: folders import each other: {' -> '.join([*path, u])}"
+        return 1 + max((depth(d, (*path, u)) for d in graph[u]), default=0)
+
+    deepest = max(graph, key=depth)
+    assert depth(deepest) <= LAYERS[pkg], f"{pkg}: {deepest} is {depth(deepest)} layers deep"
+
+
+@pytest.mark.parametrize("pkg", ["kvstore", "harness"])
+def test_every_folder_has_a_face_and_few_top_level_modules(pkg):
+    root = REPO / pkg
+    for d in [root, *[p for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__"]]:
+        if any(d.glob("*.py")):
+            face = d / "__init__.py"
+            assert face.exists(), f"{d.relative_to(REPO)} has no __init__.py face"
+            assert ast.get_docstring(ast.parse(face.read_text())), f"{face.relative_to(REPO)}: no docstring"
+    top = {p.stem for p in root.glob("*.py")} - {"__init__"}
+    assert top <= TOP_LEVEL[pkg], f"{pkg}: modules outside a concept folder: {sorted(top - TOP_LEVEL[pkg])}"
+
+
+def test_no_private_name_is_imported_across_modules():
+    found = [f"{p.relative_to(REPO)}:{node.lineno} {module}.{name}"
+             for p in _files("kvstore", "harness", "scripts") for module, names, node in _imports(p)
+             for name in names if name.startswith("_") and not name.startswith("__")]
+    assert not found, found
+
+
+def test_only_faces_re_export():
+    """A module's __all__ lists what it defines; only an __init__.py face may list imported names."""
+    found = []
+    for p in _files("kvstore", "harness"):
+        if p.name == "__init__.py":
+            continue
+        tree = ast.parse(p.read_text())
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                names = {e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
+                found += [f"{p.relative_to(REPO)}: {n}" for n in sorted(names & imported)]
+    assert not found, found
+
+
+def test_kvstore_imports_nothing_of_the_harness():
+    found = [f"{p.relative_to(REPO)}:{node.lineno}" for p in _files("kvstore")
+             for module, _, node in _imports(p) if module.split(".")[0] == "harness"]
+    assert not found, found
+
+
+def test_the_harness_uses_kvstore_only_through_its_face():
+    found = [f"{p.relative_to(REPO)}:{node.lineno} {module}" for p in _files("harness")
+             for module, _, node in _imports(p) if module.startswith("kvstore.")]
+    assert not found, found
+
+
+HARNESS_KEY = re.compile(r"\b(model|decoding|library|condition|dataset|prompt|tracking|compare|energy|execution)"
+                         r"\.[a-z_]+=|python -m harness|make aime")
+
+
+def test_kvstore_messages_name_no_harness_config_key():
+    found = []
+    for p in _files("kvstore"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Raise):
+                for s in ast.walk(node):
+                    if isinstance(s, ast.Constant) and isinstance(s.value, str) and HARNESS_KEY.search(s.value):
+                        found.append(f"{p.relative_to(REPO)}:{s.lineno}: {s.value[:80]!r}")
+    assert not found, found
+
+
+def test_no_sys_path_edits_and_no_fmt_skip():
+    """sys.path: in the packages and scripts (a test may emulate `python scripts/x.py`); fmt skip: anywhere."""
+    found = []
+    for p in _files("kvstore", "harness", "scripts", "tests"):
+        text = p.read_text()
+        if p.parts[len(REPO.parts)] != "tests" and re.search(r"sys\.path\.(insert|append)|sys\.path\s*=", text):
+            found.append(f"{p.relative_to(REPO)}: sys.path")
+        if p != Path(__file__) and "fmt: " + "skip" in text:
+            found.append(f"{p.relative_to(REPO)}: fmt skip")
+    assert not found, found
+
+
+def test_backends_are_found_by_what_they_declare():
+    """Each backend under kvstore/backends/ declares REGISTERED; the registry lists exactly those, and the harness's
+    model.backend accepts each (the fake: `model=fake`, configs/model/fake.yaml, loads through the registry)."""
+    code = ("import kvstore, sys; from harness.config.schema import compose_config, typed; "
+            "from harness.config.model import load_model; print(','.join(kvstore.backend_names())); "
+            "be = load_model(typed(compose_config(['model=fake']))); print(be.name, type(be).__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    names, loaded = out.stdout.split("\n")[:2]
+    declared = sorted(p.stem for p in (REPO / "kvstore" / "backends").iterdir()
+                      if "REGISTERED = Registered(" in ((p / "__init__.py") if p.is_dir() else p).read_text()
+                      if p.suffix == ".py" and p.name != "__init__.py" or (p / "__init__.py").exists())
+    assert sorted(names.split(",")) == declared
+    assert loaded == "fake kvstore.backends.fake"
