@@ -52,6 +52,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.bundle.bundle": ("BundleInfo", "export_bundle", "import_bundle"),
     # exactness
     "kvstore.engine.admission": ("admit", "artifact_differences"),
+    "kvstore.engine.deposit": ("deposit", "graft"),
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
     # the local servers the project starts
     "kvstore.processes": ("die_with_parent", "stop_process_group"),

@@ -1,6 +1,7 @@
 """The `kvstore` command: deposit, list, inspect, verify and remove KV artifacts in a local store.
 
     kvstore [--store DIR] [--model SOURCE] deposit --text "..." [--tag T ...]   # prints the artifact id
+    kvstore deposit --backend llamacpp --setting n_ctx=8192 --text "..."          # any registered backend
             [--attn-implementation eager] [--dtype bfloat16] [--threads N] [--prefill-chunk N] [--profile P]
     kvstore ls [--tag T] [--json]
     kvstore show ID [--json]
@@ -78,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--token-ids", metavar="1,2,3", help="comma-separated token ids, used as given")
     src.add_argument("--token-ids-file", type=Path, metavar="F.json", help="a JSON list of token ids")
     d.add_argument("--tag", action="append", default=[], metavar="T", help="tag the artifact (repeatable)")
+    d.add_argument("--backend", default="transformers", metavar="NAME",
+                   help="the engine that computes it (kvstore.backends: transformers, the default; llamacpp; fake)")
+    d.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of a backend other than transformers (its Settings dataclass), e.g. n_ctx=8192 "
+                        "or gguf=/models/x.gguf; VALUE is read as JSON when it parses (repeatable)")
     d.add_argument("--profile", default="native", choices=["native", "portable"],
                    help="determinism.profile: the kernel paths (kvstore/environment.py)")
     d.add_argument("--attn-implementation", choices=list(ATTN_IMPLEMENTATIONS), default=None,
@@ -165,17 +171,38 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
             raise KVStoreError(f"{args.token_ids_file}: not JSON ({e}); give a JSON list of token ids") from None
         if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
             raise KVStoreError(f"{args.token_ids_file}: expected a JSON list of integers, e.g. [2, 105, 106]")
-    vocab = fm.config.get_text_config(decoder=True).vocab_size
+    vocab = fm.vocab_size()
     bad = [x for x in ids if not 0 <= x < vocab]
     if bad:
         raise KVStoreError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}); check the ids")
     return ids, {}
 
 
-def _deposit(args) -> int:
-    from kvstore.backends.transformers.capture import deposit_tokens
-    from kvstore.backends.transformers.model import load_frozen_model
+def backend_settings(args) -> dict:
+    """The keyword settings of `kvstore.load_backend(args.backend, ...)`: for transformers --model and the
+    determinism flags; for another backend each --setting KEY=VALUE (VALUE as JSON when it parses, else a string)."""
     from kvstore.determinism import Determinism
+
+    if args.backend == "transformers":
+        if args.setting:
+            raise KVStoreError("--setting is for backends other than transformers; give --model and the determinism "
+                               "flags (--dtype, --threads, ...) instead")
+        return {"source": args.model, "determinism": Determinism(**determinism_options(args))}
+    out: dict = {}
+    for item in args.setting:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise KVStoreError(f"--setting {item!r}: give KEY=VALUE, e.g. --setting n_ctx=8192")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _deposit(args) -> int:
+    from kvstore.backends import load_backend
+    from kvstore.engine.deposit import deposit
     from kvstore.environment import enter_profile
 
     enter_profile(args.profile)  # re-executes with the profile's kernel variables when not set
@@ -185,12 +212,10 @@ def _deposit(args) -> int:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     store = _store(args)
-    fm = load_frozen_model(args.model, determinism=Determinism(**determinism_options(args)))
-    ids, extra = _token_ids(args, fm)
-    if not ids:
-        raise KVStoreError("nothing to deposit: the token sequence is empty")
-    aid = store.put(deposit_tokens(fm, ids, extra), tags=args.tag)
-    print(f"deposited {len(ids)} tokens with {fm.name} into {store.root}", file=sys.stderr)
+    be = load_backend(args.backend, **backend_settings(args))
+    ids, extra = _token_ids(args, be)
+    aid = store.put(deposit(be, ids, extra), tags=args.tag)
+    print(f"deposited {len(ids)} tokens with {be.model_name} ({be.name}) into {store.root}", file=sys.stderr)
     print(aid)
     return 0
 

@@ -6,7 +6,7 @@ Run from the repository root::
     python scripts/log_run.py RUN_DIR --tracking-uri sqlite:////abs/path/mlflow.db --experiment kvgraft-aime
 
 Defaults: the tracking URI is the project store ``sqlite:////<repo>/runs/mlflow.db``; the experiment is
-the run's ``tracking.experiment`` from its ``config.yaml``, else ``harness.tracking.log.DEFAULT_EXPERIMENT``. A folder
+the run's ``tracking.experiment`` from its ``config.yaml``, else ``harness.tracking.store.DEFAULT_EXPERIMENT``. A folder
 whose
 ``tracking.json`` already names a run id in the same store is skipped unless ``--force`` is given.
 Each logged folder gets a fresh ``tracking.json`` with the run id. Exit status 0 when every folder was

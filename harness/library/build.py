@@ -54,7 +54,6 @@ from harness.task.problems import Problem, problem_fingerprint
 from harness.task.prompts import render
 from kvstore import (
     Backend,
-    FrozenModel,
     KVStoreError,
     LocalStore,
     Snapshot,
@@ -223,7 +222,7 @@ def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
     return be.capture(state, ids, extra)
 
 
-def build_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."), progress: bool = True) -> Path:
+def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True) -> Path:
     """Verify, deposit and index every candidate solution on the backend `fm` (a FrozenModel: its transformers
     backend). Resumable: an entry whose tokens are already in the store for this model and these settings is not
     recomputed. Returns the library folder."""
@@ -325,7 +324,7 @@ def build_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path(
     return out_dir
 
 
-def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenModel | Backend) -> None:
+def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: Backend) -> None:
     """Write index.jsonl, then manifest.json (last: a library without it is incomplete) with the entry hashes,
     totals, and the settings (llama.cpp: "backend" and its settings) and compute environment its artifacts were
     computed in."""
@@ -345,7 +344,7 @@ def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: FrozenMo
     write_json(out_dir / "manifest.json", manifest)
 
 
-def redeposit_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."),
+def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
                       progress: bool = True) -> dict:
     """Re-deposit every entry of the library `lib_cfg` names whose artifact this process could not graft
     exactly (another compute environment or settings), from the token ids the artifact holds, keeping entry ids.
@@ -379,7 +378,7 @@ def redeposit_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = P
             "kept": len(rows) - len(differences), "differences": differences}
 
 
-def open_library(lib_cfg, fm: FrozenModel | Backend, project_root: Path = Path("."),
+def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
                  build_if_missing: bool = False) -> Library:
     """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
     say: the one built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index

@@ -16,7 +16,7 @@ from harness.record.hashing import sha256_hex, sha256_json
 from harness.task.problems import Problem, load_problems
 
 if TYPE_CHECKING:
-    from kvstore import Backend, FrozenModel
+    from kvstore import Backend
 
 LIBRARY_FORMAT = "kvgraft-library/1"
 
@@ -48,7 +48,7 @@ def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, st
     raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
 
 
-def library_identity(lib_cfg, fm: FrozenModel | Backend, project_root: Path,
+def library_identity(lib_cfg, fm: Backend, project_root: Path,
                      candidates: list[tuple[Problem, str]] | None = None) -> dict[str, Any]:
     """Everything that determines a library's content: the candidate rows it is built from (`candidates`, read
     from the source when not given) and the source file's SHA-256, how they are selected (dataset path, hub id,

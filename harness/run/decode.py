@@ -8,7 +8,7 @@ The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` c
 
     from harness.run.decode import generate, generate_batch
     g = generate(fm, fm.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
-    gs = generate_batch(fm, ids, 8, seeds=range(8), max_new_tokens=64, strategy="sample")
+    gs = generate_batch(fm, ids, 8, range(8), Sampling(64, strategy="sample"))
 
 `fm` is any kvstore backend (kvstore.engine.protocol.Backend: transformers, llama.cpp, the scripted fake) or a
 kvstore.FrozenModel (its transformers backend); every model-shaped step goes through the backend's verbs.
@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from harness.errors import ConfigError, HarnessError
-from kvstore import Backend, FrozenModel, SettingsError, as_backend, logits_sha256
+from kvstore import Backend, SettingsError, as_backend, logits_sha256
 
 StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
@@ -124,8 +124,27 @@ def _nucleus(probs: torch.Tensor, top_p: float, candidates: int = 1024) -> torch
     return torch.zeros_like(probs).scatter(-1, ids, vals)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a continuation is chosen, one value for every decode (the run's decoding.* settings and prompt.stop):
+    a token budget, the stop strings, greedy or seeded sampling at a temperature within the top-p nucleus."""
+
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    strategy: str = "greedy"
+    temperature: float = 0.7
+    top_p: float = 0.95
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if self.strategy not in ("greedy", "sample"):
+            raise ConfigError(f"decoding.strategy={self.strategy!r}: use 'greedy' or 'sample'")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"decoding.max_new_tokens={self.max_new_tokens}: use a budget of at least 1 token")
+
+
 def generate(
-    fm: FrozenModel | Backend,
+    fm: Backend,
     prompt_ids: list[int],
     *,
     max_new_tokens: int,
@@ -138,28 +157,23 @@ def generate(
     on_token: Callable[[int], None] | None = None,
     eos: set[int] | None = None,
 ) -> Generation:
-    """Continue `prompt_ids` once. `cache` may already hold a prefix of them (a graft); the rest is prefilled.
+    """Continue `prompt_ids` once (a Sampling from the keywords; `generate_batch` with one row). `cache` may already
+    hold a prefix of them (a graft); the rest is prefilled.
 
     on_token: called after every decode step with the number of tokens chosen in it (progress in tokens).
     eos: the token ids that end a sequence (default `eos_ids(fm)`; an empty set runs every budget out).
     """
-    return generate_batch(
-        fm, prompt_ids, 1, [int(seed or 0)], max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
-        temperature=temperature, top_p=top_p, cache=cache, on_token=on_token, eos=eos,
-    )[0]
+    sampling = Sampling(max_new_tokens, tuple(stop), strategy, temperature, top_p)
+    return generate_batch(fm, prompt_ids, 1, [int(seed or 0)], sampling, cache=cache, on_token=on_token, eos=eos)[0]
 
 
 def generate_batch(
-    fm: FrozenModel | Backend,
+    fm: Backend,
     prompt_ids: list[int],
     n: int,
-    seeds: Sequence[int] | None = None,
+    seeds: Sequence[int] | None,
+    sampling: Sampling,
     *,
-    max_new_tokens: int,
-    stop: Sequence[str] = (),
-    strategy: str = "sample",
-    temperature: float = 0.7,
-    top_p: float = 0.95,
     cache=None,
     on_token: Callable[[int], None] | None = None,
     eos: set[int] | None = None,
@@ -178,10 +192,7 @@ def generate_batch(
     measured identical tokens and per-step logits SHA-256 against `no_grad`). The cache stays usable after.
     """
     with torch.inference_mode():
-        return _generate_batch(
-            as_backend(fm), prompt_ids, n, seeds, max_new_tokens=max_new_tokens, stop=stop, strategy=strategy,
-            temperature=temperature, top_p=top_p, cache=cache, on_token=on_token, eos=eos,
-        )
+        return _generate_batch(as_backend(fm), prompt_ids, n, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
 
 
 def _generate_batch(
@@ -189,21 +200,15 @@ def _generate_batch(
     prompt_ids: list[int],
     n: int,
     seeds: Sequence[int] | None,
+    sampling: Sampling,
     *,
-    max_new_tokens: int,
-    stop: Sequence[str],
-    strategy: str,
-    temperature: float,
-    top_p: float,
     cache,
     on_token: Callable[[int], None] | None,
     eos: set[int] | None,
 ) -> list[Generation]:
+    max_new_tokens, stop, strategy = sampling.max_new_tokens, list(sampling.stop), sampling.strategy
+    temperature, top_p = sampling.temperature, sampling.top_p
     t0 = time.perf_counter()
-    if strategy not in ("greedy", "sample"):
-        raise ConfigError(f"decoding.strategy={strategy!r}: use 'greedy' or 'sample'")
-    if max_new_tokens < 1:
-        raise ConfigError(f"decoding.max_new_tokens={max_new_tokens}: use a budget of at least 1 token")
     if n < 1:
         raise ConfigError(f"batch of n={n} rows: use n >= 1")
     seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
@@ -273,7 +278,7 @@ def _generate_batch(
     return gens_out
 
 
-def eos_ids(fm: FrozenModel | Backend) -> set[int]:
+def eos_ids(fm: Backend) -> set[int]:
     """Token ids that end generation (the backend's `eos_ids`; transformers: the config's eos_token_id, int or
     list, and the tokenizer's)."""
     return as_backend(fm).eos_ids()

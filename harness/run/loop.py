@@ -52,7 +52,7 @@ from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
-from kvstore import TRANSFORMERS, Backend, FrozenModel, as_backend
+from kvstore import TRANSFORMERS, Backend, as_backend
 
 __all__ = [
     "check_condition", "comparable_key", "fit_context", "print_summary", "resume_key", "run", "run_rows",
@@ -64,7 +64,7 @@ NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true 
              "in another compute environment through")
 
 
-def backend_record(fm: FrozenModel | Backend) -> dict[str, Any] | None:
+def backend_record(fm: Backend) -> dict[str, Any] | None:
     """What a run's keys record of its backend: None for transformers (its determinism settings are in the keys
     already, and runs from before the seam keep their keys), else {"backend": name, "settings": settings()}
     (llama.cpp: every context setting and build fact)."""
@@ -72,11 +72,11 @@ def backend_record(fm: FrozenModel | Backend) -> dict[str, Any] | None:
     return None if be.name == TRANSFORMERS else {"backend": be.name, "settings": be.settings()}
 
 
-def comparable_key(cfg: DictConfig | Config, fm: FrozenModel | Backend) -> str:
+def comparable_key(c: Config, fm: Backend) -> str:
     """Runs with the same key differ only in condition/library: same model, data, prompt, decoding (batch size
     included: a batch need not give the bits of single rows), settings, backend. batch_size 1 is left out of the
     key, and so is the transformers backend, so runs from before they existed keep theirs."""
-    c = dataclasses.asdict(typed(cfg))
+    c = dataclasses.asdict(c)
     if c["decoding"].get("batch_size") == 1:
         del c["decoding"]["batch_size"]
     key = {
@@ -101,7 +101,7 @@ def check_condition(name: str) -> None:
         raise ConfigError(f"condition.name={name!r}: {hint}use one of {', '.join(CONDITIONS)} (configs/condition/)")
 
 
-def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel | Backend,
+def resume_key(config: dict[str, Any], problems: list[Problem], fm: Backend,
                library: str | None) -> str:
     """What an interrupted run must share with this one to be resumed by it: the resolved config (run.fresh left
     out), the problem rows, the model and tokenizer fingerprints, the backend (not transformers: see
@@ -118,7 +118,7 @@ def resume_key(config: dict[str, Any], problems: list[Problem], fm: FrozenModel 
     return sha256_json(key)
 
 
-def context_size(fm: FrozenModel | Backend) -> int | None:
+def context_size(fm: Backend) -> int | None:
     """The most positions the model takes: transformers, its config's max_position_embeddings; another backend,
     its context setting (llama.cpp: n_ctx); None when it does not say."""
     be = as_backend(fm)
@@ -132,7 +132,7 @@ def context_size(fm: FrozenModel | Backend) -> int | None:
     return int(n) if n else None
 
 
-def fit_context(problems: list[Problem], fm: FrozenModel | Backend, c: Config) -> list[Problem]:
+def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem]:
     """Every problem whose prompt plus decoding.max_new_tokens exceeds the model's context: refused (a ConfigError
     naming it, run.context_overflow=refuse) or its text cut to fit (truncate: said on screen and recorded in the
     problem row's source as {"context_overflow": {"prompt_tokens", "kept_problem_tokens"}}). Checked after the
@@ -223,7 +223,7 @@ def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder:
 def run_rows(
     cfg: DictConfig,
     folder: RunFolder | str | Path | None = None,
-    fm: FrozenModel | Backend | None = None,
+    fm: Backend | None = None,
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
@@ -289,7 +289,7 @@ def run_rows(
 
     summary = Summary.of(
         rows, condition=condition.name, model=fm.model_name, dataset=d.name, run_dir=str(folder.path),
-        comparable_key=comparable_key(cfg, fm), run_wall_s=time.perf_counter() - t_run,
+        comparable_key=comparable_key(c, fm), run_wall_s=time.perf_counter() - t_run,
         energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )

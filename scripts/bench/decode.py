@@ -28,7 +28,7 @@ import psutil
 import torch
 from common import REPO as ROOT  # noqa: E402
 
-from harness.run.decode import generate, generate_batch  # noqa: E402
+from harness.run.decode import Sampling, generate, generate_batch  # noqa: E402
 from kvstore import Determinism, atomic_write, load_frozen_model, new_cache, prefill  # noqa: E402
 from kvstore.environment import cpu_name
 
@@ -68,7 +68,7 @@ def batched_sampling(fm, problems: int, n: int, max_new_tokens: int) -> dict:
                 bs1_s += time.perf_counter() - t0
                 bs1_tokens += sum(g.decode_tokens for g in gens)
             else:
-                gens = generate_batch(fm, ids, n, seeds, max_new_tokens=max_new_tokens, strategy="sample")
+                gens = generate_batch(fm, ids, n, seeds, Sampling(max_new_tokens, strategy="sample"))
                 batch_s += time.perf_counter() - t0
                 batch_tokens += sum(g.decode_tokens for g in gens)
     bs1, batched = bs1_tokens / bs1_s, batch_tokens / batch_s

@@ -48,7 +48,7 @@ def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:
     cfg = compose_config(["dataset.limit=1"])
     a, b = FakeBackend(margin=8.0), FakeBackend(margin=4.0)
     assert backend_record(a) == {"backend": "fake", "settings": a.settings()}
-    assert comparable_key(cfg, a) != comparable_key(cfg, b)  # another setting: not comparable
-    assert comparable_key(cfg, a) == comparable_key(cfg, FakeBackend(margin=8.0))
+    assert comparable_key(typed(cfg), a) != comparable_key(typed(cfg), b)  # another setting: not comparable
+    assert comparable_key(typed(cfg), a) == comparable_key(typed(cfg), FakeBackend(margin=8.0))
     assert resume_key({}, [], a, None) != resume_key({}, [], b, None)
     assert context_size(a) is None  # the fake says no context size: nothing to fit

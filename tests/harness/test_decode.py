@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.errors import ConfigError
-from harness.run.decode import STOP_REASONS, _pick, generate, generate_batch
+from harness.run.decode import STOP_REASONS, Sampling, _pick, generate, generate_batch
 from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, logits_sha256, new_cache, prefill
 
 
@@ -107,7 +107,7 @@ LONG = "Problem: what is the sum of the first forty primes? Think."  # 59 tokens
 @pytest.mark.parametrize("stop", [[], ["e"]])
 def test_a_batch_of_one_is_the_batch_size_one_loop_bit_for_bit(fm, strategy, seed, stop):
     ids = fm.encode(LONG)
-    (g,) = generate_batch(fm, ids, 1, [seed], max_new_tokens=20, stop=stop, strategy=strategy)
+    (g,) = generate_batch(fm, ids, 1, [seed], Sampling(20, stop=tuple(stop), strategy=strategy))
     assert (g.token_ids, g.stop_reason, g.first_logits_sha256) == _one_at_a_time(fm, ids, 20, stop, strategy, seed)
     assert g.seed == (seed if strategy == "sample" else None)
     single = generate(fm, ids, max_new_tokens=20, stop=stop, strategy=strategy, seed=seed)
@@ -116,8 +116,8 @@ def test_a_batch_of_one_is_the_batch_size_one_loop_bit_for_bit(fm, strategy, see
 
 def test_the_same_batch_and_seeds_reproduce_identical_rows(fm):
     ids = fm.encode(LONG)
-    a = generate_batch(fm, ids, 5, [3, 1, 4, 1, 5], max_new_tokens=24, stop=["a"], temperature=1.0)
-    b = generate_batch(fm, ids, 5, [3, 1, 4, 1, 5], max_new_tokens=24, stop=["a"], temperature=1.0)
+    a = generate_batch(fm, ids, 5, [3, 1, 4, 1, 5], Sampling(24, stop=("a",), strategy="sample", temperature=1.0))
+    b = generate_batch(fm, ids, 5, [3, 1, 4, 1, 5], Sampling(24, stop=("a",), strategy="sample", temperature=1.0))
     assert [(g.token_ids, g.text, g.stop_reason, g.seed) for g in a] == [
         (g.token_ids, g.text, g.stop_reason, g.seed) for g in b
     ]
@@ -131,7 +131,7 @@ def test_greedy_rows_of_an_expanded_sliding_window_cache_decode_like_one_row(fm)
     (its `cumulative_length`, its last window-1 positions) would decode differently from batch size 1."""
     ids = fm.encode(LONG)
     one = generate(fm, ids, max_new_tokens=30)
-    rows = generate_batch(fm, ids, 3, max_new_tokens=30, strategy="greedy")
+    rows = generate_batch(fm, ids, 3, None, Sampling(30, strategy="greedy"))
     assert [g.token_ids for g in rows] == [one.token_ids] * 3
 
 
@@ -150,7 +150,7 @@ def test_each_row_stops_at_its_own_eos_stop_string_or_budget_and_then_costs_noth
         lambda _m, _a, kw: batch_sizes.append(kw["input_ids"].shape[0]), with_kwargs=True
     )
     try:
-        rows = generate_batch(fm, ids, 8, range(8), max_new_tokens=30, stop=["a", "b"], temperature=1.5)
+        rows = generate_batch(fm, ids, 8, range(8), Sampling(30, stop=("a", "b"), strategy="sample", temperature=1.5))
     finally:
         hook.remove()
     assert {g.stop_reason for g in rows} == {"eos", "stop", "length"}
@@ -174,9 +174,9 @@ def test_each_row_stops_at_its_own_eos_stop_string_or_budget_and_then_costs_noth
 def test_a_grafted_context_is_shared_by_the_whole_batch(fm):
     ids = fm.encode(LONG)
     cache = graft_snapshot(deposit_tokens(fm, ids[:40]), fm, token_ids=ids)
-    grafted = generate_batch(fm, ids, 4, range(4), max_new_tokens=16, cache=cache)
+    grafted = generate_batch(fm, ids, 4, range(4), Sampling(16, strategy="sample"), cache=cache)
     fresh, _ = prefill(fm, ids[:40], new_cache(fm))
-    plain = generate_batch(fm, ids, 4, range(4), max_new_tokens=16, cache=fresh)
+    plain = generate_batch(fm, ids, 4, range(4), Sampling(16, strategy="sample"), cache=fresh)
     assert all(g.prefill_tokens == len(ids) - 40 for g in grafted)
     assert [g.token_ids for g in grafted] == [g.token_ids for g in plain]
     assert grafted[0].first_logits_sha256 == plain[0].first_logits_sha256
@@ -184,13 +184,13 @@ def test_a_grafted_context_is_shared_by_the_whole_batch(fm):
 
 def test_progress_is_reported_in_tokens(fm):
     counts = []
-    rows = generate_batch(fm, fm.encode(LONG), 3, range(3), max_new_tokens=10, on_token=counts.append)
+    rows = generate_batch(fm, fm.encode(LONG), 3, range(3), Sampling(10, strategy="sample"), on_token=counts.append)
     assert sum(counts) == sum(g.decode_tokens for g in rows)
 
 
 def test_a_batch_needs_one_seed_per_row(fm):
     with pytest.raises(ConfigError, match="one seed per row"):
-        generate_batch(fm, fm.encode("a"), 3, [1, 2], max_new_tokens=2)
+        generate_batch(fm, fm.encode("a"), 3, [1, 2], Sampling(2, strategy="sample"))
 
 
 @pytest.mark.parametrize("ties", ["none", "bf16", "integers"])
@@ -277,9 +277,9 @@ def test_a_grafted_fake_state_is_not_prefilled_again_and_decodes_like_the_fresh_
 def test_seeded_fake_batches_reproduce_and_rows_leave_the_batch_when_done():
     be = FakeBackend({"Q:": " yes"}, margin=1.0)  # a low margin: the rows really sample
     ids = be.encode("Q:")
-    a = generate_batch(be, ids, 4, [0, 1, 2, 3], max_new_tokens=6, strategy="sample", temperature=1.0, top_p=1.0)
-    b = generate_batch(be, ids, 4, [0, 1, 2, 3], max_new_tokens=6, strategy="sample", temperature=1.0, top_p=1.0)
+    a = generate_batch(be, ids, 4, [0, 1, 2, 3], Sampling(6, strategy="sample", temperature=1.0, top_p=1.0))
+    b = generate_batch(be, ids, 4, [0, 1, 2, 3], Sampling(6, strategy="sample", temperature=1.0, top_p=1.0))
     assert [g.token_ids for g in a] == [g.token_ids for g in b] and [g.seed for g in a] == [0, 1, 2, 3]
     assert len({tuple(g.token_ids) for g in a}) > 1
-    one = generate_batch(be, ids, 1, [2], max_new_tokens=6, strategy="sample", temperature=1.0, top_p=1.0)[0]
+    one = generate_batch(be, ids, 1, [2], Sampling(6, strategy="sample", temperature=1.0, top_p=1.0))[0]
     assert one.token_ids == a[2].token_ids  # the fake is batch invariant: row 2 alone decodes the same

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.compare.job import find_baseline
-from harness.config.schema import compose_config
+from harness.config.schema import compose_config, typed
 from harness.library.build import build_library, open_library
 from harness.record.audit import audit
 from harness.run.loop import comparable_key, run
@@ -103,9 +103,9 @@ def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path
 def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
     cfg = _cfg(tmp_path, "tracking=off", "dataset.limit=2")
     folder, _ = run(cfg, tmp_path / "runs" / "baseline" / "b", fm=fm, progress=False)
-    assert find_baseline(tmp_path / "runs", comparable_key(cfg, fm)) == folder
+    assert find_baseline(tmp_path / "runs", comparable_key(typed(cfg), fm)) == folder
     other = _cfg(tmp_path, "tracking=off", "dataset.limit=2", "decoding.max_new_tokens=7")
-    assert find_baseline(tmp_path / "runs", comparable_key(other, fm)) is None
+    assert find_baseline(tmp_path / "runs", comparable_key(typed(other), fm)) is None
 
 
 def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm):
@@ -122,7 +122,7 @@ def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm
     assert audit(a).ok, audit(a).findings
     one = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "dataset.limit=2", "decoding.max_new_tokens=5",
                "tracking=off", "condition=graft")
-    assert comparable_key(cfg, fm) != comparable_key(one, fm)  # the batch size is part of what the bits depend on
+    assert comparable_key(typed(cfg), fm) != comparable_key(typed(one), fm)  # the batch size is part of what the bits depend on
 
 
 def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterrupted_rows(tmp_path, fm):

@@ -229,3 +229,18 @@ def test_an_unexpected_failure_is_one_line_and_the_traceback_needs_kvgraft_debug
     rc, _, err = kvstore("deposit", "--text", TEXT)
     assert rc == 2 and "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("kvstore: error: AttributeError")
+
+
+def test_deposit_runs_on_any_registered_backend(kvstore, tmp_path):
+    """--backend picks the engine from the registry, --setting fills its Settings; the artifact is that backend's own
+    deposit (the same bytes as kvstore.deposit on it), refused by name on a setting it does not have."""
+    from kvstore import deposit, load_backend
+
+    aid = _deposit(kvstore, "--backend", "fake", "--setting", 'script={"a": "b"}', "--token-ids", "1,107,104")
+    be = load_backend("fake", script={"a": "b"})
+    assert aid == LocalStore(tmp_path / "store").put(deposit(be, [1, 107, 104]))
+    assert LocalStore(tmp_path / "store").get(aid).determinism["backend"] == "fake"
+    rc, _, err = kvstore("deposit", "--backend", "fake", "--setting", "bogus=1", "--text", "x")
+    assert rc != 0 and "backend 'fake': no setting named bogus" in err
+    rc, _, err = kvstore("deposit", "--setting", "n_ctx=8", "--text", "x")
+    assert rc != 0 and "--setting is for backends other than transformers" in err

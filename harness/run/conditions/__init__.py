@@ -42,10 +42,10 @@ from harness.config.schema import DecodingConfig, LibraryConfig, PromptConfig
 from harness.errors import ConfigError
 from harness.library.build import Library, Match, open_library
 from harness.record.rows import Completion, Group, Retrieval, group_for
-from harness.run.decode import Generation, generate_batch
+from harness.run.decode import Generation, Sampling, generate_batch
 from harness.task.problems import Problem
 from harness.task.prompts import render
-from kvstore import Backend, FrozenModel, Prefetcher, as_backend
+from kvstore import Backend, Prefetcher, as_backend
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Baseline:
     uses_library: ClassVar[bool] = False  # True: opened with a Library, and its runs (and rows) have a Group
     Settings: ClassVar[type | None] = None  # a dataclass of the condition's own settings (condition.settings)
 
-    def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
+    def __init__(self, fm: Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
         self.fm, self.prompt, self.decoding = fm, prompt, decoding
         self.backend: Backend = as_backend(fm)
         self.settings: Any = None  # an instance of Settings, set by build_condition
@@ -112,11 +112,9 @@ class Baseline:
         ctx = self.context(problem)
         cache = ctx.make_cache() if ctx.make_cache is not None else None
         setup_s = time.perf_counter() - t0  # retrieval, artifact read + graft (or fresh prefix): part of the TTFT
-        gens = generate_batch(
-            self.backend, ctx.context_ids, len(samples), [d.seed + s for s in samples], max_new_tokens=d.max_new_tokens,
-            stop=list(self.prompt.stop), strategy=d.strategy, temperature=d.temperature, top_p=d.top_p, cache=cache,
-            on_token=on_token,
-        )
+        sampling = Sampling(d.max_new_tokens, tuple(self.prompt.stop), str(d.strategy), d.temperature, d.top_p)
+        gens = generate_batch(self.backend, ctx.context_ids, len(samples), [d.seed + s for s in samples], sampling,
+                              cache=cache, on_token=on_token)
         return [_completion(ctx, g, setup_s) for g in gens]
 
     def complete(self, problem: Problem, sample: int) -> Completion:
@@ -136,7 +134,7 @@ class Graft(Baseline):
     name: ClassVar[str] = "graft"
     uses_library: ClassVar[bool] = True
 
-    def __init__(self, fm: FrozenModel | Backend, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
+    def __init__(self, fm: Backend, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
                  prefetch_bytes: int = 0) -> None:
         super().__init__(fm, prompt, decoding)
         self.library = library
@@ -247,7 +245,7 @@ def condition_settings(cls: type[Baseline], settings: Mapping[str, Any] | None) 
 
 def build_condition(
     name: str,
-    fm: FrozenModel | Backend,
+    fm: Backend,
     prompt: PromptConfig,
     decoding: DecodingConfig,
     library: LibraryConfig,
