@@ -57,10 +57,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_TAGS = {"bash", "sh", "shell", "zsh"}
 PLAIN_SHELL = {"ls", "export", "cd", "tail", "head", "kill", "sleep", "cat", "echo", "wc", "grep"}
 PYTHON = re.compile(r"(\.venv[\w-]*/bin/)?python3?")  # python, .venv/bin/python, .venv-audit/bin/python
-HARNESS_ENTRY_POINTS = {"harness", "harness.compare.job", "harness.library.build"}
+HARNESS_ENTRY_POINTS = {"harness", "harness.compare", "harness.library"}
 ARGPARSE_MODULES = {"harness.compare.report", "harness.tracking.server"}
 #: flags an entry point takes besides overrides
-HARNESS_FLAGS = {"harness": {"-m", "--multirun"}, "harness.library.build": {"--redeposit"}, "harness.compare.job": set()}
+HARNESS_FLAGS = {"harness": {"-m", "--multirun"}, "harness.library": {"--redeposit"}, "harness.compare": set()}
 #: kvstore's global options that take a value
 KVSTORE_GLOBALS = {"--store", "--model"}
 #: Hydra launchers that come from an extra in pyproject.toml rather than configs/hydra/launcher/

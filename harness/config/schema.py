@@ -70,7 +70,7 @@ DEVICE_FIELD = {
 }
 
 
-def settings_schema(backend: str, fields: dict[str, Any], skip: tuple[str, ...] = ("model_name",)) -> type:
+def settings_schema(backend: str, name: str, fields: dict[str, Any], skip: tuple[str, ...] = ("model_name",)) -> type:
     """`model.<backend>`'s schema, generated from the backend's own Settings dataclass (kvstore.settings_class): the
     same fields, types and defaults, so the config and the engine cannot drift apart; `fields` adds the harness's
     declarations (ranges, closed choices) by name; `skip` leaves out what the harness sets itself (model_name is
@@ -88,13 +88,14 @@ def settings_schema(backend: str, fields: dict[str, Any], skip: tuple[str, ...] 
             default = (field(default_factory=f.default_factory) if f.default_factory is not dataclasses.MISSING
                        else field(default=f.default))
             out.append((f.name, hints[f.name], default))
-    schema = dataclasses.make_dataclass(f"{backend.capitalize()}Config", out)
+    schema = dataclasses.make_dataclass(name, out)
     schema.__module__ = __name__
+    globals()[name] = schema  # importable by its name (pickled by reference to Ray workers and Hydra's launchers)
     return schema
 
 
 #: model.llamacpp (kvstore.backends.llamacpp.settings.LlamaCppSettings) with the harness's ranges and choices
-LlamaCppConfig = settings_schema("llamacpp", {
+LlamaCppConfig = settings_schema("llamacpp", "LlamaCppConfig", {
     "n_ctx": (int, bounded(4096, at_least=1, hint="the context size: prompt + decoding.max_new_tokens must fit")),
     "n_batch": (int, bounded(512, at_least=1, hint="the prefill schedule: chunks of n_batch tokens")),
     "n_ubatch": (int, bounded(512, at_least=1, hint="llama.cpp's physical batch size")),
@@ -122,7 +123,7 @@ class ModelBase:
 #: config gives it; a None section is left out of the recorded config, so registering a backend moves no hash).
 ModelConfig = dataclasses.make_dataclass(
     "ModelConfig",
-    [(name, typing.Optional[settings_schema(name, {})], field(default=None))  # noqa: UP045  (OmegaConf's spelling)
+    [(name, typing.Optional[settings_schema(name, f"{name.capitalize()}Config", {})], field(default=None))  # noqa: UP045
      for name in backend_names() if name not in _OWN_SECTIONS],
     bases=(ModelBase,),
 )

@@ -90,3 +90,16 @@ def test_a_run_that_opts_in_is_marked_not_guaranteed_exact(moved, tmp_path):
     assert base.exactness is None
 
 
+
+
+def test_a_graft_run_on_a_moved_library_says_how_to_fix_it_in_the_harness_terms(moved, tmp_path):
+    """kvstore's refusal names its own parameter (allow_environment_mismatch=True); the harness adds its command and
+    config key when it re-raises, in the same one line."""
+    from harness.errors import LibraryError
+
+    cfg = compose_config(_overrides(tmp_path, "condition=graft"))
+    with pytest.raises(LibraryError) as info:
+        run(cfg, tmp_path / "runs" / "graft" / "r2", progress=False)
+    msg = str(info.value)
+    assert "environment.cpu_model: artifact 'Intel(R) Xeon(R) Platinum'" in msg and "\n" not in msg
+    assert "python -m harness.library --redeposit" in msg and "determinism.allow_environment_mismatch=true" in msg

@@ -126,8 +126,7 @@ def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm
 
 
 def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterrupted_rows(tmp_path, fm):
-    from omegaconf import OmegaConf
-
+    from harness.config.schema import recorded
     from harness.record.folder import RunFolder
     from harness.run.loop import resume_key
 
@@ -136,7 +135,7 @@ def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterr
     clean, _ = run(cfg, tmp_path / "clean", fm=fm, progress=False)
     rows = clean.read_rows()
     problems = load_problems(str(REPO / cfg.dataset.path), limit=2)
-    key = resume_key(OmegaConf.to_container(cfg, resolve=True), problems, fm, None)
+    key = resume_key(recorded(cfg), problems, fm, None)  # the resolved config as a run records it
     cut = RunFolder(tmp_path / "runs" / "baseline" / "cut")
     cut.begin(key, "2026-01-01T00:00:00+00:00")
     for r in rows[:3]:  # the second batch (samples 2, 3 of the first problem) was cut after one row

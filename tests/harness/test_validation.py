@@ -77,10 +77,9 @@ def test_a_range_declared_on_a_field_is_one_line_naming_the_key_and_the_range(ov
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(harness.config.schema, "load_frozen_model", no_load)
-    monkeypatch.setattr(harness.config.schema, "load_backend", no_load)
+    monkeypatch.setattr(harness.config.model, "load_backend", no_load)
     cfg = compose_config([override])  # composes: the value has the field's type
-    for attempt in (lambda: typed(cfg), lambda: load_model(cfg)):
+    for attempt in (lambda: typed(cfg), lambda: load_model(typed(cfg))):
         with pytest.raises(ConfigError) as caught:
             attempt()
         assert str(caught.value) == message

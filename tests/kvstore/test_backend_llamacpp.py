@@ -114,7 +114,7 @@ def test_every_recorded_setting_and_the_gguf_are_admission_checks_naming_the_dif
         bad = dataclasses.replace(snap, determinism={**snap.determinism, key: value})
         with pytest.raises(IncompatibleError, match=named):
             be.graft(bad)
-    with pytest.raises(IncompatibleError, match="GGUF .* differs from the loaded file's"):
+    with pytest.raises(IncompatibleError, match="model fingerprint 000000000000 differs from the loaded model's"):
         be.graft(dataclasses.replace(snap, model_fingerprint="0" * 64))
     with pytest.raises(IncompatibleError, match="environment.cpu"):
         be.graft(dataclasses.replace(snap, environment={**snap.environment, "cpu": "another CPU"}))

@@ -81,7 +81,7 @@ def test_graft_refuses_an_artifact_from_another_environment_naming_each_differen
     assert f"environment.cpu_vendor: artifact {vendor!r}" in msg
     assert "environment.mkl_cbwr: artifact 'AVX512', this process None" in msg
     assert "environment.cpu_model" in msg
-    assert "--redeposit" in msg and "allow_environment_mismatch" in msg  # says what to do
+    assert "Deposit it again here" in msg and "allow_environment_mismatch=True" in msg  # says what to do, in kvstore's terms
 
 
 def test_the_opt_in_grafts_anyway_and_warns(tiny_gemma3):

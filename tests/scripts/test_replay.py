@@ -93,9 +93,9 @@ def test_no_registration_of_this_environment_fails_with_the_register_command():
 
 
 def test_a_profile_that_promises_portability_needs_every_registration_to_reproduce(monkeypatch):
-    import kvstore.environment
+    import kvstore
 
-    monkeypatch.setattr(kvstore.environment, "PORTABLE_PROFILES", ("portable",))
+    monkeypatch.setattr(kvstore, "PORTABLE_PROFILES", ("portable",), raising=False)  # the harness reads the face
     kept = replay_registry.replay_profile([_entry(OTHER), _entry(ENV)], _entry(ENV), "portable")
     assert kept.portable and kept.passed
     assert kept.measurement_line(kept.others[0]).endswith("(the profile promises portability) -> PASS")

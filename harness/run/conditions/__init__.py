@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.config.schema import DecodingConfig, LibraryConfig, PromptConfig
-from harness.errors import ConfigError
+from harness.errors import ConfigError, LibraryError
 from harness.library.build import Library, Match, open_library
 from harness.record.rows import Completion, Group, Retrieval, group_for
 from harness.run.decode import Generation, Sampling, generate_batch
 from harness.task.problems import Problem
 from harness.task.prompts import render
-from kvstore import Backend, Prefetcher, as_backend
+from kvstore import Backend, IncompatibleError, Prefetcher, as_backend
 
 
 @dataclass
@@ -177,8 +177,21 @@ class Graft(Baseline):
         prompt, match, snapshot = found
         context = snapshot.token_ids + self.backend.encode(prompt, add_bos=False)  # the entry ends in a blank line
         # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
-        return Context(prompt, context, lambda: self.backend.graft(snapshot, token_ids=context),
-                       snapshot.token_count, match)
+        return Context(prompt, context, lambda: graft_entry(self.backend, snapshot, context), snapshot.token_count,
+                       match)
+
+
+def graft_entry(backend: Backend, snapshot, context: list[int]):
+    """`backend.graft(snapshot, context)`; an artifact refused for its compute environment is re-raised with what
+    fixes it in the harness's terms (kvstore names its own parameters, the harness its commands and config keys)."""
+    try:
+        return backend.graft(snapshot, token_ids=context)
+    except IncompatibleError as exc:
+        if "another compute environment" not in str(exc):
+            raise
+        raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
+                           "here, or determinism.allow_environment_mismatch=true grafts them anyway and marks the run "
+                           "not guaranteed exact") from None
 
 
 class InContext(Graft):
