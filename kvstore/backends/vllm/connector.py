@@ -1,0 +1,369 @@
+"""KvgraftConnector: a vLLM KV connector that deposits prompt prefixes as kvgraft artifacts and grafts them back,
+byte for byte, after the same checks as every kvgraft graft.
+
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+    llm = LLM(model=folder, dtype="bfloat16", enforce_eager=True, enable_prefix_caching=True,
+              kv_transfer_config=KVTransferConfig(
+                  kv_connector="KvgraftConnector", kv_connector_module_path="kvstore.backends.vllm.connector",
+                  kv_role="kv_both",                # kv_producer: deposit only; kv_consumer: graft only
+                  kv_load_failure_policy="fail",    # a refused artifact fails the request; "recompute" recomputes
+                  kv_connector_extra_config={"store": "runs/store",     # a folder or s3://bucket/prefix
+                                             "deposit": "all",          # "all" | "marked" | "none"
+                                             "journal": "runs/kvgraft-vllm.jsonl"}))
+
+Deposit (worker side, `wait_for_save`): when a request's prompt has been prefilled, its whole blocks
+(`len(prompt) // block_size * block_size` tokens; vLLM caches and reuses only whole blocks) are read out of the
+paged cache into a Snapshot (kvstore/FORMAT.md: per layer (1, kv_heads, tokens, head_dim), a sliding layer its
+last window - 1 positions) and put into the store, content-addressed, with the model and tokenizer fingerprints,
+every binding engine setting (kvstore.backends.vllm.identity) and the environment. With deposit = "marked" only
+requests whose SamplingParams carry `extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}` deposit.
+
+Graft (scheduler side finds, worker side checks and loads): the longest whole-block prefix of a prompt that some
+artifact holds exactly (the store's token index) is claimed; before the forward pass the worker reads each
+candidate (its bytes re-hashed to its id), runs `admission_differences` and the token check, and writes the
+first admitted one into the request's blocks at its own positions (a sliding layer's positions outside its
+window as zeros, as FORMAT.md section 10 lays out llama.cpp's). When none is admitted nothing is written: the
+blocks are reported through `get_block_ids_with_load_errors`, one line per refused artifact is logged and
+journaled, and vLLM fails the request (finish_reason "error") or, under kv_load_failure_policy="recompute",
+recomputes it. A refused artifact is never used.
+
+Exactness: a graft is byte-identical to the engine's own prefix-cache hit on the same blocks (same schedule:
+prefix alone, then prefix + suffix), which is what scripts/verify_vllm.py measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from kvstore.backends.vllm.identity import (
+    EngineIdentity,
+    admission_differences,
+    dtype_name,
+    engine_settings,
+    model_fingerprint,
+    tokenizer_fingerprint,
+)
+from kvstore.backends.vllm.paged import PagedLayout, self_test
+from kvstore.environment import current_environment
+from kvstore.errors import IncompatibleError, KVStoreError, SettingsError
+from kvstore.format import LayerKV, Snapshot, check_snapshot, tokens_sha256
+from kvstore.invariants import cached_tokens
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger("vllm.kvgraft")  # under vLLM's logger, so its handlers print our lines
+DEPOSIT_MODES = ("all", "marked", "none")
+MARK = "kvgraft_deposit"
+
+
+@dataclass
+class LoadEntry:
+    """Graft into request `req_id`: tokens [start, len(token_ids)) from the first admitted candidate."""
+
+    req_id: str
+    token_ids: list[int]
+    candidates: list[str]
+    start: int
+    block_ids: list[int]
+
+
+@dataclass
+class SaveEntry:
+    """Deposit the prompt prefix `token_ids` (whole blocks) of request `req_id` from its blocks."""
+
+    req_id: str
+    token_ids: list[int]
+    block_ids: list[int]
+
+
+@dataclass
+class KvgraftMetadata(KVConnectorMetadata):
+    loads: list[LoadEntry] = field(default_factory=list)
+    saves: list[SaveEntry] = field(default_factory=list)
+
+
+class KvgraftConnector(KVConnectorBase_V1):
+    """See the module docstring."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        from kvstore.open_store import open_store
+
+        cfg = self._kv_transfer_config
+        spec = cfg.get_from_extra_config("store", None)
+        if not spec:
+            raise SettingsError("KvgraftConnector: kv_connector_extra_config has no 'store'; give a folder or an "
+                                "s3://bucket/prefix, e.g. {'store': 'runs/store'}")
+        self._store = open_store(spec)
+        self._deposit = cfg.get_from_extra_config("deposit", "all")
+        if self._deposit not in DEPOSIT_MODES:
+            raise SettingsError(f"KvgraftConnector: deposit={self._deposit!r}; use one of {list(DEPOSIT_MODES)}")
+        if not cfg.is_kv_producer:
+            self._deposit = "none"
+        self._graft = bool(cfg.is_kv_consumer)
+        self._journal = cfg.get_from_extra_config("journal", None)
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._policy = str(cfg.kv_load_failure_policy)
+        groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+        if len(groups) > 1:
+            raise SettingsError(f"KvgraftConnector: {len(groups)} KV-cache groups (the hybrid KV cache manager is "
+                                "on); start vLLM with disable_hybrid_kv_cache_manager=True (one group: every layer "
+                                "keeps every block, which is what an artifact records)")
+        # scheduler side
+        self._requests: dict[str, Request] = {}
+        self._matches: dict[str, tuple[int, list[str]]] = {}
+        self._to_load: dict[str, LoadEntry] = {}
+        self._loaded: dict[str, int] = {}
+        self._deposited: set[str] = set()
+        # worker side
+        self._caches: dict[str, torch.Tensor] = {}
+        self._order: list[str] = []
+        self._identity: EngineIdentity | None = None
+        self._paged: PagedLayout | None = None
+        self._failed: set[int] = set()
+
+    # ------------------------------------------------------------------ journal
+    def _note(self, event: str, **fields: Any) -> None:
+        if self._journal:
+            line = json.dumps({"event": event, "time": round(time.time(), 3), **fields}, sort_keys=True)
+            with open(self._journal, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    # ------------------------------------------------------------------ scheduler side
+    def _match(self, request: Request) -> tuple[int, list[str]]:
+        """The longest whole-block prefix of the prompt (leaving >= 1 token to compute) that artifacts hold
+        exactly: (tokens, candidate ids); memoized per request (the store is only read)."""
+        rid = request.request_id
+        if rid not in self._matches:
+            prompt = list(request.prompt_token_ids or [])
+            best: tuple[int, list[str]] = (0, [])
+            for k in range((len(prompt) - 1) // self._block_size, 0, -1):
+                n = k * self._block_size
+                ids = sorted(str(a) for a in self._store.find_tokens(tokens_sha256(prompt[:n])))
+                if ids:
+                    best = (n, ids)
+                    break
+            self._matches[rid] = best
+        return self._matches[rid]
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        self._requests[request.request_id] = request
+        if not self._graft:
+            return 0, False
+        n, _ = self._match(request)
+        return (n - num_computed_tokens, False) if n > num_computed_tokens else (0, False)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        self._requests[request.request_id] = request
+        if num_external_tokens > 0:
+            n, ids = self._match(request)
+            prompt = list(request.prompt_token_ids or [])
+            self._to_load[request.request_id] = LoadEntry(request.request_id, prompt[:n], ids,
+                                                          n - num_external_tokens, [])
+            self._loaded[request.request_id] = n
+
+    def _wants_deposit(self, request: Request) -> bool:
+        if self._deposit == "all":
+            return True
+        params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
+        return self._deposit == "marked" and bool(params.get(MARK))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = KvgraftMetadata()
+        progress: list[tuple[str, int]] = []
+        for req in scheduler_output.scheduled_new_reqs:
+            plan = self._to_load.pop(req.req_id, None)
+            if plan is not None:
+                plan.block_ids = list(req.block_ids[0])
+                meta.loads.append(plan)
+            progress.append((req.req_id, req.num_computed_tokens))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            plan = self._to_load.pop(rid, None)
+            if plan is not None and rid in cached.resumed_req_ids and cached.new_block_ids[i] is not None:
+                plan.block_ids = list(cached.new_block_ids[i][0])  # a resumed request's block ids are all new
+                meta.loads.append(plan)
+            progress.append((rid, cached.num_computed_tokens[i]))
+        if self._deposit != "none":
+            for rid, computed in progress:
+                request = self._requests.get(rid)
+                if request is None or rid in self._deposited or not self._wants_deposit(request):
+                    continue
+                prompt = list(request.prompt_token_ids or [])
+                if computed + scheduler_output.num_scheduled_tokens.get(rid, 0) < len(prompt):
+                    continue  # the prompt's prefill ends in a later step
+                self._deposited.add(rid)
+                n = len(prompt) // self._block_size * self._block_size
+                if n == 0 or n <= self._loaded.get(rid, 0):
+                    continue  # nothing whole to deposit, or exactly what was grafted
+                assert self._kv_cache_manager is not None
+                block_ids = list(self._kv_cache_manager.get_block_ids(rid)[0][: n // self._block_size])
+                meta.saves.append(SaveEntry(rid, prompt[:n], block_ids))
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        for table in (self._requests, self._matches, self._to_load, self._loaded):
+            table.pop(rid, None)
+        self._deposited.discard(rid)
+        return False, None
+
+    # ------------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Learn the layers (order, kind, window), the kernel's block layout and this engine's identity."""
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        ctx = self._vllm_config.compilation_config.static_forward_context
+        self._caches = dict(kv_caches)
+        self._order = sorted(kv_caches, key=extract_layer_index)
+        layout = []
+        for name in self._order:
+            impl = ctx[name].impl
+            window = getattr(impl, "sliding_window", None)
+            window = None if window in (None, -1) else int(window)
+            layout.append({"kind": "full" if window is None else "sliding", "window": window})
+        first = ctx[self._order[0]]
+        cache = kv_caches[self._order[0]]
+        if cache.dim() != 4 or cache.shape[2] != self._block_size:
+            raise IncompatibleError(f"KvgraftConnector: layer {self._order[0]} cache has shape {tuple(cache.shape)}; "
+                                    f"expected (blocks, kv_heads, {self._block_size}, 2 * head_dim) (CPU_ATTN)")
+        isa = str(getattr(first, "isa", "unknown"))
+        dtype = cache.dtype
+        kv_heads, head_dim = int(cache.shape[1]), int(cache.shape[3]) // 2
+        from vllm import _custom_ops as ops
+
+        def writer(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, s: torch.Tensor) -> None:
+            ops.cpu_attn_reshape_and_cache(k, v, kc, vc, s, isa)
+
+        self._paged = self_test(writer, dtype, kv_heads, self._block_size, head_dim)
+        mc = self._vllm_config.model_config
+        folder = Path(mc.model)
+        settings = engine_settings(self._vllm_config, torch.get_num_threads(), isa, self._paged.name)
+        if settings["dtype"] != dtype_name(dtype):
+            raise IncompatibleError(f"KvgraftConnector: the KV cache holds {dtype_name(dtype)}, the model computes "
+                                    f"in {settings['dtype']}; set kv_cache_dtype='auto'")
+        t0 = time.perf_counter()
+        self._identity = EngineIdentity(
+            model_fingerprint=model_fingerprint(folder), tokenizer_fingerprint=tokenizer_fingerprint(folder),
+            settings=settings, environment=current_environment(torch.device("cpu")).to_dict(), layout=layout,
+            model_name=str(self._kv_transfer_config.get_from_extra_config("model_name", folder.name)),
+        )
+        logger.info("kvgraft: %d layers, layout %s, isa %s, model %s (fingerprinted in %.1f s)", len(layout),
+                    self._paged.name, isa, self._identity.model_fingerprint[:12], time.perf_counter() - t0)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvgraftMetadata)
+        for entry in meta.loads:
+            self._load(entry)
+
+    def _load(self, entry: LoadEntry) -> None:
+        assert self._identity is not None and self._paged is not None
+        n, bs = len(entry.token_ids), self._block_size
+        refusals = []
+        for aid in entry.candidates:
+            try:
+                snap = self._store.get(aid)  # the bytes hash to the id, or IntegrityError
+                why = admission_differences(snap, self._identity)
+                if snap.token_ids != entry.token_ids or snap.start_position != 0:
+                    why.append(f"tokens: the artifact holds {snap.token_count} tokens from position "
+                               f"{snap.start_position}, not the request's first {n}")
+                if not why:
+                    check_snapshot(snap)
+            except KVStoreError as e:
+                why = [f"{type(e).__name__}: {e}"]
+            if why:
+                refusals.append(f"artifact {aid[:16]} refused: {'; '.join(why)}")
+                continue
+            t0 = time.perf_counter()
+            self._write(snap, entry)
+            self._note("graft", request=entry.req_id, artifact=aid, tokens=n, loaded_from=entry.start,
+                       seconds=round(time.perf_counter() - t0, 4))
+            return
+        self._failed.update(entry.block_ids[entry.start // bs : n // bs])
+        line = (f"kvgraft: request {entry.req_id}: no artifact admitted for its first {n} tokens, nothing grafted "
+                f"(kv_load_failure_policy={self._policy}): " + " | ".join(refusals))
+        logger.error(line)
+        self._note("refused", request=entry.req_id, tokens=n, candidates=entry.candidates, reasons=refusals,
+                   policy=self._policy)
+
+    def _write(self, snap: Snapshot, entry: LoadEntry) -> None:
+        assert self._paged is not None
+        n, start = snap.token_count, entry.start
+        for name, lyr in zip(self._order, snap.layers, strict=True):
+            cache = self._caches[name]
+            held = lyr.keys.shape[2]  # positions [n - held, n)
+            lo = max(start, n - held)
+            self._paged.zero(cache, entry.block_ids, start, lo)  # outside a sliding window: never attended
+            skip = lo - (n - held)
+            self._paged.write(cache, entry.block_ids, lo, lyr.keys[:, :, skip:], lyr.values[:, :, skip:])
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # every load completes in start_load_kv, before the forward pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
+        return  # deposits read all layers after the step (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvgraftMetadata)
+        for entry in meta.saves:
+            try:
+                self._save(entry)
+            except KVStoreError as e:  # a deposit that cannot be made is reported, never half-written
+                logger.error("kvgraft: request %s: deposit of %d tokens failed: %s", entry.req_id,
+                             len(entry.token_ids), e)
+                self._note("deposit_failed", request=entry.req_id, tokens=len(entry.token_ids), reason=str(e))
+
+    def _save(self, entry: SaveEntry) -> None:
+        assert self._identity is not None and self._paged is not None
+        me, n, t0 = self._identity, len(entry.token_ids), time.perf_counter()
+        layers = []
+        for name, kind in zip(self._order, me.layout, strict=True):
+            held = cached_tokens(kind["kind"], kind["window"], n)
+            k, v = self._paged.read(self._caches[name], entry.block_ids, n - held, n)
+            layers.append(LayerKV(kind["kind"], kind["window"], n, k, v))
+        snap = Snapshot(token_ids=list(entry.token_ids), start_position=0, layers=layers,
+                        model_fingerprint=me.model_fingerprint, tokenizer_fingerprint=me.tokenizer_fingerprint,
+                        dtype=me.settings["dtype"], determinism=dict(me.settings), environment=dict(me.environment),
+                        model_name=me.model_name)
+        check_snapshot(snap)
+        aid = self._store.put(snap)
+        self._note("deposit", request=entry.req_id, artifact=str(aid), tokens=n, bytes=snap.nbytes(),
+                   seconds=round(time.perf_counter() - t0, 4))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._failed = self._failed, set()
+        return out
+
+
+def journal(path: str | os.PathLike) -> list[dict]:
+    """The events a connector journaled (deposit, graft, refused, deposit_failed), in order."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,130 @@
+"""What binds a vLLM artifact to the engine that may graft it: the model and tokenizer fingerprints, the engine
+settings that change bits, the layer layout, and the one admission check that compares them all.
+
+    fp = model_fingerprint(folder)              # SHA-256 over config.json + every *.safetensors file
+    settings = engine_settings(vllm_config, threads=2, isa="vec", kv_layout=layout.name)
+    why = admission_differences(snapshot, identity)   # [] = admitted; else one line per difference
+
+vLLM loads an HF safetensors folder (no GGUF on its CPU backend), so the model fingerprint is the folder's:
+SHA-256 over canonical JSON of `[name, size, sha256]` for config.json and each weight file, in name order. The
+dtype the engine computes in is a setting (`dtype`), not part of the folder. Every setting in `engine_settings`
+is binding (compared key by key, each difference named): the vLLM version, block size, dtype, KV-cache dtype,
+the paged layout read from the kernel (kvstore.backends.vllm.paged), the attention backend and its ISA, the
+batch-invariant flag, the prefill schedule (chunked prefill and its token budget), eager mode, the hybrid KV
+manager and the CPU kernel switches. An artifact records them in `determinism`, with `backend = "vllm"`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstore.backend import artifact_backend
+from kvstore.environment import environment_differences
+from kvstore.format import Snapshot
+
+NAME = "vllm"
+MODEL_FILES = ("config.json", "*.safetensors")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "chat_template.jinja")
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def folder_fingerprint(folder: str | Path, patterns: tuple[str, ...]) -> str:
+    """SHA-256 over canonical JSON of [name, size, sha256] of the folder's files matching `patterns`."""
+    root = Path(folder)
+    files = sorted({p for pat in patterns for p in root.glob(pat) if p.is_file()})
+    rows = [[p.name, p.stat().st_size, _file_sha256(p)] for p in files]
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+
+
+def model_fingerprint(folder: str | Path) -> str:
+    return folder_fingerprint(folder, MODEL_FILES)
+
+
+def tokenizer_fingerprint(folder: str | Path) -> str:
+    return folder_fingerprint(folder, TOKENIZER_FILES)
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def engine_settings(vllm_config: Any, threads: int, isa: str, kv_layout: str) -> dict[str, Any]:
+    """The recorded, binding settings of a vLLM engine (the format's five first; kvstore/FORMAT.md section 6)."""
+    import torch
+    import vllm
+    import vllm.envs as envs
+
+    mc, cc, sc = vllm_config.model_config, vllm_config.cache_config, vllm_config.scheduler_config
+    chunked = bool(getattr(sc, "enable_chunked_prefill", False))
+    return {
+        "backend": NAME,
+        "threads": int(threads),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "attn_implementation": "CPU_ATTN",
+        "dtype": dtype_name(mc.dtype),
+        "prefill_chunk": int(sc.max_num_batched_tokens) if chunked else 0,
+        "vllm": vllm.__version__,
+        "block_size": int(cc.block_size),
+        "kv_cache_dtype": str(cc.cache_dtype),
+        "kv_layout": kv_layout,
+        "attn_isa": isa,
+        "batch_invariant": bool(envs.VLLM_BATCH_INVARIANT),
+        "enable_chunked_prefill": chunked,
+        "max_num_batched_tokens": int(sc.max_num_batched_tokens),
+        "enforce_eager": bool(mc.enforce_eager),
+        "hybrid_kv_cache_manager": not bool(sc.disable_hybrid_kv_cache_manager),
+        "cpu_attn_split_kv": bool(envs.VLLM_CPU_ATTN_SPLIT_KV),
+        "omp_threads_bind": str(envs.VLLM_CPU_OMP_THREADS_BIND),
+    }
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """Everything an artifact must match to graft into this engine."""
+
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    settings: dict[str, Any]
+    environment: dict[str, Any]
+    layout: list[dict[str, Any]]  # per layer {"kind", "window"}, in layer order
+    model_name: str
+
+
+def admission_differences(snap: Snapshot, me: EngineIdentity) -> list[str]:
+    """Each reason the snapshot may not graft into this engine, named (empty = admitted)."""
+    made_by = artifact_backend(snap)
+    if made_by != NAME:
+        return [f"backend: artifact {made_by!r}, this engine {NAME!r} (an artifact grafts only into its engine)"]
+    out = []
+    if snap.model_fingerprint != me.model_fingerprint:
+        out.append(f"model_fingerprint: artifact {snap.model_fingerprint[:12]}, this engine "
+                   f"{me.model_fingerprint[:12]} (other weights or config)")
+    if snap.tokenizer_fingerprint != me.tokenizer_fingerprint:
+        out.append(f"tokenizer_fingerprint: artifact {snap.tokenizer_fingerprint[:12]}, this engine "
+                   f"{me.tokenizer_fingerprint[:12]}")
+    if snap.layout != me.layout:
+        first = next((i for i, (a, b) in enumerate(zip(snap.layout, me.layout)) if a != b),
+                     min(len(snap.layout), len(me.layout)))
+        got = snap.layout[first] if first < len(snap.layout) else "<none>"
+        want = me.layout[first] if first < len(me.layout) else "<none>"
+        out.append(f"layout: {len(snap.layout)} layers vs {len(me.layout)}, first difference at layer {first}: "
+                   f"artifact {got}, this engine {want}")
+    rec = snap.determinism if isinstance(snap.determinism, dict) else {}
+    for key in sorted(set(rec) | set(me.settings)):
+        a, b = rec.get(key, "<not recorded>"), me.settings.get(key, "<not set>")
+        if a != b:
+            out.append(f"determinism.{key}: artifact {a!r}, this engine {b!r}")
+    out += environment_differences(snap.environment if isinstance(snap.environment, dict) else {}, me.environment)
+    return out
