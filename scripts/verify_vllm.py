@@ -7,12 +7,17 @@ Samples: (prefix P, suffix S) pairs cut from real problem text (harness.experime
 cuts them), prefix lengths from one block (128) to ~2.7 x the 512-token window; vLLM caches and loads whole
 blocks only, so what is deposited and grafted is P's first len(P) // 128 * 128 tokens, and the engine computes
 the rest of P and S in both halves.
-  (a) reference, engine A (its own process, connector role kv_both, deposit "marked"): P alone with the deposit
-      mark (the connector puts P's whole blocks into the store), then P + S, which hits A's own prefix cache on
-      those blocks: the logits of S's last position (vLLM's raw logits over the whole vocabulary, float32);
+  (a) reference, engine A (its own process, connector role kv_producer: it deposits, never grafts; deposit
+      "marked"): P alone with the deposit mark (the connector puts P's whole blocks into the store), then
+      P + S, which hits A's own prefix cache on those blocks: the logits of S's last position (vLLM's raw
+      logits over the whole vocabulary, float32);
   (b) graft, engine B (another process, a fresh engine, role kv_consumer): P + S; the connector finds the
       artifact by its tokens, re-hashes its bytes, checks it (fingerprints, every binding setting, layout,
       environment) and writes it into B's blocks; the same logits.
+  (c) information only, in engine A before (a), from a clean cache: P + S in one pass (no cache hit; samples
+      that start at the same problem share leading blocks, and those still hit), another computation
+      (DESIGN.md: a prefix-cache hit differs from the cold one-shot run): how many of these also match shows
+      how much the SHA-256 comparison can tell apart.
 Compared with kvstore.verify.compare_logits (SHA-256, KL, argmax). The connector's journal must show one graft
 per sample in B, of the expected token count, else the sample counts as not grafted. Exit status 0 when every
 sample is grafted and SHA-256 equal.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -50,7 +56,7 @@ def phase(a: argparse.Namespace) -> int:
     from kvstore.backends.vllm import VllmSettings, start_engine
 
     samples = json.loads(Path(a.samples_file).read_text())
-    role = "kv_both" if a.phase == "a" else "kv_consumer"
+    role = "kv_producer" if a.phase == "a" else "kv_consumer"  # A never grafts: its cache is its own
     settings = VllmSettings(store=a.store, role=role, deposit="marked", journal=a.journal, threads=a.threads,
                             max_logprobs=-1, logprobs_mode="raw_logits", dtype=a.dtype)
     t0 = time.perf_counter()
@@ -60,8 +66,12 @@ def phase(a: argparse.Namespace) -> int:
     deposit = SamplingParams(max_tokens=1, temperature=0.0,
                              extra_args={"kv_transfer_params": {"kvgraft_deposit": True}})
     logits, seconds = {}, []
+    oneshot = {}
     for s in samples:
-        if a.phase == "a":
+        if a.phase == "a":  # the one-shot control first (cold cache), then the split schedule from a clean cache
+            out = llm.generate([{"prompt_token_ids": s["prefix"] + s["suffix"]}], last, use_tqdm=False)[0]
+            oneshot[str(s["index"])] = torch.tensor(_logits(out), dtype=torch.float32)
+            llm.reset_prefix_cache()
             llm.generate([{"prompt_token_ids": s["prefix"]}], deposit, use_tqdm=False)
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": s["prefix"] + s["suffix"]}], last, use_tqdm=False)[0]
@@ -71,8 +81,32 @@ def phase(a: argparse.Namespace) -> int:
             continue
         logits[str(s["index"])] = torch.tensor(_logits(out), dtype=torch.float32)
     save_file(logits, a.logits_out)
+    if oneshot:
+        save_file(oneshot, a.logits_out + ".oneshot")
     Path(a.logits_out + ".json").write_text(json.dumps({"engine_start_s": started, "request_s": seconds}))
     return 0
+
+
+def distinct_samples(enc, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int,  # noqa: ANN001
+                     seed: int) -> list:
+    """harness.experiment_text.build_samples, with each sample's text opened by "Worked example N." so that no two
+    samples share a first block. With 40 problems, samples i and i + 40 start at the same problem; sharing
+    leading blocks, one sample's P + S would hit another's blocks (B's prefix cache, or a longer artifact in the
+    store), computed under another sample's schedule: measured 3 of 50 SHA-256 different that way, each grafting
+    or hitting blocks of the wrong sample (the journal showed it), none with its own artifact."""
+    from harness.experiment_text import Sample
+
+    rng = random.Random(seed + 1)
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    samples = []
+    for i, length in enumerate(lengths):
+        start, parts, ids = order[i % len(order)], [], []
+        while len(ids) < length + suffix_tokens:
+            parts.append(texts[(start + len(parts)) % len(texts)])
+            ids = enc.encode(f"Worked example {i + 1}.\n\n" + "\n\n".join(t for _, t in parts))
+        samples.append(Sample(i, ids[:length], ids[length : length + suffix_tokens], tuple(p for p, _ in parts)))
+    return samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from harness.experiment_text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts
+    from harness.experiment_text import DEFAULT_PROBLEMS, prefix_lengths, problem_texts
     from kvstore.backends.vllm.backend import VllmSettings, model_folder
     from kvstore.backends.vllm.connector import journal
     from kvstore.environment import cpu_name
@@ -113,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             return tok(text)["input_ids"]
 
     lengths = prefix_lengths(a.samples, a.seed, a.min_prefix_tokens, a.max_prefix_tokens, 512)
-    samples = build_samples(Enc(), problem_texts(DEFAULT_PROBLEMS), lengths, a.suffix_tokens, a.seed)
+    samples = distinct_samples(Enc(), problem_texts(DEFAULT_PROBLEMS), lengths, a.suffix_tokens, a.seed)
     sfile = tmp / "samples.json"
     sfile.write_text(json.dumps([{"index": s.index, "prefix": s.prefix, "suffix": s.suffix} for s in samples]))
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -127,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             print(f"verify_vllm: error: engine {ph} exited with status {rc}", file=sys.stderr)
             return 2
-        runs[ph] = {"logits": load_file(lfile), "journal": journal(jfile), "wall_s": time.perf_counter() - t,
+        runs[ph] = {"logits": load_file(lfile), "oneshot": load_file(lfile + ".oneshot") if ph == "a" else {},
+                    "journal": journal(jfile), "wall_s": time.perf_counter() - t,
                     **json.loads(Path(lfile + ".json").read_text())}
     grafts = {e["request"]: e for e in runs["b"]["journal"] if e["event"] == "graft"}
     graft_tokens = sorted(e["tokens"] for e in grafts.values())
@@ -144,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
             row.update(sha256_equal=c.sha256_equal, kl=c.kl_max, max_abs_diff=c.max_abs_diff,
                        argmax_agree=c.argmax_agreement == 1.0, sha256=c.sha256_a[:16])
             equal += c.sha256_equal
+            one = runs["a"]["oneshot"].get(key)
+            if one is not None:  # information: a different computation (no cache hit, other shapes)
+                o = compare_logits(ref[None], one[None])
+                row.update(oneshot_sha256_equal=o.sha256_equal, oneshot_max_abs_diff=o.max_abs_diff)
         rows.append(row)
     expected = sorted(len(s.prefix) // 128 * 128 for s in samples)
     grafted = sum(1 for t in graft_tokens if t > 0)
@@ -153,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "sha256_equal": equal, "grafted": grafted, "grafts_match_expected_tokens": grafts_ok,
         "past_window": sum(1 for s in samples if len(s.prefix) // 128 * 128 > 512),
         "past_window_equal": sum(1 for r in rows if r["grafted_tokens"] > 512 and r.get("sha256_equal")),
+        "oneshot_equal": sum(1 for r in rows if r.get("oneshot_sha256_equal")),
         "kl_max": max((r.get("kl", 0.0) for r in rows), default=0.0),
         "argmax_agreement": sum(1 for r in rows if r.get("argmax_agree")) / max(1, len(rows)),
         "engine_start_s": {ph: round(runs[ph]["engine_start_s"], 1) for ph in runs},
@@ -165,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     how = "as expected" if grafts_ok else f"NOT as expected: {graft_tokens} vs {expected}"
     print(f"verify_vllm: {equal}/{len(samples)} SHA-256 equal ({report['past_window_equal']}/{report['past_window']}"
           f" past the 512 window), {grafted} grafted in another engine ({how}), KL max {report['kl_max']:.3g}, "
-          f"argmax {report['argmax_agreement']:.0%}; {a.dtype}, {a.threads} threads, {report['cpu']}; engine start "
-          f"{report['engine_start_s']} s")
+          f"argmax {report['argmax_agreement']:.0%} (one-shot P+S on a cold cache, a different computation: "
+          f"{report['oneshot_equal']}/{len(samples)} equal); {a.dtype}, {a.threads} threads, {report['cpu']}; "
+          f"engine start {report['engine_start_s']} s")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(report, indent=1))

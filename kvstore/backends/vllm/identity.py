@@ -11,7 +11,8 @@ dtype the engine computes in is a setting (`dtype`), not part of the folder. Eve
 is binding (compared key by key, each difference named): the vLLM version, block size, dtype, KV-cache dtype,
 the paged layout read from the kernel (kvstore.backends.vllm.paged), the attention backend and its ISA, the
 batch-invariant flag, the prefill schedule (chunked prefill and its token budget), eager mode, the hybrid KV
-manager and the CPU kernel switches. An artifact records them in `determinism`, with `backend = "vllm"`.
+manager, the CPU attention's split-KV switch and the thread count (not which cores they are bound to). An
+artifact records them in `determinism`, with `backend = "vllm"`.
 """
 
 from __future__ import annotations
@@ -86,7 +87,6 @@ def engine_settings(vllm_config: Any, threads: int, isa: str, kv_layout: str) ->
         "enforce_eager": bool(mc.enforce_eager),
         "hybrid_kv_cache_manager": not bool(sc.disable_hybrid_kv_cache_manager),
         "cpu_attn_split_kv": bool(envs.VLLM_CPU_ATTN_SPLIT_KV),
-        "omp_threads_bind": str(envs.VLLM_CPU_OMP_THREADS_BIND),
     }
 
 

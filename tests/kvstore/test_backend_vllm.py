@@ -1,0 +1,179 @@
+"""The vLLM backend: the paged-KV layout codec (pure torch, runs everywhere), the admission check on synthetic
+artifacts, and the KvgraftConnector in a real vLLM engine (tests/kvstore/vllm_cases.py, run inside .venv-vllm
+once for the module: one engine start): a graft equals the engine's own prefix-cache hit byte for byte; a
+tampered, a foreign-model, a foreign-settings and a foreign-layout artifact are each refused in one line,
+nothing grafted, the request failed (or, under kv_load_failure_policy "recompute", computed). The engine tests skip (one line, why) where .venv-vllm does not exist;
+`make setup-vllm` builds it. The exactness figures across engines: scripts/verify_vllm.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvstore.backends.vllm.identity import EngineIdentity, admission_differences
+from kvstore.backends.vllm.paged import LAYOUTS, PagedLayout, self_test
+from kvstore.errors import IncompatibleError
+from kvstore.format import LayerKV, Snapshot
+
+REPO = Path(__file__).resolve().parents[2]
+# the venv `make setup-vllm` built (its stamp says it finished), or KVGRAFT_VLLM_PYTHON
+VLLM_PYTHON = Path(os.environ.get("KVGRAFT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+VLLM_READY = "KVGRAFT_VLLM_PYTHON" in os.environ or (REPO / ".venv-vllm" / ".setup-done").exists()
+TRANSPOSED = LAYOUTS[0]
+
+
+def _cache(blocks: int = 4, heads: int = 2, bs: int = 32, d: int = 8, dtype: torch.dtype = torch.bfloat16):
+    return torch.randn(blocks, heads, bs, 2 * d).to(dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: "transposed" if x.keys_transposed else "natural")
+def test_paged_read_then_write_restores_every_byte(layout: PagedLayout) -> None:
+    cache = _cache()
+    k, v = layout.read(cache, [3, 1, 0], 5, 70)  # positions 5..69 over three blocks, out of order
+    assert k.shape == v.shape == (1, 2, 65, 8)
+    blank = torch.zeros_like(cache)
+    layout.write(blank, [3, 1, 0], 5, k, v)
+    again = layout.read(blank, [3, 1, 0], 5, 70)
+    assert torch.equal(again[0].view(torch.int16), k.view(torch.int16))
+    assert torch.equal(again[1].view(torch.int16), v.view(torch.int16))
+    assert not blank[2].any()  # block 2 is not the request's: untouched
+
+
+def test_paged_transposed_keys_are_head_dim_major_within_a_block() -> None:
+    cache = torch.zeros(1, 1, 32, 16)  # one block, one head, head_dim 8: keys region (8, 32), values (32, 8)
+    keys = torch.arange(8.0).view(1, 1, 1, 8)
+    TRANSPOSED.write(cache, [0], 3, keys, -keys)
+    region = cache.view(1, 1, 2, 32 * 8)
+    assert torch.equal(region[0, 0, 0].view(8, 32)[:, 3], torch.arange(8.0))  # token 3's key: column 3
+    assert torch.equal(region[0, 0, 1].view(32, 8)[3], -torch.arange(8.0))   # its value: row 3
+
+
+def test_paged_zero_clears_only_the_given_positions() -> None:
+    cache = _cache(dtype=torch.float32)
+    keep = TRANSPOSED.read(cache, [0, 1], 40, 64)
+    TRANSPOSED.zero(cache, [0, 1], 0, 40)
+    k, v = TRANSPOSED.read(cache, [0, 1], 0, 40)
+    assert not k.any() and not v.any()
+    assert all(torch.equal(a, b) for a, b in zip(TRANSPOSED.read(cache, [0, 1], 40, 64), keep))
+
+
+def test_paged_positions_past_the_blocks_are_refused() -> None:
+    with pytest.raises(IncompatibleError, match=r"do not fit the request's 1 blocks of 32 tokens"):
+        TRANSPOSED.read(_cache(), [0], 0, 33)
+
+
+def test_self_test_names_the_layout_a_writer_uses_and_refuses_an_unknown_one() -> None:
+    def transposing(k, v, kc, vc, slots):  # noqa: ANN001  (writes as vLLM's "vec" kernel was measured to)
+        bs = kc.shape[2]
+        for t, s in enumerate(slots.tolist()):
+            kc[s // bs].view(kc.shape[1], -1, bs)[:, :, s % bs] = k[t]
+            vc[s // bs, :, s % bs] = v[t]
+
+    assert self_test(transposing, torch.bfloat16, 2, 32, 8) is TRANSPOSED
+
+    def scrambling(k, v, kc, vc, slots):  # noqa: ANN001  (values written to the wrong slot)
+        for t, s in enumerate(slots.tolist()):
+            vc[(s + 1) // kc.shape[2] % kc.shape[0], :, (s + 1) % kc.shape[2]] = v[t]
+
+    with pytest.raises(IncompatibleError, match="in no layout the connector knows"):
+        self_test(scrambling, torch.bfloat16, 2, 32, 8)
+
+
+def _identity_and_snapshot() -> tuple[EngineIdentity, Snapshot]:
+    layout = [{"kind": "sliding", "window": 512}, {"kind": "full", "window": None}]
+    settings = {"backend": "vllm", "threads": 2, "deterministic_algorithms": False, "attn_implementation": "CPU_ATTN",
+                "dtype": "bfloat16", "prefill_chunk": 8192, "block_size": 128, "batch_invariant": False,
+                "kv_layout": TRANSPOSED.name}
+    env = {"format": "kvgraft-env/1", "device_kind": "cpu", "cpu_model": "AMD EPYC", "torch_threads": 2}
+    me = EngineIdentity("a" * 64, "b" * 64, settings, env, layout, "m")
+    kv = torch.zeros(1, 1, 128, 4, dtype=torch.bfloat16)
+    snap = Snapshot(list(range(128)), 0, [LayerKV("sliding", 512, 128, kv, kv), LayerKV("full", None, 128, kv, kv)],
+                    "a" * 64, "b" * 64, "bfloat16", dict(settings), dict(env), "m")
+    return me, snap
+
+
+def test_admission_admits_a_matching_artifact() -> None:
+    me, snap = _identity_and_snapshot()
+    assert admission_differences(snap, me) == []
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda s: dataclasses.replace(s, model_fingerprint="c" * 64), "model_fingerprint: artifact cccccccccccc"),
+    (lambda s: dataclasses.replace(s, tokenizer_fingerprint="c" * 64), "tokenizer_fingerprint"),
+    (lambda s: dataclasses.replace(s, determinism={**s.determinism, "block_size": 64}),
+     "determinism.block_size: artifact 64, this engine 128"),
+    (lambda s: dataclasses.replace(s, determinism={**s.determinism, "batch_invariant": True}),
+     "determinism.batch_invariant: artifact True, this engine False"),
+    (lambda s: dataclasses.replace(s, layers=[dataclasses.replace(s.layers[0], window=1024), s.layers[1]]),
+     "layout: 2 layers vs 2, first difference at layer 0"),
+    (lambda s: dataclasses.replace(s, environment={**s.environment, "cpu_model": "Intel Xeon"}),
+     "environment.cpu_model: artifact 'Intel Xeon', this process 'AMD EPYC'"),
+    (lambda s: dataclasses.replace(s, determinism={k: v for k, v in s.determinism.items() if k != "backend"}),
+     "deposited by"),
+], ids=["model", "tokenizer", "block_size", "batch_invariant", "layout", "environment", "backend"])
+def test_admission_names_each_difference(change, named: str) -> None:  # noqa: ANN001
+    me, snap = _identity_and_snapshot()
+    why = admission_differences(change(snap), me)
+    assert why and any(named in line or (named == "deposited by" and "backend:" in line) for line in why), why
+    assert all("\n" not in line for line in why)
+
+
+# ------------------------------------------------------------------ the connector in a real engine
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    if not (VLLM_READY and VLLM_PYTHON.exists()):
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON.parent.parent} (`make setup-vllm` builds it; it failed or "
+                    "was not run)")
+    out = tmp_path_factory.mktemp("vllm") / "cases.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([str(VLLM_PYTHON), str(REPO / "tests" / "kvstore" / "vllm_cases.py"), str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text()) | {"log": proc.stdout + proc.stderr}
+
+
+
+@pytest.mark.integration
+def test_engine_deposits_each_marked_prompt_as_whole_blocks(cases: dict) -> None:
+    assert [e["tokens"] for e in cases["deposits"]] == [128] * 5  # 200-token prompts: one whole 128-token block
+    assert len({e["artifact"] for e in cases["deposits"]}) == 5
+
+
+@pytest.mark.integration
+def test_graft_is_byte_identical_to_the_engines_own_prefix_cache_hit(cases: dict) -> None:
+    good = cases["cases"]["good"]
+    assert [e["event"] for e in good["events"]] == ["graft"] and good["events"][0]["tokens"] == 128
+    assert good["graft"] is not None and good["graft"] == good["reference"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("case", "named"), [
+    ("tampered", "IntegrityError"),
+    ("model", "model_fingerprint: artifact"),
+    ("settings", "determinism.batch_invariant: artifact True, this engine False"),
+    ("layout", "layout: 18 layers vs 18, first difference at layer 0: artifact {'kind': 'full', 'window': None}"),
+])
+def test_foreign_artifact_is_refused_in_one_line_and_never_grafted(cases: dict, case: str, named: str) -> None:
+    c = cases["cases"][case]
+    assert [e["event"] for e in c["events"]] == ["refused"], c["events"]  # no graft event: nothing written
+    reasons = c["events"][0]["reasons"]
+    assert len(reasons) == 1 and named in reasons[0] and "\n" not in reasons[0], reasons
+    assert c["finish"] == "error" and c["sha"] is None  # kv_load_failure_policy "fail": the request failed
+    request = c["events"][0]["request"]
+    lines = [ln for ln in cases["log"].splitlines() if f"request {request}: no artifact admitted" in ln]
+    assert len(lines) == 1 and named in lines[0], "the refusal is logged as one line naming the difference"
+
+
+@pytest.mark.integration
+def test_recompute_policy_computes_a_refused_prefix_and_counts_the_refusal(cases: dict) -> None:
+    c = cases["cases"]["recompute"]
+    assert [e["event"] for e in c["events"]] == ["refused"] and c["events"][0]["policy"] == "recompute"
+    assert "model_fingerprint: artifact" in c["events"][0]["reasons"][0]
+    assert c["finish"] != "error" and c["sha"] is not None  # the request completed, on recomputed blocks
