@@ -78,8 +78,7 @@ report: setup
 	$(PY) -m harness.compare.report $(RUN) $(ARGS)
 
 mlflow-ui: setup
-	@echo "open http://127.0.0.1:5000 and pick experiment kvgraft-aime; its runs view is ?workflowType=machine_learning (the UI defaults to GenAI); a compare run's description links the headline view"
-	$(PY) -m mlflow ui --backend-store-uri sqlite:///$(CURDIR)/runs/mlflow.db --host 127.0.0.1 --port 5000
+	$(PY) -m harness.tracking.server --ui --runs $(CURDIR)/runs --port 5000
 
 # An MLflow tracking server on 127.0.0.1:$(PORT) (SQLite under runs/): jobs log with tracking=server
 # (tracking.uri=http://127.0.0.1:5000), from any number of processes at once (harness/tracking/server.py).

@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> Comparison:
                                     per_problem=table, params=_job_params(c, fm.model_name, lib, fm),
                                     reused=[base] if found is not None else [], records=records,
                                     run_ids={k: v for k, v in run_ids.items() if v})
-            console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui`, then its description "
-                          "links the summary page and the runs table with the headline columns")
+            console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui` prints the address of "
+                          "the runs table with the headline columns (newest first)")
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written
             warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc})", RuntimeWarning,
                           stacklevel=1)

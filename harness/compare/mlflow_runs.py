@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from mlflow import MlflowClient
 
-__all__ = ["HEADLINE_COLUMNS", "VIEW_KEY", "comparison_metrics", "log_comparison", "log_report", "view_url"]
+__all__ = ["comparison_metrics", "log_comparison", "log_report", "run_metrics"]
 
 
 def comparison_metrics(comparison: Comparison) -> dict[str, float]:
@@ -61,50 +61,72 @@ def _comparison_note(comparison: Comparison, dataset: str | None, model: str | N
     """The parent run's description: the figures themselves, the factor directions, and the summary page link."""
     from harness.compare.views import load_warning
 
-    lines = [f"**graft vs incontext vs baseline** on `{dataset}` with `{model}`. Factors: baseline / run "
-             "(above 1: the run is faster or needs fewer tokens).", "",
-             "| run | accuracy [95% CI] | decode tok/problem | TTFT s/row | baseline/run TTFT |",
-             "|---|---|---|---|---|"]
+    first = next(iter(comparison.summaries.values()), None)
+    size = f" ({first.scores.n_problems} problems)" if first else ""
+    lines = [f"**graft vs incontext vs baseline** on `{dataset}`{size} with `{model}`. Twin: rows identical to the "
+             "other run of its pair. Factors: baseline / run (above 1: the run reads fewer tokens or answers sooner).",
+             "", "| run | accuracy [95% CI] | twin identical | baseline/run prefill | baseline/run TTFT | "
+             "decode tok/problem |", "|---|---|---|---|---|---|"]
+    extra = run_metrics(comparison)
     for label, s in comparison.summaries.items():
-        sc, n = s.scores, max(s.scores.n_rows, 1)
-        f = s.comparison.ttft_factor if s.comparison else None
+        sc, n, m = s.scores, max(s.scores.n_rows, 1), extra[label]
+        twin = f"{m['twin.identical_rows']:.0f}/{m['twin.paired_rows']:.0f}" if m["twin.paired_rows"] else "-"
+        factors = [f"{m[k]:.2f}" if k in m else "n/a" for k in ("baseline/run prefill", "baseline/run ttft")]
         lines.append(f"| {label} | {sc.accuracy:.3f} [{sc.accuracy_ci_low:.3f}, {sc.accuracy_ci_high:.3f}] "
-                     f"| {s.tokens.decode / n:.1f} | {(s.time.ttft_s or 0.0) / n:.3f} | "
-                     f"{'-' if s.comparison is None else ('n/a' if f is None else f'{f:.2f}')} |")
+                     f"| {twin} | {' | '.join(factors)} | {s.tokens.decode / n:.1f} |")
     lines.append("")
     for group, p in (comparison.pairs or {}).items():
         lines.append(f"- {group}: {p.pairing.identical}/{p.rows} graft rows identical to their in-context twin")
     warning = load_warning(comparison)
     if warning:
         lines.append(f"- **{warning}**")
-    experiment_id = page_link.split("/")[2]
+    experiment_id = page_link.split("/")[2]  # "#/experiments/<id>/runs/..."
     lines += ["", f"[Summary page (table, misses, per-problem view, plots)]({page_link}); "
-              f"[runs table with the headline columns]({view_url(experiment_id)}); per-problem table "
+              f"[runs table with the headline columns]({run_view.view_url(experiment_id)}); per-problem table "
               "`per_problem_table.json`; every figure in `comparison.json`."]
     return "\n".join(lines)
 
 
-#: The experiment's shared runs-table view (MLflow 3's "share view": an experiment tag
-#: ``mlflow.sharedViewState.<key>`` holding the UI state as JSON, opened with ``?viewStateShareKey=<key>``): the
-#: headline metrics as columns, newest first, the compare parent expanded to its nested runs.
-VIEW_KEY = "kvgraft-headline"
-HEADLINE_COLUMNS = ("accuracy", "accuracy_ci_low", "accuracy_ci_high", "decode_tokens_per_problem", "ttft_s_per_row",
-                    "recurring.identical_rows", "recurring.paired_rows", "held_out.identical_rows",
-                    "held_out.paired_rows")
+def run_metrics(comparison: Comparison) -> dict[str, dict[str, float]]:
+    """What the compare job adds to each run it compares (label -> metrics), so that every row of the headline
+    view (``harness.tracking.views.HEADLINE_COLUMNS``) carries every column under one name: ``twin.identical_rows``
+    and ``twin.paired_rows`` (k of n rows identical to the run's twin in its pair, for both runs of the pair; 0 of 0
+    for a run in no pair), ``baseline/run prefill``, ``baseline/run ttft``, ``baseline/run decode`` (the baseline
+    over this run: above 1, this run reads fewer prefill tokens, answers sooner, decodes fewer tokens; 1 for the
+    baseline itself)."""
+    folders = {str(Path(f)): label for label, f in comparison.runs.items()}
+    twins: dict[str, tuple[int, int]] = {}
+    for p in (comparison.pairs or {}).values():
+        for folder in (p.graft_run, p.incontext_run):
+            if str(Path(folder)) in folders:
+                twins[folders[str(Path(folder))]] = (p.pairing.identical, p.rows)
+    out: dict[str, dict[str, float]] = {}
+    for label, s in comparison.summaries.items():
+        c = s.comparison
+        k, n = twins.get(label, (0, 0))
+        factors = {"prefill": 1.0, "ttft": 1.0, "decode": 1.0} if c is None else {
+            "prefill": c.prefill_factor, "ttft": c.ttft_factor, "decode": c.token_reduction}
+        out[label] = {"twin.identical_rows": float(k), "twin.paired_rows": float(n),
+                      **{f"baseline/run {what}": round(float(v), 3) for what, v in factors.items() if v is not None}}
+    return out
 
 
-def view_url(experiment_id: str) -> str:
-    """The runs table in the shared headline view (a UI fragment: append it to the server's address)."""
-    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}&workflowType=machine_learning"
-
-
-def _share_view(client: MlflowClient, experiment_id: str, parent_run_id: str) -> None:
+def _share_view(client: MlflowClient, experiment_id: str) -> None:
+    """Write the headline view's state, and list flat the runs that jobs logged before this view nested under
+    their compare parent (or sweep report): a nested run hides under a parent row whose headline columns are "-"."""
     import json
 
-    state = {"selectedColumns": [f"metrics.`{m}`" for m in HEADLINE_COLUMNS], "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "runsExpanded": {parent_run_id: True}}
-    retry_locked(lambda: client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}",
-                                                   json.dumps(state)), "share the headline view")
+    for job, link in (("compare", "compare_run"), ("report", "report_run")):
+        for parent in client.search_runs([experiment_id], f"tags.job = '{job}'", max_results=1000):
+            pid = parent.info.run_id
+            for old in client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{pid}'", max_results=1000):
+                if old.data.tags.get("job") == "library":
+                    continue
+                retry_locked(lambda old=old, pid=pid, link=link: client.set_tag(old.info.run_id, link, pid), "link")
+                retry_locked(lambda old=old: client.delete_tag(old.info.run_id, "mlflow.parentRunId"), "unnest run")
+
+    retry_locked(lambda: client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{run_view.VIEW_KEY}",
+                                                   json.dumps(run_view.view_state())), "share the headline view")
 
 
 def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, experiment: str,
@@ -113,7 +135,9 @@ def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, exp
                    run_ids: Mapping[str, str] | None = None) -> str:
     """Log the compare job's comparison (written at `path`) as the parent run of the runs it compares.
 
-    Named ``compare <stamp>``; its params are the settings the comparison holds fixed (`params`: dataset,
+    Named ``compare | <dataset> n=<problems> | <model> | <date> <hh:mm> | accuracy <run> <acc>, ...; twins
+    identical <k/n> ...`` (the answer is the page's first line); its params are the settings the comparison holds
+    fixed (`params`: dataset,
     limit, model, decoding, library); metrics :func:`comparison_metrics`; its description the figures with a
     link to ``summary.html`` (harness/compare/summary_page.py), logged with the plots (``harness.compare.plots``),
     comparison.json
@@ -121,7 +145,9 @@ def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, exp
     ``per_problem_table.json``. The library the job opened or built (comparison.json ``library``) is a nested
     run ``library <name> v<version>`` with its time, entries, tokens and bytes. The parent's span is its own
     runs' and the library's; `reused` names the runs the job took from an earlier job (a matching baseline),
-    which are not part of it. Each compared run logged to this store gets ``mlflow.parentRunId`` = this run.
+    which are not part of it. Each compared run logged to this store gets the tag ``compare_run`` = this run, a
+    "Compared in" link at the end of its description, and :func:`run_metrics` (not ``mlflow.parentRunId``: nested
+    runs hide under a parent row whose headline columns are "-"; the headline view lists them flat).
     The compare job gives the records of its runs (`records`: label -> FinishedRun) and their MLflow run ids
     (`run_ids`), so nothing is read back; without them (a later re-log) each folder is read, its run id from its
     ``tracking.json``. Returns the run id."""
@@ -169,16 +195,24 @@ def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, exp
             **{f"run.{_slug(k)}": v for k, v in comparison.runs.items()}}
 
     def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
-        link = f"#/experiments/{experiment_id}/runs/{run_id}/artifacts/{SUMMARY_PAGE}"
+        link = run_view.run_url(experiment_id, run_id, f"/artifacts/{SUMMARY_PAGE}")
         retry_locked(lambda: client.set_tag(run_id, "mlflow.note.content", _comparison_note(comparison, dataset, model,
                                                                                       link)), "describe run")
-        for child in children:
-            retry_locked(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
+        for child in children:  # linked, not nested: the headline view lists them flat (views.view_state)
+            retry_locked(lambda child=child: client.set_tag(child, "compare_run", run_id), "link run")
+            tags = client.get_run(child).data.tags
+            if "mlflow.parentRunId" in tags:  # a run reused from a job logged before runs were listed flat
+                retry_locked(lambda child=child: client.delete_tag(child, "mlflow.parentRunId"), "unnest run")
+            note = tags.get("mlflow.note.content", "").split("\n\nCompared in ")[0]
+            note += f"\n\nCompared in [{name}]({run_view.run_url(experiment_id, run_id)})"
+            retry_locked(lambda child=child, note=note: client.set_tag(child, "mlflow.note.content", note), "link run")
+        _log_run_metrics(client, {run_ids[k]: v for k, v in run_metrics(comparison).items() if k in run_ids})
         if library is not None:
             _log_library(library, run_id, tracking_uri=tracking_uri, experiment=experiment)
-        _share_view(client, experiment_id, run_id)
+        _share_view(client, experiment_id)
 
-    name = f"compare {path.parent.name[:19]}"
+    size = f" n={first.scores.n_problems}" if first else ""
+    name = f"compare | {dataset}{size} | {model} | {_stamp(path.parent.name)} | {_headline(comparison)}"
     with http_fail_fast(tracking_uri):
         return _log(tracking_uri, experiment, name, tags={k: scalar_text(v) for k, v in tags.items() if v is not None},
                     params={k: scalar_text(v) for k, v in (params or {}).items() if v is not None},
@@ -210,8 +244,8 @@ def _log_library(library: LibraryRecord, parent_run_id: str, *, tracking_uri: st
 
 def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracking_uri: str, experiment: str) -> str:
     """Log a sweep report (``harness.compare.report``) as a run ``report <folder>`` over the sweep: the jobs logged to
-    this
-    store nest under it, its span is theirs (first start to now), its metrics each job's headline figures
+    this store are tagged ``report_run`` = its id (not nested: each job stays a row of the headline view, with its
+    headline columns), its span is theirs (first start to now), its metrics each job's headline figures
     (``job_<n>.accuracy``, ``job_<n>.ci_low`` ...), its description their table; the table as
     ``report_table.json`` (an MLflow table), its files as artifacts. Returns the run id."""
     root = Path(root).resolve()
@@ -231,14 +265,14 @@ def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracki
             tracked = folder.read_tracking()
             if tracked.get("run_id") and tracked.get("tracking_uri") == tracking_uri:
                 children.append(tracked["run_id"])
-    note = "\n".join([f"**Report** over the {len(table)} jobs under `{root}` (nested below): accuracy with 95% "
+    note = "\n".join([f"**Report** over the {len(table)} jobs under `{root}` (tagged `report_run`): accuracy with 95% "
                       "intervals and decode tokens per attempt; the rest in `report_table.json`, `report.csv` and the "
                       "plots.", "", "| job | accuracy [95% CI] | decode tokens / attempt |", "|---|---|---|", *lines])
     tags = {"job": "report", "condition": "report", "run_dir": str(root), "mlflow.note.content": note}
 
     def adopt(client: MlflowClient, experiment_id: str, run_id: str) -> None:
-        for child in children:
-            retry_locked(lambda child=child: client.set_tag(child, "mlflow.parentRunId", run_id), "nest run")
+        for child in children:  # linked, not nested: the headline view lists each job as a row
+            retry_locked(lambda child=child: client.set_tag(child, "report_run", run_id), "link run")
 
     end = int(time.time() * 1000)
     times = (min(s for s, _ in spans), max(max(e for _, e in spans), end)) if spans else None
@@ -246,6 +280,29 @@ def log_report(root: Path, table: pd.DataFrame, files: Sequence[Path], *, tracki
         return _log(tracking_uri, experiment, f"report {root.name}", tags=tags, params={},
                     metrics={k: v for k, v in metrics.items() if v is not None}, files=[(Path(f), None) for f in files],
                     table=table, table_file="report_table.json", times_ms=times, then=adopt)
+
+
+def _log_run_metrics(client: MlflowClient, metrics: Mapping[str, Mapping[str, float]]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    for run_id, values in metrics.items():
+        batch = [Metric(k, v, now, 0) for k, v in values.items()]
+        retry_locked(lambda run_id=run_id, batch=batch: client.log_batch(run_id, metrics=batch), "log run metrics")
+
+
+def _headline(comparison: Comparison) -> str:
+    """The answer in a few words, for the parent's name (the first line of its page, above MLflow's tags):
+    each run's accuracy, then each pair's identical rows: "baseline 0.000, graft recurring 1.000, ... twins 40/40"."""
+    runs = [f"{re.sub(r'[()]', '', label)} {s.scores.accuracy:.3f}" for label, s in comparison.ordered().items()]
+    twins = [f"{p.pairing.identical}/{p.rows}" for p in (comparison.pairs or {}).values()]
+    return "accuracy " + ", ".join(runs) + (f"; twins identical {' '.join(twins)}" if twins else "")
+
+
+def _stamp(folder_name: str) -> str:
+    """A compare folder's stamp as a date and minute: "2026-12-01_11-18-46-620551" -> "2026-12-01 11:18"."""
+    m = re.match(r"(\d{4}-\d{2}-\d{2})_(\d{2})-(\d{2})", folder_name)
+    return f"{m[1]} {m[2]}:{m[3]}" if m else folder_name
 
 
 def _slug(label: str) -> str:

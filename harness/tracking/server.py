@@ -1,6 +1,7 @@
 """An MLflow tracking server on 127.0.0.1 that parallel jobs log to: SQL backend and artifacts under runs/.
 
     make mlflow-server                                  # serves http://127.0.0.1:5000 until Ctrl-C
+    make mlflow-ui                                      # the dashboard of runs/mlflow.db (--ui): prints its address
     python -m harness condition=baseline tracking=server            # tracking.uri=http://127.0.0.1:5000
     python -m harness -m condition=baseline,graft tracking=server tracking.uri=http://HOST:PORT
 
@@ -9,7 +10,8 @@ so N jobs on N machines write through HTTP instead of each opening the file (SQL
 the server's concern, not theirs). Artifacts are proxied (--serve-artifacts) into runs/mlflow-server-artifacts,
 so a client needs no shared filesystem. MLflow's background job runner (GenAI evaluation jobs, a dozen worker
 processes) is turned off: it is not used here and would triple the start time on a small machine.
-`MlflowServer` is the same server as a context manager, for tests.
+`MlflowServer` is the same server as a context manager, for tests. Both print the one address a reviewer opens
+(:func:`dashboard_address`: the experiment's runs table in the headline view).
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness.config.schema import DEFAULT_EXPERIMENT
 from harness.errors import TrackingError
+from harness.tracking.store import default_tracking_uri
+from harness.tracking.views import view_url
 from kvstore import die_with_parent, stop_process_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,17 +96,43 @@ class MlflowServer:
         self.stop()
 
 
+def dashboard_address(base: str, tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> str:
+    """The dashboard's first screen: `experiment`'s runs table in the shared headline view
+    (``harness.tracking.views.view_url``), or the experiment list (in the runs workflow) before any job logged."""
+    from mlflow import MlflowClient
+
+    found = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(experiment)
+    if found is None:
+        return f"{base}/#/?workflowType=machine_learning"
+    return f"{base}/{view_url(found.experiment_id)}"
+
+
+def ui_command(runs: Path, port: int) -> list[str]:
+    """``mlflow ui`` over the embedded store of the jobs (``runs/mlflow.db``, artifacts beside it)."""
+    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", default_tracking_uri(runs),
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.tracking.server", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default=str(REPO / "runs"), help="folder of the SQLite backend and artifacts")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--backend-store-uri", default=None, help="another SQL database (postgresql://..., mysql://...)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--ui", action="store_true", help="serve the jobs' embedded store (runs/mlflow.db) instead")
+    p.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="the experiment whose address is printed")
     a = p.parse_args(argv)
-    Path(a.runs).mkdir(parents=True, exist_ok=True)
-    cmd = server_command(Path(a.runs), a.port, a.backend_store_uri, a.workers)
-    print(f"MLflow server on http://127.0.0.1:{a.port} (jobs: tracking=server tracking.uri=http://127.0.0.1:{a.port})",
-          flush=True)
+    runs = Path(a.runs).resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    base = f"http://127.0.0.1:{a.port}"
+    if a.ui:
+        cmd = ui_command(runs, a.port)
+        print(f"open {dashboard_address(base, default_tracking_uri(runs), a.experiment)}", flush=True)
+    else:
+        cmd = server_command(runs, a.port, a.backend_store_uri, a.workers)
+        store = a.backend_store_uri or f"sqlite:///{(runs / 'mlflow-server.db').as_posix()}"
+        print(f"MLflow server on {base} (jobs: tracking=server tracking.uri={base}); open "
+              f"{dashboard_address(base, store, a.experiment)}", flush=True)
     os.execve(cmd[0], cmd, server_env())
     return 0  # pragma: no cover - execve does not return
 

@@ -15,8 +15,8 @@ from harness.record.folder import SUMMARY, RunFolder
 from harness.record.hashing import sha256_json
 from harness.record.rows import Group, Row, Summary
 
-__all__ = ["TABLE_FILE", "dataset_digest", "dataset_input", "headline_metrics", "outputs_table", "run_group",
-           "run_name", "run_tags", "run_times_ms"]
+__all__ = ["HEADLINE_COLUMNS", "TABLE_FILE", "VIEW_KEY", "dataset_digest", "dataset_input", "headline_metrics",
+           "outputs_table", "run_group", "run_name", "run_tags", "run_times_ms", "run_url", "view_state", "view_url"]
 
 TABLE_FILE = "outputs_table.json"  # the per-problem outputs, an MLflow table (mlflow.log_table)
 _MAX_DIGEST = 32  # MLflow keeps at most 36 characters of a dataset digest (MAX_DATASET_DIGEST_SIZE)
@@ -51,13 +51,14 @@ def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
 
 
 def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
-    """What the runs table shows, condition and group first so names differ in their first characters:
-    ``graft recurring``, ``incontext held-out``, ``baseline``; a sweep job adds its job name (which carries the
-    swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5``.
-    Dataset, model and folder are tags (and in the description), not part of the name."""
+    """What the runs table shows: what differs between runs, condition and group first so names differ in their
+    first characters, then the problem set, its size and the model: ``graft recurring | aime n=40 | gemma-3-1b``,
+    ``baseline | aime n=40 | gemma-3-1b``; a sweep job adds its job name after the condition (it carries the swept
+    values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``."""
     name = summary.condition + (f" {group}" if group else "")
     job = _sweep_job(folder, summary.condition)
-    return f"{name} {job}" if job else name
+    return " | ".join([f"{name} {job}" if job else name, f"{summary.dataset} n={summary.scores.n_problems}",
+                       str(summary.model)])
 
 
 def _sweep_job(folder: RunFolder, condition: str) -> str | None:
@@ -84,7 +85,46 @@ def headline_metrics(summary: Summary) -> dict[str, float]:
     }
     for group, g in (summary.groups or {}).items():
         out[f"{group}.accuracy"] = g.accuracy
-    return {k: float(v) for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    # 4 decimals: MLflow's table prints every digit it is given (0.561506080449...), cut to the column's width
+    return {k: round(float(v), 4) for k, v in out.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+#: The experiment's shared runs-table view (MLflow 3's "share view": an experiment tag
+#: ``mlflow.sharedViewState.<key>`` holding the UI state as JSON, opened with ``?viewStateShareKey=<key>``): one row
+#: per run that carries a headline (every condition run and sweep job; the compare parents, libraries and reports,
+#: which carry other figures, are filtered out), newest first, these columns in this order, narrow enough that the
+#: accuracy and twin columns fit beside MLflow's assistant panel (a fresh browser on 127.0.0.1 opens it once).
+#: Every row carries every column: the compare job adds ``twin.*`` and ``baseline/run *`` to the runs it compares
+#: (0 of 0 twins and factors of 1 for its baseline), so the newest job's answer fills the first screen with no "-".
+VIEW_KEY = "kvgraft-headline"
+HEADLINE_COLUMNS = ("accuracy", "accuracy_ci_low", "accuracy_ci_high", "twin.identical_rows", "twin.paired_rows",
+                    "baseline/run prefill", "baseline/run ttft", "baseline/run decode")
+_NAME_COLUMN = "attributes.`Run Name`"
+
+
+def view_url(experiment_id: str) -> str:
+    """The runs table in the shared headline view (a UI fragment: append it to the server's address). The
+    ``workflowType`` parameter is what makes MLflow 3.17 show runs: its UI takes the workflow from the address,
+    else from the browser's last choice (localStorage ``mlflow.workflowType``), else GenAI; the experiment's
+    ``mlflow.experimentKind`` tag does not decide it."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}&workflowType=machine_learning"
+
+
+def run_url(experiment_id: str, run_id: str, page: str = "") -> str:
+    """A run's page (`page`: e.g. ``/artifacts/summary.html``) in the runs workflow, as a UI fragment."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+
+
+def view_state() -> dict[str, Any]:
+    """The shared view's UI state (what ``?viewStateShareKey`` restores): the rows that carry the headline
+    columns, newest first; the run name and MLflow's created (which it keeps in place), then the headline columns."""
+    metrics = [f"metrics.`{m}`" for m in HEADLINE_COLUMNS]
+    return {"selectedColumns": metrics, "orderByKey": "attributes.start_time", "orderByAsc": False,
+            "searchFilter": "metrics.accuracy >= 0",
+            "columnOrder": [_NAME_COLUMN, "runDateAndNestInfo", *metrics, "duration"],
+            # narrow: the run name's first words, then accuracy, its interval and the twins within ~750 px
+            "columnWidths": {_NAME_COLUMN: 220, "runDateAndNestInfo": 100, **dict.fromkeys(metrics[:5], 78),
+                             **dict.fromkeys(metrics[5:], 110)}}
 
 
 def dataset_digest(manifest: dict[str, Any]) -> str:

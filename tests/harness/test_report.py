@@ -64,8 +64,8 @@ def test_make_report_writes_its_table_and_plots_and_logs_them(tmp_path: Path, fa
     eid = client.get_experiment_by_name("kvgraft-test").experiment_id
     [run] = client.search_runs([eid], "tags.job = 'report'")
     assert run.info.run_name == f"report {sweep.name}"
-    nested = client.search_runs([eid], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
-    assert {r.info.run_id for r in nested} == jobs  # the report nests over its sweep
+    linked = client.search_runs([eid], f"tags.report_run = '{run.info.run_id}'")
+    assert {r.info.run_id for r in linked} == jobs  # the report links its sweep's jobs (each stays a row)
     assert run.data.metrics["jobs"] == 4 and run.data.metrics["job_1.accuracy"] == 0.5
     assert "job_3.ci_low" in run.data.metrics and run.info.end_time > run.info.start_time
     assert "| 1_baseline | 0.500 [" in run.data.tags["mlflow.note.content"]

@@ -163,7 +163,7 @@ def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: s
     run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
     client = MlflowClient(tracking_uri=sqlite_uri)
     run = client.get_run(run_id)
-    assert run.info.run_name == "baseline"  # condition (+ group) first and only: dataset, model, folder are tags
+    assert run.info.run_name == "baseline | toy n=2 | toy-model"  # condition (+ group) first, then what else differs
     assert run.info.end_time - run.info.start_time == 62_500
     assert run.info.start_time == 1767323045000
     assert {"condition": "baseline", "model": "toy-model", "dataset": "toy"}.items() <= run.data.tags.items()
@@ -247,6 +247,7 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     from harness.compare.pairing import Pairing
     from harness.compare.plan import Plan
     from harness.record.folder import RunFolder
+    from harness.tracking.views import HEADLINE_COLUMNS
 
     folders = {label: RunFolder(fakerun.build_fake_run(tmp_path / name))
                for label, name in [("baseline", "base"), ("graft (held-out)", "graft-held_out")]}
@@ -270,9 +271,19 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
 
     client = MlflowClient(tracking_uri=sqlite_uri)
     for child in children.values():
-        assert client.get_run(child).data.tags["mlflow.parentRunId"] == parent
+        tags, metrics = client.get_run(child).data.tags, client.get_run(child).data.metrics
+        assert tags["compare_run"] == parent and "mlflow.parentRunId" not in tags  # listed flat, linked
+        assert "Compared in [compare | toy n=" in tags["mlflow.note.content"]
+        # every row of the headline view fills every column (but a factor of a figure the run lacks: these fake
+        # runs record no TTFT)
+        assert set(HEADLINE_COLUMNS) - {"baseline/run ttft"} <= set(metrics)
+    graft = client.get_run(children["graft (held-out)"]).data.metrics
+    assert graft["twin.identical_rows"] == 3 and graft["twin.paired_rows"] == 3
+    base = client.get_run(children["baseline"]).data.metrics
+    assert base["twin.paired_rows"] == 0 and base["baseline/run ttft"] == 1.0
     run = client.get_run(parent)
-    assert run.info.run_name == "compare 2026-01-01_00-00-00"
+    assert run.info.run_name.startswith("compare | toy n=2 | toy-model | 2026-01-01 00:00 | accuracy baseline 0.750")
+    assert run.info.run_name.endswith("; twins identical 3/3")  # the answer is the first line of the parent's page
     assert run.data.params == {"dataset": "toy", "limit": "2", "max_new_tokens": "16", "model": "toy-model",
                                "library": "toylib-v1"}
     m = run.data.metrics
@@ -284,7 +295,8 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     assert len(m) < 30 and not any(k.startswith(("pairs.", "baseline.comparison")) for k in m)
     note = run.data.tags["mlflow.note.content"]
     assert "0.750 [" in note and "held_out: 3/3 graft rows identical" in note and "baseline / run" in note
-    assert f"#/experiments/{run.info.experiment_id}/runs/{parent}/artifacts/summary.html" in note
+    assert "| graft (held-out) | 0.750 [" in note and "| 3/3 |" in note  # the twin column
+    assert f"#/experiments/{run.info.experiment_id}/runs/{parent}/artifacts/summary.html?workflowType" in note
     assert "machine was loaded" in note  # load 3.5 on 2 cores
     starts = [client.get_run(c).info.start_time for c in children.values()]
     assert run.info.start_time == 1767225600000  # the library build began the job
@@ -302,8 +314,10 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     assert lib.data.metrics["bytes"] == 1_234_567 and lib.data.metrics["entries"] == 2
     assert lib.info.end_time - lib.info.start_time == 12_500
     view = json.loads(client.get_experiment(run.info.experiment_id).tags["mlflow.sharedViewState.kvgraft-headline"])
-    assert "metrics.`accuracy`" in view["selectedColumns"] and view["runsExpanded"] == {parent: True}
+    assert view["selectedColumns"] == [f"metrics.`{m}`" for m in HEADLINE_COLUMNS]
+    assert view["searchFilter"] == "metrics.accuracy >= 0" and view["columnOrder"][0] == "attributes.`Run Name`"
     assert "viewStateShareKey=kvgraft-headline" in note
     everything = client.search_runs([run.info.experiment_id])
-    # short names (both fake runs are baselines: a compare job's five differ in condition and group)
-    assert {r.info.run_name for r in everything} == {"baseline", "compare 2026-01-01_00-00-00", "library toylib v1"}
+    # names say what differs (both fake runs are baselines: a compare job's differ in condition and group)
+    assert {r.info.run_name for r in everything} == {"baseline | toy n=2 | toy-model", "library toylib v1",
+                                                     run.info.run_name}
