@@ -31,7 +31,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.backends.transformers.model": ("FrozenModel", "environment_fingerprint", "load_frozen_model",
                                             "smallest_window"),
     # the backend seam and the registry
-    "kvstore.engine.protocol": ("TRANSFORMERS", "Backend", "Registered", "as_backend"),
+    "kvstore.engine.protocol": ("TRANSFORMERS", "Backend", "Registered", "artifact_backend", "as_backend"),
     "kvstore.backends": ("backend_names", "load_backend", "settings_class"),
     # compute, capture and graft on the transformers engine
     "kvstore.backends.transformers.capture": ("capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill"),

@@ -63,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(text: str) -> str:
     lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
-    return " ".join(lines) if len(lines) <= 3 else lines[0] + " ..."
+    return _printable(" ".join(lines) if len(lines) <= 3 else lines[0] + " ...")
+
+
+def _printable(text: str) -> str:
+    """`text` with control characters (ANSI escapes from a forged row or file name) shown escaped, not obeyed."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,6 +147,8 @@ def resolve_id(store: LocalStore, given: str) -> ArtifactId:
     if len(text) < MIN_PREFIX or not set(text) <= set("0123456789abcdef"):
         raise InvalidIdError(f"{given!r} is not an artifact id or a prefix of at least {MIN_PREFIX} hex digits")
     matches = [i.id for i in store.list() if i.id.startswith(text)]
+    if not matches and hasattr(store, "unindexed"):  # an object whose row is missing or damaged (`kvstore rm` it)
+        matches = [a for a in store.unindexed() if a.startswith(text)]
     if not matches:
         raise NotFoundError(f"no artifact id starts with {text} in store {store.root} (see `kvstore ls`)")
     if len(matches) > 1:
@@ -262,7 +269,7 @@ def _show(args) -> int:
     meta = read_metadata(data)
     try:
         tags = list(store.info(aid).tags)
-    except NotFoundError:  # object on disk without an index row (`kvstore gc` indexes it)
+    except KVStoreError:  # an object without a readable index row (`kvstore gc` indexes it)
         tags = []
     if args.json:
         print(json.dumps({"id": aid, "size": len(data), "tags": tags, "metadata": meta}, indent=2, sort_keys=True))
@@ -305,21 +312,26 @@ def _kv(d: dict) -> str:
 def _verify(args) -> int:
     store = _store(args)
     ids = [resolve_id(store, i) for i in args.ids] if args.ids else [ArtifactId(i.id) for i in store.list()]
-    if not ids:
+    unindexed = [] if args.ids else store.unindexed()  # objects no readable row lists: verified and named too
+    if not ids and not unindexed:
         print(f"nothing to verify: store {store.root} is empty", file=sys.stderr)
         return 0
     failed = 0
-    for aid in ids:
+    for aid in [*ids, *unindexed]:
         try:
             store.verify(aid)
-            print(f"OK      {aid}")
+            print(f"OK      {aid}" if aid in ids else
+                  f"NO ROW  {aid}: bytes OK, but no readable index row (ls, tags and token lookups miss it)")
         except KVStoreError as e:
             failed += 1
-            print(f"FAILED  {aid}: {e}")
+            print(f"FAILED  {aid}: {_printable(str(e))}")
     if failed:
-        print(f"{failed} of {len(ids)} artifacts failed verification; remove them (`kvstore rm ID`) "
+        print(f"{failed} of {len(ids) + len(unindexed)} artifacts failed verification; remove them (`kvstore rm ID`) "
               "and deposit them again", file=sys.stderr)
-    return 1 if failed else 0
+    if unindexed:
+        print(f"{len(unindexed)} object(s) without a readable index row in {store.root}: run `kvstore gc` to index "
+              "them", file=sys.stderr)
+    return 1 if failed or unindexed else 0
 
 
 def _rm(args) -> int:
@@ -332,14 +344,18 @@ def _rm(args) -> int:
 
 def _gc(args) -> int:
     report = _store(args).gc()
-    print(f"temp files removed  {report['temp_removed']}")
-    print(f"temp files kept     {report['temp_kept']} (younger than the grace period or held by a live writer)")
+    if "temp_removed" in report:  # a folder's own (an S3 or memory store has no temp files)
+        print(f"temp files removed  {report['temp_removed']}")
+        print(f"temp files kept     {report['temp_kept']} (younger than the grace period or held by a live writer)")
     print(f"index rows dropped  {report['rows_dropped']}")
+    print(f"index rows repaired {len(report['rows_repaired'])} (said other facts than their object, or damaged)")
+    for d in report["rows_repaired"]:
+        print(f"  {_printable(d)}")
     print(f"objects indexed     {report['objects_indexed']}")
     print(f"damaged             {len(report['damaged'])}")
     for d in report["damaged"]:
-        print(f"  {d}")
-    return 1 if report["damaged"] else 0
+        print(f"  {_printable(d)}")
+    return 1 if report["damaged"] or report["rows_repaired"] else 0
 
 
 # --------------------------------------------------------------------------------------------- export / import

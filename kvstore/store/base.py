@@ -126,6 +126,10 @@ class Store(ABC):
         one by one when the artifact entered the store). Raises NotFoundError, IntegrityError."""
         return from_bytes(self.get_bytes(aid), verify_tensors=False)
 
+    def size(self, aid: str) -> int:
+        """The artifact's size in bytes (its index row's, where the store has no better answer). NotFoundError."""
+        return self.info(aid).size
+
     def __contains__(self, aid: object) -> bool:
         try:
             return isinstance(aid, str) and self.contains(aid)

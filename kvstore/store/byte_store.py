@@ -65,6 +65,10 @@ class ByteStore(ABC):
         """The blob's bytes as this process's own copy, whatever later happens to the stored blob."""
         return self.get(key)
 
+    def size(self, key: str) -> int:
+        """The blob's length in bytes (a folder stats the file, S3 asks for the head). NotFoundError when absent."""
+        return len(self.get(key))
+
     def where_of(self, key: str) -> str:
         """Where the blob is, for messages (a folder names the file)."""
         return self.where

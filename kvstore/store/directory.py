@@ -117,6 +117,10 @@ class DirectoryBytes(ByteStore):
     def contains(self, key: str) -> bool:
         return self.path(key).exists()
 
+    def size(self, key: str) -> int:
+        with self._open(key) as f:
+            return os.fstat(f.fileno()).st_size
+
     def list(self, prefix: str = "") -> list[str]:
         """Every file under root whose key starts with `prefix` (temp files skipped), sorted."""
         top = prefix.rsplit("/", 1)[0] if "/" in prefix else ""

@@ -66,6 +66,10 @@ class Index(ABC):
         """Drop the row and its tags; False when there was no row."""
 
     @abstractmethod
+    def rewrite(self, row: IndexRow) -> None:
+        """Replace the artifact's row (damaged, or saying other facts than its object) by `row`; tags are kept."""
+
+    @abstractmethod
     def drop_if(self, aid: str, gone: Callable[[], bool]) -> bool:
         """Drop the row (and tags) of an artifact whose object `gone()` says is missing, asking `gone()` again
         where no put can index it meanwhile (a transaction, where the index has them); True when dropped."""
@@ -171,6 +175,8 @@ class BlobIndex(Index):
                 rows.append(self._info(self._row(aid), tags.get(aid, ())))
             except NotFoundError:
                 continue  # removed between the listing and the read
+            except IntegrityError:
+                continue  # a damaged row lists nothing: its object is `unindexed` until gc rewrites the row
         return rows
 
     def find_tokens(self, tokens_sha256: str) -> list[ArtifactId]:
@@ -181,6 +187,10 @@ class BlobIndex(Index):
 
     def ids(self) -> set[str]:
         return set(self._row_ids())
+
+    def rewrite(self, row: IndexRow) -> None:
+        self.blobs.delete(_row_key(row.id))
+        self.add([row], ())
 
     def remove(self, aid: str) -> bool:
         had_row = self.blobs.delete(_row_key(aid))

@@ -15,7 +15,9 @@ default: every reader of a bucket sees the same rows) or is a SQLite file (`Sqli
 Every put: admit every item (structure, invariants, tensor hashes) before anything is written; create each object;
 index them all (one transaction where the index has them); a put that fails after writing objects removes the
 ones it created that have no row. A writer killed between object and row leaves an object without a row: `gc()`
-admits and indexes it (or reports it damaged). Every get: the byte store's bytes (a folder maps its file), hashed
+admits and indexes it (or reports it damaged), and checks every row against its object: a row that says
+something else (another token hash, model, size: a forged or damaged shared index) is rewritten from the object and
+reported. Every get: the byte store's bytes (a folder maps its file), hashed
 to the id before anything is returned (kvstore/store/verified_read.py). Rows are metadata for listing and lookups only.
 """
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, MutableMapping
 
 from kvstore.errors import KVStoreError, NotFoundError, ReadOnlyStoreError
-from kvstore.format.artifact import Snapshot, guard, to_bytes
+from kvstore.format.artifact import Snapshot, from_bytes, guard, to_bytes
 from kvstore.format.ids import ArtifactId, id_to_relpath, relpath_to_id
 from kvstore.store.base import ArtifactInfo, IndexRow, Store, admit, check_id, check_tags
 from kvstore.store.byte_store import ByteStore
@@ -200,21 +202,73 @@ class ObjectStore(Store):
         return report
 
     def gc(self) -> dict:
-        """Repair after killed writers: rows whose object is gone are dropped (asked again where no put can
-        race it); objects without a row are admitted like a put and indexed (damaged ones, and anything under
-        objects/ that is not an object, are reported in `damaged`, never deleted or indexed)."""
+        """Repair after killed writers and lying rows: rows whose object is gone are dropped (asked again where no
+        put can race it); every other row is compared with its object (hashed to its id first) and rewritten from
+        it where it differs or cannot be read (`rows_repaired` names each, with what it said); objects without a
+        row are admitted like a put and indexed (damaged ones, and anything under objects/ that is not an object,
+        are reported in `damaged`, never deleted or indexed). Reads every object once."""
         self._writable("run gc")
         return self._gc({})
 
     def _gc(self, report: dict) -> dict:
-        report.update({"rows_dropped": 0, "objects_indexed": 0, "damaged": []})
+        report.update({"rows_dropped": 0, "rows_repaired": [], "objects_indexed": 0, "damaged": []})
         on_store = set(self._object_ids(report["damaged"]))
         rows = self.index.ids()
         for aid in sorted(rows - on_store):
             if self.index.drop_if(aid, lambda aid=aid: not self.contains(aid)):
                 report["rows_dropped"] += 1
+        for aid in sorted(rows & on_store):
+            self._check_row(ArtifactId(aid), report)
         self._index_objects(sorted(on_store - rows), report)
         return report
+
+    def _check_row(self, aid: ArtifactId, report: dict) -> None:
+        """Compare the index row of a stored object with what the object holds (its bytes hashed to the id first);
+        a row that differs, or cannot be read, is rewritten from the object (tags kept) and named in
+        report["rows_repaired"]; an object that does not hash to its id is reported in report["damaged"]."""
+        try:
+            data = self._fetch(aid, "map")
+            self._check(aid, data)
+            true = IndexRow.of(aid, len(data), from_bytes(data, verify_tensors=False))
+        except NotFoundError:
+            return  # removed meanwhile
+        except (KVStoreError, OSError) as e:
+            report["damaged"].append(f"{aid}: {e}")
+            return
+        try:
+            row = self.index.get(aid)
+        except KVStoreError as e:  # a row that cannot be read (BlobIndex: not a row of ours)
+            said = f"damaged ({e})"
+        else:
+            if row is None:
+                return  # removed meanwhile
+            differs = [f for f in IndexRow.__dataclass_fields__ if getattr(row, f) != getattr(true, f)]
+            if not differs:
+                return
+            said = "; ".join(f"{f} {getattr(row, f)!r:.40}, object {getattr(true, f)!r:.40}" for f in differs)
+        self.index.rewrite(true)
+        report["rows_repaired"].append(f"{aid}: index row {said}: rewritten from the object")
+
+    def unindexed(self) -> list[ArtifactId]:
+        """Ids of the objects that no readable index row lists (a writer killed between object and row, a row
+        removed or damaged): listing, tags and token lookups miss them until `gc()` indexes them."""
+        listed = {i.id for i in self.list()}
+        return sorted(a for a in self._object_ids([]) if a not in listed)
+
+    def size(self, aid: str) -> int:
+        """The artifact's size in bytes: its index row's, else the object's own (an object gc has not indexed).
+        NotFoundError when neither exists."""
+        aid = ArtifactId(aid)
+        try:
+            row = self.index.get(aid)
+        except KVStoreError:
+            row = None
+        if row is not None:
+            return row.size
+        try:
+            return self.blobs.size(id_to_relpath(aid))
+        except NotFoundError:
+            raise NotFoundError(f"artifact {aid} is not in {self.blobs.where} (see `kvstore ls`)") from None
 
 
 class ObjectsById(MutableMapping):

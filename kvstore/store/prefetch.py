@@ -127,15 +127,9 @@ class Prefetcher:
             raise KVStoreError("this Prefetcher is closed; create a new one")
 
     def _size(self, aid: ArtifactId) -> int:
-        """Bytes the artifact will take: its index row's size, else its object file's (a LocalStore object that
-        gc has not indexed yet); NotFoundError from the index when neither exists."""
-        try:
-            return self.store.info(aid).size
-        except KVStoreError:
-            path = getattr(self.store, "path", None)
-            if path is not None and path(aid).is_file():
-                return path(aid).stat().st_size
-            raise
+        """Bytes the artifact will take: its index row's size, else its object's (an object gc has not indexed
+        yet, or whose row is damaged: a missing row never blocks a read); NotFoundError when neither exists."""
+        return self.store.size(aid)
 
     def _load(self, aid: ArtifactId) -> Snapshot:
         """The verified snapshot, in memory of its own: a LocalStore reads into a private buffer rather than

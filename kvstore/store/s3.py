@@ -124,6 +124,11 @@ class S3Bytes(ByteStore):
         except NotFoundError:
             return False
 
+    def size(self, key: str) -> int:
+        k = self._key(key)
+        head = self._call(f"look up {k}", lambda: self.client.head_object(Bucket=self.bucket, Key=k), missing_ok=True)
+        return int(head["ContentLength"])
+
     def list(self, prefix: str = "") -> list[str]:
         full = (f"{self.prefix}/" if self.prefix else "") + prefix
         cut = len(self.prefix) + 1 if self.prefix else 0

@@ -135,6 +135,14 @@ class SqliteIndex(Index):
         with self._db("add tags") as db:
             db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(str(aid), t) for t in tags])
 
+    def rewrite(self, row: IndexRow) -> None:
+        with self._db(f"rewrite the row of {row.id}") as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("DELETE FROM artifacts WHERE id = ?", (row.id,))
+            db.execute("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?)", (row.id, row.size, row.token_count,
+                       row.tokens_sha256, row.model_fingerprint, row.model_name, time.time()))
+            db.execute("COMMIT")
+
     def remove(self, aid: str) -> bool:
         with self._db(f"remove {aid}") as db:
             db.execute("BEGIN IMMEDIATE")

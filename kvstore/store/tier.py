@@ -102,6 +102,9 @@ class CachedStore(Store):
     def info(self, aid: str) -> ArtifactInfo:
         return self.inner.info(aid)
 
+    def size(self, aid: str) -> int:
+        return self.inner.size(aid)
+
     def list(self, tag: str | None = None) -> list[ArtifactInfo]:
         return self.inner.list(tag)
 

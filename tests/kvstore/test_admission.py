@@ -279,7 +279,7 @@ def test_a_put_whose_indexing_fails_leaves_no_orphan(tmp_path, gemma_bytes, monk
         store.put_bytes(gemma_bytes)
     assert not [p for p in (store.root / "objects").rglob("*") if p.is_file()]
     monkeypatch.undo()
-    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "rows_repaired": [], "objects_indexed": 0, "damaged": []}
 
 
 def test_sqlite_failures_are_index_database_errors(tmp_path, gemma_bytes):

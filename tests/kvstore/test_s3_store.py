@@ -224,7 +224,7 @@ def test_gc_indexes_an_object_whose_writer_died_before_its_row(store, hand_built
     aid = ArtifactId.of(data)
     store.blobs.create(id_to_relpath(aid), data)  # the object, then the writer died: no row
     assert aid in store and store.list() == []
-    assert store.gc() == {"rows_dropped": 0, "objects_indexed": 1, "damaged": []}
+    assert store.gc() == {"rows_dropped": 0, "rows_repaired": [], "objects_indexed": 1, "damaged": []}
     assert [i.id for i in store.list()] == [aid]
 
 

@@ -293,11 +293,11 @@ def test_gc_reindexes_objects_without_rows_and_drops_rows_without_objects(tmp_pa
 
     report = store.gc()
 
-    assert report == {"temp_removed": 1, "temp_kept": 0, "rows_dropped": 1, "objects_indexed": 1, "damaged": []}
+    assert report == {"temp_removed": 1, "temp_kept": 0, "rows_dropped": 1, "rows_repaired": [], "objects_indexed": 1, "damaged": []}
     assert sorted(i.id for i in store.list()) == sorted([ida, idc])
     assert not temp.exists()
     assert store.info(ida).token_count == 5
-    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "rows_repaired": [], "objects_indexed": 0, "damaged": []}
 
 
 def test_gc_reports_a_damaged_unindexed_object_and_keeps_it(tmp_path, hand_built):

@@ -61,4 +61,4 @@ def test_a_local_store_is_an_object_store_over_a_folder_and_a_sqlite_index(tmp_p
     # the same objects under another ObjectStore on the same folder and index: the same rows, the same bytes
     other = ObjectStore(DirectoryBytes(store.root), SqliteIndex(store.index_path))
     assert other.list("t") == store.list("t") and other.get_bytes(aid) == store.get_bytes(aid)
-    assert store.path(aid).is_file() and other.gc() == {"rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+    assert store.path(aid).is_file() and other.gc() == {"rows_dropped": 0, "rows_repaired": [], "objects_indexed": 0, "damaged": []}

@@ -43,7 +43,7 @@ def test_put_many_leaves_no_temp_files_and_gc_finds_nothing_to_fix(tmp_path):
     store = LocalStore(tmp_path / "s")
     store.put_many([_snapshot(i) for i in range(4)])
     assert not [p for p in (tmp_path / "s" / "objects").rglob(".*")]
-    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "objects_indexed": 0, "damaged": []}
+    assert store.gc() == {"temp_removed": 0, "temp_kept": 0, "rows_dropped": 0, "rows_repaired": [], "objects_indexed": 0, "damaged": []}
 
 
 def test_put_many_on_the_memory_twin():
