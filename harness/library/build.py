@@ -57,6 +57,7 @@ from kvstore import (
     KVStoreError,
     LocalStore,
     Snapshot,
+    artifact_backend,
     artifact_differences,
     as_backend,
     enter_profile,
@@ -79,13 +80,21 @@ class Entry:
     tokens: int
     origin: str
     verification: dict[str, Any]
+    tokens_sha256: str | None = None  # SHA-256 of the entry's token ids; None in libraries built before it existed
 
     @classmethod
     def from_row(cls, row: dict) -> Entry:
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row or k != "tokens_sha256"})
 
     def to_row(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The index row; tokens_sha256 left out when None, so older libraries' rows (and hashes) read as written."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__
+                if k != "tokens_sha256" or self.tokens_sha256 is not None}
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        """Whether `snapshot` holds this entry's tokens: their count, and their SHA-256 where the entry records it."""
+        return snapshot.token_count == self.tokens and (
+            self.tokens_sha256 is None or tokens_sha256(snapshot.token_ids) == self.tokens_sha256)
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,18 @@ class Library:
         self.entries = [Entry.from_row(r) for r in rows]
         self._by_fp = {e.problem_fingerprint: e for e in self.entries}
         self._bm25 = None
+
+    def check_artifact(self, entry: Entry, snapshot: Snapshot) -> None:
+        """LibraryError unless the artifact read for `entry` holds the entry's tokens (a graft never takes another
+        problem's context from a store whose object or index was swapped since the build)."""
+        if not entry.holds(snapshot):
+            raise LibraryError(
+                f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): artifact "
+                f"{entry.artifact_id[:12]} holds {snapshot.token_count} tokens (SHA-256 "
+                f"{tokens_sha256(snapshot.token_ids)[:12]}), not the entry's {entry.tokens}"
+                + (f" ({entry.tokens_sha256[:12]})" if entry.tokens_sha256 else "")
+                + f": the library points at another artifact; run `kvstore gc --store {self.store.root}`, remove "
+                "the library folder and rebuild it with `make library`")
 
     @property
     def manifest_sha256(self) -> str:
@@ -222,6 +243,30 @@ def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
     return be.capture(state, ids, extra)
 
 
+def _reusable(store, ids: list[int], fm: Backend) -> str | None:
+    """The id of a stored artifact of exactly `ids` that this backend can graft, or None. The index only proposes
+    candidates: each is read (verified) and must hold these token ids from position 0, made by this backend with
+    this model and tokenizer under these settings and environment. A candidate whose index row lies is reported
+    (stderr) and skipped: `kvstore gc` repairs the row."""
+    for aid in store.find_tokens(tokens_sha256(ids)):
+        try:
+            snap = store.get(aid)
+        except KVStoreError as e:
+            print(f"library: store {store.root}: artifact {aid} listed by the index cannot be read ({e}); not reused: "
+                  f"run `kvstore gc --store {store.root}`", file=sys.stderr, flush=True)
+            continue
+        if list(snap.token_ids) != list(ids) or snap.start_position != 0:
+            print(f"library: store {store.root}: the index row of artifact {aid} says it holds {len(ids)} tokens "
+                  f"with SHA-256 {tokens_sha256(ids)[:12]}, but the artifact holds {snap.token_count} other tokens; "
+                  f"not reused: repair the index with `kvstore gc --store {store.root}`", file=sys.stderr, flush=True)
+            continue
+        if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
+            continue
+        if artifact_backend(snap) == fm.name and not artifact_differences(snap, fm):
+            return str(aid)
+    return None
+
+
 def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True) -> Path:
     """Verify, deposit and index every candidate solution on the backend `fm` (a FrozenModel: its transformers
     backend). Resumable: an entry whose tokens are already in the store for this model and these settings is not
@@ -257,11 +302,8 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             continue
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
         ids = fm.encode(text)
-        existing = [
-            a for a in store.find_tokens(tokens_sha256(ids))
-            if store.info(a).model_fingerprint == fm.fingerprint and not artifact_differences(store.get(a), fm)
-        ]
-        planned.append((p, solution, verification, text, ids, str(existing[0]) if existing else None))
+        existing = _reusable(store, ids, fm)
+        planned.append((p, solution, verification, text, ids, existing))
     # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.
     t0 = time.perf_counter()
     todo = sum(len(ids) for *_, ids, aid in planned if aid is None)
@@ -291,6 +333,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             tokens=len(ids),
             origin=origin,
             verification=verification,
+            tokens_sha256=tokens_sha256(ids),
         )
         entries.setdefault(entry.entry_id, entry.to_row())
     bar.close()
@@ -359,6 +402,7 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         except KVStoreError as err:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: artifact {e.artifact_id} cannot be read "
                                f"({err}); rebuild the library with `make library`") from err
+        lib.check_artifact(e, snap)
         if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
                                "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")

@@ -168,6 +168,7 @@ class Graft(Baseline):
             return None
         aid = match.entry.artifact_id  # verified on read (the prefetcher reads through the same store.get)
         snapshot = self.prefetch.get(aid) if self.prefetch is not None else self.library.store.get(aid)
+        self.library.check_artifact(match.entry, snapshot)  # the entry's own tokens, whatever the store says
         return render(self.prompt.template, problem=problem.problem), match, snapshot
 
     def context(self, problem: Problem) -> Context:
