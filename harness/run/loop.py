@@ -9,8 +9,10 @@ The lifecycle (docs/reliability.md): the config is checked before the model load
 prompts against the model's context once the tokenizer is there (`fit_context`); a run killed (kill -9, power)
 is resumed by the next run of the same config (same resume key: resolved config, problem rows, model and
 tokenizer fingerprints, library manifest) from its outputs.partial.jsonl, in the same folder, with the same
-seeds (`run.fresh=true` starts over); Ctrl-C and SIGTERM stop between rows with one line
-(harness.errors.RunInterrupted) and leave the folder resumable; a run that fails before its first row removes
+seeds (`run.fresh=true` starts over), each resumed row checked first (its context recomputed, its completion
+re-decoded from its token ids, its score recomputed: a row that does not check is recomputed, and the run
+says so); Ctrl-C and SIGTERM stop between rows with one line (harness.errors.RunInterrupted) and leave the
+folder resumable; a run that fails before its first row removes
 its folder.
 
 Length: ~430 lines, one unit on purpose: the row loop, its resume, interruption and context-fit rules share the
@@ -35,6 +37,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tqdm import tqdm
 
@@ -220,6 +223,58 @@ def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder:
     return rows[:keep]
 
 
+def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: tuple[str, ...],
+                 contexts: dict[str, Any]) -> str | None:
+    """What is wrong with a resumed row of `problem`, or None when it checks: its condition and group, its prompt
+    and context token ids (the condition's context, recomputed without the model), its completion re-decoded from
+    its token ids and cut at the first stop string, its token count, and its score recomputed from that text."""
+    c = row.completion
+    if (row.condition, row.group) != (condition.name, getattr(condition.group, "value", condition.group)):
+        return f"condition/group {row.condition}/{row.group}, this run's {condition.name}/{condition.group}"
+    if problem.id not in contexts:
+        contexts[problem.id] = condition.context(problem)
+    ctx = contexts[problem.id]
+    if c.prompt != ctx.prompt or list(c.context_ids) != list(ctx.context_ids):
+        return "its prompt or context token ids are not this condition's for the problem"
+    if ctx.match is not None and (c.retrieval is None or (c.retrieval.entry_id, c.retrieval.artifact_id) != (
+            ctx.match.entry.entry_id, ctx.match.entry.artifact_id)):
+        return "its retrieval is not the library entry this run retrieves"
+    text = be.decode(list(c.token_ids))
+    hits = [text.find(s) for s in stop if s and s in text]
+    if hits:
+        text = text[: min(hits)]
+    if text != c.text:
+        return "its completion text is not the decoding of its token ids"
+    if c.stop_reason not in STOP_REASONS or c.decode_tokens != len(c.token_ids) + (c.stop_reason == "eos"):
+        return f"stop reason {c.stop_reason!r} / decode_tokens {c.decode_tokens} disagree with its token ids"
+    s = score(text, problem.answer)
+    if (row.gold, row.extracted, row.answer, row.correct) != (problem.answer, s.extracted, s.answer, s.correct):
+        return (f"its score (gold {row.gold!r}, extracted {row.extracted!r}, correct {row.correct}) is not the "
+                f"score of its completion (gold {problem.answer!r}, {s.extracted!r}, {s.correct})")
+    return None
+
+
+def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condition: Any, be: Backend,
+                  stop: tuple[str, ...], folder: RunFolder) -> tuple[list[Row], str | None]:
+    """The resumed rows up to the first whole job holding a row that does not check (`_row_problem`), and a line
+    saying which row failed and how many rows are recomputed (None when all check)."""
+    by_id = {p.id: p for p, _ in jobs}
+    contexts: dict[str, Any] = {}
+    n = 0
+    for _, samples in jobs:
+        job = rows[n:n + len(samples)]
+        for r in job:
+            why = _row_problem(r, by_id[r.problem_id], condition, be, stop, contexts)
+            if why is not None:
+                return rows[:n], (f"{folder.file('outputs.partial.jsonl')}: {r.problem_id} sample {r.sample} does "
+                                  f"not check ({why}): it and the {len(rows) - n - 1} rows after it are dropped "
+                                  "and recomputed")
+        n += len(job)
+        if n >= len(rows):
+            break
+    return rows, None
+
+
 def run_rows(
     cfg: DictConfig,
     folder: RunFolder | str | Path | None = None,
@@ -258,9 +313,12 @@ def run_rows(
     rows: list[Row] = []
     try:
         if done:
-            rows = _done_prefix(done, jobs, folder)
+            rows, dropped = _checked_rows(_done_prefix(done, jobs, folder), jobs, condition, fm,
+                                          tuple(c.prompt.stop), folder)
             if len(rows) != len(done):
                 folder.keep_rows(rows)
+            if dropped:
+                console.print(f"[yellow]warning:[/] {escape(dropped)}")
             console.print(f"resuming the interrupted run in {folder.path}: {len(rows)} of {len(problems) * n} rows "
                           "already done (outputs.partial.jsonl), same seeds; run.fresh=true starts over")
         else:
