@@ -19,7 +19,8 @@ field that differs (``harness.compare.audit.audit_comparison``)::
     make rescore RUN=runs/compare/2025-01-01_12-00-00-000000
 
 Given a sweep folder (``runs/multirun/<stamp>``, or any folder holding run or compare folders), it re-checks
-every job in it and prints one line per job::
+every job in it and prints one line per job; a Hydra sweep's ``multirun.yaml`` says how many jobs there should
+be, and each listed job without a finished run is a ``MISSING`` line and a finding (``harness.record.sweep``)::
 
     make rescore RUN=runs/multirun/2025-01-01_12-00-00
 
@@ -40,6 +41,7 @@ from harness.compare.comparison import COMPARISON
 from harness.errors import HarnessError
 from harness.record.audit import RunCheck, audit, diff_values
 from harness.record.folder import RunFolder
+from harness.record.sweep import MULTIRUN, sweep_plan
 
 
 def _fmt(value: Any) -> str:
@@ -115,7 +117,8 @@ def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
     folders): one line per job, then the verdict. Exit 2 when the folder holds no run at all."""
     jobs = sorted({*(p.parent for p in sweep_dir.glob(f"*/{COMPARISON}")),
                    *(f.path for f in RunFolder.find(sweep_dir))})
-    if not jobs:
+    plan = sweep_plan(sweep_dir)
+    if not jobs and plan is None:
         message = f"{sweep_dir}: no run folder (manifest.json) or compare folder (comparison.json) in it or below it"
         print(json.dumps({"ok": False, "error": message}) if as_json else f"error: {message}",
               file=sys.stdout if as_json else sys.stderr)
@@ -131,11 +134,24 @@ def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
         findings += [f"{job.relative_to(sweep_dir)}: {f}" for f in found]
         if not as_json:
             print(f"{'OK' if ok else 'FAILED'}  {job.relative_to(sweep_dir)}")
+    listed = None
+    if plan is not None:  # a Hydra sweep: every job its multirun.yaml lists must be here
+        if plan.jobs is None:
+            findings.append(f"{MULTIRUN}: {plan.unknown}; the jobs present re-check, but whether any is missing "
+                            "cannot be told")
+        else:
+            listed = len(plan.jobs)
+            missing = plan.missing()
+            findings += [f"{MULTIRUN} lists {d}" for d in missing]
+            if missing and not as_json:
+                for d in missing:
+                    print(f"MISSING {d}")
     ok = not findings and all(r["ok"] for r in results.values())
     if as_json:
-        print(json.dumps({"ok": ok, "jobs": results}, indent=2, sort_keys=True))
+        print(json.dumps({"ok": ok, "jobs": results, "listed": listed}, indent=2, sort_keys=True))
     else:
-        _print_verdict(ok, f"{sweep_dir}: all {len(jobs)} jobs re-check", sweep_dir, findings)
+        counted = f"all {len(jobs)} jobs re-check" + (f" (all {listed} jobs {MULTIRUN} lists)" if listed else "")
+        _print_verdict(ok, f"{sweep_dir}: {counted}", sweep_dir, findings)
     return 0 if ok else 1
 
 

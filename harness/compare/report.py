@@ -8,7 +8,8 @@ row per run: the config keys that differ between the runs (the sweep's axes), co
 with its 95% interval, tokens, time and energy (``NaN`` + status where energy was unavailable, never 0).
 :func:`write_report` writes ``report.csv``, ``report.md`` and four plots (accuracy with intervals, decode
 tokens per attempt, wall time per attempt, energy) into ``<RUN>/report/`` (or --out), then logs them to
-MLflow as a run named ``report | <RUN>`` with the table as ``report_table.json``.
+MLflow as a run named ``report | <RUN>`` with the table as ``report_table.json``. A sweep whose multirun.yaml lists
+jobs without a finished run is reported as partial, naming them (report.md's first line, and the terminal).
 Plots use matplotlib's Agg backend (no display needed).
 """
 
@@ -25,6 +26,7 @@ from harness.errors import HarnessError, RunFolderError, exit_on_error
 from harness.record.folder import RunFolder
 from harness.record.hashing import atomic_write_text
 from harness.record.rows import run_group
+from harness.record.sweep import MULTIRUN, sweep_plan
 
 __all__ = ["main", "sweep_table", "write_report"]
 
@@ -86,14 +88,29 @@ def _markdown(df: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def partial_note(root: Path) -> str | None:
+    """For a Hydra sweep whose multirun.yaml lists jobs without a finished run: a line saying the report is partial
+    and naming them (harness.record.sweep); None otherwise."""
+    plan = sweep_plan(root)
+    if plan is None or plan.jobs is None:
+        return None
+    missing = plan.missing()
+    if not missing:
+        return None
+    return (f"partial: {len(plan.jobs) - len(missing)} of the {len(plan.jobs)} jobs {MULTIRUN} lists have a finished "
+            f"run; missing {'; '.join(missing)}")
+
+
 def write_report(root: Path, out: Path | None = None) -> tuple[Any, list[Path]]:
-    """Write the sweep's table (report.csv, report.md) and plots into `out` (default ``<root>/report``)."""
+    """Write the sweep's table (report.csv, report.md) and plots into `out` (default ``<root>/report``); report.md
+    opens with the `partial_note` when the sweep lacks jobs."""
     df = sweep_table(root)
     out = out or root / "report"
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.csv", out / "report.md"]
     atomic_write_text(files[0], df.to_csv(index=False))
-    atomic_write_text(files[1], f"# Report: {root}\n\n" + _markdown(df))
+    note = partial_note(root)
+    atomic_write_text(files[1], f"# Report: {root}\n\n" + (f"**{note}**\n\n" if note else "") + _markdown(df))
     axes = [c for c in df.columns if c not in ("run", "n") and c in df.columns[: list(df.columns).index("condition")]]
     labels = [", ".join(f"{a.split('.')[-1]}={row[a]}" for a in axes) + f" {row['condition']}" +
               (f" {row['group']}" if row["group"] else "") for _, row in df.iterrows()]
@@ -142,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.run.is_dir():
         raise HarnessError(f"{args.run}: not a folder; pass a multirun or runs folder (make report RUN=<dir>)")
     df, files = write_report(args.run, args.out)
-    print_table(df, f"report over {len(df)} jobs: {args.run}")
+    note = partial_note(args.run)
+    print_table(df, f"report over {len(df)} jobs: {args.run}" + (" (PARTIAL)" if note else ""))
+    if note:
+        print(note)
     print("written:", *[str(f) for f in files], sep="\n  ")
     if not args.no_mlflow:
         uri = args.tracking_uri or default_tracking_uri(Path(__file__).resolve().parents[2] / "runs")
