@@ -22,7 +22,7 @@ from rich.table import Table
 
 from harness.compare.comparison import Comparison, Factors, PairResult, RunFigures
 
-__all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison"]
+__all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison", "printable"]
 
 WIDE_COLUMNS = 150  # the side-by-side table needs about this many columns
 _MAX_MISSES = 20
@@ -147,10 +147,20 @@ def load_warning(result: Comparison) -> str | None:
             "time factors compare runs under different load: re-run on a quiet machine before quoting them")
 
 
+def printable(text: str) -> str:
+    """`text` as a terminal shows it safely: control characters (an ANSI escape in a problem id or a file name)
+    written as escapes (`\\x1b`), never obeyed; Rich markup in it shown, not interpreted."""
+    from rich.markup import escape
+
+    return escape("".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text)))
+
+
 def print_comparison(title: str, result: Comparison, *, misses: Sequence[str] = (), console: Console | None = None,
                      reprint: str | None = None) -> None:
-    """Print the comparison (module docstring) to `console` (default: a terminal-width console)."""
+    """Print the comparison (module docstring) to `console` (default: a terminal-width console); text that comes
+    from the data (the title, the misses' problem ids) passes through `printable`."""
     console = console or Console()
+    title = printable(title)
     plan = result.plan
     result = dataclasses.replace(result, summaries=result.ordered())  # the plan's order (the file sorts its keys)
     (_wide if console.width >= WIDE_COLUMNS else _narrow)(console, title, result)
@@ -162,7 +172,7 @@ def print_comparison(title: str, result: Comparison, *, misses: Sequence[str] = 
     if misses:
         console.print(f"[bold]misses[/] ({len(misses)}: graft wrong or not identical to its twin):")
         for line in misses[:_MAX_MISSES]:
-            console.print(f"  {line}", highlight=False)
+            console.print(f"  {printable(line)}", highlight=False)
         if len(misses) > _MAX_MISSES:
             console.print(f"  ... and {len(misses) - _MAX_MISSES} more (per_problem.json)")
     base = result.summaries[plan.baseline]

@@ -133,3 +133,15 @@ def test_show_comparison_reprints_a_finished_comparison(fakerun: ModuleType, tmp
     missing = subprocess.run([sys.executable, str(repo_root / "scripts" / "show_comparison.py"), str(tmp_path)],
                              capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode == 2 and "comparison.json" in missing.stderr
+
+
+def test_control_characters_in_the_data_are_shown_escaped_not_obeyed(fakerun: ModuleType, tmp_path: Path) -> None:
+    """Issue 31, finding 11: an ANSI escape in a problem id (a miss line) or in the title reaches the terminal as
+    `\\x1b[...`, and Rich markup in them is shown as written."""
+    result, _ = _result(fakerun, tmp_path)
+    console = Console(width=80, record=True, force_terminal=True)
+    print_comparison("toy \x1b]0;pwned\x07 [bold]set", result, console=console,
+                     misses=["toy-\x1b[2J\x1b[31m1 [red]x: baseline right, graft wrong"])
+    out = console.export_text(styles=False)
+    assert "\x1b[2J" not in out and "\x07" not in out and "\\x1b[2J\\x1b[31m1 [red]x" in out
+    assert "toy \\x1b]0;pwned\\x07 [bold]set" in out

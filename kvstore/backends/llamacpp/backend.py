@@ -113,14 +113,29 @@ class LlamaCppBackend:
             return p
 
         llama_module.llama_cpp.llama_model_default_params = model_params
+        errors: list[str] = []  # llama.cpp's own error lines while loading (verbose=False hides them)
+
+        @llama_cpp.llama_log_callback
+        def keep_errors(level, text, user_data):
+            if level == 4 or (level == 5 and errors):  # GGML_LOG_LEVEL_ERROR, then its continuation lines
+                errors.append(text.decode("utf-8", "replace").strip())
+
+        llama_cpp.llama_log_set(keep_errors, ctypes.c_void_p(0))
         try:
             self.llm = llama_cpp.Llama(
                 model_path=s.gguf, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=s.threads,
                 n_threads_batch=s.threads, flash_attn=s.flash_attn, swa_full=s.swa_full, logits_all=False,
                 type_k=GGML_TYPE_OF[s.type_k], type_v=GGML_TYPE_OF[s.type_v], verbose=False,
             )
+        except ValueError as e:  # llama-cpp-python's "Failed to load model from file" (the reason went to the log)
+            reason = next((x for x in errors if x), str(e))
+            raise ModelLoadError(f"llamacpp.gguf={s.gguf!r}: llama.cpp cannot load it: {reason}; give a complete, "
+                                 "unmodified GGUF model file") from None
         finally:
             llama_module.llama_cpp.llama_model_default_params = default_params
+            from llama_cpp._logger import llama_log_callback  # llama-cpp-python's own, set when it was imported
+
+            llama_cpp.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
         self.ctx = self.llm.ctx
         self.model = self.llm.model
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
