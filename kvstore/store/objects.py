@@ -245,7 +245,7 @@ class ObjectStore(Store):
             differs = [f for f in IndexRow.__dataclass_fields__ if getattr(row, f) != getattr(true, f)]
             if not differs:
                 return
-            said = "; ".join(f"{f} {getattr(row, f)!r:.40}, object {getattr(true, f)!r:.40}" for f in differs)
+            said = "; ".join(f"{f} {_brief(getattr(row, f))} (object: {_brief(getattr(true, f))})" for f in differs)
         self.index.rewrite(true)
         report["rows_repaired"].append(f"{aid}: index row {said}: rewritten from the object")
 
@@ -269,6 +269,11 @@ class ObjectStore(Store):
             return self.blobs.size(id_to_relpath(aid))
         except NotFoundError:
             raise NotFoundError(f"artifact {aid} is not in {self.blobs.where} (see `kvstore ls`)") from None
+
+
+def _brief(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 20 else text[:16] + ".."
 
 
 class ObjectsById(MutableMapping):
