@@ -87,7 +87,9 @@ def _print_verdict(ok: bool, ok_text: str, where: Path, findings: list[str]) -> 
 
 def _print_comparison(compare_dir: Path, check: ComparisonCheck) -> None:
     for label, run in check.runs.items():
-        print(f"run {label}: {'OK' if run.ok else 'FAILED'} ({run.n_rows} rows re-scored)")
+        where = (check.located or {}).get(label)
+        print(f"run {label}: {'OK' if run.ok else 'FAILED'} ({run.n_rows} rows re-scored" +
+              (f"; {where})" if where else ")"))
     for group, p in check.pairs.items():
         n = p["identical_rows"] + p["differing_rows"]
         print(f"pairing {group}: {p['identical_rows']}/{n} graft rows identical to their incontext twin")
@@ -105,7 +107,8 @@ def _main_comparison(compare_dir: Path, as_json: bool) -> int:
         return 2
     if as_json:
         print(json.dumps({"ok": check.ok, "findings": check.findings, "pairs": check.pairs,
-                          "runs": {k: {"ok": r.ok, "n_rows": r.n_rows} for k, r in check.runs.items()}},
+                          "runs": {k: {"ok": r.ok, "n_rows": r.n_rows, "located": (check.located or {}).get(k)}
+                                   for k, r in check.runs.items()}},
                          indent=2, sort_keys=True))
     else:
         _print_comparison(compare_dir, check)

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 from rich.console import Console  # noqa: E402
 
 from harness.compare import per_problem  # noqa: E402
+from harness.compare.audit import locate_runs  # noqa: E402
 from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
 from harness.compare.views import print_comparison  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         table = []  # written before the per-problem view existed: no misses list
     title = args.compare_dir.name
     try:
-        s = RunFolder(result.runs[result.plan.baseline]).read_summary()
+        s = RunFolder(locate_runs(folder.path, result.to_json())[result.plan.baseline][0]).read_summary()
         title = f"{s.dataset}, {s.model} ({args.compare_dir.name})"
     except (HarnessError, KeyError, TypeError):
         pass

@@ -3,11 +3,15 @@ model (no torch).
 
     check = audit_comparison("runs/compare/<stamp>")       # scripts/rescore.py, make rescore RUN=...
 
-It audits every run listed (harness.record.audit), checks that each is the run the comparison was made from (its
-manifest SHA-256, recorded in `run_manifests`), that it is the condition and group its label says and shares the
-comparison's comparable key, re-pairs each pair's rows (harness.compare.pairing), then recomputes the whole comparison
-from those runs (harness.compare.comparison.comparison, the function the job used) and reports every field that differs
-(`summaries.graft (held-out).comparison.token_reduction`, `pairs.recurring.graft_run` ...). The file is read as
+It finds each run by content, wherever the compare folder was moved or copied with its runs: through `run_links`
+(each run's path relative to the compare folder, written since issue 31), else, for older files, a run folder
+beside the compare folder with the recorded path's tail (`<runs>/<condition>/<stamp>`), else the recorded path
+itself (`locate_runs`; the working directory never decides). It audits every run found (harness.record.audit),
+checks that each is the run the comparison was made from (its manifest SHA-256, recorded in `run_manifests`), that
+it is the condition and group its label says and shares the comparison's comparable key, re-pairs each pair's rows
+(harness.compare.pairing), then recomputes the whole comparison from those runs (harness.compare.comparison.comparison,
+the function the job used) and reports every field that differs (`summaries.graft (held-out).comparison.
+token_reduction`, `pairs.recurring.graft_run` ...). The file is read as
 JSON, not as a typed Comparison: a damaged or edited file must still be diffed field by field.
 """
 
@@ -25,12 +29,15 @@ from harness.record.audit import RunCheck, audit, diff_values
 from harness.record.folder import RunFolder
 from harness.record.rows import Summary, run_group
 
-__all__ = ["MACHINE_FIELDS", "ComparisonCheck", "audit_comparison"]
+__all__ = ["BINDING_FIELDS", "MACHINE_FIELDS", "ComparisonCheck", "audit_comparison", "locate_runs"]
 
 _MAX_FIELD_MESSAGES = 30
 #: What the machine was like while the job ran (load average per run, the library's build): recorded in
 #: comparison.json for an honest reading of its timings, not recomputable from the runs, so not re-checked.
 MACHINE_FIELDS = ("load", "library")
+#: What binds the comparison to its runs (checked run by run, not recomputed): each run's manifest SHA-256 and its
+#: path relative to the compare folder.
+BINDING_FIELDS = ("run_manifests", "run_links")
 
 
 @dataclass
@@ -42,6 +49,39 @@ class ComparisonCheck:
     findings: list[str]
     runs: dict[str, RunCheck]
     pairs: dict[str, Any]
+    located: dict[str, str] | None = None  # label -> the folder re-checked, and how it was found
+
+
+def locate_runs(compare_dir: Path, comp: dict[str, Any]) -> dict[str, tuple[Path, str]]:
+    """label -> (the run folder to re-check, how it was found), for every run comparison.json lists, in this order:
+    its `run_links` entry (relative to the compare folder: a copy of runs/ re-checks its own copies); a run folder
+    beside the compare folder with the recorded path's last 2-4 parts (an older file in a moved runs/); the recorded
+    path (absolute, or relative to the project root above <runs>, never to the working directory). A folder is
+    taken where it exists; the run's manifest SHA-256 then says whether it is the run compared."""
+    runs = comp.get("runs") if isinstance(comp.get("runs"), dict) else {}
+    links = comp.get("run_links") if isinstance(comp.get("run_links"), dict) else {}
+    base = Path(compare_dir).absolute()
+    runs_root = base.parent.parent  # <runs>/compare/<stamp>
+    out = {}
+    for label, recorded in runs.items():
+        rec = Path(str(recorded))
+        candidates = [(base / links[label], "run_links")] if isinstance(links.get(label), str) else []
+        candidates += [(runs_root.joinpath(*rec.parts[-k:]), "beside the compare folder")
+                       for k in (2, 3, 4) if len(rec.parts) >= k]
+        candidates.append((rec if rec.is_absolute() else runs_root.parent / rec, "the recorded path"))
+        out[label] = next(((p, how) for p, how in candidates if p.is_dir()), candidates[-1])
+    return out
+
+
+def _check_location(label: str, recorded: Any, found: tuple[Path, str], findings: list[str]) -> None:
+    """A finding when `runs.<label>` names another run than the one re-checked (its <condition>/<stamp> differs):
+    the paths were swapped or re-pointed."""
+    path, how = found
+    if how == "the recorded path":
+        return
+    if Path(str(recorded)).parts[-2:] != path.parts[-2:]:
+        findings.append(f"comparison.json runs.{label}: names {recorded} but the run found ({how}) is {path}: the "
+                        "file was edited; restore it or re-run `make aime-graft`")
 
 
 def _check_run(label: str, folder: RunFolder, comp: dict[str, Any], recorded_manifests: dict[str, Any],
@@ -107,7 +147,10 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
     folders: dict[str, RunFolder] = {}
     summaries: dict[str, Summary] = {}
     manifests: dict[str, str] = {}
-    for label, path in runs.items():
+    located = locate_runs(folder.path, comp)
+    for label in runs:
+        path, _ = located[label]
+        _check_location(label, runs[label], located[label], findings)
         run = RunFolder(path)
         try:
             checks[label] = audit(run)
@@ -116,8 +159,8 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
             continue
         findings.extend(f"run {label!r} ({path}): {f}" for f in checks[label].findings)
         got = _check_run(label, run, comp, recorded_manifests, plan, findings)
-        if got is not None:
-            folders[label], (summaries[label], manifests[label]) = run, got
+        if got is not None:  # named by its recorded path: where a run lies is not part of what is re-computed
+            folders[label], (summaries[label], manifests[label]) = RunFolder(runs[label]), got
     if "pairs" not in comp:
         findings.append(f"{folder.file(COMPARISON)}: no 'pairs' section: written before the incontext control "
                         "existed; re-run `make aime-graft` to get the graft-vs-incontext check")
@@ -125,7 +168,7 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
     for key, (first, twin) in plan.pairs.items():
         if first in runs and twin in runs:
             try:
-                pairings[key] = pair_folders(RunFolder(runs[first]), RunFolder(runs[twin]))
+                pairings[key] = pair_folders(RunFolder(located[first][0]), RunFolder(located[twin][0]))
             except RunFolderError as exc:
                 findings.append(f"comparison.json pairs.{key}: cannot re-pair its runs ({exc})")
                 continue
@@ -141,8 +184,9 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
         recomputed = comparison(comp.get("comparable_key"), folders, summaries,
                                 pairings if "pairs" in comp else None, manifests,
                                 plan if "plan" in comp else None).to_json()
-        recorded = {k: v for k, v in comp.items() if k != "run_manifests" and k not in MACHINE_FIELDS}
-        recomputed.pop("run_manifests", None)
+        recorded = {k: v for k, v in comp.items() if k not in BINDING_FIELDS and k not in MACHINE_FIELDS}
+        for k in BINDING_FIELDS:
+            recomputed.pop(k, None)
         diffs = diff_values(recorded, recomputed, "")
         for path, old, new in diffs[:_MAX_FIELD_MESSAGES]:
             findings.append(f"comparison.json {path.lstrip('.')}: recorded {_short(old)} but the runs it names give "
@@ -150,7 +194,8 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
         if len(diffs) > _MAX_FIELD_MESSAGES:
             findings.append(f"comparison.json: ... and {len(diffs) - _MAX_FIELD_MESSAGES} more fields differ")
     return ComparisonCheck(ok=not findings, findings=findings, runs=checks,
-                           pairs={g: p.to_json() for g, p in pairings.items()})
+                           pairs={g: p.to_json() for g, p in pairings.items()},
+                           located={k: f"{p} ({how})" for k, (p, how) in located.items()})
 
 
 def _short(value: Any) -> str:

@@ -182,6 +182,7 @@ class Comparison:
     pairs: dict[str, PairResult] | None = None  # pair key (the group) -> the pair's result
     load: JobLoad | None = None
     library: LibraryRecord | None = None
+    run_links: dict[str, str] | None = None  # label -> its run folder relative to the compare folder (moved together)
 
     def ordered(self) -> dict[str, RunFigures]:
         """`summaries` in the plan's order (the file sorts its keys), runs the plan lacks last."""
@@ -199,6 +200,8 @@ class Comparison:
         out.update({"comparable_key": self.comparable_key, "runs": dict(self.runs)})
         if self.run_manifests is not None:
             out["run_manifests"] = dict(self.run_manifests)
+        if self.run_links is not None:
+            out["run_links"] = dict(self.run_links)
         if self.pairs is not None:
             out["pairs"] = {k: p.to_json() for k, p in self.pairs.items()}
         out["summaries"] = {k: s.to_json() for k, s in self.summaries.items()}
@@ -218,6 +221,7 @@ class Comparison:
             None if pairs is None else {k: PairResult.from_json(v) for k, v in pairs.items()},
             None if load is None else JobLoad.from_json(load),
             None if library is None else LibraryRecord.from_json(library),
+            d.get("run_links"),
         )
 
 

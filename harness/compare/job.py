@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> Comparison:
     table = per_problem.per_problem({k: all_rows[k] for k in folders if k in all_rows},
                                     per_problem.entry_answers(lib.entries), plan)
     out = claim(runs / "compare", stamp()) / "comparison.json"  # created exclusively: never shared with another job
+    # each run's path relative to the compare folder: a copy or move of runs/ re-checks its own runs (make rescore)
+    links = {k: os.path.relpath(f.path.absolute(), out.parent.absolute()) for k, f in folders.items()}
+    result = dataclasses.replace(result, run_links=links)
     print_comparison(comparison_title(summaries[base], c), result, per_problem.misses(table, plan),
                      reprint=f"python scripts/show_comparison.py {out.parent}")
     write_json(out, result.to_json())

@@ -150,3 +150,59 @@ def test_a_baseline_that_rescores_is_reused(tmp_path, capsys):
     result = compare.main(_overrides(tmp_path))
     assert result.runs["baseline"] == str(good)
     assert f"matching baseline run: {good}" in " ".join(capsys.readouterr().out.split())
+
+
+def _archive(job, tmp_path: Path) -> Path:
+    """A copy of the job's whole runs/ folder elsewhere (compare folder and runs together); its compare folder."""
+    src, _ = job
+    shutil.copytree(src.parents[1], tmp_path / "archive" / "runs", ignore=shutil.ignore_patterns("mlflow*"))
+    return tmp_path / "archive" / "runs" / "compare" / src.name
+
+
+def test_a_copied_compare_folder_rechecks_the_runs_beside_it_not_the_originals(job, tmp_path, capsys):
+    """Issue 31, finding 3: the runs are found through run_links (relative to the compare folder), so a copy is
+    re-checked as the copy: intact, it passes with every run inside the copy; a tampered copy fails although the
+    originals are intact."""
+    _, result = job
+    assert set(result.run_links) == set(result.runs)
+    copy = _archive(job, tmp_path)
+    assert _rescore(copy) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"{copy.parents[1]}/") == len(result.runs) and out.count("(run_links)") == len(result.runs)
+    run = copy.parents[1] / Path(result.runs["graft (recurring)"]).relative_to(Path(result.runs["baseline"]).parents[1])
+    rows = (run / "outputs.jsonl").read_text().splitlines()
+    first = json.loads(rows[0])
+    first.update(correct=not first["correct"])
+    (run / "outputs.jsonl").write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")
+    assert _rescore(copy) == 1
+    assert f"run 'graft (recurring)' ({run})" in capsys.readouterr().out
+    assert _rescore(job[0]) == 0  # the originals still re-check
+
+
+def test_an_older_comparison_with_relative_paths_rechecks_from_any_working_directory(job, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A comparison.json written before run_links, by a job with a relative runs_dir (paths like runs/baseline/<x>):
+    the runs are found beside the compare folder, whatever the working directory (it used to decide)."""
+    copy = _archive(job, tmp_path)
+    d = json.loads((copy / "comparison.json").read_text())
+    d.pop("run_links")
+    rel = {k: str(Path("runs", *Path(v).parts[-2:])) for k, v in d["runs"].items()}
+    for p in d["pairs"].values():
+        p.update(graft_run=rel[next(k for k, v in d["runs"].items() if v == p["graft_run"])],
+                 incontext_run=rel[next(k for k, v in d["runs"].items() if v == p["incontext_run"])])
+    d["runs"] = rel
+    (copy / "comparison.json").write_text(json.dumps(d, indent=2))
+    for where in (tmp_path, copy, REPO):
+        monkeypatch.chdir(where)
+        assert _rescore(copy) == 0, capsys.readouterr().out
+        assert capsys.readouterr().out.count("(beside the compare folder)") == len(rel)
+
+
+def test_swapped_run_paths_fail_even_where_the_links_lead_to_the_right_runs(job, tmp_path, capsys):
+    copy = _archive(job, tmp_path)
+    d = json.loads((copy / "comparison.json").read_text())
+    d["runs"]["graft (recurring)"], d["runs"]["graft (held-out)"] = d["runs"]["graft (held-out)"], \
+        d["runs"]["graft (recurring)"]
+    (copy / "comparison.json").write_text(json.dumps(d, indent=2))
+    assert _rescore(copy) == 1
+    assert "comparison.json runs.graft (recurring): names" in capsys.readouterr().out
