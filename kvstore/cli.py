@@ -244,12 +244,14 @@ def _ls(args) -> int:
         print("no artifacts" + (f" tagged {args.tag!r}" if args.tag else ""), file=sys.stderr)
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table("id", "tokens", "size", "model", "tags")
     for r in rows:
         model = f"{r.model_fingerprint[:12]} {r.model_name}".strip()
-        table.add_row(r.id[:16], str(r.token_count), _human(r.size), model, ", ".join(r.tags))
+        table.add_row(r.id[:16], str(r.token_count), _human(r.size), escape(_printable(model)),
+                      escape(_printable(", ".join(r.tags))))  # rows and tags are data: never markup or escapes
     Console(soft_wrap=False).print(table)
     return 0
 

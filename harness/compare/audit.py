@@ -17,6 +17,7 @@ JSON, not as a typed Comparison: a damaged or edited file must still be diffed f
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,8 @@ def locate_runs(compare_dir: Path, comp: dict[str, Any]) -> dict[str, tuple[Path
     out = {}
     for label, recorded in runs.items():
         rec = Path(str(recorded))
-        candidates = [(base / links[label], "run_links")] if isinstance(links.get(label), str) else []
+        candidates = ([(Path(os.path.normpath(base / links[label])), "run_links")]
+                      if isinstance(links.get(label), str) else [])
         candidates += [(runs_root.joinpath(*rec.parts[-k:]), "beside the compare folder")
                        for k in (2, 3, 4) if len(rec.parts) >= k]
         candidates.append((rec if rec.is_absolute() else runs_root.parent / rec, "the recorded path"))

@@ -168,7 +168,8 @@ def test_a_copied_compare_folder_rechecks_the_runs_beside_it_not_the_originals(j
     copy = _archive(job, tmp_path)
     assert _rescore(copy) == 0
     out = capsys.readouterr().out
-    assert out.count(f"{copy.parents[1]}/") == len(result.runs) and out.count("(run_links)") == len(result.runs)
+    lines = [x for x in out.splitlines() if x.startswith("run ")]
+    assert len(lines) == len(result.runs) and all(f"; {copy.parents[1]}/" in x and "(run_links)" in x for x in lines)
     run = copy.parents[1] / Path(result.runs["graft (recurring)"]).relative_to(Path(result.runs["baseline"]).parents[1])
     rows = (run / "outputs.jsonl").read_text().splitlines()
     first = json.loads(rows[0])

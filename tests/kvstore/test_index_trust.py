@@ -131,3 +131,12 @@ def test_verify_names_an_object_without_a_row_on_a_local_store(tmp_path, hand_bu
     out, err = capsys.readouterr()
     assert f"NO ROW  {ArtifactId(a)}" in out and "1 object(s) without a readable index row" in err
     assert main(["--store", str(tmp_path / "store"), "gc"]) == 0 and store.info(a).id == a
+
+
+def test_ls_shows_control_characters_and_markup_in_rows_escaped(tmp_path, hand_built, capsys):
+    store = LocalStore(tmp_path / "store")
+    snap = dataclasses.replace(hand_built(), model_name="\x1b[2Jm [red]x")
+    store.put(snap, tags=["t\x1b]0;pwned\x07"])
+    assert main(["--store", str(tmp_path / "store"), "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[2J" not in out and "\x07" not in out and "\\x1b[2Jm [red]x" in out and "t\\x1b]0;pwned\\x07" in out
