@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -360,12 +361,15 @@ def _keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:
     for f in dataclasses.fields(cls):
         key = prefix + f.name
         keys.add(key)
-        sub = hints[f.name] if dataclasses.is_dataclass(hints[f.name]) else None
+        kind = hints[f.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # an optional section: model.<backend>
+            kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        sub = kind if dataclasses.is_dataclass(kind) else None
         if sub is not None:
             k, m = _keys(sub, key + ".")
             keys |= k
             mappings |= m
-        elif typing.get_origin(hints[f.name]) is dict:
+        elif typing.get_origin(kind) is dict:
             mappings.add(key)
     return keys, mappings
 

@@ -215,12 +215,12 @@ def test_deposit_sets_the_attention_implementation_an_error_asks_for(arch_folder
 
 
 def test_an_unexpected_failure_is_one_line_and_the_traceback_needs_kvgraft_debug(kvstore, monkeypatch):
-    import kvstore.backends.transformers.capture as capture
+    import kvstore.engine.deposit as engine_deposit
 
     def broken(*args, **kwargs):
         raise AttributeError("'Widget' object has no attribute 'get_seq_length'")
 
-    monkeypatch.setattr(capture, "deposit_tokens", broken)
+    monkeypatch.setattr(engine_deposit, "deposit", broken)
     monkeypatch.delenv("KVGRAFT_DEBUG", raising=False)
     rc, _, err = kvstore("deposit", "--text", TEXT)
     assert rc == 2 and len(err.strip().splitlines()) == 1
