@@ -1,5 +1,5 @@
-"""scripts/gpu_bench.py as a CLI: the CPU dry run (--device cpu --small, tiny sizes) proves exactness through
-kvstore's second-process restorer and writes every figure. No GPU here: the CUDA run itself is exercised only
+"""scripts/gpu_bench.py as a CLI: the CPU dry run (--device cpu --small, tiny sizes) proves exactness in bf16 and
+fp32 through kvstore's second-process restorer and prints and writes every figure the GPU run gives, marked [cpu]. No GPU here: the CUDA run itself is exercised only
 on a device machine. (The configs themselves: tests/kvstore/test_random_models.py.)"""
 
 from __future__ import annotations
@@ -21,13 +21,21 @@ def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(
                            "--threads", "1", "--energy-window-s", "0.01", "--work", str(tmp_path), "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "gemma3-1b-class: exact 2/2 (SSSSSF)" in proc.stdout
+    lines = proc.stdout.splitlines()[:-1]  # every figure line is marked with the device kind; the last names the file
+    assert lines and all(line.startswith("[cpu] ") for line in lines), proc.stdout
+    printed = "\n".join(lines)
+    assert "exact, restored in another process: bfloat16 2/2, float32 2/2" in printed
+    for figure in ("TTFT graft", "recompute", "verified restore", "vs raw read", "energy per graft", "per recompute",
+                   "random weights", "recorded, not required"):
+        assert figure in printed, figure
     r = json.loads(out.read_text())
     assert r["device_kind"] == "cpu" and r["format"] == "kvgraft-kv/2" and r["skipped"] == []
+    assert r["environment"]["torch"] == r["torch"] and r["transformers"]
     m = r["models"]["gemma3-1b-class"]
     assert m["layers"] == "SSSSSF"
-    ex = m["exactness"]
-    assert ex["samples"] == 2 and ex["equal"] == 2 and ex["all_equal"], ex["failures"]
+    for dtype in ("bfloat16", "float32"):
+        ex = m["exactness"][dtype]
+        assert ex["samples"] == 2 and ex["equal"] == 2 and ex["all_equal"], ex["failures"]
     (row,) = m["ttft"]
     assert row["tokens"] == 24 and row["argmax_equal"]
     assert row["artifact_bytes"] > kv_bytes(model_config("gemma3-1b-class", True), 24)
