@@ -1,13 +1,15 @@
-"""The GPU path, measured in one run (issue 11): exactness in bf16, TTFT graft vs recompute, restore GB/s vs a
-raw read, and energy, for random-weight models built from real architectures' configs (no download).
+"""The GPU path, measured in one run (issues 11, 33): exactness in bf16 and fp32, TTFT graft vs recompute, verified
+restore GB/s vs a raw read, and energy per graft and per recompute, for random-weight models built from the
+published configurations (no download).
 
-    .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json                 # CUDA: the full run
-    .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json    # CPU dry run, tiny sizes
+    bash scripts/gpu_machine.sh                          # on the GPU machine (docs/performance.md, "On a GPU")
+    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json    # CUDA: the full run
+    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json   # CPU dry run
 
-Models: kvstore.testing.random_models.CONFIGS (hard-coded from the public config.json of each family; weights drawn
-from --seed): Gemma 3 1B-class and 12B-class text configs (sliding window + full attention, 1 and 8 KV heads),
-and a Llama 3.1 8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling). `--small` keeps
-each architecture's layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
+Models (--models; default the five of issue 33, smallest first): kvstore.testing.random_models.CONFIGS, hard-coded
+from the public config.json of each family: Gemma 3 1B, 4B and 12B text configs (sliding window + full attention),
+Qwen2.5 1.5B and 7B (full attention, GQA), and a Llama 3.1 8B-class config. `--small` keeps each architecture's
+layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
 
 Weights are random, drawn on the device from --seed: exactness (byte-identical logits) and speed depend on the
 shapes and kernels, not on trained values; the output says so. The environment (torch, transformers, CUDA, GPU)
@@ -64,6 +66,8 @@ from kvstore.format.artifact import FORMAT, hash_threads  # noqa: E402
 from kvstore.testing.random_models import CONFIGS, build_random_model, kv_bytes  # noqa: E402
 
 FULL_SIZES, SMALL_SIZES = (2048, 8192, 32768), (32, 64, 128)
+# the issue's published configurations, smallest first (so a run cut short by --budget-s has the small ones)
+DEFAULT_MODELS = ("gemma3-1b-class", "qwen2.5-1.5b-class", "gemma3-4b-class", "qwen2.5-7b-class", "gemma3-12b-class")
 
 
 def sync(device: str) -> None:
@@ -296,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the JSON to write")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="tiny dimensions (CPU dry run)")
-    ap.add_argument("--models", default=",".join(CONFIGS))
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(CONFIGS)}")
     ap.add_argument("--sizes", default=None, help="prefix tokens for TTFT (default 2048,8192,32768; small 32,64,128)")
     ap.add_argument("--samples", type=int, default=50, help="exactness samples per model")
     ap.add_argument("--repeats", type=int, default=3)

@@ -16,6 +16,7 @@ and the layout always agree.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -119,6 +120,8 @@ def layer_layout(config) -> list[dict]:
 
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     types, kwargs = get_layer_types_and_kwargs(cfg)
+    if isinstance(kwargs, dict):  # transformers < 5.20 (the GPU machine's 5.17): one kwargs dict for every layer
+        kwargs = [kwargs] * len(types)
     sharing = getattr(cfg, "kv_sharing_modes", None) or [None] * len(types)
     latent = bool(getattr(cfg, "kv_lora_rank", None))
     out = []
@@ -132,6 +135,20 @@ def layer_layout(config) -> list[dict]:
         window = kw.get("sliding_window") if kind in WINDOWED else None
         out.append({"kind": kind, "window": int(window) if window else None})
     return out
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    import inspect
+
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model: torch.nn.Module, cache: object) -> dict[str, object]:
+    """The keyword that hands `cache` to `model.forward`: `cache` in transformers >= 5.20 (where `past_key_values`
+    is a deprecated alias), `past_key_values` before (the GPU machine's transformers 5.17 ignores `cache=`)."""
+    return {_cache_keyword(type(model)): cache}
 
 
 def smallest_window(layout: list[dict]) -> int | None:
