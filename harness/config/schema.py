@@ -52,7 +52,7 @@ DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (t
 Strategy = StrEnum("Strategy", "greedy sample")  # StrEnum's functional form: each member's value is its name
 LibrarySource = StrEnum("LibrarySource", "dataset harvest")
 Retrieval = StrEnum("Retrieval", "bm25 none")
-Meter = StrEnum("Meter", "auto nvml rapl none")
+Meter = StrEnum("Meter", "auto measured nvml rapl codecarbon none")
 ContextOverflow = StrEnum("ContextOverflow", "refuse truncate")
 # model.backend: every backend kvstore's registry holds (kvstore.backends; transformers, the default, first)
 ModelBackend = StrEnum("ModelBackend", " ".join(backend_names()))
@@ -219,7 +219,8 @@ class TrackingConfig:
 
 @dataclass
 class EnergyConfig:
-    meter: Meter = Meter.auto  # auto | nvml | rapl | none
+    # auto (a meter, else CodeCarbon's estimate) | measured (never an estimate) | nvml | rapl | codecarbon | none
+    meter: Meter = Meter.auto
 
 
 @dataclass

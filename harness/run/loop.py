@@ -416,7 +416,7 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
         stops_text(summary.stop_reasons),
         f"{summary.time.wall_s:.1f}",
         f"{summary.time.cpu_s:.1f}",
-        f"{e.joules:.1f} J" if e.joules is not None else "unavailable",
+        e.text(),
     )
     console.print(table)
     hit = (summary.stop_reasons or {}).get("length", 0)
@@ -425,7 +425,7 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
                       "answers were cut off[/]")
     if group_note(summary):
         console.print(f"[yellow]{group_note(summary)}[/]")
-    console.print(f"energy: {e.status}")
+    console.print(f"energy: {e.label}")
     if summary.exactness:
         console.print(f"[yellow]{summary.exactness}[/]")
     console.print(f"run folder: {folder.path}   (re-check: make rescore RUN={folder.path})")
