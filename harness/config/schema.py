@@ -117,6 +117,8 @@ class ModelBase:
     backend: ModelBackend = choice(ModelBackend.transformers, "the generation engine; configs/model/*.yaml, e.g. "
                                    "model=gemma3_270m_llamacpp; docs/backends.md")
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
+    # null: the prompt as written (base models); "model": inside the model's own chat template (harness/task/chat.py)
+    chat: typing.Optional[str] = None  # noqa: UP045  (OmegaConf's spelling)
 
 
 #: model: the fields above, then one optional section per other registered backend (`model.<name>`, None unless a
@@ -324,6 +326,8 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
         for name in backend_names():
             if name not in _OWN_SECTIONS and model.get(name, 0) is None:
                 del model[name]
+        if model.get("chat", 0) is None:  # no chat template: recorded as before model.chat existed
+            del model["chat"]
     return config
 
 

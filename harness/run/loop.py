@@ -48,6 +48,7 @@ from harness.run.conditions import CONDITIONS, build_condition
 from harness.run.distributed import completer
 from harness.run.energy import make_meter
 from harness.task.answers import score
+from harness.task.chat import chat_frame, encode_prompt
 from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.tracking.log import try_log_run_dir
@@ -140,10 +141,11 @@ def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem
     limit = context_size(fm)
     if limit is None:
         return problems
+    frame = chat_frame(as_backend(fm), c.model.chat)
     budget = limit - c.decoding.max_new_tokens
     out = []
     for p in problems:
-        n = len(fm.encode(render(c.prompt.template, problem=p.problem)))
+        n = len(encode_prompt(as_backend(fm), frame, render(c.prompt.template, problem=p.problem)))
         if n <= budget:
             out.append(p)
             continue
@@ -157,7 +159,7 @@ def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem
         keep = len(ids) - (n - budget)
         while keep > 0:
             text = fm.decode(ids[:keep])
-            if len(fm.encode(render(c.prompt.template, problem=text))) <= budget:
+            if len(encode_prompt(as_backend(fm), frame, render(c.prompt.template, problem=text))) <= budget:
                 break
             keep -= max(1, keep // 100)
         if keep <= 0:
@@ -240,9 +242,10 @@ def run_rows(
     )
     fm = as_backend(fm) if fm is not None else load_model(c)  # a FrozenModel stands for its transformers backend
     problems = fit_context(problems, fm, c)
+    frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
     condition = build_condition(
         c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
-        settings=c.condition.settings,
+        settings=c.condition.settings, chat=frame,
     )
     desc = condition.describe()
     config = recorded(cfg)
@@ -302,7 +305,7 @@ def run_rows(
             problems=[p.to_row() for p in problems],
             rows=rows,
             summary=summary,
-            prompt_template=c.prompt.template,
+            prompt_template=c.prompt.template if frame is None else frame.prefix + c.prompt.template + frame.suffix,
             model_fingerprint=fm.fingerprint,
             tokenizer_fingerprint=fm.tokenizer_fingerprint,
             determinism=fm.settings(),  # transformers: the Determinism's dict; llama.cpp: "backend" + settings

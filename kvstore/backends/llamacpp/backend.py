@@ -164,8 +164,13 @@ class LlamaCppBackend:
         return current_environment(torch.device("cpu")).to_dict()
 
     # text
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=False))
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`; `special`: control tokens written in it (`<|im_start|>`) are parsed as such."""
+        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=special))
+
+    def chat_template(self) -> str | None:
+        """The GGUF's `tokenizer.chat_template` (None when it has none)."""
+        return self.llm.metadata.get("tokenizer.chat_template") or None
 
     def decode(self, ids: list[int]) -> str:
         return self.llm.detokenize(list(ids)).decode(errors="replace")

@@ -52,8 +52,13 @@ class TransformersBackend:
         return environment_fingerprint(self.fm.device)
 
     # text
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.fm.encode(text, add_bos=add_bos)
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.fm.encode(text, add_bos=add_bos, special=special)
+
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (from the GGUF for a packaged model; None when it has none)."""
+        template = getattr(self.fm.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) and template else None
 
     def decode(self, ids: list[int]) -> str:
         return self.fm.decode(ids)

@@ -65,7 +65,9 @@ class FrozenModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`. `special` is accepted for the Backend seam; the tokenizer parses control tokens
+        written in the text either way (as it always has here: the bundled model's ids stay the same)."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if add_bos and bos is not None else []) + list(ids)
