@@ -63,7 +63,7 @@ audit-venv:
 	$(AUDIT_VENV)/bin/python -m pip install --quiet -c constraints.txt $$(python3 -c "import tomllib; \
 	  print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['audit'])")
 
-test: setup
+test: setup setup-models  # setup-models: the 1.5B model for its short exactness test (~50 s, 2.2 GB; docs/models.md)
 	.venv/bin/ruff check kvstore harness scripts tests
 	$(PY) -m pytest -q $(ARGS)
 
