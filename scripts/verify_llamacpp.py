@@ -113,20 +113,22 @@ def main(argv: list[str] | None = None) -> int:
         proc.stdin.close()
         proc.wait(timeout=60)
     equal = sum(r["equal"] for r in rows)
-    past = [r for r in rows if r["prefix_tokens"] > be.n_swa]
+    past = [r for r in rows if be.n_swa and r["prefix_tokens"] > be.n_swa]
     summary = {
         "backend": "llamacpp", "model": be.model_name, "gguf_sha256": be.fingerprint, "settings": be.settings(),
         "samples": len(rows), "sha256_equal": equal,
         "kl_max": max(r["graft"]["kl_max"] for r in rows),
         "argmax_agreement_min": min(r["graft"]["argmax_agreement"] for r in rows),
         "past_window": len(past), "past_window_equal": sum(r["equal"] for r in past),
+        "cpu": be.environment().get("cpu_model"),
         "restore_process": "separate (one worker)", "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "wall_s": round(time.perf_counter() - t_start, 1), "rows": rows,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{be.model_name}: {equal}/{len(rows)} SHA-256 equal (past the {be.n_swa}-token window: "
-          f"{summary['past_window_equal']}/{len(past)}), KL max {summary['kl_max']}, "
+    window = (f"past the {be.n_swa}-token window: {summary['past_window_equal']}/{len(past)}" if be.n_swa
+              else "no sliding window")
+    print(f"{be.model_name}: {equal}/{len(rows)} SHA-256 equal ({window}), KL max {summary['kl_max']}, "
           f"argmax min {summary['argmax_agreement_min']}; "
           f"restore in another process; {summary['wall_s']} s -> {a.out}")
     return 0 if equal == len(rows) else 1
