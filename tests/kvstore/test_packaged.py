@@ -1,4 +1,4 @@
-"""kvstore.packaged: a GGUF assembled from part packages is published only with its pinned size and SHA-256."""
+"""kvstore.backends.packaged: a GGUF assembled from part packages is published only with its pinned size and SHA-256."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.backends.packaged import PACKAGED, PackagedGGUF, assemble, gguf_path
 from kvstore.errors import IntegrityError, ModelLoadError
-from kvstore.packaged import PACKAGED, PackagedGGUF, assemble, gguf_path
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
 

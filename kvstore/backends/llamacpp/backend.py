@@ -36,11 +36,11 @@ import torch
 
 from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.backends.llamacpp.state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
+from kvstore.backends.packaged import BUNDLED, gguf_path, known_names
 from kvstore.engine.admission import admit
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, check_snapshot
-from kvstore.packaged import BUNDLED, gguf_path, known_names
 
 NAME = "llamacpp"
 

@@ -1,5 +1,5 @@
-"""The packaged GGUF models (kvstore.packaged: the bundled Gemma 3 270M, and the 1.5B after `make setup-models`) and
-their conversion cache.
+"""The packaged GGUF models (kvstore.backends.packaged: the bundled Gemma 3 270M, and the 1.5B after
+`make setup-models`) and their conversion cache.
 
 transformers dequantizes the GGUF into a dense model; that takes a minute or two, so it is done once and saved
 as an ordinary safetensors checkpoint under `$KVGRAFT_CACHE/models/<key>` (default `~/.cache/kvgraft`), keyed
@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvstore.atomic import atomic_directory
+from kvstore.backends.packaged import BUNDLED, expected_sha256, gguf_path, models_cache
 from kvstore.determinism import Determinism
-from kvstore.packaged import BUNDLED, expected_sha256, gguf_path, models_cache
 
-__all__ = ["BUNDLED", "converted_checkpoint"]
+__all__ = ["converted_checkpoint"]  # BUNDLED is kvstore.backends.packaged's
 
 
 def converted_checkpoint(det: Determinism, name: str = BUNDLED) -> Path:

