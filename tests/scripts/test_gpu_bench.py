@@ -5,6 +5,7 @@ on a device machine. (The configs themselves: tests/kvstore/test_random_models.p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--device", "cpu", "--small",
                            "--models", "gemma3-1b-class", "--samples", "2", "--sizes", "24", "--repeats", "1",
                            "--threads", "1", "--energy-window-s", "0.01", "--work", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})  # this checkout's code
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()[:-1]  # every figure line is marked with the device kind; the last names the file
     assert lines and all(line.startswith("[cpu] ") for line in lines), proc.stdout

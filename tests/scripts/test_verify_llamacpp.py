@@ -27,7 +27,8 @@ def test_grafts_on_the_1_5b_model_are_byte_identical_when_restored_in_another_pr
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "verify_llamacpp.py"), "--gguf", MODEL, "--samples", "3",
          "--n-ctx", "1024", "--out", str(out)],  # seed 0: prefixes of 86, 318 and 589 tokens
-        capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)
+        capture_output=True, text=True, timeout=900, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})  # this checkout's code
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["model"] == f"{MODEL}-gguf" and r["gguf_sha256"].startswith("cc324af070c2ecbf")
