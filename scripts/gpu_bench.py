@@ -135,8 +135,9 @@ def energy(device: str, fn, min_window_s: float = 0.5) -> dict:
         if clock(device) - t0 >= min_window_s:
             break
     reading = meter.stop()
-    return {"calls": calls, "status": reading.status,
-            "joules_per_call": reading.joules / calls if reading.measured else None}
+    # measured (NVML, RAPL) or estimated (CodeCarbon, labelled by its status); never an estimate as a measurement
+    return {"calls": calls, "status": reading.status, "kind": reading.status.split(":", 1)[0],
+            "joules_per_call": reading.joules / calls if reading.joules is not None else None}
 
 
 def ttft_row(args, fm: FrozenModel, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
@@ -267,8 +268,8 @@ def run(args: argparse.Namespace) -> dict:
 def _energy_text(e: dict) -> str:
     if "joules_per_call" not in e:
         return "skipped (time budget)"
-    j = e["joules_per_call"]
-    return f"{j:.3g} J ({e['status']})" if j is not None else e["status"]
+    j, (kind, detail) = e["joules_per_call"], e["status"].split(":", 1)
+    return f"{j:.3g} J, {kind} ({detail})" if j is not None else f"{kind} ({detail})"
 
 
 def report_lines(result: dict) -> list[str]:

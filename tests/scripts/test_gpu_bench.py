@@ -46,4 +46,5 @@ def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(
     for side in ("recompute", "graft"):
         e = row["energy"][side]
         assert e["calls"] >= 1 and (e["joules_per_call"] is None) == e["status"].startswith("unavailable")
+        assert e["kind"] in ("measured", "estimated", "unavailable") and e["status"].startswith(e["kind"] + ":")
     assert list(tmp_path.glob("kvgraft-gpu-bench-*")) == []  # temporary stores removed
