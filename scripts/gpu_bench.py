@@ -1,16 +1,23 @@
-"""The GPU path, measured in one run (issue 11): exactness in bf16, TTFT graft vs recompute, restore GB/s vs a
-raw read, and energy, for random-weight models built from real architectures' configs (no download).
+"""The GPU path, measured in one run (issues 11, 33): exactness in bf16 and fp32, TTFT graft vs recompute, verified
+restore GB/s vs a raw read, and energy per graft and per recompute, for random-weight models built from the
+published configurations (no download).
 
-    .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json                 # CUDA: the full run
-    .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json    # CPU dry run, tiny sizes
+    bash scripts/gpu_machine.sh                          # on the GPU machine (docs/performance.md, "On a GPU")
+    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json    # CUDA: the full run
+    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json   # CPU dry run
 
-Models: kvstore.testing.random_models.CONFIGS (hard-coded from the public config.json of each family; weights drawn
-from --seed): Gemma 3 1B-class and 12B-class text configs (sliding window + full attention, 1 and 8 KV heads),
-and a Llama 3.1 8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling). `--small` keeps
-each architecture's layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
+Models (--models; default the five of issue 33, smallest first): kvstore.testing.random_models.CONFIGS, hard-coded
+from the public config.json of each family: Gemma 3 1B, 4B and 12B text configs (sliding window + full attention),
+Qwen2.5 1.5B and 7B (full attention, GQA), and a Llama 3.1 8B-class config. `--small` keeps each architecture's
+layer pattern with tiny dimensions, for a CPU check of the whole pipeline.
+
+Weights are random, drawn on the device from --seed: exactness (byte-identical logits) and speed depend on the
+shapes and kernels, not on trained values; the output says so. The environment (torch, transformers, CUDA, GPU)
+is recorded, never required: the GPU machine's own stack (torch 2.11, transformers 5.17) runs it as it is.
 
 Per model:
-1. exactness: `kvstore.engine.verify.check_graft` on --samples random (prefix, suffix) pairs in bf16, the graft half
+1. exactness, in each of --exact-dtypes (bfloat16 and float32): `kvstore.engine.verify.check_graft` on --samples random
+   (prefix, suffix) pairs, the graft half
    run in kvstore's second-process restorer (kvstore.engine.restore_worker), which builds the same model (its
    fingerprint must match) and restores each artifact from the store by id: verdict = suffix logits' SHA-256
    equal to the fresh reference's;
@@ -18,8 +25,10 @@ Per model:
    the parts, and the ceiling recompute / forward;
 3. restore vs raw read: store.get (map + verify the id's hash) in GB/s vs `open().read()` of the same file,
    warm page cache; the host-to-device copy is in the graft part;
-4. energy (NVML on CUDA, else RAPL, else declared unavailable): joules of recompute vs graft, repeated until
-   the window is >= 0.5 s (NVML's counter updates every 10-100 ms).
+4. energy (NVML on CUDA, else RAPL, else declared unavailable): joules per recompute and per graft, repeated
+   until the window is >= 0.5 s (NVML's counter updates every 10-100 ms).
+Every printed figure names the device kind ([cuda] or [cpu]); a CPU run is a dry run of the pipeline, not a GPU
+figure.
 Writes one JSON (--out). --budget-s stops starting new measurements when the run gets near its time limit
 (skips are recorded, never silent). On one H200 the full run is sized for 8 minutes.
 """
@@ -42,6 +51,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,11 +60,14 @@ from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit_
 from kvstore.backends.transformers.model import FrozenModel, layout_string  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
+from kvstore.environment import current_environment  # noqa: E402
 from kvstore.errors import RestoreWorkerError  # noqa: E402
 from kvstore.format.artifact import FORMAT, hash_threads  # noqa: E402
 from kvstore.testing.random_models import CONFIGS, build_random_model, kv_bytes  # noqa: E402
 
 FULL_SIZES, SMALL_SIZES = (2048, 8192, 32768), (32, 64, 128)
+# the issue's published configurations, smallest first (so a run cut short by --budget-s has the small ones)
+DEFAULT_MODELS = ("gemma3-1b-class", "qwen2.5-1.5b-class", "gemma3-4b-class", "qwen2.5-7b-class", "gemma3-12b-class")
 
 
 def sync(device: str) -> None:
@@ -122,8 +135,9 @@ def energy(device: str, fn, min_window_s: float = 0.5) -> dict:
         if clock(device) - t0 >= min_window_s:
             break
     reading = meter.stop()
-    return {"calls": calls, "status": reading.status,
-            "joules_per_call": reading.joules / calls if reading.measured else None}
+    # measured (NVML, RAPL) or estimated (CodeCarbon, labelled by its status); never an estimate as a measurement
+    return {"calls": calls, "status": reading.status, "kind": reading.status.split(":", 1)[0],
+            "joules_per_call": reading.joules / calls if reading.joules is not None else None}
 
 
 def ttft_row(args, fm: FrozenModel, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
@@ -182,18 +196,26 @@ def ttft_row(args, fm: FrozenModel, work: Path, n: int, rng: random.Random, dead
         shutil.rmtree(work / f"ttft{n}", ignore_errors=True)
 
 
+RANDOM_WEIGHTS = ("random weights in the published configurations, built on the device: exactness and speed "
+                  "depend on shapes and kernels, not on trained values")
+
+
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     deadline = t_start + args.budget_s
     det = Determinism(dtype=args.dtype, threads=args.threads)
+    exact_dtypes = [d for d in args.exact_dtypes.split(",") if d]
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else list(SMALL_SIZES if args.small else FULL_SIZES)
     dev = args.device
+    env = current_environment(torch.device(dev)).to_dict()  # recorded with the figures, never required
     out: dict = {
-        "device": torch.cuda.get_device_name(0) if dev.startswith("cuda") else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(0) if dev.startswith("cuda") else env["cpu_model"] or env["machine"],
+        "environment": env,
         "device_kind": "cuda" if dev.startswith("cuda") else "cpu", "torch": torch.__version__,
-        "cuda": torch.version.cuda, "format": FORMAT, "hash_threads": hash_threads(),
+        "transformers": transformers.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "format": FORMAT, "hash_threads": hash_threads(), "weights": RANDOM_WEIGHTS,
         "settings": {"small": args.small, "sizes": sizes, "samples": args.samples, "repeats": args.repeats,
-                     "dtype": args.dtype, "seed": args.seed, "budget_s": args.budget_s,
+                     "dtype": args.dtype, "exact_dtypes": exact_dtypes, "seed": args.seed, "budget_s": args.budget_s,
                      "energy_window_s": args.energy_window_s,
                      "determinism": det.to_dict()},
         "models": {}, "skipped": [],
@@ -212,7 +234,10 @@ def run(args: argparse.Namespace) -> dict:
                 "layers": layout_string(fm.layer_layout), "parameters": sum(p.numel() for p in fm.model.parameters()),
                 "kv_bytes_per_token_full": kv_bytes(cfg, 1), "build_s": time.perf_counter() - t0, "ttft": []}
             window = min((lyr["window"] for lyr in fm.layer_layout if lyr["window"]), default=None)
-            m["exactness"] = exactness(args, fm, name, work, rng, max_prefix=2 * window if window else min(sizes))
+            max_prefix = 2 * window if window else min(sizes)
+            m["exactness"] = {}
+            if args.dtype in exact_dtypes:
+                m["exactness"][args.dtype] = exactness(args, fm, name, work, rng, max_prefix)
             for n in sizes:
                 if time.perf_counter() > deadline:
                     out["skipped"].append(f"{name} at {n} tokens: time budget")
@@ -224,10 +249,51 @@ def run(args: argparse.Namespace) -> dict:
             del fm
             if dev.startswith("cuda"):
                 torch.cuda.empty_cache()
+            for dt in (d for d in exact_dtypes if d != args.dtype):  # the same config in the other dtypes
+                if time.perf_counter() > deadline:
+                    out["skipped"].append(f"{name} exactness in {dt}: time budget")
+                    continue
+                other = build_random_model(name, args.small, Determinism(dtype=dt, threads=args.threads), dev,
+                                           args.seed)
+                m["exactness"][dt] = exactness(args, other, name, work, rng, max_prefix)
+                del other
+                if dev.startswith("cuda"):
+                    torch.cuda.empty_cache()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["runtime_s"] = time.perf_counter() - t_start
     return out
+
+
+def _energy_text(e: dict) -> str:
+    if "joules_per_call" not in e:
+        return "skipped (time budget)"
+    j, (kind, detail) = e["joules_per_call"], e["status"].split(":", 1)
+    return f"{j:.3g} J, {kind} ({detail})" if j is not None else f"{kind} ({detail})"
+
+
+def report_lines(result: dict) -> list[str]:
+    """Every figure of a result, one per line, each marked with the device kind ([cuda] or [cpu])."""
+    k = f"[{result['device_kind']}]"
+    lines = [f"{k} {result['device']}; torch {result['torch']}, transformers {result['transformers']}, CUDA "
+             f"{result['cuda']}, python {result['python']} (recorded, not required)", f"{k} {result['weights']}"]
+    for name, m in result["models"].items():
+        exact = ", ".join(f"{dt} {ex.get('equal')}/{ex.get('samples')}" if "error" not in ex else f"{dt} error: "
+                          f"{ex['error'][:200]}" for dt, ex in m["exactness"].items())
+        lines.append(f"{k} {name} ({m['layers']}, {m['parameters']:,} parameters): exact, restored in another "
+                     f"process: {exact or 'not run'}")
+        for r in m["ttft"]:
+            lines.append(f"{k}   {r['tokens']:>6} tok  TTFT graft {r['graft_s'] * 1e3:8.1f} ms  recompute "
+                         f"{r['recompute_s'] * 1e3:8.1f} ms  {r['ratio']:6.1f}x (ceiling {r['ratio_ceiling']:.1f}x)")
+            lines.append(f"{k}   {r['tokens']:>6} tok  verified restore {r['restore_GBps']:.2f} GB/s vs raw read "
+                         f"{r['read_GBps']:.2f} GB/s ({r['restore_vs_read']:.0%}), {r['artifact_bytes']:,} bytes")
+            e = r["energy"]
+            if "skipped" in e:
+                lines.append(f"{k}   {r['tokens']:>6} tok  energy skipped ({e['skipped']})")
+            else:
+                lines.append(f"{k}   {r['tokens']:>6} tok  energy per graft {_energy_text(e['graft'])}; per "
+                             f"recompute {_energy_text(e['recompute'])}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,11 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the JSON to write")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--small", action="store_true", help="tiny dimensions (CPU dry run)")
-    ap.add_argument("--models", default=",".join(CONFIGS))
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(CONFIGS)}")
     ap.add_argument("--sizes", default=None, help="prefix tokens for TTFT (default 2048,8192,32768; small 32,64,128)")
     ap.add_argument("--samples", type=int, default=50, help="exactness samples per model")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", help="the dtype of the TTFT, restore and energy figures")
+    ap.add_argument("--exact-dtypes", default="bfloat16,float32", help="dtypes of the exactness check")
     ap.add_argument("--threads", type=int, default=max(1, min(16, len(os.sched_getaffinity(0)))))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after this many seconds")
@@ -254,14 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out, (json.dumps(result, indent=2, default=float) + "\n").encode())
-    for name, m in result["models"].items():
-        ex = m["exactness"]
-        print(f"{name}: exact {ex.get('equal')}/{ex.get('samples')} ({m['layers']})")
-        for r in m["ttft"]:
-            print(f"  {r['tokens']:>6} tok  graft {r['graft_s'] * 1e3:8.1f} ms  "
-                  f"recompute {r['recompute_s'] * 1e3:8.1f} ms"
-                  f"  {r['ratio']:6.1f}x (ceiling {r['ratio_ceiling']:.1f}x)  restore {r['restore_GBps']:.2f} GB/s"
-                  f" vs read {r['read_GBps']:.2f} GB/s")
+    for line in report_lines(result):
+        print(line)
     print(f"wrote {args.out} in {result['runtime_s']:.0f} s; skipped: {result['skipped'] or 'nothing'}")
     return 0
 

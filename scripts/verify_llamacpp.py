@@ -1,6 +1,10 @@
 """The exactness claim on the llama.cpp backend: `kvstore.check_graft` with the graft half in another process.
 
     python scripts/verify_llamacpp.py --samples 50 --out runs/verify_llamacpp.json
+    python scripts/verify_llamacpp.py --gguf qwen2.5-coder-1.5b-instruct --out runs/verify_llamacpp_1.5b.json
+
+--gguf: a packaged model name (kvstore.backends.packaged: gemma3-270m, the default, or qwen2.5-coder-1.5b-instruct after
+`make setup-models`) or a GGUF file path.
 
 The same samples as scripts/verify_graft.py (its `prefix_lengths` / `build_samples`: real problem text, prefix
 lengths from ~16 to ~1.75 x the 512-token window, window-1/window/window+1 included), on the bundled GGUF:
@@ -37,12 +41,15 @@ from harness.experiments.text import DEFAULT_PROBLEMS, problem_texts
 from kvstore import LocalStore, check_graft
 from kvstore.backends.llamacpp.backend import LlamaCppBackend
 from kvstore.backends.llamacpp.settings import LlamaCppSettings
+from kvstore.backends.packaged import gguf_path, known_names
 from kvstore.engine.verify import Restored, graft_logits
 
 
 def _settings(a: argparse.Namespace) -> LlamaCppSettings:
-    return LlamaCppSettings(n_ctx=a.n_ctx, n_batch=a.n_batch, n_ubatch=a.n_batch, threads=a.threads,
-                            swa_full=not a.no_swa_full)
+    known = a.gguf in known_names()
+    return LlamaCppSettings(gguf=str(gguf_path(a.gguf)) if known else a.gguf, n_ctx=a.n_ctx, n_batch=a.n_batch,
+                            n_ubatch=a.n_batch, threads=a.threads, swa_full=not a.no_swa_full,
+                            model_name=f"{a.gguf}-gguf" if known else Path(a.gguf).stem)
 
 
 def worker(a: argparse.Namespace) -> int:
@@ -61,6 +68,7 @@ def worker(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=50)
+    ap.add_argument("--gguf", default="gemma3-270m", help=f"a GGUF file or one of {known_names()}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--suffix-tokens", type=int, default=16)
     ap.add_argument("--min-prefix-tokens", type=int, default=16)
@@ -84,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store_root = a.store or f"{tmp}/store"
         store = LocalStore(store_root)
-        cmd = [sys.executable, __file__, "--worker", "--store", store_root, "--n-ctx", str(a.n_ctx), "--n-batch",
-               str(a.n_batch), "--threads", str(a.threads)] + (["--no-swa-full"] if a.no_swa_full else [])
+        cmd = [sys.executable, __file__, "--worker", "--gguf", a.gguf, "--store", store_root, "--n-ctx", str(a.n_ctx),
+               "--n-batch", str(a.n_batch), "--threads", str(a.threads)] + (["--no-swa-full"] if a.no_swa_full else [])
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if proc.stdout.readline().strip() != "ready":
             raise SystemExit("the restore worker did not start")
@@ -105,19 +113,23 @@ def main(argv: list[str] | None = None) -> int:
         proc.stdin.close()
         proc.wait(timeout=60)
     equal = sum(r["equal"] for r in rows)
-    past = [r for r in rows if r["prefix_tokens"] > be.n_swa]
+    past = [r for r in rows if be.n_swa and r["prefix_tokens"] > be.n_swa]
     summary = {
-        "backend": "llamacpp", "settings": be.settings(), "samples": len(rows), "sha256_equal": equal,
+        "backend": "llamacpp", "model": be.model_name, "gguf_sha256": be.fingerprint, "settings": be.settings(),
+        "samples": len(rows), "sha256_equal": equal,
         "kl_max": max(r["graft"]["kl_max"] for r in rows),
         "argmax_agreement_min": min(r["graft"]["argmax_agreement"] for r in rows),
         "past_window": len(past), "past_window_equal": sum(r["equal"] for r in past),
+        "cpu": be.environment().get("cpu_model"),
         "restore_process": "separate (one worker)", "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "wall_s": round(time.perf_counter() - t_start, 1), "rows": rows,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{equal}/{len(rows)} SHA-256 equal (past the {be.n_swa}-token window: {summary['past_window_equal']}/"
-          f"{len(past)}), KL max {summary['kl_max']}, argmax min {summary['argmax_agreement_min']}; "
+    window = (f"past the {be.n_swa}-token window: {summary['past_window_equal']}/{len(past)}" if be.n_swa
+              else "no sliding window")
+    print(f"{be.model_name}: {equal}/{len(rows)} SHA-256 equal ({window}), KL max {summary['kl_max']}, "
+          f"argmax min {summary['argmax_agreement_min']}; "
           f"restore in another process; {summary['wall_s']} s -> {a.out}")
     return 0 if equal == len(rows) else 1
 

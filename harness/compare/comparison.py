@@ -48,7 +48,7 @@ class VsBaseline(FlatJson):
     accuracy_delta: float
     baseline_decode_tokens: int
     decode_tokens: int
-    energy_status: str  # "measured" | "unavailable (<the run's status>)"
+    energy_status: str  # "measured" | "estimated (<method>)" | "unavailable (<why>)"
     baseline_accuracy_ci_low: float | None = None
     baseline_accuracy_ci_high: float | None = None
     # rows where the baseline ran out of budget: a token reduction against them is against cut-off answers
@@ -233,6 +233,14 @@ def compare_summaries(baseline: Summary, other: Summary) -> VsBaseline:
     """Side-by-side figures of a run against its matching baseline (factors are baseline / other)."""
     be, oe = baseline.energy, other.energy
     both_measured = be.measured and oe.measured
+    # estimates compare only with estimates of the same method, never with a measurement
+    same_estimate = be.estimated and oe.estimated and be.status == oe.status
+    if both_measured or same_estimate:
+        energy_status = "measured" if both_measured else oe.label
+    elif be.joules is not None and oe.joules is not None:
+        energy_status = f"unavailable (not comparable: baseline {be.label}, this run {oe.label})"
+    else:
+        energy_status = f"unavailable ({oe.status if oe.joules is None else be.status})"
     budget_hit = (baseline.stop_reasons or {}).get("length")
     bs, bt, bm, os_, ot, om = baseline.scores, baseline.tokens, baseline.time, other.scores, other.tokens, other.time
     return VsBaseline(
@@ -245,8 +253,8 @@ def compare_summaries(baseline: Summary, other: Summary) -> VsBaseline:
                               f"{bs.n_rows} rows" if budget_hit else None),
         prefill_factor=_factor(bt.prefill, ot.prefill), ttft_factor=_factor(bm.ttft_s, om.ttft_s),
         wall_factor=_factor(bm.wall_s, om.wall_s), cpu_factor=_factor(bm.cpu_s, om.cpu_s),
-        energy_factor=_factor(be.joules, oe.joules) if both_measured else None,
-        energy_status="measured" if both_measured else f"unavailable ({oe.status})",
+        energy_factor=_factor(be.joules, oe.joules) if both_measured or same_estimate else None,
+        energy_status=energy_status,
     )
 
 

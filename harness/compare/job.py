@@ -57,8 +57,9 @@ from harness.record.hashing import write_json
 from harness.record.rows import Summary
 from harness.run.conditions import Baseline, condition_class
 from harness.run.loop import comparable_key, console, run_rows
+from harness.task.chat import chat_frame
 from harness.tracking.store import default_tracking_uri
-from kvstore import enter_profile
+from kvstore import as_backend, enter_profile
 
 
 def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: None,
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> Comparison:
     runs = root / c.runs_dir
     fm = load_model(c)
     t_lib, wall_lib = time.perf_counter(), time.time()
-    lib = open_library(c.library, fm, root, build_if_missing=True)
+    lib = open_library(c.library, fm, root, build_if_missing=True, chat=chat_frame(as_backend(fm), c.model.chat))
     built = (lib.path / "manifest.json").stat().st_mtime >= wall_lib - 1
     library = _library_record(lib, time.perf_counter() - t_lib, built, wall_lib)
     console.print(

@@ -69,7 +69,8 @@ def sweep_table(root: Path) -> Any:
             "decode_tokens": s.tokens.decode, "decode_per_attempt": s.tokens.decode / n,
             "prefill_tokens": s.tokens.prefill, "grafted_tokens": s.tokens.grafted,
             "wall_s": s.time.wall_s, "wall_per_attempt_s": s.time.wall_s / n, "run_wall_s": s.time.run_wall_s,
-            "energy_j": math.nan if joules is None else joules, "energy_status": s.energy.status,
+            "energy_j": math.nan if joules is None else joules, "energy_kind": s.energy.kind,
+            "energy_status": s.energy.status,
         })
     return pd.DataFrame.from_records(records)
 
@@ -120,9 +121,15 @@ def write_report(root: Path, out: Path | None = None) -> tuple[Any, list[Path]]:
                       "decode tokens per config"))
     files.append(bar_plot(out / "wall_time.png", labels, list(df["wall_per_attempt_s"]), "wall s / attempt",
                       "time per config"))
-    energy = list(df["energy_j"])
+    energy, kinds = list(df["energy_j"]), set(df["energy_kind"]) - {"unavailable"}
     note = "" if any(not math.isnan(v) for v in energy) else str(df["energy_status"].iloc[0])
-    files.append(bar_plot(out / "energy.png", labels, energy, "energy, J", "energy per config", note))
+    if kinds == {"estimated"}:  # estimates only: the axis says so (a mixed sweep keeps each run's kind in the table)
+        ylabel = "energy, J (estimated)"
+        method = str(df["energy_status"][df["energy_kind"] == "estimated"].iloc[0]).split(":", 1)[1]
+        note = note or f"estimated ({method})"
+    else:
+        ylabel = "energy, J" if kinds <= {"measured"} else "energy, J (measured and estimated: see energy_kind)"
+    files.append(bar_plot(out / "energy.png", labels, energy, ylabel, "energy per config", note))
     return df, files
 
 

@@ -44,7 +44,7 @@ def _stops(s: RunFigures) -> str:
 
 
 def _energy(s: RunFigures) -> str:
-    return f"{s.energy.joules:.1f} J" if s.energy.joules is not None else "unavailable"
+    return s.energy.text()  # "12.3 J", "12.3 J est." or "unavailable"; the status in words is printed below
 
 
 def _acc(s: RunFigures) -> str:
@@ -183,7 +183,7 @@ def print_comparison(title: str, result: Comparison, *, misses: Sequence[str] = 
     warning = load_warning(result)
     if warning:
         console.print(f"[bold yellow]{warning}[/]")
-    if base.energy.joules is None:
-        console.print(f"energy: {base.energy.status}", highlight=False)
+    if not base.energy.measured:  # unavailable, or an estimate: say which, with its method
+        console.print(f"energy: {base.energy.label}", highlight=False)
     if reprint:
         console.print(f"re-print: {reprint}", highlight=False)

@@ -53,7 +53,7 @@ DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (t
 Strategy = StrEnum("Strategy", "greedy sample")  # StrEnum's functional form: each member's value is its name
 LibrarySource = StrEnum("LibrarySource", "dataset harvest")
 Retrieval = StrEnum("Retrieval", "bm25 none")
-Meter = StrEnum("Meter", "auto nvml rapl none")
+Meter = StrEnum("Meter", "auto measured nvml rapl codecarbon none")
 ContextOverflow = StrEnum("ContextOverflow", "refuse truncate")
 # model.backend: every backend kvstore's registry holds (kvstore.backends; transformers, the default, first)
 ModelBackend = StrEnum("ModelBackend", " ".join(backend_names()))
@@ -118,6 +118,8 @@ class ModelBase:
     backend: ModelBackend = choice(ModelBackend.transformers, "the generation engine; configs/model/*.yaml, e.g. "
                                    "model=gemma3_270m_llamacpp; docs/backends.md")
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
+    # null: the prompt as written (base models); "model": inside the model's own chat template (harness/task/chat.py)
+    chat: typing.Optional[str] = None  # noqa: UP045  (OmegaConf's spelling)
 
 
 #: model: the fields above, then one optional section per other registered backend (`model.<name>`, None unless a
@@ -220,7 +222,8 @@ class TrackingConfig:
 
 @dataclass
 class EnergyConfig:
-    meter: Meter = Meter.auto  # auto | nvml | rapl | none
+    # auto (a meter, else CodeCarbon's estimate) | measured (never an estimate) | nvml | rapl | codecarbon | none
+    meter: Meter = Meter.auto
 
 
 @dataclass
@@ -324,6 +327,8 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
         for name in backend_names():
             if name not in _OWN_SECTIONS and model.get(name, 0) is None:
                 del model[name]
+        if model.get("chat", 0) is None:  # no chat template: recorded as before model.chat existed
+            del model["chat"]
     return config
 
 

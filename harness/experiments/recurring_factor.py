@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from harness.record.folder import RunFolder, claim, stamp
     from harness.record.hashing import write_json
     from harness.run.loop import comparable_key, console, run_rows
+    from harness.task.chat import chat_frame
 
     cfg = compose_config(["+experiment=recurring_factor", *overrides])
     c = typed(cfg)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0, load0 = time.perf_counter(), os.getloadavg()
     be = load_model(c)
     t_lib = time.perf_counter()
-    lib = open_library(c.library, be, root, build_if_missing=True)
+    lib = open_library(c.library, be, root, build_if_missing=True, chat=chat_frame(be, c.model.chat))
     lib_s = time.perf_counter() - t_lib
     console.print(f"library {lib.manifest['name']}: {len(lib.entries)} verified entries "
                   f"({lib.manifest['tokens_total']} tokens) in {lib.path} ({lib_s:.1f} s to open or build)")

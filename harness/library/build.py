@@ -50,6 +50,7 @@ from harness.errors import LibraryError, exit_on_error
 from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
+from harness.task.chat import ChatFrame, chat_frame, encode_entry
 from harness.task.problems import Problem, problem_fingerprint
 from harness.task.prompts import render
 from kvstore import (
@@ -267,14 +268,15 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
     return None
 
 
-def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True) -> Path:
+def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True,
+                  chat: ChatFrame | None = None) -> Path:
     """Verify, deposit and index every candidate solution on the backend `fm` (a FrozenModel: its transformers
     backend). Resumable: an entry whose tokens are already in the store for this model and these settings is not
     recomputed. Returns the library folder."""
     fm = as_backend(fm)
     store = open_store(lib_cfg.store, project_root)
     candidates, origin = read_candidates(lib_cfg, project_root)
-    identity = library_identity(lib_cfg, fm, project_root, candidates)
+    identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
     identity_sha256 = sha256_json(identity)
     out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
@@ -301,7 +303,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             )
             continue
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
-        ids = fm.encode(text)
+        ids = encode_entry(fm, chat, text)  # with a chat template: the template's opening, then the entry
         existing = _reusable(store, ids, fm)
         planned.append((p, solution, verification, text, ids, existing))
     # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.
@@ -423,12 +425,12 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
 
 
 def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
-                 build_if_missing: bool = False) -> Library:
+                 build_if_missing: bool = False, chat: ChatFrame | None = None) -> Library:
     """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
     say: the one built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index
     re-checked."""
     fm = as_backend(fm)
-    identity = library_identity(lib_cfg, fm, project_root)
+    identity = library_identity(lib_cfg, fm, project_root, chat=chat)
     identity_sha256 = sha256_json(identity)
     path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
     if not (path / "manifest.json").exists():
@@ -439,7 +441,7 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
                 f"{fm.fingerprint[:12]} at {path}; build it with `make library` (with the same library.* "
                 "overrides), or run `make aime-graft`, which builds it"
             )
-        build_library(lib_cfg, fm, project_root)
+        build_library(lib_cfg, fm, project_root, chat=chat)
     store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
     if lib.manifest.get("identity_sha256") != identity_sha256:
@@ -462,14 +464,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = compose_config([a for a in args if a != "--redeposit"])
     enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(cfg.project_root)
-    fm = load_model(typed(cfg))
+    c = typed(cfg)
+    fm = load_model(c)
     if redeposit:
         r = redeposit_library(cfg.library, fm, root)
         kinds = sorted({d.split(":", 1)[0] for ds in r["differences"].values() for d in ds})
         print(f"library {r['path']}: {r['redeposited']} of {r['entries']} entries re-deposited in this compute "
               f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
         return
-    path = build_library(cfg.library, fm, root)
+    path = build_library(cfg.library, fm, root, chat=chat_frame(as_backend(fm), c.model.chat))
     m = Library(path, open_store(cfg.library.store, root)).manifest
     print(
         f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import HarnessError, LibraryError
 from harness.record.folder import RunFolder
 from harness.record.hashing import sha256_hex, sha256_json
+from harness.task.chat import ChatFrame
 from harness.task.problems import Problem, load_problems
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, st
 
 
 def library_identity(lib_cfg, fm: Backend, project_root: Path,
-                     candidates: list[tuple[Problem, str]] | None = None) -> dict[str, Any]:
+                     candidates: list[tuple[Problem, str]] | None = None,
+                     chat: ChatFrame | None = None) -> dict[str, Any]:
     """Everything that determines a library's content: the candidate rows it is built from (`candidates`, read
     from the source when not given) and the source file's SHA-256, how they are selected (dataset path, hub id,
     columns, limit; or the harvested run and its manifest SHA-256), the entry template, the model and tokenizer.
@@ -82,6 +84,8 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
     if be.name != "transformers":  # absent = transformers: every library built before the seam keeps its folder
         identity["backend"] = be.name
         identity["backend_settings"] = be.settings()  # llama.cpp: n_ctx, n_batch, ... and its build
+    if chat is not None:  # entries open the model's chat template (absent without one: earlier folders stay)
+        identity["chat_frame_sha256"] = chat.sha256
     return identity
 
 

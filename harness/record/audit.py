@@ -271,16 +271,19 @@ def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings
 
 
 def _check_energy(name: str, status: Any, joules: Any, found: _Findings, check: str | None = None) -> None:
-    """Design invariant 5: measured means a number with a source; unavailable means joules is null."""
+    """Design invariant 5: measured (or estimated) means a number with a source (or method); unavailable means joules
+    is null. An estimate is recorded as "estimated:<method>", never under a measured name."""
     bad = None
-    if not isinstance(status, str) or not status.startswith(("measured:", "unavailable:")):
-        bad = f"energy status {status!r} is neither 'measured:<source>' nor 'unavailable:<reason>'"
-    elif status.startswith("measured:") and (isinstance(joules, bool) or not isinstance(joules, (int, float))):
+    if not isinstance(status, str) or not status.startswith(("measured:", "estimated:", "unavailable:")):
+        bad = (f"energy status {status!r} is neither 'measured:<source>', 'estimated:<method>' nor "
+               "'unavailable:<reason>'")
+    elif status.startswith(("measured:", "estimated:")) and (isinstance(joules, bool)
+                                                             or not isinstance(joules, (int, float))):
         bad = f"energy status {status!r} but joules is {joules!r}"
     elif status.startswith("unavailable:") and joules is not None:
         bad = f"energy status {status!r} but joules is {joules!r} (must be null)"
     if bad:
-        msg = f"{name}: {bad}; energy is measured or declared unavailable, never estimated"
+        msg = f"{name}: {bad}; energy is measured, estimated under its method's name, or declared unavailable"
         found.add_row(check, msg) if check else found.add(msg)
 
 

@@ -139,11 +139,34 @@ class Times:
 
 @dataclass(frozen=True)
 class Energy(FlatJson):
-    """The run's energy: `status` is "measured:<source>" or "unavailable:<reason>"; joules None when unavailable."""
+    """The run's energy: `status` is "measured:<source>", "estimated:<method>" or "unavailable:<reason>"
+    (harness.run.energy); joules None when unavailable. An estimate is never shown or compared as a measurement."""
 
     status: str
     joules: float | None = None
 
     @property
+    def kind(self) -> str:
+        """"measured", "estimated" or "unavailable" (the status's prefix; unavailable whenever joules is None)."""
+        kind = self.status.split(":", 1)[0]
+        return kind if self.joules is not None and kind in ("measured", "estimated") else "unavailable"
+
+    @property
     def measured(self) -> bool:
-        return self.joules is not None
+        return self.kind == "measured"
+
+    @property
+    def estimated(self) -> bool:
+        return self.kind == "estimated"
+
+    @property
+    def label(self) -> str:
+        """The status in words: "measured (nvml)", "estimated (<method>)", "unavailable (<reason>)"."""
+        detail = self.status.split(":", 1)[1] if ":" in self.status else self.status
+        return f"{self.kind} ({detail})"
+
+    def text(self) -> str:
+        """The figure for a table cell: "12.3 J", "12.3 J est." (the label goes in a line below) or "unavailable"."""
+        if self.joules is None:
+            return "unavailable"
+        return f"{self.joules:.1f} J" + (" est." if self.estimated else "")

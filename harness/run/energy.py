@@ -1,7 +1,9 @@
-"""Energy measurement for runs: measured from a hardware counter, or declared unavailable with a reason.
+"""Energy of runs: measured from a hardware counter, else estimated by a named method, else declared unavailable.
 
 Design invariant 5: energy is measured or declared unavailable — never 0 for a failed source, never an
-estimate under a measured name. Two sources are read directly:
+estimate under a measured name. Three statuses, carried as the `energy_status` string of every row and run:
+``measured:<source>`` (a counter), ``estimated:<method>`` (a model's guess, the method spelled out; never added
+to, compared with or shown as a measured figure) and ``unavailable:<reason>``. Two sources are read directly:
 
 - **nvml**: ``nvmlDeviceGetTotalEnergyConsumption`` (millijoules since driver load, Volta or newer),
   summed over all visible NVIDIA GPUs (package ``nvidia-ml-py``, module ``pynvml``). The counter
@@ -11,9 +13,15 @@ estimate under a measured name. Two sources are read directly:
   often enough to see every wrap. Reading ``energy_uj`` usually needs root (or a udev rule) since
   CVE-2020-8694; a permission error makes the source unavailable with that reason.
 
+Where neither is readable (a VM), **codecarbon** (PyPI `codecarbon`, pinned in constraints.txt) estimates the
+CPU's power with its own model: the CPU's TDP from its table (or 4 W per thread for a CPU it does not know) times
+the share of the machine's CPUs this process and its children used over the window (its ``cpu_load`` mode,
+``process`` tracking). Kinds: ``auto`` (NVML, else RAPL, else the estimate, else unavailable), ``measured``
+(NVML, else RAPL, else unavailable: never an estimate), ``nvml``, ``rapl``, ``codecarbon``, ``none``.
+
 Usage::
 
-    meter = make_meter("auto")          # "auto" | "nvml" | "rapl" | "none"
+    meter = make_meter("auto")          # "auto" | "measured" | "nvml" | "rapl" | "codecarbon" | "none"
     with meter:
         run_the_work()
     reading = meter.reading             # EnergyReading(joules=..., source=..., reason=...)
@@ -25,8 +33,10 @@ machine offers.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +54,7 @@ __all__ = [
     "rapl_delta_uj",
 ]
 
-ENERGY_KINDS = ("auto", "nvml", "rapl", "none")
+ENERGY_KINDS = ("auto", "measured", "nvml", "rapl", "codecarbon", "none")
 DEFAULT_RAPL_ROOT = Path("/sys/class/powercap")
 NVML_MIN_WINDOW_S = 0.1  # NVML's energy counter updates every ~10-100 ms
 _RAPL_PACKAGE_DIR = re.compile(r"^intel-rapl:\d+$")  # top-level domains; "intel-rapl:0:0" are subdomains
@@ -53,11 +63,13 @@ _RAPL_POLL_S = 10.0  # wrap period = max_energy_range_uj / power, e.g. 262 kJ / 
 
 @dataclass(frozen=True)
 class EnergyReading:
-    """Energy of one measured window: ``joules`` with its ``source``, or None with a ``reason``."""
+    """Energy of one window: ``joules`` with its ``source`` (and, for an estimate, its ``method``), or None with a
+    ``reason``."""
 
     joules: float | None
     source: str | None
     reason: str | None
+    method: str | None = None  # set: the joules are an estimate made by this method, not a measurement
 
     def __post_init__(self) -> None:
         if self.joules is None:
@@ -65,7 +77,7 @@ class EnergyReading:
                 raise ValueError("an unavailable EnergyReading needs a reason")
         else:
             if not self.source:
-                raise ValueError("a measured EnergyReading needs a source")
+                raise ValueError("a measured or estimated EnergyReading needs a source")
             if isinstance(self.joules, bool) or not math.isfinite(self.joules) or self.joules < 0:
                 raise ValueError(f"measured joules must be a finite number >= 0, got {self.joules!r}")
 
@@ -76,13 +88,20 @@ class EnergyReading:
 
     @property
     def measured(self) -> bool:
-        """True when ``joules`` holds a measured value."""
-        return self.joules is not None
+        """True when ``joules`` holds a measured value (not an estimate)."""
+        return self.joules is not None and self.method is None
+
+    @property
+    def estimated(self) -> bool:
+        """True when ``joules`` holds an estimate (``method`` says how it was made)."""
+        return self.joules is not None and self.method is not None
 
     @property
     def status(self) -> str:
-        """``"measured:<source>"`` or ``"unavailable:<reason>"`` (the ``energy_status`` field of a run)."""
-        return f"measured:{self.source}" if self.joules is not None else f"unavailable:{self.reason}"
+        """``"measured:<source>"``, ``"estimated:<method>"`` or ``"unavailable:<reason>"`` (``energy_status``)."""
+        if self.joules is None:
+            return f"unavailable:{self.reason}"
+        return f"estimated:{self.method}" if self.method is not None else f"measured:{self.source}"
 
 
 class EnergyMeter:
@@ -311,11 +330,68 @@ def _probe_rapl(root: Path = DEFAULT_RAPL_ROOT) -> EnergyMeter:
     return _RaplMeter(domains)
 
 
+# --- CodeCarbon: an estimate where no meter is readable -----------------------------------------------------------
+
+
+class _CodeCarbonEstimate(EnergyMeter):
+    """CodeCarbon's CPU power model (``cpu_load`` mode, ``process`` tracking): power = the CPU's TDP from CodeCarbon's
+    table (or its default of 4 W per thread for a CPU it does not know) x the share of the machine's CPUs this
+    process and its children used over the window (CPU seconds / wall seconds / CPU count). An estimate, labelled
+    ``estimated:<method>`` everywhere; never added to or compared with measured joules."""
+
+    source = "codecarbon"
+
+    def __init__(self, cpu: Any, method: str) -> None:
+        super().__init__(reason="")
+        self._cpu = cpu
+        self.method = method
+
+    def describe(self) -> str:
+        return f"energy: estimated ({self.method})"
+
+    def _begin(self) -> None:
+        self._cpu.start()
+
+    def _end(self, elapsed: float) -> EnergyReading:
+        _power, energy = self._cpu.measure_power_and_energy(last_duration=elapsed)
+        joules = float(energy.kWh) * 3.6e6
+        if not joules > 0:
+            return EnergyReading.unavailable(f"codecarbon estimate is 0 J over {elapsed:.3f} s (no CPU time used)")
+        return EnergyReading(joules=joules, source=self.source, reason=None, method=self.method)
+
+
+def _probe_codecarbon() -> EnergyMeter:
+    """A CodeCarbon estimate, or an unavailable meter saying why (not installed, no CPU model, no TDP)."""
+    try:
+        import codecarbon
+        from codecarbon.core.cpu import DEFAULT_POWER_PER_CORE, TDP
+        from codecarbon.core.util import count_cpus
+        from codecarbon.external.hardware import CPU
+    except ImportError as exc:
+        return EnergyMeter(f"no estimate either: codecarbon not installed ({exc}); pip install -c constraints.txt "
+                           "codecarbon")
+    logging.getLogger("codecarbon").setLevel(logging.ERROR)  # it warns about unknown CPUs; the method says so
+    try:
+        tdp = TDP()
+        if not tdp.tdp:
+            return EnergyMeter(f"no estimate either: codecarbon knows no TDP for CPU {tdp.model!r}")
+        known = tdp._get_cpu_power_from_registry(tdp.model) is not None  # noqa: SLF001 - how its TDP was chosen
+        cpu = CPU.from_utils(output_dir=tempfile.gettempdir(), mode="cpu_load", model=tdp.model, tdp=tdp.tdp,
+                             tracking_mode="process")
+    except Exception as exc:  # noqa: BLE001 - its hardware probes vary by machine; any failure = unavailable
+        return EnergyMeter(f"no estimate either: codecarbon failed ({type(exc).__name__}: {exc})")
+    origin = "its table" if known else f"not in its table: {DEFAULT_POWER_PER_CORE} W x {count_cpus()} threads"
+    method = (f"codecarbon {codecarbon.__version__} cpu_load: TDP {tdp.tdp:g} W for {tdp.model} ({origin}) x this "
+              "process's CPU share")
+    return _CodeCarbonEstimate(cpu, method)
+
+
 # --- selection --------------------------------------------------------------------------------------
 
 
 def make_meter(kind: str = "auto", *, rapl_root: Path = DEFAULT_RAPL_ROOT) -> EnergyMeter:
-    """A meter for ``kind`` (``auto``: NVML, else RAPL, else unavailable; ``none``: always unavailable).
+    """A meter for ``kind`` (``auto``: NVML, else RAPL, else CodeCarbon's estimate, else unavailable; ``measured``:
+    the same without the estimate; ``none``: always unavailable).
 
     Never raises for a missing source: the returned meter then reports ``unavailable:<reason>``.
     Raises ValueError for an unknown ``kind``.
@@ -328,12 +404,19 @@ def make_meter(kind: str = "auto", *, rapl_root: Path = DEFAULT_RAPL_ROOT) -> En
         return _probe_nvml()
     if kind == "rapl":
         return _probe_rapl(rapl_root)
+    if kind == "codecarbon":
+        return _probe_codecarbon()
     nvml = _probe_nvml()
     if nvml.source is not None:
         return nvml
     rapl = _probe_rapl(rapl_root)
     if rapl.source is not None:
         return rapl
+    if kind == "auto":
+        estimate = _probe_codecarbon()
+        if estimate.source is not None:
+            return estimate
+        return EnergyMeter(f"{nvml.reason} and {rapl.reason}; {estimate.reason}")
     return EnergyMeter(f"{nvml.reason} and {rapl.reason}")
 
 

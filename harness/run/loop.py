@@ -51,6 +51,7 @@ from harness.run.conditions import CONDITIONS, build_condition
 from harness.run.distributed import completer
 from harness.run.energy import make_meter
 from harness.task.answers import score
+from harness.task.chat import chat_frame, encode_prompt
 from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.tracking.log import try_log_run_dir
@@ -143,10 +144,11 @@ def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem
     limit = context_size(fm)
     if limit is None:
         return problems
+    frame = chat_frame(as_backend(fm), c.model.chat)
     budget = limit - c.decoding.max_new_tokens
     out = []
     for p in problems:
-        n = len(fm.encode(render(c.prompt.template, problem=p.problem)))
+        n = len(encode_prompt(as_backend(fm), frame, render(c.prompt.template, problem=p.problem)))
         if n <= budget:
             out.append(p)
             continue
@@ -160,7 +162,7 @@ def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem
         keep = len(ids) - (n - budget)
         while keep > 0:
             text = fm.decode(ids[:keep])
-            if len(fm.encode(render(c.prompt.template, problem=text))) <= budget:
+            if len(encode_prompt(as_backend(fm), frame, render(c.prompt.template, problem=text))) <= budget:
                 break
             keep -= max(1, keep // 100)
         if keep <= 0:
@@ -295,9 +297,10 @@ def run_rows(
     )
     fm = as_backend(fm) if fm is not None else load_model(c)  # a FrozenModel stands for its transformers backend
     problems = fit_context(problems, fm, c)
+    frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
     condition = build_condition(
         c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
-        settings=c.condition.settings,
+        settings=c.condition.settings, chat=frame,
     )
     desc = condition.describe()
     config = recorded(cfg)
@@ -360,7 +363,7 @@ def run_rows(
             problems=[p.to_row() for p in problems],
             rows=rows,
             summary=summary,
-            prompt_template=c.prompt.template,
+            prompt_template=c.prompt.template if frame is None else frame.prefix + c.prompt.template + frame.suffix,
             model_fingerprint=fm.fingerprint,
             tokenizer_fingerprint=fm.tokenizer_fingerprint,
             determinism=fm.settings(),  # transformers: the Determinism's dict; llama.cpp: "backend" + settings
@@ -474,7 +477,7 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
         stops_text(summary.stop_reasons),
         f"{summary.time.wall_s:.1f}",
         f"{summary.time.cpu_s:.1f}",
-        f"{e.joules:.1f} J" if e.joules is not None else "unavailable",
+        e.text(),
     )
     console.print(table)
     hit = (summary.stop_reasons or {}).get("length", 0)
@@ -483,7 +486,7 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
                       "answers were cut off[/]")
     if group_note(summary):
         console.print(f"[yellow]{group_note(summary)}[/]")
-    console.print(f"energy: {e.status}")
+    console.print(f"energy: {e.label}")
     if summary.exactness:
         console.print(f"[yellow]{summary.exactness}[/]")
     console.print(f"run folder: {folder.path}   (re-check: make rescore RUN={folder.path})")

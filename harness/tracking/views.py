@@ -81,7 +81,9 @@ def headline_metrics(summary: Summary) -> dict[str, float]:
         "n_problems": s.n_problems, "n_rows": s.n_rows, "decode_tokens_per_problem": t.decode / rows,
         "prefill_tokens_per_row": t.prefill / rows, "grafted_tokens_per_row": t.grafted / rows,
         "ttft_s_per_row": (summary.time.ttft_s or 0.0) / rows, "wall_s_per_row": summary.time.wall_s / rows,
-        "run_wall_s": summary.time.run_wall_s, "energy_j": summary.energy.joules,
+        "run_wall_s": summary.time.run_wall_s,
+        # an estimate never shares a metric with measured joules (the tag energy_status names its method)
+        "energy_j" if summary.energy.measured else "energy_j_estimated": summary.energy.joules,
     }
     for group, g in (summary.groups or {}).items():
         out[f"{group}.accuracy"] = g.accuracy
@@ -183,7 +185,7 @@ def _description(summary: Summary, group: str | None, config: dict[str, Any], fo
         f"- accuracy {s.accuracy:.3f} (95% CI {s.accuracy_ci_low:.3f} - {s.accuracy_ci_high:.3f})",
         f"- tokens: decode {t.decode}, grafted {t.grafted}, prefill {t.prefill}",
         f"- time: {summary.time.wall_s:.1f} s wall over attempts ({summary.time.run_wall_s} s run)",
-        f"- energy: {e.joules:.1f} J" if e.joules is not None else f"- energy: {e.status}",
+        f"- energy: {e.joules:.1f} J, {e.label}" if e.joules is not None else f"- energy: {e.label}",
     ]
     if group:
         lines.append(f"- library `{lib.get('name')}` v{lib.get('version')}, exclude_self={lib.get('exclude_self')}"

@@ -7,6 +7,8 @@ SettingsError naming it) and calls its loader. Adding a backend is its folder, i
     transformers/  the default: a kvstore.FrozenModel (Hugging Face transformers), the whole engine in its folder
     llamacpp/      llama-cpp-python on a GGUF file
     fake.py        scripted continuations, for the harness's unit tests
+    packaged.py    not a backend: model files installed as registry packages, by name -> a verified GGUF (the bundled
+                   270M; the 1.5B after `make setup-models`), shared by the GGUF-reading backends
 """
 
 from __future__ import annotations

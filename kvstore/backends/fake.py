@@ -76,8 +76,11 @@ class FakeBackend:
         return {"backend": self.name}
 
     # text
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return ([BOS] if add_bos else []) + [b + OFFSET for b in text.encode()]
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return ([BOS] if add_bos else []) + [b + OFFSET for b in text.encode()]  # bytes: nothing is special
+
+    def chat_template(self) -> str | None:
+        return None
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")

@@ -1,9 +1,10 @@
 """Random-weight models of real architectures' configs (no download): the shapes of production models, for
 benchmarks that measure sizes and speed (scripts/gpu_bench.py) rather than answers.
 
-    CONFIGS   name -> (model_type, config fields), from the public config.json of each family: Gemma 3 1B- and
-              12B-class text configs (sliding window + full attention, 1 and 8 KV heads) and a Llama 3.1
-              8B-class config (full attention, GQA 8 KV heads; plain RoPE, no rope scaling)
+    CONFIGS   name -> (model_type, config fields), from the public config.json of each family: Gemma 3 1B-, 4B- and
+              12B-class text configs (sliding window + full attention, 1, 4 and 8 KV heads), Qwen2.5 1.5B- and
+              7B-class configs (full attention, 2 and 4 KV heads of 128) and a Llama 3.1 8B-class config (full
+              attention, GQA 8 KV heads; plain RoPE, no rope scaling)
     SMALL     the same architectures and layer patterns with tiny dimensions (a CPU check of a whole pipeline)
     build_random_model(name, small, determinism, device, seed)   the frozen model, weights drawn from the seed
     kv_bytes(config, tokens)   bytes of the KV state after `tokens` tokens
@@ -25,16 +26,29 @@ def _gemma_layers(n: int) -> list[str]:
     return [("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(n)]
 
 
-# model_type, config fields (google/gemma-3-1b-pt, google/gemma-3-12b-pt text_config, meta-llama/Llama-3.1-8B)
+# model_type, config fields (google/gemma-3-1b-pt, google/gemma-3-4b-pt and google/gemma-3-12b-pt text_config,
+# Qwen/Qwen2.5-1.5B and Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B; no rope scaling)
 CONFIGS: dict[str, tuple[str, dict]] = {
     "gemma3-1b-class": ("gemma3_text", dict(
         vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
         num_key_value_heads=1, head_dim=256, sliding_window=512, layer_types=_gemma_layers(26),
         query_pre_attn_scalar=256, max_position_embeddings=32768, rms_norm_eps=1e-6)),
+    "gemma3-4b-class": ("gemma3_text", dict(
+        vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(34),
+        query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
     "gemma3-12b-class": ("gemma3_text", dict(
         vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
         num_key_value_heads=8, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(48),
         query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
+    "qwen2.5-1.5b-class": ("qwen2", dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        use_sliding_window=False, tie_word_embeddings=True)),
+    "qwen2.5-7b-class": ("qwen2", dict(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        use_sliding_window=False, tie_word_embeddings=False)),
     "llama3-8b-class": ("llama", dict(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
@@ -45,9 +59,16 @@ SMALL: dict[str, dict] = {
     "gemma3-1b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                             num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
                             layer_types=_gemma_layers(6), query_pre_attn_scalar=16),
+    "gemma3-4b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+                            layer_types=_gemma_layers(6), query_pre_attn_scalar=16),
     "gemma3-12b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=12,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
                              layer_types=_gemma_layers(12), query_pre_attn_scalar=16),
+    "qwen2.5-1.5b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2),
+    "qwen2.5-7b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2),
     "llama3-8b-class": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=16),
 }
@@ -66,9 +87,10 @@ def model_config(name: str, small: bool):
 def kv_bytes(cfg, tokens: int, itemsize: int = 2) -> int:
     """Bytes of the KV state after `tokens` tokens (sliding layers keep window - 1 positions)."""
     total = 0
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads  # Qwen2: derived
     for lyr in layer_layout(cfg):
         cached = tokens if lyr["kind"] == "full" else min(tokens, lyr["window"] - 1)
-        total += 2 * cfg.num_key_value_heads * cached * cfg.head_dim * itemsize
+        total += 2 * cfg.num_key_value_heads * cached * head_dim * itemsize
     return total
 
 

@@ -60,7 +60,7 @@ def test_overrides_the_schema_allows_pass_the_check():
 
 
 @pytest.mark.parametrize(("override", "line"), [
-    ("energy.meter=bogus", "energy.meter=bogus: use one of auto, nvml, rapl, none"),
+    ("energy.meter=bogus", "energy.meter=bogus: use one of auto, measured, nvml, rapl, codecarbon, none"),
     ("decoding.strategy=greedy,sampl", "decoding.strategy=sampl: use one of greedy, sample"),  # a sweep's value
     ("model.llamacpp.type_k=q8_0", "model.llamacpp.type_k=q8_0: use one of float16, float32, bfloat16"),
 ])
@@ -79,7 +79,7 @@ def test_the_entry_point_prints_one_line_for_a_bad_choice(repo_root):
     done = subprocess.run([sys.executable, "-m", "harness", "energy.meter=bogus", "tracking=off"], cwd=repo_root,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0, done.stdout
-    assert done.stderr.strip().splitlines() == ["error: energy.meter=bogus: use one of auto, nvml, rapl, none"]
+    assert done.stderr.strip().splitlines() == ["error: energy.meter=bogus: use one of auto, measured, nvml, rapl, codecarbon, none"]
 
 
 def test_config_groups_mirror_the_harness_concepts():

@@ -1,4 +1,5 @@
-"""Energy is measured from a counter or declared unavailable with a reason: never 0, never an estimate."""
+"""Energy is measured from a counter, else estimated under its method's name, else declared unavailable with a
+reason: never 0, never an estimate under a measured name."""
 
 from __future__ import annotations
 
@@ -46,16 +47,18 @@ def test_auto_on_this_machine_is_measured_with_a_source_or_unavailable_with_a_re
     meter.start()
     time.sleep(0.2)
     reading = meter.stop()
-    if reading.joules is not None:
+    if reading.measured:
         assert reading.source and reading.joules >= 0
         assert reading.status == f"measured:{reading.source}"
+    elif reading.estimated:
+        assert reading.joules > 0 and reading.status == f"estimated:{reading.method}"
     else:
         assert reading.reason and reading.status == f"unavailable:{reading.reason}"
     assert describe_energy().startswith("energy: ")
 
 
 def test_unknown_kind_is_rejected() -> None:
-    with pytest.raises(ValueError, match="auto, nvml, rapl, none"):
+    with pytest.raises(ValueError, match="auto, measured, nvml, rapl, codecarbon, none"):
         make_meter("zeus")
 
 
@@ -125,7 +128,7 @@ def test_failed_nvml_and_rapl_give_a_combined_reason(monkeypatch: pytest.MonkeyP
         raise RuntimeError("NVML Shared Library Not Found")
 
     monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=fail))
-    reading = make_meter("auto", rapl_root=tmp_path / "absent").start().stop()
+    reading = make_meter("measured", rapl_root=tmp_path / "absent").start().stop()
     assert reading.joules is None
     assert reading.reason.startswith("no NVIDIA GPU (NVML init failed: NVML Shared Library Not Found)")
     assert "RAPL not readable" in reading.reason
@@ -159,3 +162,41 @@ def test_nvml_zero_delta_over_a_short_window_is_flagged(monkeypatch: pytest.Monk
     assert meter.reading == EnergyReading(
         joules=None, source=None, reason="nvml window too short (counter updates every 10-100 ms)"
     )
+
+
+def _busy(seconds: float) -> None:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+
+def test_without_a_meter_auto_estimates_with_codecarbon_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    pytest.importorskip("codecarbon", reason="codecarbon is a dependency (pyproject.toml); make setup installs it")
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(OSError("no"))))
+    meter = make_meter("auto", rapl_root=tmp_path / "absent")
+    assert meter.describe().startswith("energy: estimated (codecarbon ")
+    meter.start()
+    _busy(0.3)
+    reading = meter.stop()
+    assert reading.estimated and not reading.measured and reading.joules > 0
+    assert reading.status.startswith("estimated:codecarbon ") and "TDP" in reading.status
+    assert reading.method and reading.method in reading.status
+
+
+def test_an_estimate_of_zero_joules_is_unavailable_not_zero() -> None:
+    pytest.importorskip("codecarbon", reason="codecarbon is a dependency (pyproject.toml); make setup installs it")
+    meter = make_meter("codecarbon")
+    meter.start()
+    time.sleep(0.2)  # sleeping uses no CPU time: CodeCarbon's process model estimates ~0 W
+    reading = meter.stop()
+    assert reading.joules is None or reading.joules > 0
+    if reading.joules is None:
+        assert reading.status.startswith("unavailable:codecarbon estimate is 0 J")
+
+
+def test_an_estimated_reading_is_never_a_measured_one() -> None:
+    r = EnergyReading(joules=1.5, source="codecarbon", reason=None, method="codecarbon 3.3.2 cpu_load: TDP 8 W")
+    assert r.estimated and not r.measured and r.status == "estimated:codecarbon 3.3.2 cpu_load: TDP 8 W"
+    m = EnergyReading(joules=1.5, source="rapl", reason=None)
+    assert m.measured and not m.estimated and m.status == "measured:rapl"

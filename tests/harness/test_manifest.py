@@ -185,7 +185,14 @@ def test_edited_config_is_caught(fake_run: Path) -> None:
 def test_measured_energy_without_joules_is_caught(fake_run: Path) -> None:
     _edit_row(fake_run, 0, energy_status="measured:nvml", energy_j=None)
     check = _audit(fake_run)
-    assert any("line 1" in p and "energy" in p and "never estimated" in p for p in check.findings)
+    assert any("line 1" in p and "energy" in p and "estimated under its method's name" in p for p in check.findings)
+
+
+def test_an_estimate_under_another_name_is_caught_and_a_labelled_one_passes(fake_run: Path) -> None:
+    _edit_row(fake_run, 0, energy_status="guessed:about 3 W", energy_j=1.0)
+    assert any("line 1" in p and "'estimated:<method>'" in p for p in _audit(fake_run).findings)
+    _edit_row(fake_run, 0, energy_status="estimated:codecarbon 3.3.2 cpu_load: TDP 8 W", energy_j=1.0)
+    assert not any("energy status" in p for p in _audit(fake_run).findings)
 
 
 def test_missing_file_raises_run_folder_error_naming_it(fake_run: Path) -> None:

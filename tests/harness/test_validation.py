@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
     (["decoding=sample", "decoding.n_samples=0"], "decoding.n_samples=0"),
     (["decoding.batch_size=0"], "decoding.batch_size=0"),
     (["decoding.strategy=beam"], "decoding.strategy=beam: use one of greedy, sample"),
-    (["energy.meter=zeus"], "energy.meter=zeus: use one of auto, nvml, rapl, none"),
+    (["energy.meter=zeus"], "energy.meter=zeus: use one of auto, measured, nvml, rapl, codecarbon, none"),
     (["library.retrieval=dense"], "library.retrieval=dense: use one of bm25, none"),
     (["decoding.n_samples=4"], "greedy decoding with n_samples > 1"),
     (["dataset.limit=0"], "dataset.limit=0"),

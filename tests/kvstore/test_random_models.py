@@ -22,6 +22,18 @@ def test_the_full_configs_have_their_families_layouts_and_kv_sizes():
     assert all(x["kind"] == "full" for x in layer_layout(llama)) and kv_bytes(llama, 1) == 32 * 2 * 8 * 128 * 2
 
 
+def test_the_issue_33_configs_match_their_published_shapes():
+    g4 = model_config("gemma3-4b-class", small=False)
+    lay = layer_layout(g4)
+    assert len(lay) == 34 and [x["kind"] for x in lay].count("full") == 5
+    assert kv_bytes(g4, 1) == 34 * 2 * 4 * 256 * 2
+    q15 = model_config("qwen2.5-1.5b-class", small=False)  # the shapes of the 1.5B GGUF (docs/models.md)
+    assert [x["kind"] for x in layer_layout(q15)] == ["full"] * 28
+    assert kv_bytes(q15, 1) == 28 * 2 * 2 * 128 * 2 and q15.vocab_size == 151936
+    q7 = model_config("qwen2.5-7b-class", small=False)
+    assert [x["kind"] for x in layer_layout(q7)] == ["full"] * 28 and kv_bytes(q7, 1) == 28 * 2 * 4 * 128 * 2
+
+
 def test_an_unknown_name_lists_the_known_ones():
     with pytest.raises(ModelLoadError, match="gemma3-1b-class"):
         model_config("gpt-5-class", small=True)

@@ -1,10 +1,11 @@
-"""scripts/gpu_bench.py as a CLI: the CPU dry run (--device cpu --small, tiny sizes) proves exactness through
-kvstore's second-process restorer and writes every figure. No GPU here: the CUDA run itself is exercised only
+"""scripts/gpu_bench.py as a CLI: the CPU dry run (--device cpu --small, tiny sizes) proves exactness in bf16 and
+fp32 through kvstore's second-process restorer and prints and writes every figure the GPU run gives, marked [cpu]. No GPU here: the CUDA run itself is exercised only
 on a device machine. (The configs themselves: tests/kvstore/test_random_models.py.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,15 +20,24 @@ def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--device", "cpu", "--small",
                            "--models", "gemma3-1b-class", "--samples", "2", "--sizes", "24", "--repeats", "1",
                            "--threads", "1", "--energy-window-s", "0.01", "--work", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})  # this checkout's code
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "gemma3-1b-class: exact 2/2 (SSSSSF)" in proc.stdout
+    lines = proc.stdout.splitlines()[:-1]  # every figure line is marked with the device kind; the last names the file
+    assert lines and all(line.startswith("[cpu] ") for line in lines), proc.stdout
+    printed = "\n".join(lines)
+    assert "exact, restored in another process: bfloat16 2/2, float32 2/2" in printed
+    for figure in ("TTFT graft", "recompute", "verified restore", "vs raw read", "energy per graft", "per recompute",
+                   "random weights", "recorded, not required"):
+        assert figure in printed, figure
     r = json.loads(out.read_text())
     assert r["device_kind"] == "cpu" and r["format"] == "kvgraft-kv/2" and r["skipped"] == []
+    assert r["environment"]["torch"] == r["torch"] and r["transformers"]
     m = r["models"]["gemma3-1b-class"]
     assert m["layers"] == "SSSSSF"
-    ex = m["exactness"]
-    assert ex["samples"] == 2 and ex["equal"] == 2 and ex["all_equal"], ex["failures"]
+    for dtype in ("bfloat16", "float32"):
+        ex = m["exactness"][dtype]
+        assert ex["samples"] == 2 and ex["equal"] == 2 and ex["all_equal"], ex["failures"]
     (row,) = m["ttft"]
     assert row["tokens"] == 24 and row["argmax_equal"]
     assert row["artifact_bytes"] > kv_bytes(model_config("gemma3-1b-class", True), 24)
@@ -36,4 +46,5 @@ def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(
     for side in ("recompute", "graft"):
         e = row["energy"][side]
         assert e["calls"] >= 1 and (e["joules_per_call"] is None) == e["status"].startswith("unavailable")
+        assert e["kind"] in ("measured", "estimated", "unavailable") and e["status"].startswith(e["kind"] + ":")
     assert list(tmp_path.glob("kvgraft-gpu-bench-*")) == []  # temporary stores removed

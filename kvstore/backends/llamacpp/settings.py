@@ -14,7 +14,7 @@ class LlamaCppSettings:
     swa_full: keep every position in the sliding-window cache (llama.cpp's default keeps n_swa + n_ubatch
     cells); required to deposit or graft a sequence longer than the window (see `capture`)."""
 
-    gguf: str = ""  # "" = the bundled GGUF
+    gguf: str = ""  # "" = the bundled GGUF; a packaged model name (kvstore.backends.packaged) or a GGUF file path
     n_ctx: int = 4096
     n_batch: int = 512  # the prefill schedule: chunks of n_batch tokens
     n_ubatch: int = 512

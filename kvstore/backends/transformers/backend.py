@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from kvstore.backends.transformers.capture import capture_snapshot, forward, new_cache, prefill
 from kvstore.backends.transformers.graft import graft_repositioned, graft_snapshot
-from kvstore.backends.transformers.model import FrozenModel, environment_fingerprint, load_frozen_model
+from kvstore.backends.transformers.model import FrozenModel, cache_kwargs, environment_fingerprint, load_frozen_model
 from kvstore.backends.transformers.settings import TransformersSettings
 from kvstore.engine.protocol import TRANSFORMERS
 from kvstore.format.artifact import Snapshot
@@ -52,8 +52,13 @@ class TransformersBackend:
         return environment_fingerprint(self.fm.device)
 
     # text
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.fm.encode(text, add_bos=add_bos)
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.fm.encode(text, add_bos=add_bos, special=special)
+
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (from the GGUF for a packaged model; None when it has none)."""
+        template = getattr(self.fm.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) and template else None
 
     def decode(self, ids: list[int]) -> str:
         return self.fm.decode(ids)
@@ -97,7 +102,7 @@ class TransformersBackend:
         device = self.fm.device
         ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)  # (rows, 1)
         pos = torch.full((len(tokens), 1), position, dtype=torch.long, device=device)
-        out = self.fm.model(input_ids=ids, position_ids=pos, cache=state, use_cache=True)
+        out = self.fm.model(input_ids=ids, position_ids=pos, **cache_kwargs(self.fm.model, state), use_cache=True)
         return out.logits[:, -1, :]
 
     # artifacts

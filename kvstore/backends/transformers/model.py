@@ -16,6 +16,7 @@ and the layout always agree.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from kvstore.backends.packaged import known_names
 from kvstore.backends.transformers.gguf import BUNDLED, converted_checkpoint
 from kvstore.backends.transformers.lm_head import block_lm_head
 from kvstore.backends.transformers.tiny import TINY, build_tiny
@@ -63,7 +65,9 @@ class FrozenModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`. `special` is accepted for the Backend seam; the tokenizer parses control tokens
+        written in the text either way (as it always has here: the bundled model's ids stay the same)."""
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if add_bos and bos is not None else []) + list(ids)
@@ -118,6 +122,8 @@ def layer_layout(config) -> list[dict]:
 
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     types, kwargs = get_layer_types_and_kwargs(cfg)
+    if isinstance(kwargs, dict):  # transformers < 5.20 (the GPU machine's 5.17): one kwargs dict for every layer
+        kwargs = [kwargs] * len(types)
     sharing = getattr(cfg, "kv_sharing_modes", None) or [None] * len(types)
     latent = bool(getattr(cfg, "kv_lora_rank", None))
     out = []
@@ -131,6 +137,20 @@ def layer_layout(config) -> list[dict]:
         window = kw.get("sliding_window") if kind in WINDOWED else None
         out.append({"kind": kind, "window": int(window) if window else None})
     return out
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    import inspect
+
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model: torch.nn.Module, cache: object) -> dict[str, object]:
+    """The keyword that hands `cache` to `model.forward`: `cache` in transformers >= 5.20 (where `past_key_values`
+    is a deprecated alias), `past_key_values` before (the GPU machine's transformers 5.17 ignores `cache=`)."""
+    return {_cache_keyword(type(model)): cache}
 
 
 def smallest_window(layout: list[dict]) -> int | None:
@@ -210,8 +230,8 @@ def load_frozen_model(
     det = determinism or Determinism()
     det.apply()
     try:
-        if source == BUNDLED:
-            model, tok = _load_checkpoint(converted_checkpoint(det), det)
+        if source in known_names():  # the bundled model, or a packaged one (make setup-models)
+            model, tok = _load_checkpoint(converted_checkpoint(det, source), det)
         elif source in TINY:
             model, tok = build_tiny(source, det, seed)
         else:
