@@ -98,12 +98,12 @@ report: setup
 	@test -n "$(RUN)" || { echo "usage: make report RUN=runs/multirun/<stamp>"; exit 2; }
 	$(PY) -m harness.compare.report $(RUN) $(ARGS)
 
+PORT ?= 5000
 mlflow-ui: setup
-	$(PY) -m harness.tracking.server --ui --runs $(CURDIR)/runs --port 5000
+	$(PY) -m harness.tracking.server --ui --runs $(CURDIR)/runs --port $(PORT)
 
 # An MLflow tracking server on 127.0.0.1:$(PORT) (SQLite under runs/): jobs log with tracking=server
 # (tracking.uri=http://127.0.0.1:5000), from any number of processes at once (harness/tracking/server.py).
-PORT ?= 5000
 mlflow-server: setup
 	$(PY) -m harness.tracking.server --runs $(CURDIR)/runs --port $(PORT) $(ARGS)
 
