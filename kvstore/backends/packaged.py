@@ -148,7 +148,12 @@ def gguf_path(name: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = (argv if argv is not None else sys.argv[1:]) or list(PACKAGED)
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kvstore.backends.packaged",
+                                 description="Assemble (once) and verify packaged GGUF models; print their paths.")
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"one of {known_names()} (default: {list(PACKAGED)})")
+    names = ap.parse_args(argv).names or list(PACKAGED)
     for name in names:
         t0 = time.perf_counter()
         try:
