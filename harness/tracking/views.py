@@ -54,11 +54,14 @@ def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
     """What the runs table shows: what differs between runs, condition and group first so names differ in their
     first characters, then the problem set, its size and the model: ``graft recurring | aime n=40 | gemma-3-1b``,
     ``baseline | aime n=40 | gemma-3-1b``; a sweep job adds its job name after the condition (it carries the swept
-    values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``."""
+    values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``. The
+    accuracy with its 95% interval ends the name, so the first column answers even where the metric columns are
+    scrolled out of view: ``... | accuracy 0.875 [0.70, 0.96]``."""
     name = summary.condition + (f" {group}" if group else "")
     job = _sweep_job(folder, summary.condition)
-    return " | ".join([f"{name} {job}" if job else name, f"{summary.dataset} n={summary.scores.n_problems}",
-                       str(summary.model)])
+    sc = summary.scores
+    return " | ".join([f"{name} {job}" if job else name, f"{summary.dataset} n={sc.n_problems}", str(summary.model),
+                       f"accuracy {sc.accuracy:.3f} [{sc.accuracy_ci_low:.2f}, {sc.accuracy_ci_high:.2f}]"])
 
 
 def _sweep_job(folder: RunFolder, condition: str) -> str | None:
