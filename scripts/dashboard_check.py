@@ -51,8 +51,11 @@ _TEXT_JS = """(() => {
     const range = document.createRange(); range.selectNodeContents(n);
     const r = range.getBoundingClientRect();
     if (r.width === 0 || r.height === 0) continue;
-    // covered: another element (MLflow's assistant panel) is drawn over the node's middle
-    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    // covered: another element (MLflow's assistant panel) is drawn over the node's visible start (a long name is
+    // cut by its cell with an ellipsis, so the middle of its full text box may lie over the next cell)
+    const box = el.getBoundingClientRect();
+    const left = Math.max(r.left, box.left), right = Math.min(r.right, box.right);
+    const hit = document.elementFromPoint(left + Math.min(8, Math.max(0, right - left) / 2), r.top + r.height / 2);
     const covered = !!hit && !(hit === el || el.contains(hit) || hit.contains(el));
     const cell = el.closest('[col-id]');
     out.push({t, x: r.left, y: r.top + window.scrollY, w: r.width, h: r.height,
