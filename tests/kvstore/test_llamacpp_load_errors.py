@@ -14,9 +14,9 @@ from kvstore.cli import main  # noqa: E402
 
 @pytest.fixture(scope="module")
 def truncated(tmp_path_factory) -> str:
-    from kvstore.backends.llamacpp.backend import bundled_gguf
+    from kvstore.backends.packaged import BUNDLED, gguf_path
 
-    src = bundled_gguf()
+    src = str(gguf_path(BUNDLED))
     out = tmp_path_factory.mktemp("gguf") / "half.gguf"
     with open(src, "rb") as f:
         out.write_bytes(f.read(os.path.getsize(src) // 2))
