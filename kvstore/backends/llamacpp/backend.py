@@ -36,21 +36,13 @@ import torch
 
 from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.backends.llamacpp.state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
-from kvstore.backends.packaged import BUNDLED, gguf_path, known_names
+from kvstore.backends.packaged import BUNDLED, file_sha256, gguf_path, known_names
 from kvstore.engine.admission import admit
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, check_snapshot
 
 NAME = "llamacpp"
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _tokenizer_fingerprint(path: str) -> str:
@@ -136,7 +128,7 @@ class LlamaCppBackend:
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.kv_heads = int(llama_cpp.llama_model_n_head_kv(self.model))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))
-        self.fingerprint = _file_sha256(s.gguf)  # SHA-256 of the GGUF file: the model fingerprint
+        self.fingerprint = file_sha256(Path(s.gguf))  # SHA-256 of the GGUF file: the model fingerprint
         self.tokenizer_fingerprint = _tokenizer_fingerprint(s.gguf)
         self.dtype = s.type_k
         self._generation = 0

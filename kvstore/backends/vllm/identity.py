@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstore.backends.packaged import file_sha256
 from kvstore.engine.admission import settings_differences
 from kvstore.engine.protocol import artifact_backend
 from kvstore.environment import environment_differences
@@ -34,19 +35,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja")
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def folder_fingerprint(folder: str | Path, patterns: tuple[str, ...]) -> str:
     """SHA-256 over canonical JSON of [name, size, sha256] of the folder's files matching `patterns`."""
     root = Path(folder)
     files = sorted({p for pat in patterns for p in root.glob(pat) if p.is_file()})
-    rows = [[p.name, p.stat().st_size, _file_sha256(p)] for p in files]
+    rows = [[p.name, p.stat().st_size, file_sha256(p)] for p in files]
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
