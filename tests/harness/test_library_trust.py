@@ -21,27 +21,8 @@ from harness.run.conditions import build_condition
 from harness.task.problems import load_problems
 from kvstore import LocalStore, open_store
 from kvstore.cli import main as kvstore_main
-from kvstore.errors import StoreUnavailableError
-from kvstore.testing.local_s3 import LocalS3, weed_binary
 
 REPO = Path(__file__).resolve().parents[2]
-
-try:
-    import boto3  # noqa: F401
-
-    weed_binary()
-    _NO_S3 = None
-except (ImportError, StoreUnavailableError) as e:
-    _NO_S3 = str(e)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    if _NO_S3 is not None:
-        pytest.skip(_NO_S3)
-    with LocalS3(tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
-
 
 @pytest.fixture(params=["local", "s3"])
 def store_url(request, tmp_path, monkeypatch) -> str:

@@ -15,25 +15,7 @@ import pytest
 
 from kvstore import LocalStore, Prefetcher, tokens_sha256
 from kvstore.cli import main
-from kvstore.errors import StoreUnavailableError
 from kvstore.format.ids import ArtifactId
-from kvstore.testing.local_s3 import LocalS3, weed_binary
-
-try:
-    import boto3  # noqa: F401
-
-    weed_binary()
-    _NO_S3 = None
-except (ImportError, StoreUnavailableError) as e:
-    _NO_S3 = str(e)
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    if _NO_S3 is not None:
-        pytest.skip(_NO_S3)
-    with LocalS3(tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
 
 
 @pytest.fixture(params=["local", "s3"])
