@@ -57,9 +57,9 @@ _FACE: dict[str, tuple[str, ...]] = {
     # the local servers the project starts
     "kvstore.processes": ("die_with_parent", "stop_process_group"),
     # errors
-    "kvstore.errors": ("BundleError", "FormatError", "IncompatibleError", "IndexDatabaseError", "IntegrityError",
-                       "InvalidIdError", "KVStoreError", "ModelLoadError", "NotFoundError", "SettingsError",
-                       "ValidationError"),
+    "kvstore.errors": ("BundleError", "EnvironmentMismatchError", "FormatError", "IncompatibleError",
+                       "IndexDatabaseError", "IntegrityError", "InvalidIdError", "KVStoreError", "ModelLoadError",
+                       "NotFoundError", "SettingsError", "ValidationError"),
 }
 _EXPORTS: dict[str, str] = {name: module for module, names in _FACE.items() for name in names}
 

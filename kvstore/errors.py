@@ -38,6 +38,11 @@ class IncompatibleError(KVStoreError):
     grafted into. Deposit it again with the model you are using, or use the model it was made with."""
 
 
+class EnvironmentMismatchError(IncompatibleError):
+    """An artifact was deposited in another compute environment (device, CPU, kernel paths, versions): a graft would
+    not be guaranteed exact. Deposit it again here, or graft with allow_environment_mismatch=True."""
+
+
 class ModelLoadError(KVStoreError):
     """A model source could not be loaded (missing folder, no offline copy, unknown name)."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
 from kvstore.environment import environment_differences
-from kvstore.errors import IncompatibleError, ValidationError
+from kvstore.errors import EnvironmentMismatchError, IncompatibleError, ValidationError
 from kvstore.format.artifact import Snapshot, check_snapshot
 
 #: Settings added to the format after artifacts had been written, with the value every earlier artifact ran under:
@@ -80,7 +80,7 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
     env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
                                   backend.environment())
     if env and not allow_environment_mismatch:
-        raise IncompatibleError(
+        raise EnvironmentMismatchError(
             f"{name}: the artifact was deposited in another compute environment, so a graft would not be "
             f"guaranteed byte-identical to the fresh reference: {'; '.join(env)}. Deposit it again here, or run "
             "where it was deposited, or graft anyway with allow_environment_mismatch=True, which marks the graft "

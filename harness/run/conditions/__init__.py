@@ -46,7 +46,7 @@ from harness.run.decode import Generation, Sampling, generate_batch
 from harness.task.chat import ChatFrame, encode_prompt, encode_query
 from harness.task.problems import Problem
 from harness.task.prompts import render
-from kvstore import Backend, IncompatibleError, Prefetcher, as_backend
+from kvstore import Backend, EnvironmentMismatchError, Prefetcher, as_backend
 
 
 @dataclass
@@ -191,9 +191,7 @@ def graft_entry(backend: Backend, snapshot, context: list[int]):
     fixes it in the harness's terms (kvstore names its own parameters, the harness its commands and config keys)."""
     try:
         return backend.graft(snapshot, token_ids=context)
-    except IncompatibleError as exc:
-        if "another compute environment" not in str(exc):
-            raise
+    except EnvironmentMismatchError as exc:
         raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
                            "here, or determinism.allow_environment_mismatch=true grafts them anyway and marks the run "
                            "not guaranteed exact") from None
