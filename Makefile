@@ -66,7 +66,7 @@ audit-venv:
 test: setup setup-models  # setup-models: the 1.5B model for its short exactness test (~50 s, 2.2 GB; docs/models.md)
 	@$(MAKE) --no-print-directory setup-vllm || echo "make setup-vllm failed: the vLLM tests will say so in a skip line"
 	.venv/bin/ruff check kvstore harness scripts tests
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=25 $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check kvstore harness scripts tests
