@@ -33,7 +33,7 @@ def _cache(blocks: int = 4, heads: int = 2, bs: int = 32, d: int = 8, dtype: tor
     return torch.randn(blocks, heads, bs, 2 * d).to(dtype)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: "transposed" if x.keys_transposed else "natural")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.name.split("/")[0] + ("-transposed" if x.keys_transposed else ""))
 def test_paged_read_then_write_restores_every_byte(layout: PagedLayout) -> None:
     cache = _cache()
     k, v = layout.read(cache, [3, 1, 0], 5, 70)  # positions 5..69 over three blocks, out of order
@@ -69,21 +69,63 @@ def test_paged_positions_past_the_blocks_are_refused() -> None:
         TRANSPOSED.read(_cache(), [0], 0, 33)
 
 
+def _cpu_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and value caches as vLLM's CPU_ATTN `do_kv_cache_update` views a layer cache."""
+    nb, heads, bs, _ = cache.shape
+    kc, vc = cache.view(nb, heads, 2 * bs, -1).chunk(2, dim=2)
+    return kc, vc
+
+
 def test_self_test_names_the_layout_a_writer_uses_and_refuses_an_unknown_one() -> None:
-    def transposing(k, v, kc, vc, slots):  # noqa: ANN001  (writes as vLLM's "vec" kernel was measured to)
+    def transposing(k, v, cache, slots):  # noqa: ANN001  (writes as vLLM's "vec" kernel was measured to)
+        kc, vc = _cpu_views(cache)
         bs = kc.shape[2]
         for t, s in enumerate(slots.tolist()):
             kc[s // bs].view(kc.shape[1], -1, bs)[:, :, s % bs] = k[t]
             vc[s // bs, :, s % bs] = v[t]
 
-    assert self_test(transposing, torch.bfloat16, 2, 32, 8) is TRANSPOSED
+    assert self_test(transposing, _cache(), 32) is TRANSPOSED
 
-    def scrambling(k, v, kc, vc, slots):  # noqa: ANN001  (values written to the wrong slot)
+    def scrambling(k, v, cache, slots):  # noqa: ANN001  (values written to the wrong slot)
+        kc, vc = _cpu_views(cache)
         for t, s in enumerate(slots.tolist()):
             vc[(s + 1) // kc.shape[2] % kc.shape[0], :, (s + 1) % kc.shape[2]] = v[t]
 
     with pytest.raises(IncompatibleError, match="in no layout the connector knows"):
-        self_test(scrambling, torch.bfloat16, 2, 32, 8)
+        self_test(scrambling, _cache(), 32)
+
+
+def _flash_writer(k, v, cache, slots):  # noqa: ANN001
+    """A reference for vLLM's GPU `reshape_and_cache_flash` as FlashAttention/Triton call it (vllm 0.32):
+    `(B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D))`, slot s = block * block_size + offset."""
+    d = k.shape[-1]
+    kc, vc = cache.transpose(1, 2).split(d, dim=-1)
+    bs = cache.shape[2]
+    for t, s in enumerate(slots.tolist()):
+        kc[s // bs, s % bs] = k[t]
+        vc[s // bs, s % bs] = v[t]
+
+
+@pytest.mark.parametrize("order", ["HND", "NHD"])
+def test_self_test_finds_the_interleaved_gpu_layout_whatever_the_stride_order(order: str) -> None:
+    # a GPU backend's layer cache: logical (blocks, heads, block, 2*D), stored heads-major (HND) or token-major (NHD)
+    like = torch.zeros(4, 2, 32, 16, dtype=torch.bfloat16)
+    if order == "NHD":
+        like = torch.zeros(4, 32, 2, 16, dtype=torch.bfloat16).transpose(1, 2)
+    layout = self_test(_flash_writer, like, 32)
+    assert layout.interleaved and layout.name.startswith("interleaved/")
+    # read/write round trip on a cache of that stride order, positions over three blocks out of order
+    cache = torch.randn(like.shape).to(torch.bfloat16)
+    if order == "NHD":
+        cache = cache.transpose(1, 2).contiguous().transpose(1, 2)
+    assert cache.stride() == like.stride()
+    k, v = layout.read(cache, [3, 1, 0], 5, 70)
+    blank = torch.zeros_like(like)
+    layout.write(blank, [3, 1, 0], 5, k, v)
+    again = layout.read(blank, [3, 1, 0], 5, 70)
+    assert torch.equal(again[0].view(torch.int16), k.view(torch.int16))
+    assert torch.equal(again[1].view(torch.int16), v.view(torch.int16))
+    assert not blank[2].any()
 
 
 def _identity_and_snapshot() -> tuple[EngineIdentity, Snapshot]:

@@ -247,25 +247,27 @@ class KvgraftConnector(KVConnectorBase_V1):
         cache = kv_caches[self._order[0]]
         if cache.dim() != 4 or cache.shape[2] != self._block_size:
             raise IncompatibleError(f"KvgraftConnector: layer {self._order[0]} cache has shape {tuple(cache.shape)}; "
-                                    f"expected (blocks, kv_heads, {self._block_size}, 2 * head_dim) (CPU_ATTN)")
+                                    f"expected (blocks, kv_heads, {self._block_size}, 2 * head_dim)")
         isa = str(getattr(first, "isa", "unknown"))
         dtype = cache.dtype
-        kv_heads, head_dim = int(cache.shape[1]), int(cache.shape[3]) // 2
-        def writer(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, s: torch.Tensor) -> None:
-            # vLLM's own CPU cache writer (its extension is loaded in the worker: the attention layers call it)
-            torch.ops._C.cpu_attn_reshape_and_cache(k, v, kc, vc, s, isa, 1.0, 1.0, "auto")
+        impl = first.impl
 
-        self._paged = self_test(writer, dtype, kv_heads, self._block_size, head_dim)
+        def writer(k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> None:
+            impl.do_kv_cache_update(first, k, v, c, s)  # the attention backend's own cache writer
+
+        self._paged = self_test(writer, cache, self._block_size)
         mc = self._vllm_config.model_config
         folder = Path(mc.model)
-        settings = engine_settings(self._vllm_config, torch.get_num_threads(), isa, self._paged.name)
+        # CPU_ATTN as recorded since the first artifacts; any other backend by its implementation's class name
+        attn = "CPU_ATTN" if cache.device.type == "cpu" else type(impl).__name__
+        settings = engine_settings(self._vllm_config, torch.get_num_threads(), isa, self._paged.name, attn)
         if settings["dtype"] != dtype_name(dtype):
             raise IncompatibleError(f"KvgraftConnector: the KV cache holds {dtype_name(dtype)}, the model computes "
                                     f"in {settings['dtype']}; set kv_cache_dtype='auto'")
         t0 = time.perf_counter()
         self._identity = EngineIdentity(
             model_fingerprint=model_fingerprint(folder), tokenizer_fingerprint=tokenizer_fingerprint(folder),
-            settings=settings, environment=current_environment(torch.device("cpu")).to_dict(), layout=layout,
+            settings=settings, environment=current_environment(cache.device).to_dict(), layout=layout,
             model_name=str(self._kv_transfer_config.get_from_extra_config("model_name", folder.name)),
         )
         logger.info("kvgraft: %d layers, layout %s, isa %s, model %s (fingerprinted in %.1f s)", len(layout),

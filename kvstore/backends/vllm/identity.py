@@ -55,7 +55,8 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def engine_settings(vllm_config: Any, threads: int, isa: str, kv_layout: str) -> dict[str, Any]:
+def engine_settings(vllm_config: Any, threads: int, isa: str, kv_layout: str,
+                    attn_implementation: str = "CPU_ATTN") -> dict[str, Any]:
     """The recorded, binding settings of a vLLM engine (the format's five first; kvstore/FORMAT.md section 6)."""
     import torch
     import vllm
@@ -67,7 +68,7 @@ def engine_settings(vllm_config: Any, threads: int, isa: str, kv_layout: str) ->
         "backend": NAME,
         "threads": int(threads),
         "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
-        "attn_implementation": "CPU_ATTN",
+        "attn_implementation": attn_implementation,
         "dtype": dtype_name(mc.dtype),
         "prefill_chunk": int(sc.max_num_batched_tokens) if chunked else 0,
         "vllm": vllm.__version__,
