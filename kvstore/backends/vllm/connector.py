@@ -130,6 +130,13 @@ class KvgraftConnector(KVConnectorBase_V1):
             raise SettingsError(f"KvgraftConnector: {len(groups)} KV-cache groups (the hybrid KV cache manager is "
                                 "on); start vLLM with disable_hybrid_kv_cache_manager=True (one group: every layer "
                                 "keeps every block, which is what an artifact records)")
+        pc = vllm_config.parallel_config
+        ranks = {"tensor_parallel_size": int(getattr(pc, "tensor_parallel_size", 1)),
+                 "pipeline_parallel_size": int(getattr(pc, "pipeline_parallel_size", 1))}
+        if any(v > 1 for v in ranks.values()):
+            raise SettingsError(f"KvgraftConnector: {ranks}: each rank would hold a shard of every layer's KV, and an "
+                                "artifact records whole layers; run the connector with one rank (tensor and pipeline "
+                                "parallel size 1)")
         # scheduler side
         self._requests: dict[str, Request] = {}
         self._matches: dict[str, tuple[int, list[str]]] = {}
