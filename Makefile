@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-vllm verify-vllm setup-models gpu-wheels
+        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels
 
 setup: $(STAMP)
 
@@ -63,10 +63,15 @@ audit-venv:
 	$(AUDIT_VENV)/bin/python -m pip install --quiet -c constraints.txt $$(python3 -c "import tomllib; \
 	  print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['audit'])")
 
-test: setup setup-models  # setup-models: the 1.5B model for its short exactness test (~50 s, 2.2 GB; docs/models.md)
-	@$(MAKE) --no-print-directory setup-vllm || echo "make setup-vllm failed: the vLLM tests will say so in a skip line"
+# setup-models: the 1.5B model for its short exactness test (~50 s, 2.2 GB; docs/models.md). The llama.cpp build
+# (make setup, CPU-bound) and .venv-vllm (mostly download and unpacking) are built side by side (-j2).
+test:
+	@$(MAKE) --no-print-directory -j2 setup-models setup-vllm-or-skip
 	.venv/bin/ruff check kvstore harness scripts tests
 	$(PY) -m pytest -q --durations=25 $(ARGS)
+
+setup-vllm-or-skip:
+	@$(MAKE) --no-print-directory setup-vllm || echo "make setup-vllm failed: the vLLM tests will say so in a skip line"
 
 lint: setup
 	.venv/bin/ruff check kvstore harness scripts tests
