@@ -390,12 +390,13 @@ def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: Backend)
 
 
 def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
-                      progress: bool = True) -> dict:
-    """Re-deposit every entry of the library `lib_cfg` names whose artifact this process could not graft
-    exactly (another compute environment or settings), from the token ids the artifact holds, keeping entry ids.
+                      progress: bool = True, chat: ChatFrame | None = None) -> dict:
+    """Re-deposit every entry of the library `lib_cfg` names (built under the chat frame `chat`, if any) whose
+    artifact this process could not graft exactly (another compute environment or settings), from the token ids
+    the artifact holds, keeping entry ids.
     Returns {"path", "entries", "redeposited", "kept", "differences": {entry_id: [...]}}."""
     fm = as_backend(fm)
-    lib = open_library(lib_cfg, fm, project_root)
+    lib = open_library(lib_cfg, fm, project_root, chat=chat)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     rows, differences = [], {}
     for e in tqdm(lib.entries, desc=f"redeposit {lib_cfg.name}", unit="entry", disable=not progress):
@@ -466,13 +467,14 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(cfg.project_root)
     c = typed(cfg)
     fm = load_model(c)
+    frame = chat_frame(as_backend(fm), c.model.chat)
     if redeposit:
-        r = redeposit_library(cfg.library, fm, root)
+        r = redeposit_library(cfg.library, fm, root, chat=frame)
         kinds = sorted({d.split(":", 1)[0] for ds in r["differences"].values() for d in ds})
         print(f"library {r['path']}: {r['redeposited']} of {r['entries']} entries re-deposited in this compute "
               f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
         return
-    path = build_library(cfg.library, fm, root, chat=chat_frame(as_backend(fm), c.model.chat))
+    path = build_library(cfg.library, fm, root, chat=frame)
     m = Library(path, open_store(cfg.library.store, root)).manifest
     print(
         f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "

@@ -4,11 +4,13 @@ parsed as such and the problem text never; a library entry opens the user turn a
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
 from harness.config.schema import compose_config, recorded
-from harness.errors import ConfigError
+from harness.errors import ConfigError, LibraryError
+from harness.library.build import build_library, redeposit_library
 from harness.run.conditions import build_condition
 from harness.task.chat import chat_frame, encode_entry, encode_prompt, encode_query
 from harness.task.problems import Problem
@@ -86,3 +88,17 @@ def test_on_the_1_5b_gguf_the_frame_encodes_as_its_chatml_control_tokens():
     assert ids == be.encode(frame.prefix + prompt + frame.suffix, special=True)
     assert ids.count(151644) == 3 and ids.count(151645) == 2  # <|im_start|> x3, <|im_end|> x2: single tokens
     assert 151644 not in be.encode("<|im_start|>")  # problem text is never parsed for control tokens
+
+
+def test_a_library_built_inside_a_chat_frame_is_found_again_by_redeposit(tmp_path):
+    # the frame is part of the library's identity: --redeposit must open it with the frame it was built under
+    c = compose_config(["model=fake", f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
+                        "library.dataset.limit=3"])
+    be = ChatFake()
+    frame = chat_frame(be, "model")
+    root = Path(__file__).resolve().parents[2]
+    build_library(c.library, be, root, progress=False, chat=frame)
+    report = redeposit_library(c.library, be, root, progress=False, chat=frame)
+    assert report["entries"] == 3 and report["redeposited"] == 0 and report["kept"] == 3
+    with pytest.raises(LibraryError):  # without the frame it is another library, not built
+        redeposit_library(c.library, be, root, progress=False)
