@@ -135,7 +135,9 @@ class VllmBackend:
         return self._vocab
 
     # ------------------------------------------------------------------ requests
-    def _params(self, state: VllmState | None = None, deposit: bool = False, **kw: Any) -> Any:
+    def sampling_params(self, state: VllmState | None = None, deposit: bool = False, **kw: Any) -> Any:
+        """vllm.SamplingParams(**kw) for a request of this engine: naming the state's graft (the connector loads it),
+        and with `deposit` marking the prompt to be deposited whole."""
         from vllm import SamplingParams
 
         transfer: dict[str, Any] = {}
@@ -183,7 +185,8 @@ class VllmBackend:
             raise SettingsError(f"prefill at position {position}: the vLLM backend continues the state's "
                                 f"{len(state.ids)} tokens only")
         ids = state.ids + list(token_ids)
-        out = self._run([ids], [self._params(state, max_tokens=1, temperature=0.0, logprobs=-1, detokenize=False)])[0]
+        params = self.sampling_params(state, max_tokens=1, temperature=0.0, logprobs=-1, detokenize=False)
+        out = self._run([ids], [params])[0]
         return VllmState(ids), self._logits(out)
 
     def forward(self, token_ids: list[int], state: Any, position: int | None = None) -> torch.Tensor:
@@ -216,7 +219,7 @@ class VllmBackend:
                                     "its prefix first")
         eos = self.eos_ids() if eos is None else set(eos)
         stop = [s for s in stop if s]
-        first = self._run([list(prompt_ids)], [self._params(state, max_tokens=1, temperature=0.0, logprobs=-1,
+        first = self._run([list(prompt_ids)], [self.sampling_params(state, max_tokens=1, temperature=0.0, logprobs=-1,
                                                             detokenize=False)])[0]
         logits = self._logits(first)
         sha, ttft = logits_sha256(logits), time.perf_counter() - t0
@@ -225,13 +228,14 @@ class VllmBackend:
             t = int(torch.argmax(logits[0]))
             rows = [[t]]
             if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
-                more = self._run([list(prompt_ids) + [t]], [self._params(
+                more = self._run([list(prompt_ids) + [t]], [self.sampling_params(
                     state, max_tokens=max_new_tokens - 1, temperature=0.0, stop=stop or None, stop_token_ids=stop_ids,
                     ignore_eos=not eos)])[0]
                 rows = [[t] + list(more.outputs[0].token_ids)]
         else:
-            params = [self._params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(s),
-                                   stop=stop or None, stop_token_ids=stop_ids, ignore_eos=not eos) for s in seeds]
+            params = [self.sampling_params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                           seed=int(s), stop=stop or None, stop_token_ids=stop_ids,
+                                           ignore_eos=not eos) for s in seeds]
             outs = self._run([list(prompt_ids)] * len(seeds), params)
             rows = [list(o.outputs[0].token_ids) for o in outs]
         out = []
@@ -268,7 +272,7 @@ class VllmBackend:
         schedule, the one `prefill` runs) and deposited whole by the connector; `extra` recorded with it."""
         ids = list(token_ids)
         self.new_state()
-        self._run([ids], [self._params(deposit=True, max_tokens=1, temperature=0.0, detokenize=False)])
+        self._run([ids], [self.sampling_params(deposit=True, max_tokens=1, temperature=0.0, detokenize=False)])
         for aid in self.store.find_tokens(tokens_sha256(ids)):
             snap = self.store.get(aid)
             if list(snap.token_ids) == ids and snap.start_position == 0:
