@@ -9,9 +9,10 @@
    prompt from a clean prefix cache); and whether the graft's logits equal vLLM's own split schedule (the prefix
    alone, then the prompt: a prefix-cache hit), SHA-256.
 
-Run inside .venv-vllm:
+Run inside .venv-vllm (the file is not named vllm.py: run as a script, its folder comes first on sys.path and
+that name would shadow the vllm package):
 
-    .venv-vllm/bin/python scripts/bench/vllm.py --out runs/bench_vllm [--sizes 512,2048,8192] [--new-tokens 128]
+    .venv-vllm/bin/python scripts/bench/vllm_backend.py --out runs/bench_vllm [--sizes 512,2048,8192] [--new-tokens 128]
 """
 
 from __future__ import annotations
