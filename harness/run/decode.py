@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -214,6 +214,9 @@ def _generate_batch(
     seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != n:
         raise ConfigError(f"{len(seeds)} seeds for a batch of n={n} rows: give one seed per row")
+    native = getattr(be, "continue_rows", None)
+    if callable(native):  # an engine that decodes whole requests itself (vLLM): the same contract, computed there
+        return _continue_in_engine(be, native, prompt_ids, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
     cache = cache if cache is not None else be.new_state()
     seen = be.seen(cache)
     if seen >= len(prompt_ids):
@@ -276,6 +279,48 @@ def _generate_batch(
             ttft[i], seed=seeds[i] if strategy == "sample" else None,
         ))
     return gens_out
+
+
+def _continue_in_engine(
+    be: Backend,
+    native: Callable[..., Any],
+    prompt_ids: list[int],
+    seeds: list[int],
+    sampling: Sampling,
+    *,
+    cache,
+    on_token: Callable[[int], None] | None,
+    eos: set[int] | None,
+) -> list[Generation]:
+    """`generate_batch` on a backend with `continue_rows` (kvstore.engine.protocol): the engine decodes every row
+    (its own batching and sampler, seeded per row) and returns each row's tokens, stop reason and first-logits
+    SHA-256; the text is cut at the first stop string here, as in the stepping loop."""
+    seen = be.seen(cache) if cache is not None else 0
+    if seen >= len(prompt_ids):
+        raise HarnessError(
+            f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
+        )
+    stop = [s for s in sampling.stop if s]
+    rows = native(cache, list(prompt_ids), seeds, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
+                  strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
+                  eos=be.eos_ids() if eos is None else set(eos))
+    out = []
+    for seed, row in zip(seeds, rows, strict=True):
+        if row.stop_reason not in STOP_REASONS:
+            raise HarnessError(f"backend {be.name} ended a row with {row.stop_reason!r}; expected one of "
+                               f"{list(STOP_REASONS)}")
+        text = be.decode(row.token_ids)
+        hit = _first_stop(text, stop)
+        if hit is not None:
+            text = text[:hit]
+        decode_tokens = len(row.token_ids) + (row.stop_reason == "eos")
+        if on_token is not None:
+            on_token(decode_tokens)
+        out.append(Generation(
+            list(row.token_ids), text, len(prompt_ids) - seen, decode_tokens, row.stop_reason,
+            row.first_logits_sha256, row.ttft_s, seed=seed if sampling.strategy == "sample" else None,
+        ))
+    return out
 
 
 def eos_ids(fm: Backend) -> set[int]:

@@ -207,11 +207,18 @@ def run_tags(folder: RunFolder, summary: Summary, manifest: dict[str, Any], grou
     inputs = manifest.get("inputs") or {}
     code = inputs.get("code") or {}
     library = inputs.get("library") or {}
+    # the engine, as the manifest records it (determinism.backend; absent = transformers) and its version where the
+    # backend records one under its own name (vllm: "0.32.0")
+    det = inputs.get("determinism") if isinstance(inputs.get("determinism"), dict) else {}
+    backend = det.get("backend", "transformers")
+    version = det.get(backend) if isinstance(backend, str) and isinstance(det.get(backend), str) else None
     tags = {
         "condition": summary.condition,
         "group": group,
         "model": summary.model,
         "dataset": summary.dataset,
+        "backend": backend,
+        "backend_version": version,
         "library": f"{library['name']}-v{library['version']}" if library.get("name") else None,
         "comparable_key": summary.comparable_key,
         "model_fingerprint": inputs.get("model_fingerprint"),

@@ -10,6 +10,13 @@ for tests). The harness and `check_graft` talk to a backend only through these v
     artifacts capture(state, ids, extra) -> Snapshot / graft(snapshot, ids) -> a fresh state holding it
     facts     name (the backend), model_name, fingerprint, tokenizer_fingerprint, settings(), environment()
 
+An engine that decodes whole requests itself (vLLM) also has the optional verb
+
+    continue_rows(state, prompt_ids, seeds, max_new_tokens=, stop=, strategy=, temperature=, top_p=, eos=)
+              -> [Continuation] (one per seed)
+
+and the harness's decode hands it the whole continuation instead of stepping (harness/run/decode.py).
+
 `prefill` is the pinned schedule of that backend (a deposit and a fresh reference run the same one).
 `graft` first calls the one admission (kvstore.engine.admission.admit: every recorded fact compared with this
 backend's, the first difference an IncompatibleError naming it), then the backend's own layout check and restore;
@@ -42,6 +49,18 @@ def artifact_backend(snapshot: Snapshot) -> str:
     det = snapshot.determinism if isinstance(snapshot.determinism, dict) else {}
     name = det.get("backend", TRANSFORMERS)
     return name if isinstance(name, str) else repr(name)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One row decoded inside an engine (`continue_rows`): its tokens up to and including a stop (EOS left out),
+    why it ended ("eos" | "stop" | "length"), the SHA-256 of the logits its first token was chosen from (the
+    context's, shared by every row) and the seconds until that token."""
+
+    token_ids: list[int]
+    stop_reason: str
+    first_logits_sha256: str
+    ttft_s: float
 
 
 @dataclass(frozen=True)

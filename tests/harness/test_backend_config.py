@@ -16,11 +16,11 @@ from kvstore.backends.fake import FakeBackend
 def test_an_unknown_backend_is_one_config_error_before_any_load() -> None:
     # model.backend is an enum: the override check refuses it before composing, naming the key, the allowed values
     # and the field's hint
-    says = r"model.backend=vllm: use one of transformers, fake, llamacpp \("
+    says = r"model.backend=sglang: use one of transformers, fake, llamacpp, vllm \("
     with pytest.raises(ConfigError, match=says + "the generation engine"):
-        load_model(typed(compose_config(["model.backend=vllm"])))
-    with pytest.raises(ConfigError, match=r"model.backend='vllm': use one of transformers, fake, llamacpp"):
-        typed(Config(model=ModelConfig(backend="vllm")))  # a Config built in Python: the schema walk refuses it
+        load_model(typed(compose_config(["model.backend=sglang"])))
+    with pytest.raises(ConfigError, match=r"model.backend='sglang': use one of transformers, fake, llamacpp, vllm"):
+        typed(Config(model=ModelConfig(backend="sglang")))  # a Config built in Python: the schema walk refuses it
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -2,8 +2,11 @@
 artifacts, and the KvgraftConnector in a real vLLM engine (tests/kvstore/vllm_cases.py, run inside .venv-vllm
 once for the module: one engine start): a graft equals the engine's own prefix-cache hit byte for byte; a
 tampered, a foreign-model, a foreign-settings and a foreign-layout artifact are each refused in one line,
-nothing grafted, the request failed (or, under kv_load_failure_policy "recompute", computed). The engine tests skip (one line, why) where .venv-vllm does not exist;
-`make setup-vllm` builds it. The exactness figures across engines: scripts/verify_vllm.py.
+nothing grafted, the request failed (or, under kv_load_failure_policy "recompute", computed). The registered
+backend (kvstore.load_backend("vllm"), tests/kvstore/vllm_backend_cases.py, one more engine start): the harness's
+decode after a graft gives the rows of its in-context twin bit for bit (greedy and seeded samples), a foreign
+artifact is refused before the engine sees it. The engine tests skip (one line, why) where .venv-vllm does not
+exist; `make setup-vllm` builds it. The exactness figures across engines: scripts/verify_vllm.py.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvstore.backends import backend_names, settings_class
 from kvstore.backends.vllm.identity import EngineIdentity, admission_differences
 from kvstore.backends.vllm.paged import LAYOUTS, PagedLayout, self_test
+from kvstore.backends.vllm.settings import VllmBackendSettings
 from kvstore.errors import IncompatibleError
 from kvstore.format.artifact import LayerKV, Snapshot
 
@@ -167,18 +172,31 @@ def test_admission_names_each_difference(change, named: str) -> None:  # noqa: A
     assert all("\n" not in line for line in why)
 
 
+def test_the_vllm_backend_is_registered_with_a_settings_class_that_imports_no_engine() -> None:
+    assert "vllm" in backend_names()
+    assert settings_class("vllm") is VllmBackendSettings  # the harness's model.vllm schema comes from it
+
+
 # ------------------------------------------------------------------ the connector in a real engine
-@pytest.fixture(scope="module")
-def cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def _run_in_vllm_venv(script: str, out: Path) -> dict:
     if not (VLLM_READY and VLLM_PYTHON.exists()):
         pytest.skip(f"no vLLM environment at {VLLM_PYTHON.parent.parent} (`make setup-vllm` builds it; it failed or "
                     "was not run)")
-    out = tmp_path_factory.mktemp("vllm") / "cases.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([str(VLLM_PYTHON), str(REPO / "tests" / "kvstore" / "vllm_cases.py"), str(out)],
+    proc = subprocess.run([str(VLLM_PYTHON), str(REPO / "tests" / "kvstore" / script), str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text()) | {"log": proc.stdout + proc.stderr}
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run_in_vllm_venv("vllm_cases.py", tmp_path_factory.mktemp("vllm") / "cases.json")
+
+
+@pytest.fixture(scope="module")
+def backend_cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run_in_vllm_venv("vllm_backend_cases.py", tmp_path_factory.mktemp("vllm") / "backend.json")
 
 
 
@@ -219,3 +237,38 @@ def test_recompute_policy_computes_a_refused_prefix_and_counts_the_refusal(cases
     assert [e["event"] for e in c["events"]] == ["refused"] and c["events"][0]["policy"] == "recompute"
     assert "model_fingerprint: artifact" in c["events"][0]["reasons"][0]
     assert c["finish"] != "error" and c["sha"] is not None  # the request completed, on recomputed blocks
+
+
+# ------------------------------------------------------------------ the registered backend (load_backend("vllm"))
+@pytest.mark.integration
+def test_registered_backend_names_vllm_and_its_version_in_its_settings(backend_cases: dict) -> None:
+    assert backend_cases["is_backend"]  # kvstore.Backend (the runtime-checkable protocol)
+    s = backend_cases["settings"]
+    assert s["backend"] == "vllm" and s["vllm"] == backend_cases["version"] and s["dtype"] == "bfloat16"
+
+
+@pytest.mark.integration
+def test_registered_backend_captures_every_token_of_an_entry(backend_cases: dict) -> None:
+    n = backend_cases["entry"]
+    assert n == 200 and backend_cases["artifact_tokens"] == n  # a whole block and a partial one, all recorded
+    assert all(h == n for h in backend_cases["held"])  # 200 < the 511 positions a sliding layer keeps
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("strategy", ["greedy", "sample"])
+def test_registered_backend_graft_rows_equal_their_in_context_twins(backend_cases: dict, strategy: str) -> None:
+    c = backend_cases[strategy]
+    graft, incontext = c["graft"]["rows"], c["incontext"]["rows"]
+    assert len(graft) == len(incontext) == (1 if strategy == "greedy" else 2)
+    assert graft == incontext  # token ids, text, stop reason, counts and the first logits' SHA-256
+    assert all(r["decode_tokens"] > 0 and r["stop_reason"] in ("eos", "stop", "length") for r in graft)
+    assert [e["event"] for e in c["graft"]["events"]] == ["graft"]  # the connector loaded it, once per row set
+    assert c["graft"]["events"][0]["tokens"] == 128  # whole blocks only; the engine computed the rest
+    assert c["incontext"]["events"] == [] and c["cold"]["events"] == []  # neither twin nor cold grafts anything
+
+
+@pytest.mark.integration
+def test_registered_backend_refuses_a_foreign_artifact_before_the_engine_sees_it(backend_cases: dict) -> None:
+    f = backend_cases["foreign"]
+    assert f["refused"] is not None and "model fingerprint" in f["refused"] and "\n" not in f["refused"]
+    assert f["events"] == []  # refused by the admission: never offered to the connector

@@ -36,6 +36,8 @@ class VllmSettings:
         (finish_reason "error"), "recompute" computes the prefix instead; either way the refusal is logged and
         journaled, and the refused bytes are never used.
     deposit: "all" prompts, the "marked" ones (extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}), "none".
+    graft: "all" (any prompt whose whole-block prefix an artifact of the store holds) or "marked" (only requests
+        naming their artifact: {"kvgraft_graft": id, "kvgraft_tokens": n}; kvstore.backends.vllm.engine uses this).
     """
 
     model: str = ""  # an HF safetensors folder; "" = the bundled model's converted checkpoint
@@ -52,6 +54,7 @@ class VllmSettings:
     store: str = ""
     role: str = "kv_both"
     deposit: str = "all"
+    graft: str = "all"
     on_refused: str = "fail"
     journal: str = ""
     model_name: str = "gemma3-270m"
@@ -95,6 +98,8 @@ def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
     )
     if settings.store:
         extra = {"store": settings.store, "deposit": settings.deposit, "model_name": settings.model_name}
+        if settings.graft != "all":  # left out at its default: the extra config of earlier engines is unchanged
+            extra["graft"] = settings.graft
         if settings.journal:
             extra["journal"] = settings.journal
         kw["kv_transfer_config"] = KVTransferConfig(

@@ -17,7 +17,9 @@ Deposit (worker side, `wait_for_save`): when a request's prompt has been prefill
 paged cache into a Snapshot (kvstore/FORMAT.md: per layer (1, kv_heads, tokens, head_dim), a sliding layer its
 last window - 1 positions) and put into the store, content-addressed, with the model and tokenizer fingerprints,
 every binding engine setting (kvstore.backends.vllm.identity) and the environment. With deposit = "marked" only
-requests whose SamplingParams carry `extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}` deposit.
+requests whose SamplingParams carry `extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}` deposit;
+`"kvgraft_deposit": "prompt"` deposits the whole prompt, its last partial block included (an artifact of exactly the
+prompt's tokens, as a library entry records it; a graft still loads whole blocks of it).
 
 Graft (scheduler side finds, worker side checks and loads): the longest whole-block prefix of a prompt that some
 artifact holds exactly (the store's token index) is claimed; before the forward pass the worker reads each
@@ -26,7 +28,12 @@ first admitted one into the request's blocks at its own positions (a sliding lay
 window as zeros, as FORMAT.md section 10 lays out llama.cpp's). When none is admitted nothing is written: the
 blocks are reported through `get_block_ids_with_load_errors`, one line per refused artifact is logged and
 journaled, and vLLM fails the request (finish_reason "error") or, under kv_load_failure_policy="recompute",
-recomputes it. A refused artifact is never used.
+recomputes it. A refused artifact is never used. With `"graft": "marked"` in the extra config, only requests
+whose SamplingParams carry `{"kv_transfer_params": {"kvgraft_graft": <artifact id>, "kvgraft_tokens": <its token
+count>}}` graft, and only that artifact (the store's token index is not consulted): a caller that decides what to
+graft (kvgraft's own vLLM backend) and computes every other prompt fresh. The artifact may hold more tokens than the
+whole blocks it grafts (its partial last block, say): the worker checks that its first tokens are the prompt's and
+that each sliding layer holds the window before the grafted blocks' end, else refuses it.
 
 Exactness: a graft is byte-identical to the engine's own prefix-cache hit on the same blocks (same schedule:
 prefix alone, then prefix + suffix), which is what scripts/verify_vllm.py measures.
@@ -74,7 +81,11 @@ if TYPE_CHECKING:
 
 logger = init_logger("vllm.kvgraft")  # under vLLM's logger, so its handlers print our lines
 DEPOSIT_MODES = ("all", "marked", "none")
+GRAFT_MODES = ("all", "marked")
 MARK = "kvgraft_deposit"
+PROMPT = "prompt"  # MARK's value that deposits the whole prompt (partial last block included)
+GRAFT_MARK = "kvgraft_graft"  # graft="marked": the artifact id a request grafts
+GRAFT_TOKENS = "kvgraft_tokens"  # ... and its token count
 
 
 @dataclass
@@ -122,6 +133,9 @@ class KvgraftConnector(KVConnectorBase_V1):
         if not cfg.is_kv_producer:
             self._deposit = "none"
         self._graft = bool(cfg.is_kv_consumer)
+        self._graft_mode = cfg.get_from_extra_config("graft", "all")
+        if self._graft_mode not in GRAFT_MODES:
+            raise SettingsError(f"KvgraftConnector: graft={self._graft_mode!r}; use one of {list(GRAFT_MODES)}")
         self._journal = cfg.get_from_extra_config("journal", None)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._policy = str(cfg.kv_load_failure_policy)
@@ -162,6 +176,15 @@ class KvgraftConnector(KVConnectorBase_V1):
         """The longest whole-block prefix of the prompt (leaving >= 1 token to compute) that artifacts hold
         exactly: (tokens, candidate ids); memoized per request (the store is only read)."""
         rid = request.request_id
+        if rid not in self._matches and self._graft_mode == "marked":
+            params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
+            aid, held = params.get(GRAFT_MARK), params.get(GRAFT_TOKENS)
+            prompt_len = len(request.prompt_token_ids or [])
+            if isinstance(aid, str) and isinstance(held, int) and held > 0:
+                n = min(held, prompt_len - 1) // self._block_size * self._block_size
+                self._matches[rid] = (n, [aid]) if n > 0 else (0, [])
+            else:
+                self._matches[rid] = (0, [])
         if rid not in self._matches:
             prompt = list(request.prompt_token_ids or [])
             best: tuple[int, list[str]] = (0, [])
@@ -222,10 +245,13 @@ class KvgraftConnector(KVConnectorBase_V1):
                     continue  # the prompt's prefill ends in a later step
                 self._deposited.add(rid)
                 n = len(prompt) // self._block_size * self._block_size
+                params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
+                if params.get(MARK) == PROMPT:
+                    n = len(prompt)
                 if n == 0 or n <= self._loaded.get(rid, 0):
                     continue  # nothing whole to deposit, or exactly what was grafted
                 assert self._kv_cache_manager is not None
-                block_ids = list(self._kv_cache_manager.get_block_ids(rid)[0][: n // self._block_size])
+                block_ids = list(self._kv_cache_manager.get_block_ids(rid)[0][: -(-n // self._block_size)])
                 meta.saves.append(SaveEntry(rid, prompt[:n], block_ids))
         return meta
 
@@ -294,9 +320,11 @@ class KvgraftConnector(KVConnectorBase_V1):
             try:
                 snap = self._store.get(aid)  # the bytes hash to the id, or IntegrityError
                 why = admission_differences(snap, self._identity)
-                if snap.token_ids != entry.token_ids or snap.start_position != 0:
+                if snap.token_ids[:n] != entry.token_ids or snap.start_position != 0:
                     why.append(f"tokens: the artifact holds {snap.token_count} tokens from position "
                                f"{snap.start_position}, not the request's first {n}")
+                elif not why:
+                    why += self._window_gaps(snap, n, entry.start)
                 if not why:
                     check_snapshot(snap)
             except KVStoreError as e:
@@ -316,16 +344,31 @@ class KvgraftConnector(KVConnectorBase_V1):
         self._note("refused", request=entry.req_id, tokens=n, candidates=entry.candidates, reasons=refusals,
                    policy=self._policy)
 
+    @staticmethod
+    def _window_gaps(snap: Snapshot, n: int, start: int) -> list[str]:
+        """Layers that lack positions a graft of the first `n` tokens must write: an artifact of more than `n`
+        tokens keeps, in a sliding layer, only the window before its own end, which may begin after n - window + 1."""
+        out = []
+        for i, lyr in enumerate(snap.layers):
+            first = snap.token_count - lyr.keys.shape[2]  # the layer holds positions [first, token_count)
+            need = start if lyr.kind == "full" or lyr.window is None else max(start, n - int(lyr.window) + 1)
+            if first > need:
+                out.append(f"layer {i}: holds positions from {first}, a graft of {n} tokens needs them from {need} "
+                           f"(deposit the prompt's whole blocks instead, or an artifact of at most "
+                           f"{lyr.window - 1 if lyr.window else n} tokens)")
+                break
+        return out
+
     def _write(self, snap: Snapshot, entry: LoadEntry) -> None:
         assert self._paged is not None
-        n, start = snap.token_count, entry.start
+        n, start, total = len(entry.token_ids), entry.start, snap.token_count
         for name, lyr in zip(self._order, snap.layers, strict=True):
             cache = self._caches[name]
-            held = lyr.keys.shape[2]  # positions [n - held, n)
-            lo = max(start, n - held)
+            first = total - lyr.keys.shape[2]  # the layer holds positions [first, total); n <= total
+            lo = min(max(start, first), n)
             self._paged.zero(cache, entry.block_ids, start, lo)  # outside a sliding window: never attended
-            skip = lo - (n - held)
-            self._paged.write(cache, entry.block_ids, lo, lyr.keys[:, :, skip:], lyr.values[:, :, skip:])
+            self._paged.write(cache, entry.block_ids, lo, lyr.keys[:, :, lo - first : n - first],
+                              lyr.values[:, :, lo - first : n - first])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # every load completes in start_load_kv, before the forward pass

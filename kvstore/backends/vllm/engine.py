@@ -1,0 +1,328 @@
+"""The vLLM backend behind kvgraft's seam (kvstore.engine.protocol.Backend): an in-process `vllm.LLM` on CPU, threads
+pinned and its KV cache sized explicitly (kvstore.backends.vllm.backend.start_engine), its KvgraftConnector doing
+every deposit and graft. Runs in `.venv-vllm` (`make setup-vllm`).
+
+    be = kvstore.load_backend("vllm")                 # the bundled Gemma 3 270M, bf16, 2 threads
+    state, logits = be.prefill(be.encode("Problem: ..."))
+
+vLLM runs whole requests, not single forward steps, so a state here is what the next request will hold: the tokens it
+stands for and, after a graft, the artifact the connector is to load. What the engine computed lives in its prefix
+cache, which every fresh state empties (`reset_prefix_cache`): a row never reuses another row's blocks, so a run's
+bits do not depend on which rows came before it (a resumed run equals an uninterrupted one).
+
+    prefill   one request (the state's tokens + the new ones, max_tokens=1): vLLM's raw logits over the whole
+              vocabulary at the last position (logprobs=-1, logprobs_mode="raw_logits"); its whole blocks stay in
+              the prefix cache, so a longer prompt next hits them (vLLM's own split schedule)
+    capture   the prompt prefilled from a clean cache and deposited by the connector whole (its partial last block
+              included: an artifact of exactly these tokens, as a library entry records it)
+    graft     the one admission (kvstore.engine.admission.admit), the window check, then the artifact is put into the
+              connector's scratch store; the next request names it and the connector loads its whole blocks at their
+              own positions after re-checking everything (kvstore.backends.vllm.connector)
+    continue_rows  the decode, inside the engine: greedy (one row) or n seeded rows sampled by vLLM
+
+Exactness on vLLM: a graft loads whole blocks (`len // block_size` of them) and the engine computes the rest, exactly
+as its own prefix cache does; the reference is the same prompt after the artifact's tokens were prefilled alone from
+a clean cache (`prefill(entry)` then the whole prompt: a prefix-cache hit on the same blocks). Both go through the same
+requests, so their rows are bit-identical (docs/vllm.md).
+
+The first logits of a continuation come from its own request (max_tokens=1, whole-vocabulary logits); the rest of a
+greedy row continues from that token in a second request (prompt + first token: a prefix-cache hit), so the first
+token is always the argmax of the hashed logits. n sampled rows are one request of n seeded rows after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvstore.backends.vllm.backend import VllmSettings, model_folder, start_engine
+from kvstore.backends.vllm.connector import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
+from kvstore.backends.vllm.identity import NAME, model_fingerprint, tokenizer_fingerprint
+from kvstore.backends.vllm.settings import VllmBackendSettings
+from kvstore.engine.admission import admit
+from kvstore.engine.protocol import Continuation
+from kvstore.engine.verify import logits_sha256
+from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
+from kvstore.format.artifact import Snapshot, tokens_sha256
+from kvstore.store.open import open_store
+
+
+@dataclass
+class VllmState:
+    """What the next request holds: `ids` (the tokens this state stands for) and, after a graft, the artifact the
+    connector loads for them (`graft`: its id and token count)."""
+
+    ids: list[int] = field(default_factory=list)
+    graft: tuple[str, int] | None = None
+
+
+class VllmBackend:
+    """kvstore.engine.protocol.Backend on an in-process vllm.LLM (module docstring)."""
+
+    name = NAME
+
+    def __init__(self, settings: VllmBackendSettings) -> None:
+        self.cfg = settings
+        scratch = settings.scratch or tempfile.mkdtemp(prefix="kvgraft-vllm-")
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        self.scratch = scratch
+        self.journal = str(Path(scratch) / "journal.jsonl")
+        self.engine = VllmSettings(
+            model=settings.model, dtype=settings.dtype, threads=settings.threads, block_size=settings.block_size,
+            max_model_len=settings.max_model_len, max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs, kv_cache_gib=settings.kv_cache_gib,
+            enforce_eager=settings.enforce_eager, seed=settings.seed, store=scratch, role="kv_both",
+            deposit="marked", graft="marked", on_refused="fail", journal=self.journal,
+            model_name=settings.model_name, max_logprobs=-1, logprobs_mode="raw_logits")
+        folder = Path(model_folder(self.engine))
+        t0 = time.perf_counter()
+        self.llm = start_engine(self.engine)
+        self.start_s = time.perf_counter() - t0
+        self.store = open_store(scratch)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.model_name = settings.model_name
+        self.fingerprint = model_fingerprint(folder)
+        self.tokenizer_fingerprint = tokenizer_fingerprint(folder)
+        config = _json(folder / "config.json")
+        text = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+        self._vocab = int(text.get("vocab_size") or len(self.tokenizer))
+        self._eos = _eos_ids(config, _json(folder / "generation_config.json"), self.tokenizer.eos_token_id)
+        # The engine's binding settings and environment, as its connector records them: read from a probe deposit
+        # (one block), so what admission compares here is exactly what the worker compares.
+        probe_ids = [int(self.tokenizer.bos_token_id or 0)] + [236743] * (settings.block_size - 1)
+        probe = self.capture(VllmState(), probe_ids)
+        self._settings, self._environment, self.dtype = dict(probe.determinism), dict(probe.environment), probe.dtype
+        self.layout = probe.layout
+
+    # ------------------------------------------------------------------ facts
+    def settings(self) -> dict:
+        """The engine's binding settings (kvstore.backends.vllm.identity.engine_settings: backend "vllm", the vLLM
+        version, block size, dtype, layout, ISA, prefill budget, threads, ...), as its connector records them."""
+        return dict(self._settings)
+
+    def environment(self) -> dict:
+        return dict(self._environment)
+
+    # ------------------------------------------------------------------ text
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text` (the tokenizer parses control tokens written in it either way, as the transformers
+        backend's does), with BOS first when `add_bos`."""
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        bos = self.tokenizer.bos_token_id
+        return ([int(bos)] if add_bos and bos is not None else []) + ids
+
+    def chat_template(self) -> str | None:
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) and template else None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def eos_ids(self) -> set[int]:
+        """config.json's and generation_config.json's eos_token_id (int or list) and the tokenizer's: the tokens vLLM
+        stops at, given to every request as stop_token_ids."""
+        return set(self._eos)
+
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    # ------------------------------------------------------------------ requests
+    def sampling_params(self, state: VllmState | None = None, deposit: bool = False, **kw: Any) -> Any:
+        """vllm.SamplingParams(**kw) for a request of this engine: naming the state's graft (the connector loads it),
+        and with `deposit` marking the prompt to be deposited whole."""
+        from vllm import SamplingParams
+
+        transfer: dict[str, Any] = {}
+        if state is not None and state.graft is not None:
+            transfer.update({GRAFT_MARK: state.graft[0], GRAFT_TOKENS: state.graft[1]})
+        if deposit:
+            transfer[MARK] = PROMPT
+        extra = {"extra_args": {"kv_transfer_params": transfer}} if transfer else {}
+        return SamplingParams(**kw, **extra)
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        for o in outs:
+            if any(c.finish_reason == "error" for c in o.outputs):
+                raise IncompatibleError(
+                    f"vLLM request {o.request_id} failed: the connector admitted no artifact for its prompt "
+                    f"({len(o.prompt_token_ids or [])} tokens); its journal {self.journal} and log line name why")
+        return outs
+
+    def _logits(self, output: Any) -> torch.Tensor:
+        """The whole-vocabulary raw logits of the first generated position, (1, vocab) float32."""
+        table = output.outputs[0].logprobs[0]
+        ids = torch.tensor(list(table.keys()), dtype=torch.long)
+        vals = torch.tensor([lp.logprob for lp in table.values()], dtype=torch.float32)
+        out = torch.empty(len(table), dtype=torch.float32)
+        out[ids] = vals
+        return out[None]
+
+    # ------------------------------------------------------------------ compute
+    def new_state(self) -> VllmState:
+        """An empty state; the engine's prefix cache is emptied with it (no row reuses another row's blocks)."""
+        if not self.llm.reset_prefix_cache():
+            raise KVStoreError("vLLM could not reset its prefix cache (requests still running); finish them first")
+        return VllmState()
+
+    def seen(self, state: VllmState) -> int:
+        return len(state.ids)
+
+    def prefill(self, token_ids: list[int], state: VllmState | None = None,
+                position: int | None = None) -> tuple[VllmState, torch.Tensor]:
+        """One request of the state's tokens + `token_ids` (a graft in the state is loaded by it): the new state and
+        the last position's logits (1, vocab). Its whole blocks stay cached for the next request."""
+        state = self.new_state() if state is None else state
+        if position is not None and position != len(state.ids):
+            raise SettingsError(f"prefill at position {position}: the vLLM backend continues the state's "
+                                f"{len(state.ids)} tokens only")
+        ids = state.ids + list(token_ids)
+        params = self.sampling_params(state, max_tokens=1, temperature=0.0, logprobs=-1, detokenize=False)
+        out = self._run([ids], [params])[0]
+        return VllmState(ids), self._logits(out)
+
+    def forward(self, token_ids: list[int], state: Any, position: int | None = None) -> torch.Tensor:
+        raise SettingsError("the vLLM backend computes whole requests (prefill, continue_rows), not per-position "
+                            "logits of a forward pass; use the transformers backend for forward()")
+
+    def repeat_rows(self, state: Any, n: int) -> None:
+        raise SettingsError("the vLLM backend batches rows inside the engine (continue_rows), not by repeating a state")
+
+    def keep_rows(self, state: Any, rows: list[int]) -> None:
+        raise SettingsError("the vLLM backend batches rows inside the engine (continue_rows), not by dropping rows")
+
+    def step(self, state: Any, tokens: list[int], position: int) -> torch.Tensor:
+        raise SettingsError("the vLLM backend decodes inside the engine (continue_rows), not one step at a time")
+
+    # ------------------------------------------------------------------ decode
+    def continue_rows(self, state: VllmState | None, prompt_ids: list[int], seeds: Sequence[int], *,
+                      max_new_tokens: int, stop: Sequence[str] = (), strategy: str = "greedy",
+                      temperature: float = 0.7, top_p: float = 0.95,
+                      eos: set[int] | None = None) -> list[Continuation]:
+        """Continue `prompt_ids` (the state holds a prefix of them: a graft, or blocks cached by `prefill`) once
+        per seed, inside the engine. Greedy: the first token is the argmax of the first request's logits, the rest
+        a second request from there; sample: the first request gives the logits, then one request of n seeded
+        rows. Stop strings are checked on each row's tokens as the harness's decode does (the first token whose
+        text completes one), eos ends a row (not counted in its token_ids)."""
+        t0 = time.perf_counter()
+        state = self.new_state() if state is None else state
+        if list(prompt_ids[: len(state.ids)]) != state.ids:
+            raise IncompatibleError("the prompt does not begin with the tokens the state holds; graft or prefill "
+                                    "its prefix first")
+        eos = self.eos_ids() if eos is None else set(eos)
+        stop = [s for s in stop if s]
+        first = self._run([list(prompt_ids)], [self.sampling_params(state, max_tokens=1, temperature=0.0, logprobs=-1,
+                                                            detokenize=False)])[0]
+        logits = self._logits(first)
+        sha, ttft = logits_sha256(logits), time.perf_counter() - t0
+        stop_ids = sorted(eos)
+        if strategy == "greedy":
+            t = int(torch.argmax(logits[0]))
+            rows = [[t]]
+            if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
+                more = self._run([list(prompt_ids) + [t]], [self.sampling_params(
+                    state, max_tokens=max_new_tokens - 1, temperature=0.0, stop=stop or None, stop_token_ids=stop_ids,
+                    ignore_eos=not eos)])[0]
+                rows = [[t] + list(more.outputs[0].token_ids)]
+        else:
+            params = [self.sampling_params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                           seed=int(s), stop=stop or None, stop_token_ids=stop_ids,
+                                           ignore_eos=not eos) for s in seeds]
+            outs = self._run([list(prompt_ids)] * len(seeds), params)
+            rows = [list(o.outputs[0].token_ids) for o in outs]
+        out = []
+        for ids in rows:
+            ids, reason = self._finish(ids, stop, eos, max_new_tokens)
+            out.append(Continuation(ids, reason, sha, ttft))
+        return out
+
+    def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
+        """The number of tokens up to and including the first one whose text completes a stop string (the
+        harness's rule: the last few tokens decoded after each token), or None."""
+        if not stop:
+            return None
+        tail = max(len(s) for s in stop) + 4
+        for k in range(1, len(ids) + 1):
+            text = self.decode(ids[max(0, k - tail):k])
+            if any(s in text for s in stop):
+                return k
+        return None
+
+    def _finish(self, ids: list[int], stop: list[str], eos: set[int], budget: int) -> tuple[list[int], str]:
+        """(token ids up to and including a stop, without EOS; "eos" | "stop" | "length")."""
+        end = next((i for i, t in enumerate(ids) if t in eos), None)
+        cut = self._stop_at(ids if end is None else ids[:end], stop)
+        if cut is not None:
+            return ids[:cut], "stop"
+        if end is not None:
+            return ids[:end], "eos"
+        return ids[:budget], "length"
+
+    # ------------------------------------------------------------------ artifacts
+    def capture(self, state: Any, token_ids: list[int], extra: dict | None = None) -> Snapshot:
+        """The artifact of `token_ids` from position 0: prefilled from a clean cache in one request (the pinned
+        schedule, the one `prefill` runs) and deposited whole by the connector; `extra` recorded with it."""
+        ids = list(token_ids)
+        self.new_state()
+        self._run([ids], [self.sampling_params(deposit=True, max_tokens=1, temperature=0.0, detokenize=False)])
+        for aid in self.store.find_tokens(tokens_sha256(ids)):
+            snap = self.store.get(aid)
+            if list(snap.token_ids) == ids and snap.start_position == 0:
+                return dataclasses.replace(snap, extra=dict(extra)) if extra else snap
+        raise KVStoreError(f"the connector deposited no artifact of these {len(ids)} tokens into {self.scratch}; "
+                           f"its journal {self.journal} says why")
+
+    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> VllmState:
+        """A fresh state whose next request loads `snapshot`'s whole blocks (the engine computes the rest), after
+        the one admission and the window check; the connector checks it all again before a byte is written."""
+        admit(snapshot, self, token_ids)
+        if snapshot.layout != self.layout:
+            raise IncompatibleError(f"{snapshot.model_name or 'artifact'}: layer layout differs from this engine's "
+                                    f"({len(snapshot.layers)} vs {len(self.layout)} layers); deposit it again here")
+        context = len(token_ids) if token_ids is not None else snapshot.token_count + 1
+        n = min(snapshot.token_count, context - 1) // self.cfg.block_size * self.cfg.block_size
+        for i, lyr in enumerate(snapshot.layers):
+            first = snapshot.token_count - lyr.keys.shape[2]
+            if lyr.kind != "full" and lyr.window is not None and first > max(0, n - int(lyr.window) + 1):
+                raise IncompatibleError(
+                    f"{snapshot.model_name or 'artifact'}: layer {i} keeps positions from {first} only, and vLLM "
+                    f"grafts whole blocks ({n} of its {snapshot.token_count} tokens), which need them from "
+                    f"{n - int(lyr.window) + 1}; deposit entries of at most {int(lyr.window) - 1} tokens, or of whole "
+                    f"{self.cfg.block_size}-token blocks, for this backend")
+        self.new_state()
+        aid = str(self.store.put(snapshot))
+        return VllmState(list(snapshot.token_ids), (aid, snapshot.token_count))
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: unreadable ({e}); convert the model folder again") from e
+    return data if isinstance(data, dict) else {}
+
+
+def _eos_ids(config: dict, generation: dict, tokenizer_eos: Any) -> set[int]:
+    out: set[int] = set()
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for v in (config.get("eos_token_id"), text.get("eos_token_id"), generation.get("eos_token_id"), tokenizer_eos):
+        if isinstance(v, int):
+            out.add(v)
+        elif isinstance(v, (list, tuple)):
+            out.update(int(x) for x in v)
+    return out
+
+
+def load(settings: VllmBackendSettings) -> VllmBackend:
+    """The registry's loader (kvstore.backends): an engine for `settings` with its connector."""
+    return VllmBackend(settings)

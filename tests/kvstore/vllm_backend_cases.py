@@ -1,0 +1,71 @@
+"""The registered vLLM backend's cases, run by tests/kvstore/test_backend_vllm.py inside .venv-vllm (one engine):
+
+    PYTHONPATH=. .venv-vllm/bin/python tests/kvstore/vllm_backend_cases.py OUT.json
+
+`kvstore.load_backend("vllm")` (the bundled model, bf16, 2 threads, its connector in graft="marked" mode), then on an
+entry of 200 tokens (one whole block and a partial one) and a short query:
+  capture    the entry's artifact (all 200 tokens, as a library entry records them);
+  twins      the harness's decode (harness.run.decode.generate_batch) of entry + query after a graft of the
+             artifact, and after the entry prefilled alone (the in-context twin), greedy and 2 seeded samples;
+  cold       the same prompt from a clean cache (another schedule: information only);
+  foreign    the artifact with another model fingerprint offered to graft.
+OUT.json holds everything the test asserts on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+ENTRY = ("Problem: Find the number of ordered pairs of positive integers (a, b) with a * b = 2024. Solution: Write "
+         "2024 = 2^3 * 11 * 23; every divisor a of 2024 fixes b, so the count is the number of divisors. ") * 8
+QUERY = "Problem: How many divisors does 2024 have? Solution:"
+
+
+def main(out_path: str) -> int:
+    import vllm
+
+    import kvstore
+    from harness.run.decode import Sampling, generate_batch
+    from kvstore.backends.vllm import journal
+
+    be = kvstore.load_backend("vllm", max_num_seqs=4)
+    entry = be.encode(ENTRY)[:200]
+    context = entry + be.encode(QUERY, add_bos=False)
+    snap = be.capture(None, entry)
+    result: dict = {
+        "version": vllm.__version__, "is_backend": isinstance(be, kvstore.Backend), "settings": be.settings(),
+        "entry": len(entry), "artifact_tokens": snap.token_count,
+        "held": [lyr.keys.shape[2] for lyr in snap.layers], "kinds": [lyr.kind for lyr in snap.layers],
+    }
+
+    def rows(state_of, n: int, strategy: str) -> dict:
+        before = len(journal(be.journal))
+        gens = generate_batch(be, context, n, list(range(n)), Sampling(8, ("\n\n",), strategy, 0.8, 0.95),
+                              cache=state_of())
+        events = [e for e in journal(be.journal)[before:] if e["event"] != "deposit"]
+        return {"rows": [dataclasses.asdict(g) | {"ttft_s": None} for g in gens], "events": events}
+
+    for strategy, n in (("greedy", 1), ("sample", 2)):
+        result[strategy] = {
+            "graft": rows(lambda: be.graft(snap, context), n, strategy),
+            "incontext": rows(lambda: be.prefill(entry)[0], n, strategy),
+            "cold": rows(lambda: None, n, strategy),
+        }
+    foreign = dataclasses.replace(snap, model_fingerprint=hashlib.sha256(b"another model").hexdigest())
+    before = len(journal(be.journal))
+    try:
+        be.graft(foreign, context)
+        result["foreign"] = {"refused": None}
+    except kvstore.IncompatibleError as e:
+        result["foreign"] = {"refused": str(e)}
+    result["foreign"]["events"] = journal(be.journal)[before:]
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
