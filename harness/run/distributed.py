@@ -34,7 +34,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -243,9 +242,9 @@ class RayPool:
         self._dispatch()
 
     def _start_actor(self):
-        from harness.errors import HarnessError
-
         from ray.exceptions import GetTimeoutError
+
+        from harness.errors import HarnessError
 
         actor = self._actor_cls.remote(self._cfg, self._build)
         try:
