@@ -56,7 +56,7 @@ from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
-from kvstore import TRANSFORMERS, Backend, as_backend
+from kvstore import TRANSFORMERS, Backend, as_backend, check_weights
 
 __all__ = [
     "check_condition", "comparable_key", "fit_context", "print_summary", "resume_key", "run", "run_rows",
@@ -329,7 +329,8 @@ def run_rows(
         # scale-out hook: execution=ray computes the remaining jobs on Ray actors, handed back in job order
         rows, run_energy, t_run, started_at = _decode(
             c, condition, jobs, folder, rows, progress,
-            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing))
+            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing),
+            guard=lambda: check_weights(fm))
     except KeyboardInterrupt as exc:
         condition.close()
         signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
@@ -391,6 +392,7 @@ def _allows_mismatch(be: Backend) -> bool:
 def _decode(
     c: Config, condition: Any, jobs: list[tuple[Problem, list[int]]], folder: RunFolder, rows: list[Row],
     progress: bool, completer_for: Callable[[list[tuple[Problem, list[int]]]], Callable[..., Any]] | None = None,
+    guard: Callable[[], None] | None = None,
 ) -> tuple[list[Row], Any, float, str]:
     """Decode every job past the rows already done, appending each row to the folder as it finishes; returns all
     rows (`rows` itself, extended as rows finish), the run's energy reading, its start (perf counter) and start
@@ -417,6 +419,8 @@ def _decode(
             meter.start()
             completions = complete(problem, samples, on_token=tokens.update)
             energy = meter.stop()
+            if guard is not None:
+                guard()  # the model's files are the ones fingerprinted, or no row of this job is written
             # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
             k = len(completions)
             wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k

@@ -141,7 +141,8 @@ def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | 
 
     `check(attachments, artifact_ids)` runs after the bundle is verified and before anything is written: the
     caller's own test of what the attachments mean (raise to refuse). `attachments` maps each name to its bytes,
-    read from the bundle (and hashed again) when asked, during the call only: memory holds what `check` reads. All or nothing: a refused bundle changes
+    read from the bundle (and hashed again) when asked, during the call only: memory holds what `check` reads.
+    All or nothing: a refused bundle changes
     nothing; a failure while publishing removes what this import added (FORMAT.md section 7 says what a kill -9
     can leave). Raises BundleError (or what `check` raises)."""
     target = Path(attachments_dir) if attachments_dir is not None else None
