@@ -14,8 +14,9 @@ stops it if the driver is killed (kill -9), so no Ray process outlives the drive
 
 harness/run/loop.py asks `completer(...)` for the function that turns (problem, samples) into completions. Locally
 that is the condition's own `complete_samples`. With execution=ray, N actors each load the frozen model and build
-the same condition once; each reports its model fingerprint and `environment_fingerprint()`, and a worker whose
-either differs from the driver's is refused, naming the fields. Every job (a problem and its sample indices) is
+the same condition once; each reports its model fingerprint, its backend's settings and compute environment
+(`identity`: torch's thread count only for a backend that computes with torch), and a worker whose any differs
+from the driver's is refused, naming the fields. Every job (a problem and its sample indices) is
 queued at once; the run's loop then takes the completions in problem order, so rows are written, scored and
 hashed by the same code, in the same order, as a single-process run. A worker that dies mid-problem (its
 actor is lost) has that problem put back on the queue and is replaced: no row is lost or duplicated, since rows
@@ -41,10 +42,23 @@ from typing import Any
 from harness.config.execution import EXECUTIONS, ExecutionConfig  # noqa: F401 - the config dataclass, re-exported
 
 
+def identity(fm: Any) -> dict:
+    """What a worker must share with the driver: the model fingerprint, the backend's settings and its compute
+    environment. torch's thread count only where torch computes: a llama.cpp backend runs on its own threads (a
+    setting, compared with the others), and Ray gives each worker OMP_NUM_THREADS = its CPUs."""
+    from kvstore import TRANSFORMERS, as_backend
+
+    be = as_backend(fm)
+    env = dict(be.environment())
+    if be.name != TRANSFORMERS:
+        env.pop("torch_threads", None)
+    return {"model_fingerprint": be.fingerprint, "settings": be.settings(), "environment": env}
+
+
 class _Worker:
     """A Ray actor: the frozen model and the condition, built once from the run's config."""
 
-    def __init__(self, cfg: dict, build_library_if_missing: bool) -> None:
+    def __init__(self, cfg: dict, build_library_if_missing: bool, torch_threads: int | None = None) -> None:
         from pathlib import Path
 
         from omegaconf import OmegaConf
@@ -55,15 +69,16 @@ class _Worker:
 
         c = typed(OmegaConf.create(cfg))
         self.fm = load_model(c)
+        if torch_threads is not None:  # a backend that computes without torch: torch's threads as the driver's,
+            import torch  # which its artifacts' environment records (Ray set OMP_NUM_THREADS to this actor's CPUs)
+
+            torch.set_num_threads(torch_threads)
         self.condition = build_condition(c.condition.name, self.fm, c.prompt, c.decoding, c.library,
                                          Path(c.project_root), build_library_if_missing=build_library_if_missing,
                                          settings=c.condition.settings)
 
     def describe(self) -> dict:
-        from kvstore import environment_fingerprint
-
-        return {"model_fingerprint": self.fm.fingerprint, "environment": environment_fingerprint(),
-                "pid": os.getpid()}
+        return {**identity(self.fm), "pid": os.getpid()}
 
     def complete(self, problem: dict, samples: list[int]) -> list[dict]:
         from harness.task.problems import Problem
@@ -190,6 +205,12 @@ def _check_feasible(ray, threads: int, workers: int, where: str) -> None:
               f"execution.workers={workers}: the others start as CPUs free up", file=sys.stderr)
 
 
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 class RayPool:
     """N actors working through every job of a run; results handed out in job order."""
 
@@ -199,7 +220,7 @@ class RayPool:
         from omegaconf import OmegaConf
 
         from harness.errors import HarnessError
-        from kvstore import environment_fingerprint
+        from kvstore import TRANSFORMERS, as_backend
 
         ex = c.execution
         if ex.workers < 1:
@@ -230,7 +251,9 @@ class RayPool:
         self._cfg = OmegaConf.to_container(OmegaConf.structured(c), resolve=True)
         self._actor_cls = ray.remote(num_cpus=threads)(_Worker)
         self._build = build_library_if_missing
-        self._expected = {"model_fingerprint": fm.fingerprint, "environment": environment_fingerprint()}
+        self._expected = identity(fm)
+        be = as_backend(fm)
+        self._torch_threads = None if be.name == TRANSFORMERS else torch_threads()
         self._jobs = jobs
         self._index = {(id(p), tuple(s)): i for i, (p, s) in enumerate(jobs)}
         self._queue: deque[int] = deque(range(len(jobs)))
@@ -246,7 +269,7 @@ class RayPool:
 
         from harness.errors import HarnessError
 
-        actor = self._actor_cls.remote(self._cfg, self._build)
+        actor = self._actor_cls.remote(self._cfg, self._build, self._torch_threads)
         try:
             got = self._ray.get(actor.describe.remote(), timeout=self.START_TIMEOUT_S)
         except GetTimeoutError:
@@ -255,7 +278,7 @@ class RayPool:
                                f"within {self.START_TIMEOUT_S:g} s on the Ray cluster {self._where} (free now: "
                                f"{self._ray.available_resources().get('CPU', 0):g} CPUs); other jobs hold its CPUs. "
                                "Free them, or lower execution.workers or determinism.threads") from None
-        for key in ("model_fingerprint", "environment"):
+        for key in ("model_fingerprint", "settings", "environment"):
             if got[key] != self._expected[key]:
                 diff = key if key == "model_fingerprint" else ", ".join(
                     f"{k}: driver {self._expected[key].get(k)!r}, worker {got[key].get(k)!r}"

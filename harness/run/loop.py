@@ -466,23 +466,29 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
     s, t, e = summary.scores, summary.tokens, summary.energy
     group = run_group(summary)
     name = f"{summary.condition} {group.label}" if group else summary.condition
-    table = Table(title=f"{name} on {summary.dataset} ({summary.model})")
-    for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
-                "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):
-        table.add_column(col)
-    table.add_row(
-        str(s.n_problems),
-        f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
-        str(t.prompt),
-        str(t.prefill),
-        str(t.grafted),
-        str(t.decode),
-        f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
-        stops_text(summary.stop_reasons),
-        f"{summary.time.wall_s:.1f}",
-        f"{summary.time.cpu_s:.1f}",
-        e.text(),
-    )
+    cells = {
+        "problems": str(s.n_problems),
+        "accuracy [95% CI]": f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
+        "prompt tok": str(t.prompt), "prefill tok": str(t.prefill), "grafted tok": str(t.grafted),
+        "decode tok": str(t.decode), "TTFT s (mean)": f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
+        "stops eos/stop/length": stops_text(summary.stop_reasons), "wall s": f"{summary.time.wall_s:.1f}",
+        "cpu s": f"{summary.time.cpu_s:.1f}", "energy": e.text(),
+    }
+    title = f"{name} on {summary.dataset} ({summary.model})"
+    # one row when every value fits the terminal whole (3 columns of padding and rule per cell); else one line per
+    # figure, so a narrow terminal (80 columns) shows every value instead of cutting each to an ellipsis
+    wide = 1 + sum(max(len(k), len(v)) + 3 for k, v in cells.items())
+    if wide <= console.width:
+        table = Table(title=title)
+        for col in cells:
+            table.add_column(col, no_wrap=True)
+        table.add_row(*cells.values())
+    else:
+        table = Table(title=title, show_header=False)
+        table.add_column("figure", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for k, v in cells.items():
+            table.add_row(k, v)
     console.print(table)
     hit = (summary.stop_reasons or {}).get("length", 0)
     if hit:

@@ -133,3 +133,17 @@ def test_no_node_with_determinism_threads_cpus_is_one_line_naming_them_within_se
     seconds = float(refused[0].split()[2])
     assert seconds < 10, refused
     assert "determinism.threads=2" in refused[0] and "1 CPUs" in refused[0], refused
+
+
+def test_llamacpp_on_ray_is_not_refused_for_torch_threads_it_never_uses(tmp_path):
+    """A llama.cpp run over a Ray worker: the worker's torch threads (Ray's OMP_NUM_THREADS = its CPUs) differ from
+    the driver's, and llama.cpp computes on its own threads (a setting, compared): the run is not refused."""
+    pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs llama-cpp-python")
+    cmd = [sys.executable, "-m", "harness", "model=gemma3_270m_llamacpp", "condition=baseline", "dataset.limit=2",
+           "decoding.max_new_tokens=4", "tracking=off", f"project_root={REPO}", f"runs_dir={tmp_path}/runs",
+           "execution=ray", "execution.workers=1", "determinism.threads=1"]
+    out = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400,
+                         start_new_session=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (folder,) = (tmp_path / "runs" / "baseline").glob("*")
+    assert (folder / "manifest.json").is_file() and len((folder / "outputs.jsonl").read_text().splitlines()) == 2
