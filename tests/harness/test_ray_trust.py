@@ -66,7 +66,7 @@ def test_a_ray_run_listens_only_on_loopback_with_a_token_and_sigterm_stops_it_le
                 break
             for k in kids:
                 try:
-                    seen.setdefault(k.pid, (k.name(), k.create_time()))
+                    seen[k.pid] = (k.name(), k.create_time())  # its name after exec (first seen forked: "python")
                     env = k.environ() if k.name() in ("raylet", "gcs_server") else {}
                     if "PATH" in env:  # read whole (a process caught mid-exec shows an empty environment)
                         auth.add(env.get("RAY_AUTH_MODE", "unset"))
