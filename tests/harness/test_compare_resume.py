@@ -1,5 +1,5 @@
 """A compare job killed inside a condition, then run again, and a comparison logged to MLflow after the fact (issue
-31, finding 10). Real processes: `python -m harness.compare` (tiny-gemma3, 3 problems) is killed with SIGKILL once
+31, finding 10). Real processes: `python -m harness.compare` (tiny-gemma3, 2 problems) is killed with SIGKILL once
 the graft (recurring) run, its third, has written a row; the same command then resumes: the runs the killed job
 finished are re-checked and taken (no folder recomputed), the graft run resumes in its own folder (no orphaned
 partial folder), and the job writes its comparison, which re-checks. That comparison, made with tracking off (as
@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _argv(root: Path) -> list[str]:
-    return ["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={root}/runs", "dataset.limit=3",
-            "decoding.max_new_tokens=40", "prompt.stop=[]", "tracking=off", f"library.root={root}/library",
-            f"library.store={root}/store"]
+    return ["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={root}/runs", "dataset.limit=2",
+            "library.dataset.limit=3", "decoding.max_new_tokens=32", "prompt.stop=[]", "tracking=off",
+            f"library.root={root}/library", f"library.store={root}/store"]
 
 
 def _env() -> dict[str, str]:
