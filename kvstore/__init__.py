@@ -54,12 +54,13 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.engine.admission": ("admit", "artifact_differences"),
     "kvstore.engine.deposit": ("deposit", "graft"),
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
+    "kvstore.engine.weights": ("PinnedWeights", "check_weights"),
     # the local servers the project starts
     "kvstore.processes": ("die_with_parent", "stop_process_group"),
     # errors
     "kvstore.errors": ("BundleError", "EnvironmentMismatchError", "FormatError", "IncompatibleError",
-                       "IndexDatabaseError", "IntegrityError", "InvalidIdError", "KVStoreError", "ModelLoadError",
-                       "NotFoundError", "SettingsError", "ValidationError"),
+                       "IndexDatabaseError", "IntegrityError", "InvalidIdError", "KVStoreError", "ModelChangedError",
+                       "ModelLoadError", "NotFoundError", "SettingsError", "ValidationError"),
 }
 _EXPORTS: dict[str, str] = {name: module for module, names in _FACE.items() for name in names}
 

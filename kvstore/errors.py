@@ -47,6 +47,12 @@ class ModelLoadError(KVStoreError):
     """A model source could not be loaded (missing folder, no offline copy, unknown name)."""
 
 
+class ModelChangedError(ModelLoadError):
+    """A weight file of a loaded model changed (rewritten, truncated, replaced) after it was fingerprinted
+    (kvstore.engine.weights): what the model computes no longer matches its fingerprint. The caller stops before
+    recording anything more; restore the file, or load the model again to use the new one."""
+
+
 class SettingsError(KVStoreError):
     """A determinism setting (`Determinism`, the `determinism.*` config group) has a value kvstore cannot use:
     an unknown dtype or attention implementation, threads < 1, a negative prefill chunk, an unknown key, or an

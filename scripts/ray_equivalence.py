@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("RAY_AUTH_MODE", "disabled")  # the run's private local Ray (a running cluster: RAY_ADDRESS)
+    # the run starts a private Ray on 127.0.0.1 with a token of its own; a running cluster: execution.address=HOST:PORT
     load0 = os.getloadavg()
     single, wall_single, _ = run_harness(overrides, out / "single", env)
     spread, wall_ray, _ = run_harness([*overrides, "execution=ray", f"execution.workers={args.workers}"],

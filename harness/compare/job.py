@@ -22,6 +22,12 @@ in-context control vs the matching baseline, recurring and held-out, and any fur
    `python scripts/show_comparison.py runs/compare/<stamp>` re-prints it;
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
+A job killed part-way resumes when the same command runs again (issue 31, finding 10): the runs it finished are
+listed in runs/compare/.unfinished-<key>.json (key: the job's resolved config) and are re-checked and taken, not
+recomputed; the run it was inside resumes in its own folder from its rows (the run loop's resume); the file is
+removed once comparison.json is written. run.fresh=true starts every run over. With MLflow unreachable the
+comparison is logged later with `make log-run RUN=runs/compare/<stamp>` (scripts/log_run.py).
+
 `make rescore RUN=runs/compare/<stamp>` re-audits every run it lists, checks they are the runs it was made from,
 re-pairs them and recomputes every figure (harness.compare.audit.audit_comparison).
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -53,7 +60,7 @@ from harness.errors import ConfigError, HarnessError, PairingError, RunFolderErr
 from harness.library.build import open_library
 from harness.record.audit import audit
 from harness.record.folder import FinishedRun, RunFolder, claim, stamp
-from harness.record.hashing import write_json
+from harness.record.hashing import sha256_json, write_json
 from harness.record.rows import Summary
 from harness.run.conditions import Baseline, condition_class
 from harness.run.loop import comparable_key, console, run_rows
@@ -166,6 +173,42 @@ def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
     return params
 
 
+class Unfinished:
+    """The runs an interrupted compare job finished: runs/compare/.unfinished-<key>.json, label -> folder and load.
+    Read by the same job run again (same resolved config), which takes each run that still re-checks."""
+
+    def __init__(self, runs: Path, cfg: DictConfig) -> None:
+        config = OmegaConf.to_container(cfg, resolve=True)
+        fresh = bool(config.get("run", {}).pop("fresh", False)) if isinstance(config, dict) else False
+        self.path = runs / "compare" / f".unfinished-{sha256_json(config)[:16]}.json"
+        self.runs: dict[str, Any] = {}
+        if not fresh and self.path.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                self.runs = dict(json.loads(self.path.read_text(encoding="utf-8")).get("runs", {}))
+
+    def finished(self, label: str) -> tuple[RunFolder, RunLoad] | None:
+        """The folder of `label` the interrupted job finished, when it is complete and re-scores; else None."""
+        got = self.runs.get(label)
+        if not isinstance(got, dict) or not isinstance(got.get("path"), str):
+            return None
+        folder = RunFolder(got["path"])
+        try:
+            if not (folder.is_complete() and audit(folder).ok):
+                return None
+        except HarnessError:
+            return None
+        load = got.get("load") or [None, None]
+        return folder, RunLoad(load[0], load[1])
+
+    def record(self, label: str, folder: RunFolder, load: RunLoad) -> None:
+        self.runs[label] = {"path": str(folder.path.absolute()), "load": [load.start, load.end]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"runs": self.runs})
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> Comparison:
     """Run the compare job with Hydra overrides `argv` (default: the command line); return the comparison."""
@@ -205,15 +248,28 @@ def main(argv: list[str] | None = None) -> Comparison:
             tracked = found.read_tracking()  # the earlier job's MLflow run, nested under this one when in its store
             if tracked.get("tracking_uri") == uri:
                 run_ids[base] = tracked.get("run_id")
+    unfinished = Unfinished(runs, cfg)
     for run in plan.runs[1:]:
         exclude = None if run.group is None else run.group.value == "held_out"
         console.print(f"[bold]{run.label}[/]" + ("" if exclude is None else
                       f": library.exclude_self={str(exclude).lower()}"))
+        done = unfinished.finished(run.label)
+        if done is not None:  # finished by this job's interrupted attempt: re-checked above, not recomputed
+            console.print(f"{run.label}: finished by the interrupted attempt of this job, re-scores: {done[0].path}")
+            records[run.label], loads[run.label] = done[0].finished(), done[1]
+            with contextlib.suppress(RunFolderError):
+                tracked = done[0].read_tracking()
+                if tracked.get("tracking_uri") == uri:
+                    run_ids[run.label] = tracked.get("run_id")
+            continue
         start = _load()
+        # an interrupted attempt's partial folder of this run (same resume key) is resumed, not orphaned
         records[run.label], run_ids[run.label] = run_rows(
             _run_config(argv, cfg, run.condition, run.group),
-            RunFolder.new(runs, run.condition, run.group.value if run.group else None), fm=fm)
+            RunFolder.new(runs, run.condition, run.group.value if run.group else None), fm=fm,
+            resume_from=runs / run.condition)
         loads[run.label] = RunLoad(start, _load())
+        unfinished.record(run.label, records[run.label].folder, loads[run.label])
     folders = {k: r.folder for k, r in records.items()}
     summaries = {k: r.summary for k, r in records.items()}
     all_rows = {k: r.rows for k, r in records.items()}
@@ -233,17 +289,19 @@ def main(argv: list[str] | None = None) -> Comparison:
                      reprint=f"python scripts/show_comparison.py {out.parent}")
     write_json(out, result.to_json())
     write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
+    unfinished.remove()
     if c.tracking.enabled:
         try:
             run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
                                     per_problem=table, params=_job_params(c, fm.model_name, lib, fm),
                                     reused=[base] if found is not None else [], records=records,
                                     run_ids={k: v for k, v in run_ids.items() if v})
+            RunFolder(out.parent).write_tracking({"run_id": run_id, "tracking_uri": uri})
             console.print(f"MLflow: comparison logged as run {run_id} in {uri}; `make mlflow-ui` prints the address of "
                           "the runs table with the headline columns (newest first)")
         except Exception as exc:  # noqa: BLE001 - tracking never loses the job; comparison.json is written
-            warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc})", RuntimeWarning,
-                          stacklevel=1)
+            warnings.warn(f"MLflow logging of {out} failed ({type(exc).__name__}: {exc}); log it later with "
+                          f"make log-run RUN={out.parent}", RuntimeWarning, stacklevel=1)
     console.print(f"comparison: {out}; re-check it (every run and the pairing) with make rescore RUN={out.parent}")
     differing = [f"{plan.pairs[k][0]} {why}" for k, p in pairings.items() for why in p.differences]
     if differing:

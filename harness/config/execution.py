@@ -19,4 +19,5 @@ class ExecutionConfig:
 
     name: str = "local"  # local | ray
     workers: int = 2  # ray: actors, each with the model loaded once
-    address: str | None = None  # ray: a running cluster (host:port); None: RAY_ADDRESS, else a private local Ray
+    address: str | None = None  # ray: join a running cluster (host:port, or auto: RAY_ADDRESS); None: a private Ray
+    # of this run on 127.0.0.1 (RAY_ADDRESS alone is not joined: joining is explicit)

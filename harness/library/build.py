@@ -33,6 +33,7 @@ already live in harness/library/source.py, the bundles in harness/library/bundle
 
 from __future__ import annotations
 
+import glob
 import json
 import re
 import resource
@@ -425,6 +426,34 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
             "kept": len(rows) - len(differences), "differences": differences}
 
 
+def identity_changes(path: Path, identity: dict[str, Any]) -> tuple[Path, str] | None:
+    """The newest other library folder of the same name, version and model beside `path`, and what of its recorded
+    identity differs from `identity`, in words: each differing key, and for a backend's settings each setting with
+    both values (`backend_settings.n_batch: 512 there, 256 here`). None when there is no such folder."""
+    prefix = path.name.rsplit("-", 1)[0] + "-"
+    others = sorted((p for p in path.parent.glob(f"{glob.escape(prefix)}*") if p != path
+                     and (p / "manifest.json").is_file()), key=lambda p: p.stat().st_mtime, reverse=True)
+    for other in others:
+        try:
+            recorded = json.loads((other / "manifest.json").read_text(encoding="utf-8")).get("identity")
+        except (OSError, ValueError):
+            continue
+        if not isinstance(recorded, dict):
+            continue
+        words = []
+        for k in sorted(set(identity) | set(recorded)):
+            mine, theirs = identity.get(k), recorded.get(k)
+            if mine == theirs:
+                continue
+            if isinstance(mine, dict) and isinstance(theirs, dict):
+                words += [f"{k}.{s}: {theirs.get(s)!r} there, {mine.get(s)!r} here"
+                          for s in sorted(set(mine) | set(theirs)) if mine.get(s) != theirs.get(s)]
+            else:
+                words.append(f"{k}: {str(theirs)[:16]!r} there, {str(mine)[:16]!r} here")
+        return other, "; ".join(words) or "nothing recorded"
+    return None
+
+
 def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
                  build_if_missing: bool = False, chat: ChatFrame | None = None) -> Library:
     """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
@@ -436,11 +465,14 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
     path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
     if not (path / "manifest.json").exists():
         if not build_if_missing:
+            near = identity_changes(path, identity)
+            what = (f"; the one built for this model at {near[0]} differs in {near[1]}" if near else
+                    f" (source rows {identity['candidates_sha256'][:12]}, template "
+                    f"{identity['entry_template_sha256'][:12]}) for model {fm.fingerprint[:12]}")
             raise LibraryError(
-                f"no library {lib_cfg.name} v{lib_cfg.version} built from this content (source rows "
-                f"{identity['candidates_sha256'][:12]}, template {identity['entry_template_sha256'][:12]}) for model "
-                f"{fm.fingerprint[:12]} at {path}; build it with `make library` (with the same library.* "
-                "overrides), or run `make aime-graft`, which builds it"
+                f"no library {lib_cfg.name} v{lib_cfg.version} built from this content at {path}{what}; build it "
+                "with `make library` (with the same library.* and model.* overrides), or run `make aime-graft`, "
+                "which builds it"
             )
         build_library(lib_cfg, fm, project_root, chat=chat)
     store = open_store(lib_cfg.store, project_root)

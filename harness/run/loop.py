@@ -56,7 +56,7 @@ from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
-from kvstore import TRANSFORMERS, Backend, as_backend
+from kvstore import TRANSFORMERS, Backend, as_backend, check_weights
 
 __all__ = [
     "check_condition", "comparable_key", "fit_context", "print_summary", "resume_key", "run", "run_rows",
@@ -329,7 +329,8 @@ def run_rows(
         # scale-out hook: execution=ray computes the remaining jobs on Ray actors, handed back in job order
         rows, run_energy, t_run, started_at = _decode(
             c, condition, jobs, folder, rows, progress,
-            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing))
+            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing),
+            guard=lambda: check_weights(fm))
     except KeyboardInterrupt as exc:
         condition.close()
         signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
@@ -391,6 +392,7 @@ def _allows_mismatch(be: Backend) -> bool:
 def _decode(
     c: Config, condition: Any, jobs: list[tuple[Problem, list[int]]], folder: RunFolder, rows: list[Row],
     progress: bool, completer_for: Callable[[list[tuple[Problem, list[int]]]], Callable[..., Any]] | None = None,
+    guard: Callable[[], None] | None = None,
 ) -> tuple[list[Row], Any, float, str]:
     """Decode every job past the rows already done, appending each row to the folder as it finishes; returns all
     rows (`rows` itself, extended as rows finish), the run's energy reading, its start (perf counter) and start
@@ -417,6 +419,8 @@ def _decode(
             meter.start()
             completions = complete(problem, samples, on_token=tokens.update)
             energy = meter.stop()
+            if guard is not None:
+                guard()  # the model's files are the ones fingerprinted, or no row of this job is written
             # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
             k = len(completions)
             wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k
@@ -462,23 +466,29 @@ def print_summary(summary: Summary, folder: RunFolder) -> None:
     s, t, e = summary.scores, summary.tokens, summary.energy
     group = run_group(summary)
     name = f"{summary.condition} {group.label}" if group else summary.condition
-    table = Table(title=f"{name} on {summary.dataset} ({summary.model})")
-    for col in ("problems", "accuracy [95% CI]", "prompt tok", "prefill tok", "grafted tok", "decode tok",
-                "TTFT s (mean)", "stops eos/stop/length", "wall s", "cpu s", "energy"):
-        table.add_column(col)
-    table.add_row(
-        str(s.n_problems),
-        f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
-        str(t.prompt),
-        str(t.prefill),
-        str(t.grafted),
-        str(t.decode),
-        f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
-        stops_text(summary.stop_reasons),
-        f"{summary.time.wall_s:.1f}",
-        f"{summary.time.cpu_s:.1f}",
-        e.text(),
-    )
+    cells = {
+        "problems": str(s.n_problems),
+        "accuracy [95% CI]": f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
+        "prompt tok": str(t.prompt), "prefill tok": str(t.prefill), "grafted tok": str(t.grafted),
+        "decode tok": str(t.decode), "TTFT s (mean)": f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
+        "stops eos/stop/length": stops_text(summary.stop_reasons), "wall s": f"{summary.time.wall_s:.1f}",
+        "cpu s": f"{summary.time.cpu_s:.1f}", "energy": e.text(),
+    }
+    title = f"{name} on {summary.dataset} ({summary.model})"
+    # one row when every value fits the terminal whole (3 columns of padding and rule per cell); else one line per
+    # figure, so a narrow terminal (80 columns) shows every value instead of cutting each to an ellipsis
+    wide = 1 + sum(max(len(k), len(v)) + 3 for k, v in cells.items())
+    if wide <= console.width:
+        table = Table(title=title)
+        for col in cells:
+            table.add_column(col, no_wrap=True)
+        table.add_row(*cells.values())
+    else:
+        table = Table(title=title, show_header=False)
+        table.add_column("figure", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for k, v in cells.items():
+            table.add_row(k, v)
     console.print(table)
     hit = (summary.stop_reasons or {}).get("length", 0)
     if hit:

@@ -14,10 +14,15 @@ or from the shell: `kvstore export ID... --attach FILE -o b.kvb`, `kvstore impor
 Import trusts nothing in the file: it reads the archive with its own strict parser (not `tarfile`), verifies
 every member (hash, size, full admission of every artifact) before anything is written, then publishes
 through the store's `put_many` and removes what it added if publishing fails. Errors are `BundleError`.
+
+Memory is bounded by one artifact, whatever the attachments hold (FORMAT.md allows 64 of 256 MiB): attachments are
+hashed in 1 MiB chunks as they are verified, handed to `check` as a mapping that reads one when asked (and hashes
+it again), and copied from the bundle to their temp files in chunks, hashed once more on the way.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from kvstore.atomic import atomic_write
+from kvstore.atomic import atomic_file
 from kvstore.bundle.ustar import read_member, tar_members, write_tar
 from kvstore.errors import BundleError, KVStoreError, NotFoundError
 from kvstore.format.artifact import from_bytes
@@ -46,6 +51,7 @@ MAX_ATTACHMENT_BYTES = 256 << 20
 MAX_ATTACHMENTS = 64
 _ATTACHMENT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # one safe path component
 PUBLISH_BATCH_BYTES = 256 << 20  # artifacts per put_many call (one index transaction), by total size
+CHUNK = 1 << 20  # attachments are hashed and copied this much at a time
 _FIX = "export the bundle again from its source store with `kvstore export`"
 
 
@@ -134,7 +140,9 @@ def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | 
     as they are) and, when `attachments_dir` is given and the bundle has attachments, write them there.
 
     `check(attachments, artifact_ids)` runs after the bundle is verified and before anything is written: the
-    caller's own test of what the attachments mean (raise to refuse). All or nothing: a refused bundle changes
+    caller's own test of what the attachments mean (raise to refuse). `attachments` maps each name to its bytes,
+    read from the bundle (and hashed again) when asked, during the call only: memory holds what `check` reads.
+    All or nothing: a refused bundle changes
     nothing; a failure while publishing removes what this import added (FORMAT.md section 7 says what a kill -9
     can leave). Raises BundleError (or what `check` raises)."""
     target = Path(attachments_dir) if attachments_dir is not None else None
@@ -152,7 +160,7 @@ def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | 
         entries = manifest["artifacts"]
         ids = tuple(e["id"] for e in entries)
         if check is not None:
-            check(dict(files), frozenset(ids))
+            check(_Attachments(f, files, str(path)), frozenset(ids))
         writes = _plan_attachments(target, files) if target is not None and files else []
         new = [e for e in entries if not store.contains(e["id"])]
         stray = [e for e in entries if store.contains(e["id"]) and not _indexed(store, e["id"])]
@@ -165,8 +173,8 @@ def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | 
             for tags, group in groups.items():
                 for batch in _batches(group):  # put_many holds its batch in memory: bound it
                     store.put_many(_reread(f, offsets, batch, str(path)), tags)
-            for p, data in writes:
-                atomic_write(p, data)
+            for p, name in writes:
+                _copy_attachment(f, files[name], p, name, str(path))
                 written.append(p)
         except BaseException:
             _rollback(store, [e["id"] for e in new], written, target if made_dir else None)
@@ -229,25 +237,94 @@ def _rollback(store: Store, new_ids: list[str], written: list[Path], made_dir: P
             pass
 
 
-def _plan_attachments(folder: Path, files: dict[str, bytes]) -> list[tuple[Path, bytes]]:
-    """The attachments to write into `folder`, in name order (a caller that needs one written last names it
-    so); refuses a folder that holds other bytes under one of those names. Files already there with the same
-    bytes are not rewritten."""
+@dataclass(frozen=True)
+class _Member:
+    """Where a verified attachment lies in the bundle file, and its SHA-256."""
+
+    offset: int
+    size: int
+    sha256: str
+
+
+def _hash_member(f: BinaryIO, off: int, size: int, name: str, where: str,
+                 sink: Callable[[bytes], object] | None = None) -> str:
+    """SHA-256 of a member's bytes, read CHUNK at a time (each chunk also given to `sink`)."""
+    h = hashlib.sha256()
+    f.seek(off)
+    left = size
+    while left:
+        chunk = f.read(min(CHUNK, left))
+        if not chunk:
+            raise BundleError(f"{where}: member {name} is truncated ({size - left} of {size} bytes). {_FIX}")
+        h.update(chunk)
+        if sink is not None:
+            sink(chunk)
+        left -= len(chunk)
+    return h.hexdigest()
+
+
+class _Attachments(Mapping[str, bytes]):
+    """The verified attachments as `check` sees them: each read from the bundle when asked, hashed again."""
+
+    def __init__(self, f: BinaryIO, members: dict[str, _Member], where: str) -> None:
+        self._f, self._members, self._where = f, members, where
+
+    def __getitem__(self, name: str) -> bytes:
+        m = self._members[name]
+        data = read_member(self._f, m.offset, m.size, name, self._where)
+        if _sha(data) != m.sha256:
+            raise BundleError(f"{self._where}: attachment {name} changed while it was being imported; nothing was "
+                              "kept. Leave the bundle file alone during `kvstore import` and run it again")
+        return data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+
+def _copy_attachment(f: BinaryIO, m: _Member, path: Path, name: str, where: str) -> None:
+    """Copy one attachment from the bundle to `path` (atomically, CHUNK at a time), checking its hash on the way;
+    a full disk is one BundleError naming the file."""
+    try:
+        with atomic_file(path) as out:
+            got = _hash_member(f, m.offset, m.size, name, where, sink=out.write)
+            if got != m.sha256:
+                raise BundleError(f"{where}: attachment {name} changed while it was being imported; nothing was "
+                                  "kept. Leave the bundle file alone during `kvstore import` and run it again")
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise BundleError(f"{path}: no space left on the device while writing the bundle's attachment {name} "
+                              f"({m.size} bytes) from {where}; nothing of this import was kept. Free space there "
+                              "(`df -h`) or choose another folder (--attachments-dir), then import again") from None
+        raise
+
+
+def _plan_attachments(folder: Path, files: dict[str, _Member]) -> list[tuple[Path, str]]:
+    """The attachments to write into `folder` (path, name), in name order (a caller that needs one written last
+    names it so); refuses a folder that holds other bytes under one of those names. Files already there with the
+    same bytes are not rewritten."""
     writes = []
     for name in sorted(files):
         p = folder / name
         if p.exists():
-            if p.read_bytes() != files[name]:
+            same = False
+            if p.is_file() and p.stat().st_size == files[name].size:
+                with open(p, "rb") as existing:
+                    same = _hash_member(existing, 0, files[name].size, name, str(p)) == files[name].sha256
+            if not same:
                 raise BundleError(f"{p} exists and differs from the bundle's attachment {name}: {folder} holds other "
                                   "files. Choose another folder (--attachments-dir) or remove that one")
             continue
-        writes.append((p, files[name]))
+        writes.append((p, name))
     return writes
 
 
-def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tuple[int, int]], dict[str, bytes]]:
+def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tuple[int, int]], dict[str, _Member]]:
     """Check the whole archive: the manifest, then every member against it. Returns the manifest, each member's
-    (data offset, size), and the attachments' bytes. Nothing is written."""
+    (data offset, size), and where each attachment lies (hashed CHUNK at a time: none is held). Nothing is
+    written."""
     it = tar_members(f, file_size, where)
     first = next(it, None)
     if first is None:
@@ -264,7 +341,7 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
     for aname, e in (manifest[folder] or {}).items():
         expected[f"{folder}/{aname}"] = ("attachment", e)
     offsets: dict[str, tuple[int, int]] = {}
-    lib: dict[str, bytes] = {}
+    lib: dict[str, _Member] = {}
     for name, off, size in it:
         if name in offsets or name == MANIFEST_NAME:
             raise BundleError(f"{where}: member {name!r} appears twice; a bundle holds each member once. {_FIX}")
@@ -274,8 +351,9 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
         if size != e["size"]:
             raise BundleError(f"{where}: member {name} is {size} bytes, the manifest lists {e['size']}. {_FIX}")
         offsets[name] = (off, size)
-        data = read_member(f, off, size, name, where)
-        got = ArtifactId.of(data) if kind == "artifact" else _sha(data)  # an artifact's sha256 field is its id
+        data = read_member(f, off, size, name, where) if kind == "artifact" else b""
+        # an artifact's sha256 field is its id
+        got = ArtifactId.of(data) if kind == "artifact" else _hash_member(f, off, size, name, where)
         if got != e["sha256"]:
             raise BundleError(f"{where}: member {name} hashes to {got[:16]}..., the manifest lists "
                               f"{e['sha256'][:16]}...: the bundle is damaged or was altered. {_FIX}")
@@ -285,7 +363,7 @@ def _verify(f: BinaryIO, file_size: int, where: str) -> tuple[dict, dict[str, tu
             except KVStoreError as ex:
                 raise BundleError(f"{where}: member {name} is refused by admission: {ex}. {_FIX}") from ex
         else:
-            lib[name.removeprefix(f"{folder}/")] = data
+            lib[name.removeprefix(f"{folder}/")] = _Member(off, size, got)
     missing = sorted(set(expected) - set(offsets))
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")

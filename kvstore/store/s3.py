@@ -69,7 +69,7 @@ class S3Bytes(ByteStore):
 
     def _call(self, doing: str, fn, missing_ok: bool = False):
         """Run one S3 request; connection failures and refusals become one StoreUnavailableError line."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         try:
             return fn()
@@ -85,6 +85,10 @@ class S3Bytes(ByteStore):
                     "SignatureDoesNotMatch": "check AWS_SECRET_ACCESS_KEY"}.get(code, "check the server's log")
             raise StoreUnavailableError(f"{self.where}: could not {doing}: {code or status} "
                                         f"({e.response.get('Error', {}).get('Message', '')}); {hint}") from None
+        except NoCredentialsError as e:  # a BotoCoreError too: no request was sent, the server is not the issue
+            raise StoreUnavailableError(f"{self.where}: could not {doing}: {e} (boto3 found no access key in "
+                                        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ~/.aws/credentials or "
+                                        "AWS_PROFILE). Set the credentials of the S3 server, then run again") from None
         except BotoCoreError as e:
             raise StoreUnavailableError(f"{self.where}: could not {doing}: {type(e).__name__}: {e}. Start the S3 "
                                         "server or fix the endpoint (endpoint_url / AWS_ENDPOINT_URL)") from None

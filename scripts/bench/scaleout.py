@@ -49,10 +49,11 @@ def time_restore(fm, store, aid: str, prefix: list[int], repeats: int) -> dict:
 
 
 def bench_ray(calls: int) -> dict:
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # read at import: one node, on 127.0.0.1 only
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # reachable from this machine only (above)
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         @ray.remote(num_cpus=1)
         class Echo:
@@ -88,7 +89,7 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
 
     repo = Path(__file__).resolve().parents[1]
     os.environ["PYTHONPATH"] = str(repo)  # the actor imports this checkout's harness
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # the run's private local Ray
+    # the run's private local Ray: on 127.0.0.1, with a token of its own (harness/run/distributed.py)
     result: dict = {"problems": problems, "max_new_tokens": tokens, "threads": 1}
     with tempfile.TemporaryDirectory(prefix="kvgraft-rayprob-") as tmp:
         base = [f"model={MODEL_CONFIGS.get(model, model)}", "condition=baseline", f"dataset.limit={problems}",

@@ -92,9 +92,10 @@ def test_a_worker_killed_mid_problem_loses_and_duplicates_nothing(tmp_path, tiny
 
 
 def test_a_worker_in_another_environment_is_refused_naming_the_field(tmp_path, tiny_gemma3, monkeypatch):
-    import kvstore
+    from kvstore import as_backend
 
-    real = kvstore.environment_fingerprint
-    monkeypatch.setattr(kvstore, "environment_fingerprint", lambda: {**real(), "torch_threads": 7})  # the driver's
+    backend = type(as_backend(tiny_gemma3))
+    real = backend.environment
+    monkeypatch.setattr(backend, "environment", lambda self: {**real(self), "torch_threads": 7})  # the driver's
     with pytest.raises(HarnessError, match="torch_threads: driver 7, worker 2"):
         run(_cfg(tmp_path, "execution=ray", "execution.workers=1"), tmp_path / "ray", fm=tiny_gemma3, progress=False)

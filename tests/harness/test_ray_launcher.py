@@ -30,8 +30,11 @@ RAY = Path(sys.executable).parent / "ray"
 
 
 def _env(**extra: str) -> dict[str, str]:
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: Ray's single-node mode, every server on 127.0.0.1 (--node-ip-address=127.0.0.1
+    # alone is resolved to the machine's address); auth off is then only reachable from this machine
     return {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            **extra}
 
 
 @pytest.fixture(scope="module")

@@ -52,13 +52,36 @@ def _stop_group(proc: subprocess.Popen) -> None:
         time.sleep(1)
 
 
+def _alive(seen: dict[int, tuple[str, float]]) -> list[str]:
+    """The processes of `seen` (pid -> (name, start time)) still running."""
+    import psutil
+
+    alive = []
+    for pid, (name, started) in seen.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{name} ({pid})")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 def test_a_driver_killed_mid_run_resumes_from_its_rows_with_none_lost_or_duplicated(tmp_path):
+    import psutil
+
     runs = tmp_path / "ray"
     driver = subprocess.Popen(_harness(*RAY, f"runs_dir={runs}"), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
+    seen: dict[int, tuple[str, float]] = {}  # every process the driver started: its private Ray
     try:
         deadline, partial = time.monotonic() + 400, None
         while time.monotonic() < deadline and driver.poll() is None:
+            try:
+                for k in psutil.Process(driver.pid).children(recursive=True):
+                    seen.setdefault(k.pid, (k.name(), k.create_time()))
+            except psutil.NoSuchProcess:
+                pass
             found = list(runs.glob("baseline/*/outputs.partial.jsonl"))
             if found and len(found[0].read_text().splitlines()) >= 2:
                 partial = found[0]
@@ -67,6 +90,10 @@ def test_a_driver_killed_mid_run_resumes_from_its_rows_with_none_lost_or_duplica
         assert partial is not None, f"the driver exited ({driver.returncode}) or wrote no rows in time"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(30)
+        killed = time.monotonic()
+        while _alive(seen) and time.monotonic() - killed < 20:
+            time.sleep(0.25)
+        assert not _alive(seen), f"outlived the killed driver by 20 s: {_alive(seen)}"
     finally:
         _stop_group(driver)
     folder = partial.parent

@@ -129,7 +129,7 @@ def test_the_callers_check_refuses_a_bundle_before_anything_is_written(source, t
     before, seen = _tree(target.root), []
 
     def check(attached, carried):
-        seen.append((attached, carried))
+        seen.append((dict(attached), carried))  # read during the call: the bundle is open only then
         raise ValueError("not what I expected")
 
     with pytest.raises(ValueError, match="not what I expected"):
@@ -287,16 +287,23 @@ def test_a_failure_while_publishing_removes_what_the_import_added(fail_at, sourc
     import kvstore.store.local
 
     calls = []
-    real = kvstore.store.local.atomic_write
+    real, real_copy = kvstore.store.local.atomic_write, kvstore.bundle.bundle._copy_attachment
 
-    def flaky(path, data):
+    def interrupt(path):
         calls.append(path)
         if (fail_at == "object" and len(calls) == 2) or (fail_at == "attachment" and path.name == "z.bin"):
             raise KeyboardInterrupt("interrupted")  # an interrupt mid-publish, not only an error
+
+    def flaky(path, data):
+        interrupt(path)
         real(path, data)
 
+    def flaky_copy(f, member, path, name, where):  # an attachment is streamed from the bundle to its file
+        interrupt(path)
+        real_copy(f, member, path, name, where)
+
     monkeypatch.setattr(kvstore.store.local, "atomic_write", flaky)
-    monkeypatch.setattr(kvstore.bundle.bundle, "atomic_write", flaky)
+    monkeypatch.setattr(kvstore.bundle.bundle, "_copy_attachment", flaky_copy)
     with pytest.raises(KeyboardInterrupt):
         import_bundle(tmp_path / "b.kvb", target, attachments_dir=tmp_path / "files")
     assert len(calls) >= 2

@@ -38,6 +38,7 @@ from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.backends.llamacpp.state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
 from kvstore.backends.packaged import BUNDLED, file_sha256, gguf_path, known_names
 from kvstore.engine.admission import admit
+from kvstore.engine.weights import PinnedWeights
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, check_snapshot
@@ -107,11 +108,14 @@ class LlamaCppBackend:
                 errors.append(text.decode("utf-8", "replace").strip())
 
         llama_cpp.llama_log_set(keep_errors, ctypes.c_void_p(0))
+        self.weights = PinnedWeights.of([s.gguf])  # the file as it is before llama.cpp reads it
         try:
+            # use_mmap=False: the weights are read into memory of this process once (kvstore/engine/weights.py): a
+            # file changed or cut short later cannot change them, nor kill the process with SIGBUS
             self.llm = llama_cpp.Llama(
                 model_path=s.gguf, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=s.threads,
                 n_threads_batch=s.threads, flash_attn=s.flash_attn, swa_full=s.swa_full, logits_all=False,
-                type_k=GGML_TYPE_OF[s.type_k], type_v=GGML_TYPE_OF[s.type_v], verbose=False,
+                type_k=GGML_TYPE_OF[s.type_k], type_v=GGML_TYPE_OF[s.type_v], verbose=False, use_mmap=False,
             )
         except ValueError as e:  # llama-cpp-python's "Failed to load model from file" (the reason went to the log)
             reason = next((x for x in errors if x), str(e))
@@ -129,6 +133,7 @@ class LlamaCppBackend:
         self.kv_heads = int(llama_cpp.llama_model_n_head_kv(self.model))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))
         self.fingerprint = file_sha256(Path(s.gguf))  # SHA-256 of the GGUF file: the model fingerprint
+        self.weights.check("while it was loaded and hashed")  # so the bytes hashed are the bytes loaded
         self.tokenizer_fingerprint = _tokenizer_fingerprint(s.gguf)
         self.dtype = s.type_k
         self._generation = 0

@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from kvstore.backends.packaged import known_names
 from kvstore.backends.transformers.gguf import BUNDLED, converted_checkpoint
 from kvstore.backends.transformers.lm_head import block_lm_head
 from kvstore.backends.transformers.tiny import TINY, build_tiny
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
+from kvstore.engine.weights import PinnedWeights, weight_files
 from kvstore.environment import current_environment
 from kvstore.errors import KVStoreError, ModelLoadError, SettingsError, UnsupportedModelError
 
@@ -45,6 +47,7 @@ class FrozenModel:
     fingerprint: str = ""
     tokenizer_fingerprint: str = ""
     layer_layout: list[dict] = field(default_factory=list)
+    weights: PinnedWeights | None = None  # the checkpoint files it was loaded from (none for a tiny model)
 
     @property
     def config(self):
@@ -229,12 +232,16 @@ def load_frozen_model(
     """
     det = determinism or Determinism()
     det.apply()
+    pinned = None  # the checkpoint's weight files as they were before they were read (kvstore/engine/weights.py)
     try:
         if source in known_names():  # the bundled model, or a packaged one (make setup-models)
-            model, tok = _load_checkpoint(converted_checkpoint(det, source), det)
+            folder = converted_checkpoint(det, source)
+            pinned = PinnedWeights.of(weight_files(folder))
+            model, tok = _load_checkpoint(folder, det)
         elif source in TINY:
             model, tok = build_tiny(source, det, seed)
         else:
+            pinned = PinnedWeights.of(weight_files(source))
             model, tok = _load_hf(source, det)
     except KVStoreError:
         raise
@@ -254,10 +261,15 @@ def load_frozen_model(
             f"set determinism.attn_implementation={others[0]} (kvstore deposit / scripts/verify_graft.py: "
             f"--attn-implementation {others[0]}; transformers: {text.split('. ')[0]})"
         ) from e
-    except (OSError, RuntimeError, KeyError, TypeError, AttributeError, ImportError) as e:
-        raise ModelLoadError(
-            f"model source {source!r} could not be loaded: {type(e).__name__}: {_first_line(str(e))}"
-        ) from e
+    except (OSError, RuntimeError, KeyError, TypeError, AttributeError, ImportError, SafetensorError) as e:
+        where = f" ({', '.join(str(f.path) for f in pinned.files)})" if pinned is not None and pinned.files else ""
+        fix = (f"; the converted copy is damaged: remove {Path(pinned.files[0].path).parent} and it is converted again"
+               if source in known_names() and where else
+               "; give a complete, unmodified checkpoint" if where else "")
+        raise ModelLoadError(f"model source {source!r}{where} could not be loaded: {type(e).__name__}: "
+                             f"{_first_line(str(e))}{fix}") from None
+    if pinned is not None and pinned.files and device == "cpu":
+        _own_memory(model)
     model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -266,7 +278,27 @@ def load_frozen_model(
     fm.fingerprint = model_fingerprint(model)
     fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
     fm.layer_layout = layer_layout(model.config)
+    if pinned is not None and pinned.files:
+        pinned.check("while it was loaded and fingerprinted")
+        fm.weights = pinned
     return fm
+
+
+def _own_memory(model: torch.nn.Module) -> None:
+    """Give every parameter and buffer memory of this process: a checkpoint's tensors are mapped from its safetensors
+    file, so a file rewritten under the running model would change its weights, and one cut short would kill it with
+    SIGBUS (kvstore/engine/weights.py). Tied tensors stay tied (one copy per storage); the bits are the same."""
+    copies: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            for group in (module._parameters, module._buffers):
+                for t in group.values():
+                    if t is None or t.device.type != "cpu":
+                        continue
+                    key = t.data_ptr()
+                    if key not in copies:
+                        copies[key] = t.data.clone()
+                    t.data = copies[key]
 
 
 def _first_line(text: str, limit: int = 300) -> str:
