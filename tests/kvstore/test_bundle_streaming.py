@@ -2,7 +2,7 @@
 hold, and a full disk while they are written is one BundleError naming the file.
 
 The large bundle is sparse (holes of zeros: a few KB on disk, 256 MiB of attachments to read): it is imported in a
-subprocess, whose peak RSS (ru_maxrss) is compared with its RSS just before the import."""
+subprocess, whose peak RSS (VmHWM) is compared with its RSS just before the import."""
 
 from __future__ import annotations
 
@@ -54,13 +54,21 @@ def _bundle(path: Path, attachments: dict[str, bytes | int]) -> Path:
     return path
 
 
+# The peak is this process image's own high-water mark (VmHWM in /proc/self/status), not getrusage's ru_maxrss:
+# Linux carries ru_maxrss across execve from the forking process, so a child of a pytest that had grown to 3 GB
+# reported a 3 GB "peak" whatever it did.
 _IMPORT = """
-import resource, sys, psutil
+import sys, psutil
 from kvstore import MemoryStore, import_bundle
+
+def vm_hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
 before = psutil.Process().memory_info().rss
 info = import_bundle(sys.argv[1], MemoryStore(), attachments_dir=sys.argv[2])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(before, peak, sorted(info.attachments))
+print(before, vm_hwm(), sorted(info.attachments))
 """
 
 
