@@ -1,6 +1,16 @@
-"""Fixtures shared by the kvstore and harness tests: a real S3 server (SeaweedFS on 127.0.0.1)."""
+"""Fixtures shared by the kvstore and harness tests: a real S3 server (SeaweedFS on 127.0.0.1), and the vLLM engine
+cases started in the background as soon as the suite is collected."""
 
 from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +30,97 @@ def s3(tmp_path_factory):
         pytest.skip(str(e))
     with LocalS3(tmp_path_factory.mktemp("seaweed")) as server:
         yield server
+
+
+# ------------------------------------------------------------------ vLLM engine cases, started early
+# tests/kvstore/test_backend_vllm.py's engine tests read the results of two scripts run inside .venv-vllm
+# (tests/kvstore/vllm_cases.py: two engine starts; vllm_backend_cases.py: one), about four minutes of work that
+# waits on engine starts more than it computes. Once the suite is collected they start in the background, one after
+# the other, so they overlap the tests before them instead of adding to the suite's wall time; the module's
+# fixtures wait for their results (or run a script then, when it was not started). Without .venv-vllm nothing
+# starts and the fixtures skip, saying why.
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("KVGRAFT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+VLLM_READY = "KVGRAFT_VLLM_PYTHON" in os.environ or (REPO / ".venv-vllm" / ".setup-done").exists()
+VLLM_MODULE = "tests/kvstore/test_backend_vllm.py"
+VLLM_SCRIPTS = {"cases": "vllm_cases.py", "backend_cases": "vllm_backend_cases.py"}  # fixture -> script
+
+
+class VllmEngineCases:
+    """The engine case scripts, each run once per session inside .venv-vllm."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: dict[str, Future] = {}
+        self._procs: list[subprocess.Popen] = []
+        self._dir: Path | None = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def ready() -> bool:
+        return VLLM_READY and VLLM_PYTHON.exists()
+
+    def start(self, scripts: list[str]) -> None:
+        for script in scripts:
+            self._future(script)
+
+    def _future(self, script: str) -> Future:
+        with self._lock:
+            if script not in self._futures:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-cases")
+                    self._dir = Path(tempfile.mkdtemp(prefix="kvgraft-vllm-cases-"))
+                self._futures[script] = self._pool.submit(self._run, script)
+            return self._futures[script]
+
+    def _run(self, script: str) -> tuple[int, str, str, Path]:
+        assert self._dir is not None
+        out = self._dir / f"{Path(script).stem}.json"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.Popen([str(VLLM_PYTHON), str(REPO / "tests" / "kvstore" / script), str(out)], cwd=REPO,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._procs.append(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            stderr += f"\n{script}: killed after 900 s"
+        return proc.returncode, stdout, stderr, out
+
+    def result(self, script: str) -> dict:
+        """The JSON the script wrote, plus its output as "log"; skips where .venv-vllm does not exist."""
+        if not self.ready():
+            pytest.skip(f"no vLLM environment at {VLLM_PYTHON.parent.parent} (`make setup-vllm` builds it; it failed "
+                        "or was not run)")
+        code, stdout, stderr, out = self._future(script).result()
+        assert code == 0, stderr[-4000:]
+        return json.loads(out.read_text()) | {"log": stdout + stderr}
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_VLLM_CASES = VllmEngineCases()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    wanted = {VLLM_SCRIPTS[f] for item in session.items if item.nodeid.startswith(VLLM_MODULE)
+              for f in getattr(item, "fixturenames", ()) if f in VLLM_SCRIPTS}
+    if wanted and VllmEngineCases.ready():
+        _VLLM_CASES.start([s for s in VLLM_SCRIPTS.values() if s in wanted])  # the connector cases first
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _VLLM_CASES.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_cases() -> VllmEngineCases:
+    return _VLLM_CASES

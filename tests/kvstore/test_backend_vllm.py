@@ -12,10 +12,6 @@ exist; `make setup-vllm` builds it. The exactness figures across engines: script
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,10 +23,6 @@ from kvstore.backends.vllm.settings import VllmBackendSettings
 from kvstore.errors import IncompatibleError
 from kvstore.format.artifact import LayerKV, Snapshot
 
-REPO = Path(__file__).resolve().parents[2]
-# the venv `make setup-vllm` built (its stamp says it finished), or KVGRAFT_VLLM_PYTHON
-VLLM_PYTHON = Path(os.environ.get("KVGRAFT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-VLLM_READY = "KVGRAFT_VLLM_PYTHON" in os.environ or (REPO / ".venv-vllm" / ".setup-done").exists()
 TRANSPOSED = LAYOUTS[0]
 
 
@@ -178,26 +170,14 @@ def test_the_vllm_backend_is_registered_with_a_settings_class_that_imports_no_en
 
 
 # ------------------------------------------------------------------ the connector in a real engine
-def _run_in_vllm_venv(script: str, out: Path) -> dict:
-    if not (VLLM_READY and VLLM_PYTHON.exists()):
-        pytest.skip(f"no vLLM environment at {VLLM_PYTHON.parent.parent} (`make setup-vllm` builds it; it failed or "
-                    "was not run)")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([str(VLLM_PYTHON), str(REPO / "tests" / "kvstore" / script), str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text()) | {"log": proc.stdout + proc.stderr}
+@pytest.fixture(scope="module")
+def cases(vllm_engine_cases) -> dict:  # noqa: ANN001  (tests/conftest.py: started once the suite is collected)
+    return vllm_engine_cases.result("vllm_cases.py")
 
 
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return _run_in_vllm_venv("vllm_cases.py", tmp_path_factory.mktemp("vllm") / "cases.json")
-
-
-@pytest.fixture(scope="module")
-def backend_cases(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return _run_in_vllm_venv("vllm_backend_cases.py", tmp_path_factory.mktemp("vllm") / "backend.json")
-
+def backend_cases(vllm_engine_cases) -> dict:  # noqa: ANN001
+    return vllm_engine_cases.result("vllm_backend_cases.py")
 
 
 @pytest.mark.integration
