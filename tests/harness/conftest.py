@@ -101,3 +101,24 @@ def _deposit_library(be, problems, root: Path, entry_text, name: str):
 def deposit_library():
     """`deposit_library(be, problems, root, entry_text, name)`: a library deposited by a backend (conftest)."""
     return _deposit_library
+
+
+def _still_running(seen: dict[int, tuple[str, float]]) -> list[str]:
+    """Names of the processes in `seen` (pid -> (name, start time)) still running (zombies count as gone)."""
+    import psutil
+
+    alive = []
+    for pid, (name, started) in seen.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{name} ({pid})")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="session")
+def still_running():
+    """`still_running(seen)`: which of the processes a test saw (pid -> (name, start time)) still run (conftest)."""
+    return _still_running

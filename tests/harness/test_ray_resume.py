@@ -52,22 +52,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
         time.sleep(1)
 
 
-def _alive(seen: dict[int, tuple[str, float]]) -> list[str]:
-    """The processes of `seen` (pid -> (name, start time)) still running."""
-    import psutil
-
-    alive = []
-    for pid, (name, started) in seen.items():
-        try:
-            p = psutil.Process(pid)
-            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(f"{name} ({pid})")
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def test_a_driver_killed_mid_run_resumes_from_its_rows_with_none_lost_or_duplicated(tmp_path):
+def test_a_driver_killed_mid_run_resumes_from_its_rows_with_none_lost_or_duplicated(tmp_path, still_running):
     import psutil
 
     runs = tmp_path / "ray"
@@ -91,9 +76,9 @@ def test_a_driver_killed_mid_run_resumes_from_its_rows_with_none_lost_or_duplica
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(30)
         killed = time.monotonic()
-        while _alive(seen) and time.monotonic() - killed < 20:
+        while still_running(seen) and time.monotonic() - killed < 20:
             time.sleep(0.25)
-        assert not _alive(seen), f"outlived the killed driver by 20 s: {_alive(seen)}"
+        assert not still_running(seen), f"outlived the killed driver by 20 s: {still_running(seen)}"
     finally:
         _stop_group(driver)
     folder = partial.parent

@@ -37,20 +37,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _alive(seen: dict[int, tuple[str, float]]) -> list[str]:
-    """Names of the processes in `seen` (pid -> (name, start time)) still running."""
-    alive = []
-    for pid, (name, started) in seen.items():
-        try:
-            p = psutil.Process(pid)
-            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(f"{name} ({pid})")
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-def test_a_ray_run_listens_only_on_loopback_with_a_token_and_sigterm_stops_it_leaving_no_process(tmp_path):
+def test_a_ray_run_listens_only_on_loopback_with_a_token_and_sigterm_stops_it_leaving_no_process(tmp_path, still_running):
     driver = subprocess.Popen([sys.executable, "-m", "harness", *CONFIG, f"runs_dir={tmp_path}/runs"], cwd=REPO,
                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
@@ -97,9 +84,9 @@ def test_a_ray_run_listens_only_on_loopback_with_a_token_and_sigterm_stops_it_le
     assert [line for line in lines if line.startswith("stopped: SIGTERM")], err[-3000:]
     assert not [line for line in lines if "***" in line or "@ 0x" in line or "Traceback" in line], err[-3000:]
 
-    while _alive(seen) and time.monotonic() - stopped < 20:
+    while still_running(seen) and time.monotonic() - stopped < 20:
         time.sleep(0.25)
-    assert not _alive(seen), f"outlived the driver by {time.monotonic() - stopped:.1f} s: {_alive(seen)}"
+    assert not still_running(seen), f"outlived the driver by {time.monotonic() - stopped:.1f} s: {still_running(seen)}"
 
 
 # a process that joins its own one-CPU Ray, then runs the harness with 2 threads per worker on it
