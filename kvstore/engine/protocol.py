@@ -15,7 +15,12 @@ An engine that decodes whole requests itself (vLLM) also has the optional verb
     continue_rows(state, prompt_ids, seeds, max_new_tokens=, stop=, strategy=, temperature=, top_p=, eos=)
               -> [Continuation] (one per seed)
 
-and the harness's decode hands it the whole continuation instead of stepping (harness/run/decode.py).
+and the harness's decode hands it the whole continuation instead of stepping (harness/run/decode.py). A backend
+that cannot graft every artifact its own deposits make (vLLM: whole blocks only) also has
+
+    graft_refusal(token_count) -> str | None
+              why an artifact of that many tokens from position 0 would be refused before a longer prompt, naming
+              the setting that makes it work; None when it grafts (a library build skips such entries, recorded)
 
 `prefill` is the pinned schedule of that backend (a deposit and a fresh reference run the same one).
 `graft` first calls the one admission (kvstore.engine.admission.admit: every recorded fact compared with this

@@ -252,3 +252,13 @@ def test_registered_backend_refuses_a_foreign_artifact_before_the_engine_sees_it
     f = backend_cases["foreign"]
     assert f["refused"] is not None and "model fingerprint" in f["refused"] and "\n" not in f["refused"]
     assert f["events"] == []  # refused by the admission: never offered to the connector
+
+
+@pytest.mark.integration
+def test_registered_backend_names_the_entries_it_cannot_graft_and_refuses_them_in_the_same_words(
+        backend_cases: dict) -> None:
+    r = backend_cases["refusal"]
+    assert r["200"] is None and r["640"] is None  # within the window; whole 128-token blocks
+    assert "layer" in r["552"] and "at most 511 tokens" in r["552"] and "128-token blocks" in r["552"]
+    assert r["graft_552"] is not None and r["graft_552"].endswith(r["552"]) and "\n" not in r["graft_552"]
+    assert "graft" not in r["events"]  # the deposit is made; no graft ever reaches the connector

@@ -8,7 +8,9 @@ entry of 200 tokens (one whole block and a partial one) and a short query:
   twins      the harness's decode (harness.run.decode.generate_batch) of entry + query after a graft of the
              artifact, and after the entry prefilled alone (the in-context twin), greedy and 2 seeded samples;
   cold       the same prompt from a clean cache (another schedule: information only);
-  foreign    the artifact with another model fingerprint offered to graft.
+  foreign    the artifact with another model fingerprint offered to graft;
+  refusal    `graft_refusal` for entries of 200, 552 and 640 tokens, and a real 552-token artifact offered to graft
+             (more than the 511 positions a sliding layer keeps, not on a 128-token block: refused, same words).
 OUT.json holds everything the test asserts on.
 """
 
@@ -63,6 +65,15 @@ def main(out_path: str) -> int:
     except kvstore.IncompatibleError as e:
         result["foreign"] = {"refused": str(e)}
     result["foreign"]["events"] = journal(be.journal)[before:]
+    long = (be.encode(ENTRY) * 3)[:552]
+    result["refusal"] = {str(n): be.graft_refusal(n) for n in (200, 552, 640)}
+    before = len(journal(be.journal))
+    try:
+        be.graft(be.capture(None, long), long + be.encode(QUERY, add_bos=False))
+        result["refusal"]["graft_552"] = None
+    except kvstore.IncompatibleError as e:
+        result["refusal"]["graft_552"] = str(e)
+    result["refusal"]["events"] = [e["event"] for e in journal(be.journal)[before:]]
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
 
