@@ -34,7 +34,8 @@ def s3(tmp_path_factory):
 
 # ------------------------------------------------------------------ vLLM engine cases, started early
 # tests/kvstore/test_backend_vllm.py's engine tests read the results of two scripts run inside .venv-vllm
-# (tests/kvstore/vllm_cases.py: two engine starts; vllm_backend_cases.py: one), about four minutes of work that
+# (tests/kvstore/vllm_cases.py: two engine starts; vllm_backend_cases.py: one), tests/harness/test_ray_vllm.py those
+# of a third (tests/harness/vllm_ray_cases.py: a driver engine and a Ray actor's), minutes of work that
 # waits on engine starts more than it computes. Once the suite is collected they start in the background, one after
 # the other, so they overlap the tests before them instead of adding to the suite's wall time; the module's
 # fixtures wait for their results (or run a script then, when it was not started). Without .venv-vllm nothing
@@ -42,8 +43,9 @@ def s3(tmp_path_factory):
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("KVGRAFT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 VLLM_READY = "KVGRAFT_VLLM_PYTHON" in os.environ or (REPO / ".venv-vllm" / ".setup-done").exists()
-VLLM_MODULE = "tests/kvstore/test_backend_vllm.py"
-VLLM_SCRIPTS = {"cases": "vllm_cases.py", "backend_cases": "vllm_backend_cases.py"}  # fixture -> script
+VLLM_MODULES = ("tests/kvstore/test_backend_vllm.py", "tests/harness/test_ray_vllm.py")
+VLLM_SCRIPTS = {"cases": "kvstore/vllm_cases.py", "backend_cases": "kvstore/vllm_backend_cases.py",
+                "ray_cases": "harness/vllm_ray_cases.py"}  # fixture -> script, under tests/
 
 
 class VllmEngineCases:
@@ -77,7 +79,7 @@ class VllmEngineCases:
         assert self._dir is not None
         out = self._dir / f"{Path(script).stem}.json"
         env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.Popen([str(VLLM_PYTHON), str(REPO / "tests" / "kvstore" / script), str(out)], cwd=REPO,
+        proc = subprocess.Popen([str(VLLM_PYTHON), str(REPO / "tests" / script), str(out)], cwd=REPO,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._procs.append(proc)
         try:
@@ -111,7 +113,7 @@ _VLLM_CASES = VllmEngineCases()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    wanted = {VLLM_SCRIPTS[f] for item in session.items if item.nodeid.startswith(VLLM_MODULE)
+    wanted = {VLLM_SCRIPTS[f] for item in session.items if item.nodeid.startswith(VLLM_MODULES)
               for f in getattr(item, "fixturenames", ()) if f in VLLM_SCRIPTS}
     if wanted and VllmEngineCases.ready():
         _VLLM_CASES.start([s for s in VLLM_SCRIPTS.values() if s in wanted])  # the connector cases first

@@ -7,7 +7,8 @@ Without execution.address the run starts a private Ray of its own (RAY_ADDRESS i
 execution.address=auto joins the one RAY_ADDRESS names). That private Ray listens on 127.0.0.1 only (GCS, raylet,
 workers, agents: Ray's single-node mode, set before Ray is imported), no dashboard, and token authentication with
 a random token of this process (RAY_AUTH_TOKEN, inherited by the Ray processes it starts, written nowhere) unless
-RAY_AUTH_MODE is set. Before any actor starts, the cluster is checked for a node with determinism.threads CPUs (one
+RAY_AUTH_MODE is set; its workers run at the driver's priority (RAY_worker_niceness=0, not Ray's 15). Before any
+actor starts, the cluster is checked for a node with determinism.threads CPUs (one
 line naming the nodes' CPUs otherwise, not a silent wait); SIGTERM keeps the harness's own handler (ray.init
 installs one that exits mid-call); the private Ray is stopped when the run ends or fails, and a watchdog process
 stops it if the driver is killed (kill -9), so no Ray process outlives the driver.
@@ -123,6 +124,10 @@ def _start_private_ray(ray, num_cpus: int) -> None:
     """ray.init of a one-node Ray of this process on 127.0.0.1, with a watchdog that stops it if the driver dies."""
     from harness.errors import HarnessError
 
+    # Ray starts workers at nice 15 by default; here they do all of the run's compute while the driver waits, so on
+    # a machine with other load they would crawl (a vLLM worker's engine took over 20 minutes to start). The raylet
+    # ray.init starts reads it from the environment.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     keep = signal.getsignal(signal.SIGTERM)  # ray.init installs sys.exit(15), which tears Ray down mid-call
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,

@@ -59,7 +59,7 @@ from harness.tracking.store import default_tracking_uri
 from kvstore import TRANSFORMERS, Backend, as_backend, check_weights
 
 __all__ = [
-    "check_condition", "comparable_key", "fit_context", "print_summary", "resume_key", "run", "run_rows",
+    "check_condition", "comparable_key", "cpu_seconds", "fit_context", "print_summary", "resume_key", "run", "run_rows",
 ]
 
 # logs and pipes get full tables (140 columns) unless COLUMNS says how wide the reader is
@@ -277,6 +277,26 @@ def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condit
     return rows, None
 
 
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its live child processes: an engine that computes in a child of its own
+    (vLLM's engine core) counts, as its energy estimate does. A child that ends in between takes its seconds with it
+    (the row's figure is then a lower bound; never below 0)."""
+    import psutil
+
+    total = time.process_time()
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return total
+    for child in children:
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
 def run_rows(
     cfg: DictConfig,
     folder: RunFolder | str | Path | None = None,
@@ -415,7 +435,7 @@ def _decode(
             problem, samples = jobs[i]
             if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
                 condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
-            w0, c0 = time.perf_counter(), time.process_time()
+            w0, c0 = time.perf_counter(), cpu_seconds()
             meter.start()
             completions = complete(problem, samples, on_token=tokens.update)
             energy = meter.stop()
@@ -423,7 +443,7 @@ def _decode(
                 guard()  # the model's files are the ones fingerprinted, or no row of this job is written
             # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
             k = len(completions)
-            wall, cpu = (time.perf_counter() - w0) / k, (time.process_time() - c0) / k
+            wall, cpu = (time.perf_counter() - w0) / k, max(0.0, cpu_seconds() - c0) / k
             joules = energy.joules / k if energy.joules is not None else None
             for sample, completion in zip(samples, completions, strict=True):
                 row = Row.scored(

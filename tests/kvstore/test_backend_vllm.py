@@ -172,12 +172,12 @@ def test_the_vllm_backend_is_registered_with_a_settings_class_that_imports_no_en
 # ------------------------------------------------------------------ the connector in a real engine
 @pytest.fixture(scope="module")
 def cases(vllm_engine_cases) -> dict:  # noqa: ANN001  (tests/conftest.py: started once the suite is collected)
-    return vllm_engine_cases.result("vllm_cases.py")
+    return vllm_engine_cases.result("kvstore/vllm_cases.py")
 
 
 @pytest.fixture(scope="module")
 def backend_cases(vllm_engine_cases) -> dict:  # noqa: ANN001
-    return vllm_engine_cases.result("vllm_backend_cases.py")
+    return vllm_engine_cases.result("kvstore/vllm_backend_cases.py")
 
 
 @pytest.mark.integration

@@ -72,17 +72,21 @@ class VllmSettings:
 
 
 def model_folder(settings: VllmSettings) -> str:
-    """The HF folder the engine loads: settings.model, or the bundled GGUF converted once
-    (kvstore.backends.transformers.gguf)."""
-    if settings.model:
+    """The HF folder the engine loads: settings.model when it is one; a packaged model's name
+    (kvstore.backends.packaged, e.g. "qwen2.5-coder-1.5b-instruct") or "" (the bundled model): its GGUF converted
+    once to an fp32 folder (kvstore.backends.transformers.gguf; the engine casts to its dtype)."""
+    from kvstore.backends.packaged import BUNDLED, known_names
+
+    name = settings.model or BUNDLED
+    if settings.model and name not in known_names():
         if not os.path.isfile(os.path.join(settings.model, "config.json")):
             raise ModelLoadError(f"model.vllm.model={settings.model!r} has no config.json; give an HF safetensors "
-                                 "folder (vLLM's CPU backend reads no GGUF)")
+                                 f"folder (vLLM's CPU backend reads no GGUF) or a packaged model ({known_names()})")
         return settings.model
     from kvstore.backends.transformers.gguf import converted_checkpoint
     from kvstore.determinism import Determinism
 
-    return str(converted_checkpoint(Determinism(dtype="float32")))
+    return str(converted_checkpoint(Determinism(dtype="float32"), name))
 
 
 def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:

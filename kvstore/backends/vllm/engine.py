@@ -97,7 +97,8 @@ class VllmBackend:
         self._eos = _eos_ids(config, _json(folder / "generation_config.json"), self.tokenizer.eos_token_id)
         # The engine's binding settings and environment, as its connector records them: read from a probe deposit
         # (one block), so what admission compares here is exactly what the worker compares.
-        probe_ids = [int(self.tokenizer.bos_token_id or 0)] + [236743] * (settings.block_size - 1)
+        space = self.tokenizer.encode(" ", add_special_tokens=False)[-1]  # Gemma 3: 236743
+        probe_ids = [int(self.tokenizer.bos_token_id or 0)] + [int(space)] * (settings.block_size - 1)
         probe = self.capture(VllmState(), probe_ids)
         self._settings, self._environment, self.dtype = dict(probe.determinism), dict(probe.environment), probe.dtype
         self.layout = probe.layout
