@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import PairingError, exit_on_error
+from harness.errors import ConfigError, PairingError, exit_on_error
 
 
 def _totals(rows: list[Any]) -> dict[str, Any]:
@@ -120,7 +120,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(0)
     with_incontext = "--incontext" in args
     graft_prompt = next((a.split("=", 1)[1] for a in args if a.startswith("--graft-prompt=")), "answer")
-    unsolved = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--first-unsolved=")), None)
+    unsolved_arg = next((a.split("=", 1)[1] for a in args if a.startswith("--first-unsolved=")), None)
+    if unsolved_arg is not None and not (unsolved_arg.isdigit() and int(unsolved_arg) >= 1):
+        raise ConfigError(f"--first-unsolved={unsolved_arg}: give how many problems to keep, a whole number >= 1")
+    unsolved = int(unsolved_arg) if unsolved_arg is not None else None
     graft_decoding = next((a.split("=", 1)[1] for a in args if a.startswith("--graft-decoding=")), None)
     flags = ("--graft-prompt=", "--first-unsolved=", "--graft-decoding=")
     overrides = [a for a in args if a != "--incontext" and not a.startswith(flags)]
@@ -186,7 +189,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         i_rows = [r for r in i_rows if r.problem_id in keep] if with_incontext else []
         differing = pair(g_rows, i_rows).differences if with_incontext else []
     result = {
-        "experiment": "recurring_factor", "overrides": overrides, "backend": be.name, "settings": be.settings(),
+        "experiment": experiment.split("=", 1)[1], "overrides": overrides, "backend": be.name,
+        "settings": be.settings(),
         "dataset": c.dataset.name, "limit": c.dataset.limit, "prompt": c.prompt.name, "graft_prompt": graft_prompt,
         "graft_decoding": {k: getattr(typed(recall).decoding, k) for k in ("strategy", "max_new_tokens", "n_samples")},
         "decoding": {k: getattr(c.decoding, k) for k in ("strategy", "max_new_tokens", "n_samples", "temperature",
