@@ -160,13 +160,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g_run, _ = run_rows(graft_cfg, RunFolder.new(runs, "graft", "recurring"), fm=be)
     g_folder, g_rows = g_run.folder, g_run.rows
     runs_used = {"graft": str(g_folder.path)}
-    differing: list[str] = []
+    i_rows: list[Any] = []
     if with_incontext:
         i_cfg = with_changes(recall, condition__name="incontext", library__exclude_self=False)
         i_run, _ = run_rows(i_cfg, RunFolder.new(runs, "incontext", "recurring"), fm=be)
         i_folder, i_rows = i_run.folder, i_run.rows
         runs_used["incontext"] = str(i_folder.path)
-        differing = pair(g_rows, i_rows).differences
     found = find_baseline(runs, comparable_key(c, be), say=lambda why: console.print(f"[yellow]{why}[/]"))
     if found is not None:
         console.print(f"matching baseline run: {found.path} (reused)")
@@ -186,8 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         keep = set(selection["chosen"])
         b_rows = [r for r in b_rows if r.problem_id in keep]
         g_rows = [r for r in g_rows if r.problem_id in keep]
-        i_rows = [r for r in i_rows if r.problem_id in keep] if with_incontext else []
-        differing = pair(g_rows, i_rows).differences if with_incontext else []
+        i_rows = [r for r in i_rows if r.problem_id in keep]
+    differing = pair(g_rows, i_rows).differences if with_incontext else []
     result = {
         "experiment": experiment.split("=", 1)[1], "overrides": overrides, "backend": be.name,
         "settings": be.settings(),

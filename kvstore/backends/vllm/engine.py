@@ -52,6 +52,7 @@ from kvstore.engine.protocol import Continuation
 from kvstore.engine.verify import logits_sha256
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, tokens_sha256
+from kvstore.format.invariants import cached_tokens
 from kvstore.store.open import open_store
 
 
@@ -301,17 +302,20 @@ class VllmBackend:
         or None: vLLM grafts whole blocks and computes the tail, and a sliding layer keeps only its last window - 1
         positions, so an entry of more than window - 1 tokens grafts only when it ends on a block boundary."""
         n = token_count // self.cfg.block_size * self.cfg.block_size
-        for i, lyr in enumerate(self.layout):
-            window = lyr["window"]
-            first = token_count - min(token_count, int(window) - 1) if window is not None else 0
-            if lyr["kind"] != "full" and window is not None and first > max(0, n - int(window) + 1):
-                return self._window_gap(i, window, first, n, token_count)
-        return None
+        held = [cached_tokens(lyr["kind"], lyr["window"], token_count) for lyr in self.layout]
+        return self._window_gap(self.layout, held, token_count, n)
 
-    def _window_gap(self, layer: int, window: int, first: int, n: int, token_count: int) -> str:
-        return (f"layer {layer} keeps positions from {first} only, and vLLM grafts whole blocks ({n} of its "
-                f"{token_count} tokens), which need them from {n - int(window) + 1}; deposit entries of at most "
-                f"{int(window) - 1} tokens, or of whole {self.cfg.block_size}-token blocks, for this backend")
+    def _window_gap(self, layout: list[dict], held: list[int], token_count: int, n: int) -> str | None:
+        """The first sliding layer (kinds and windows `layout`, positions held `held`) that lacks a position the
+        engine's computation after `n` grafted tokens needs, in one line; None when every layer has them."""
+        for i, (lyr, h) in enumerate(zip(layout, held, strict=True)):
+            first, window = token_count - h, lyr["window"]
+            if lyr["kind"] != "full" and window is not None and first > max(0, n - int(window) + 1):
+                return (f"layer {i} keeps positions from {first} only, and vLLM grafts whole blocks ({n} of its "
+                        f"{token_count} tokens), which need them from {n - int(window) + 1}; deposit entries of at "
+                        f"most {int(window) - 1} tokens, or of whole {self.cfg.block_size}-token blocks, for this "
+                        "backend")
+        return None
 
     def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> VllmState:
         """A fresh state whose next request loads `snapshot`'s whole blocks (the engine computes the rest), after
@@ -322,11 +326,9 @@ class VllmBackend:
                                     f"({len(snapshot.layers)} vs {len(self.layout)} layers); deposit it again here")
         context = len(token_ids) if token_ids is not None else snapshot.token_count + 1
         n = min(snapshot.token_count, context - 1) // self.cfg.block_size * self.cfg.block_size
-        for i, lyr in enumerate(snapshot.layers):
-            first = snapshot.token_count - lyr.keys.shape[2]
-            if lyr.kind != "full" and lyr.window is not None and first > max(0, n - int(lyr.window) + 1):
-                gap = self._window_gap(i, lyr.window, first, n, snapshot.token_count)
-                raise IncompatibleError(f"{snapshot.model_name or 'artifact'}: {gap}")
+        gap = self._window_gap(snapshot.layout, [lyr.keys.shape[2] for lyr in snapshot.layers], snapshot.token_count, n)
+        if gap is not None:
+            raise IncompatibleError(f"{snapshot.model_name or 'artifact'}: {gap}")
         self.new_state()
         aid = str(self.store.put(snapshot))
         return VllmState(list(snapshot.token_ids), (aid, snapshot.token_count))
