@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class VllmEngineCases:
         self._procs: list[subprocess.Popen] = []
         self._dir: Path | None = None
         self._lock = threading.Lock()
+        self.walls: dict[str, float] = {}  # script -> seconds it ran, for the session's summary
 
     @staticmethod
     def ready() -> bool:
@@ -79,6 +81,7 @@ class VllmEngineCases:
         assert self._dir is not None
         out = self._dir / f"{Path(script).stem}.json"
         env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        started = time.monotonic()
         proc = subprocess.Popen([str(VLLM_PYTHON), str(REPO / "tests" / script), str(out)], cwd=REPO,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._procs.append(proc)
@@ -88,6 +91,7 @@ class VllmEngineCases:
             proc.kill()
             stdout, stderr = proc.communicate()
             stderr += f"\n{script}: killed after 900 s"
+        self.walls[script] = time.monotonic() - started
         return proc.returncode, stdout, stderr, out
 
     def result(self, script: str) -> dict:
@@ -112,6 +116,11 @@ class VllmEngineCases:
 _VLLM_CASES = VllmEngineCases()
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    # The tests that wait on the background cases run last, so every other test overlaps the cases first.
+    items.sort(key=lambda item: item.nodeid.startswith(VLLM_MODULES))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = {VLLM_SCRIPTS[f] for item in session.items if item.nodeid.startswith(VLLM_MODULES)
               for f in getattr(item, "fixturenames", ()) if f in VLLM_SCRIPTS}
@@ -121,6 +130,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _VLLM_CASES.close()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for script, wall in _VLLM_CASES.walls.items():
+        terminalreporter.write_line(f"background vLLM case {script}: {wall:.0f} s")
 
 
 @pytest.fixture(scope="session")
