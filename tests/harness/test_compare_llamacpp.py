@@ -23,6 +23,7 @@ def test_compare_job_on_llamacpp_gives_graft_rows_identical_to_their_twins(tmp_p
         "model=gemma3_270m_llamacpp", "model.llamacpp.n_ctx=1024", "model.llamacpp.threads=1", f"project_root={REPO}",
         f"runs_dir={tmp_path}/runs", "dataset.limit=2", "decoding.max_new_tokens=8", "tracking=off",
         f"library.root={tmp_path}/library", f"library.store={tmp_path}/store",
+        "library.dataset.limit=3",  # the 2 problems' own entries and one more: each group has a choice
     ])
     for group in ("recurring", "held_out"):
         p = (result.pairs or {})[group].pairing
