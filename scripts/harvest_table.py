@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scales_table import read_compare  # noqa: E402  (scripts/: a compare folder's rows in plan order)
 
 from harness.record.folder import RunFolder  # noqa: E402
 from harness.record.hashing import atomic_write_text  # noqa: E402
@@ -80,18 +80,6 @@ def markdown(t: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compare_rows(folder: Path) -> dict[str, list[Row]]:
-    from harness.compare.comparison import COMPARISON, Comparison
-
-    if not (folder / COMPARISON).is_file():
-        raise SystemExit(f"{folder}: no {COMPARISON}; give the finished compare folder of step 2")
-    comp = Comparison.from_json(RunFolder(folder).read_json(COMPARISON))
-    order = comp.plan.labels
-    labels = sorted(comp.runs, key=lambda x: (x not in order, order.index(x) if x in order else 0, x))
-    return {x: RunFolder(Path(comp.runs[x]) if Path(comp.runs[x]).is_absolute() else REPO / comp.runs[x]).read_rows()
-            for x in labels}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("samples", type=Path, help="the sampling run folder (step 1)")
@@ -99,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
-    t = loop_table(RunFolder(args.samples).read_rows(), compare_rows(args.compare))
+    t = loop_table(RunFolder(args.samples).read_rows(), read_compare(args.compare)[0])
     text = markdown(t)
     print(text, end="")
     if args.json:

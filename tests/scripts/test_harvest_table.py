@@ -51,4 +51,4 @@ def test_before_after_ceiling_and_held_out_with_their_intervals():
 
 def test_a_folder_that_is_not_a_compare_folder_is_named(tmp_path):
     with pytest.raises(SystemExit, match="no comparison.json"):
-        harvest_table.compare_rows(tmp_path)
+        harvest_table.read_compare(tmp_path)
