@@ -155,8 +155,9 @@ def test_backends_are_found_by_what_they_declare():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr
     names, loaded = out.stdout.split("\n")[:2]
-    declared = sorted(p.stem for p in (REPO / "kvstore" / "backends").iterdir()
-                      if "REGISTERED = Registered(" in ((p / "__init__.py") if p.is_dir() else p).read_text()
-                      if p.suffix == ".py" and p.name != "__init__.py" or (p / "__init__.py").exists())
+    # a backend is a module or a package (never __pycache__ or the folder's own __init__.py) that declares REGISTERED
+    sources = {p.stem: (p / "__init__.py" if p.is_dir() else p) for p in (REPO / "kvstore" / "backends").iterdir()
+               if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    declared = sorted(name for name, src in sources.items() if "REGISTERED = Registered(" in src.read_text())
     assert sorted(names.split(",")) == declared
     assert loaded == "fake kvstore.backends.fake"

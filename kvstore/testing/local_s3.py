@@ -93,8 +93,8 @@ class LocalS3:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise StoreUnavailableError(f"weed mini exited with {self.proc.returncode} at start; see "
-                                            f"{self.log_path}")
+                raise StoreUnavailableError(f"weed mini exited with {self.proc.returncode} at start; the end of "
+                                            f"{self.log_path}:\n{self.log_tail()}")
             try:
                 for b in self.buckets:
                     try:
@@ -109,7 +109,14 @@ class LocalS3:
                 time.sleep(0.2)
         self.stop()
         raise StoreUnavailableError(f"weed mini at {self.endpoint} not ready within {self.start_timeout_s:.0f} s "
-                                    f"({last}); see {self.log_path}")
+                                    f"({last}); the end of {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines the server wrote (its log outlives a test's temporary folder only as this text)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as e:
+            return f"(no log: {e})"
 
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL after 10 s. Idempotent."""
