@@ -26,6 +26,7 @@ PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grp
               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port",
               "s3.debug.port")
 ACCESS_KEY, SECRET_KEY = "kvgraft-test", "kvgraft-test-secret"
+PORT_TAKEN = "Port allocation failed"  # what weed logs when a port it was given is in use
 
 
 def weed_binary() -> str:
@@ -68,7 +69,25 @@ class LocalS3:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir / "weed.log"
 
-    def start(self) -> LocalS3:
+    def start(self, attempts: int = 2) -> LocalS3:
+        """Start the server and wait until it stores an object. A start that fails is retried on fresh ports in
+        a fresh data folder (`retry<k>/` inside this one), saying so on stderr with the end of its log: a port
+        picked free can be taken by another process before the server binds it. The last failure raises."""
+        for k in range(attempts):
+            try:
+                return self._start_once()
+            except StoreUnavailableError as e:
+                if k + 1 == attempts:
+                    raise
+                print(f"LocalS3: start {k + 1} of {attempts} failed, retrying on fresh ports: {e}", file=sys.stderr)
+                self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
+                self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+                self.env["AWS_ENDPOINT_URL"] = self.endpoint
+                self.data_dir = self.data_dir / f"retry{k + 1}"
+                self.log_path = self.data_dir / "weed.log"
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LocalS3:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [weed_binary(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                 "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
@@ -95,6 +114,7 @@ class LocalS3:
             if self.proc.poll() is not None:
                 raise StoreUnavailableError(f"weed mini exited with {self.proc.returncode} at start; the end of "
                                             f"{self.log_path}:\n{self.log_tail()}")
+            self._refuse_taken_ports()
             try:
                 for b in self.buckets:
                     try:
@@ -106,10 +126,18 @@ class LocalS3:
                 return
             except Exception as e:  # noqa: BLE001 - not up yet
                 last = e
+                self._refuse_taken_ports()
                 time.sleep(0.2)
         self.stop()
         raise StoreUnavailableError(f"weed mini at {self.endpoint} not ready within {self.start_timeout_s:.0f} s "
                                     f"({last}); the end of {self.log_path}:\n{self.log_tail()}")
+
+    def _refuse_taken_ports(self) -> None:
+        # weed may linger after logging that a port it was given is in use, while that port's holder answers nothing
+        if PORT_TAKEN in self.log_tail():
+            self.stop()
+            raise StoreUnavailableError(f"weed mini could not bind its ports at start; the end of {self.log_path}:\n"
+                                        f"{self.log_tail()}")
 
     def log_tail(self, lines: int = 15) -> str:
         """The last lines the server wrote (its log outlives a test's temporary folder only as this text)."""

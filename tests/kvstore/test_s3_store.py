@@ -276,3 +276,38 @@ def test_a_library_built_into_s3_grafts_rows_identical_to_one_in_a_local_store(u
     assert all(artifact for _, artifact, *_ in in_s3)
     store = S3Store(url, endpoint_url=s3_env.endpoint)
     assert {a for _, a, *_ in in_s3} <= {i.id for i in store.list()}
+
+
+def test_a_start_whose_port_was_taken_retries_on_fresh_ports_and_names_the_first_failure(tmp_path, capfd):
+    """A port picked free can be taken before the server binds it: the start is retried once on fresh ports in a
+    fresh folder, the first failure printed with the end of weed's log; when every attempt fails, the error carries
+    the log's end (a test's temporary folder does not outlive CI, so "see weed.log" alone would say nothing)."""
+    import socket
+
+    s3 = LocalS3(tmp_path / "seaweed", start_timeout_s=20)
+    taken = s3.ports["s3.port"]
+    with socket.socket() as squat:
+        squat.bind(("127.0.0.1", taken))
+        squat.listen(8)
+        with s3:
+            assert s3.endpoint != f"http://127.0.0.1:{taken}" and s3.data_dir == tmp_path / "seaweed" / "retry1"
+            import boto3
+
+            client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1",
+                                  aws_access_key_id=s3.env["AWS_ACCESS_KEY_ID"],
+                                  aws_secret_access_key=s3.env["AWS_SECRET_ACCESS_KEY"])
+            client.put_object(Bucket="kvgraft", Key="k", Body=b"v")
+            assert client.get_object(Bucket="kvgraft", Key="k")["Body"].read() == b"v"
+        err = capfd.readouterr().err
+        assert "start 1 of 2 failed, retrying on fresh ports" in err and f"port {taken} for S3" in err
+
+        once = LocalS3(tmp_path / "once", start_timeout_s=20)
+        squat2 = socket.socket()
+        squat2.bind(("127.0.0.1", once.ports["s3.port"]))
+        squat2.listen(8)
+        try:
+            with pytest.raises(StoreUnavailableError, match=r"(?s)(exited with 1|could not bind its ports) at start; "
+                                                            r"the end of .*weed\.log:\n.*is not available on 127\.0\.0\.1"):
+                once.start(attempts=1)
+        finally:
+            squat2.close()
