@@ -62,10 +62,9 @@ class LocalS3:
         self.data_dir = Path(data_dir)
         self.buckets = buckets
         self.start_timeout_s = start_timeout_s
-        self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
-        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
         self.env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+                    "AWS_DEFAULT_REGION": "us-east-1"}
+        self._pick_ports()
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir / "weed.log"
 
@@ -80,12 +79,15 @@ class LocalS3:
                 if k + 1 == attempts:
                     raise
                 print(f"LocalS3: start {k + 1} of {attempts} failed, retrying on fresh ports: {e}", file=sys.stderr)
-                self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
-                self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
-                self.env["AWS_ENDPOINT_URL"] = self.endpoint
+                self._pick_ports()
                 self.data_dir = self.data_dir / f"retry{k + 1}"
                 self.log_path = self.data_dir / "weed.log"
         raise AssertionError("unreachable")
+
+    def _pick_ports(self) -> None:
+        self.ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS))))
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+        self.env["AWS_ENDPOINT_URL"] = self.endpoint
 
     def _start_once(self) -> LocalS3:
         self.data_dir.mkdir(parents=True, exist_ok=True)
