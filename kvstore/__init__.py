@@ -1,13 +1,15 @@
 """kvstore: byte-exact KV artifacts — capture a cache into a snapshot, store it by content, graft it back.
 
-The face: what a user of the engine (and the harness, which imports nothing else) needs. The layout, one folder
+The face: what a user of the engine (and the harness, which imports nothing else) needs, backend-generic only (an
+engine's own vocabulary is its folder's face: kvstore.backends.transformers). The layout, one folder
 per concept (docs/extending.md):
 
     format/    the artifact's bytes: Snapshot, to_bytes/from_bytes, ids, canonical JSON  (kvstore/FORMAT.md)
     store/     content-addressed stores (local folder, S3, memory), their index, the host-memory tier, prefetch
     bundle/    artifacts (+ opaque attachments) between stores as one file
-    engine/    the Backend protocol, the one graft admission, check_graft (graft vs fresh reference)
-    backends/  the registry (load_backend) and one folder per engine: transformers/, llamacpp/, fake
+    engine/    the Backend protocol (a core and its capabilities), the one graft admission, check_graft
+    backends/  the registry (load_backend) and one folder per engine: transformers/, llamacpp/, vllm/, fake
+               (each engine's own functions are its folder's face: kvstore.backends.transformers.prefill, ...)
     testing/   fuzzing, a local S3 server, random-weight models
     errors, atomic, environment, determinism, processes, cli   (top-level modules)
 
@@ -28,14 +30,10 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.determinism": ("Determinism",),
     "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
                             "profile_problems"),
-    "kvstore.backends.transformers.model": ("FrozenModel", "environment_fingerprint", "load_frozen_model",
-                                            "smallest_window"),
     # the backend seam and the registry
-    "kvstore.engine.protocol": ("TRANSFORMERS", "Backend", "Registered", "artifact_backend", "as_backend"),
+    "kvstore.engine.protocol": ("Backend", "BackendDefaults", "Continuation", "InEngineDecoding", "Registered",
+                                "Repositioning", "Stepwise", "artifact_backend"),
     "kvstore.backends": ("backend_names", "load_backend", "settings_class"),
-    # compute, capture and graft on the transformers engine
-    "kvstore.backends.transformers.capture": ("capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill"),
-    "kvstore.backends.transformers.graft": ("graft_snapshot",),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256"),
     "kvstore.format.canonical": ("canonical_json",),
@@ -51,7 +49,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     # moving artifacts between stores
     "kvstore.bundle.bundle": ("BundleInfo", "export_bundle", "import_bundle"),
     # exactness
-    "kvstore.engine.admission": ("admit", "artifact_differences"),
+    "kvstore.engine.admission": ("Difference", "Facts", "admission_differences", "admit", "artifact_differences"),
     "kvstore.engine.deposit": ("deposit", "graft"),
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
     "kvstore.engine.weights": ("PinnedWeights", "check_weights"),

@@ -56,8 +56,9 @@ import transformers  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 from harness.run.energy import make_meter  # noqa: E402
-from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit_tokens  # noqa: E402
-from kvstore.backends.transformers.model import FrozenModel, layout_string  # noqa: E402
+from kvstore import Determinism, LocalStore, atomic_write, check_graft  # noqa: E402
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens  # noqa: E402
+from kvstore.backends.transformers.model import layout_string  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import current_environment  # noqa: E402
@@ -80,9 +81,10 @@ def clock(device: str) -> float:
     return time.perf_counter()
 
 
-def exactness(args, fm: FrozenModel, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
+def exactness(args, be: TransformersBackend, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
     """check_graft on random pairs, the graft half in kvstore's second-process restorer (the same model built
     there from the same spec, its fingerprint checked)."""
+    fm = be.fm
     store_dir = work / "exact"
     store = LocalStore(store_dir)
     spec = ModelSpec("kvstore.testing.random_models:build_random_model",
@@ -101,7 +103,7 @@ def exactness(args, fm: FrozenModel, name: str, work: Path, rng: random.Random, 
                 prefix = [rng.randrange(vocab) for _ in range(n)]
                 suffix = [rng.randrange(vocab) for _ in range(m)]
                 try:
-                    c = check_graft(fm, prefix, suffix, store, restore=w.restorer(prefix, suffix))
+                    c = check_graft(be, prefix, suffix, store, restore=w.restorer(prefix, suffix))
                     rows.append({"prefix": n, "suffix": m, "equal": c.equal, "max_abs_diff": c.max_abs_diff})
                     store.remove(c.artifact_id)
                 except Exception as e:  # noqa: BLE001 - a failed sample is a result, recorded with its reason
@@ -140,14 +142,14 @@ def energy(device: str, fn, min_window_s: float = 0.5) -> dict:
             "joules_per_call": reading.joules / calls if reading.joules is not None else None}
 
 
-def ttft_row(args, fm: FrozenModel, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
-    dev = args.device
+def ttft_row(args, be: TransformersBackend, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
+    dev, fm = args.device, be.fm
     vocab = fm.config.vocab_size
     prefix, nxt = [rng.randrange(vocab) for _ in range(n)], [rng.randrange(vocab)]
     store = LocalStore(work / f"ttft{n}")
     try:
         def recompute() -> int:
-            return int(torch.argmax(reference_logits(fm, prefix, nxt)[0, -1]))
+            return int(torch.argmax(reference_logits(be, prefix, nxt)[0, -1]))
 
         rec = []
         for _ in range(args.repeats):
@@ -161,7 +163,7 @@ def ttft_row(args, fm: FrozenModel, work: Path, n: int, rng: random.Random, dead
         graft, parts = [], {"get": [], "graft": [], "forward": []}
 
         def restore() -> int:
-            r = graft_logits(fm, prefix, nxt, store=store, artifact_id=aid)
+            r = graft_logits(be, prefix, nxt, store=store, artifact_id=aid)
             for k in parts:
                 parts[k].append(r.timing_s[k])
             return int(torch.argmax(r.logits[0, -1]))
@@ -228,7 +230,8 @@ def run(args: argparse.Namespace) -> dict:
                 out["skipped"].append(f"{name}: time budget")
                 continue
             t0 = time.perf_counter()
-            fm = build_random_model(name, args.small, det, dev, args.seed)
+            be = build_random_model(name, args.small, det, dev, args.seed)
+            fm = be.fm
             cfg = fm.config
             m = out["models"][name] = {
                 "layers": layout_string(fm.layer_layout), "parameters": sum(p.numel() for p in fm.model.parameters()),
@@ -237,16 +240,16 @@ def run(args: argparse.Namespace) -> dict:
             max_prefix = 2 * window if window else min(sizes)
             m["exactness"] = {}
             if args.dtype in exact_dtypes:
-                m["exactness"][args.dtype] = exactness(args, fm, name, work, rng, max_prefix)
+                m["exactness"][args.dtype] = exactness(args, be, name, work, rng, max_prefix)
             for n in sizes:
                 if time.perf_counter() > deadline:
                     out["skipped"].append(f"{name} at {n} tokens: time budget")
                     continue
                 try:
-                    m["ttft"].append(ttft_row(args, fm, work, n, rng, deadline))
+                    m["ttft"].append(ttft_row(args, be, work, n, rng, deadline))
                 except torch.cuda.OutOfMemoryError as e:
                     out["skipped"].append(f"{name} at {n} tokens: out of memory ({str(e)[:120]})")
-            del fm
+            del fm, be
             if dev.startswith("cuda"):
                 torch.cuda.empty_cache()
             for dt in (d for d in exact_dtypes if d != args.dtype):  # the same config in the other dtypes

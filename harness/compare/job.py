@@ -60,13 +60,13 @@ from harness.errors import ConfigError, HarnessError, PairingError, RunFolderErr
 from harness.library.build import open_library
 from harness.record.audit import audit
 from harness.record.folder import FinishedRun, RunFolder, claim, stamp
-from harness.record.hashing import sha256_json, write_json
+from harness.record.hashing import backend_record, sha256_json, write_json
 from harness.record.rows import Summary
 from harness.run.conditions import Baseline, condition_class
 from harness.run.loop import comparable_key, console, run_rows
 from harness.task.chat import chat_frame
 from harness.tracking.store import default_tracking_uri
-from kvstore import as_backend, enter_profile
+from kvstore import enter_profile
 
 
 def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: None,
@@ -167,9 +167,10 @@ def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
               "library": f"{lib.manifest.get('name')}-v{lib.manifest.get('version')}",
               "library_entries": len(lib.entries), "dtype": c.determinism.dtype,
               "backend": be.name if be is not None else c.model.backend}
-    if be is not None and be.name != "transformers":
+    recorded = backend_record(be) if be is not None else None  # None for transformers, as in the run's keys
+    if recorded is not None:
         params["dtype"] = be.dtype
-        params.update({f"backend.{k}": v for k, v in be.settings().items() if k != "backend"})
+        params.update({f"backend.{k}": v for k, v in recorded["settings"].items() if k != "backend"})
     return params
 
 
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> Comparison:
     runs = root / c.runs_dir
     fm = load_model(c)
     t_lib, wall_lib = time.perf_counter(), time.time()
-    lib = open_library(c.library, fm, root, build_if_missing=True, chat=chat_frame(as_backend(fm), c.model.chat))
+    lib = open_library(c.library, fm, root, build_if_missing=True, chat=chat_frame(fm, c.model.chat))
     built = (lib.path / "manifest.json").stat().st_mtime >= wall_lib - 1
     library = _library_record(lib, time.perf_counter() - t_lib, built, wall_lib)
     console.print(

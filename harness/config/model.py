@@ -12,7 +12,6 @@ from harness.config.schema import Config
 from harness.errors import ConfigError
 from kvstore import Backend, Determinism, load_backend, settings_class
 
-TRANSFORMERS = "transformers"
 BUNDLED_SOURCE = "gemma3-270m"  # model.source of the bundled model: a GGUF-reading backend takes its own copy
 
 
@@ -39,19 +38,23 @@ def check_device(spec: str) -> None:
 
 
 def backend_settings(c: Config) -> dict[str, Any]:
-    """The keywords of `kvstore.load_backend(model.backend, ...)` the config names. transformers: model.source,
-    model.device and the determinism group. Another backend: its section `model.<backend>` (defaults when the config
-    gives none), with model.name as its `model_name` and, for a backend that reads a `gguf` file left empty,
-    model.source when that is not the bundled model's name."""
+    """The keywords of `kvstore.load_backend(model.backend, ...)` the config names, read off the backend's Settings
+    dataclass (no backend is named here): its section `model.<backend>` when it has one (defaults when the config
+    gives none); then the top-level model fields a backend's settings declare: `source` (model.source), `device`
+    (model.device), `determinism` (the determinism group), `model_name` (model.name), and for a `gguf` left empty,
+    model.source when that is not the bundled model's name (transformers: source, device and determinism)."""
     m = c.model
     name = str(m.backend)
-    if name == TRANSFORMERS:
-        return {"source": m.source, "determinism": Determinism(**dataclasses.asdict(c.determinism)),
-                "device": m.device}
     section = getattr(m, name, None)
     s = dataclasses.asdict(section) if section is not None else {}
     s = {k: v.value if isinstance(v, Enum) else v for k, v in s.items()}  # closed choices as plain strings
     fields = {f.name for f in dataclasses.fields(settings_class(name))}
+    if "source" in fields:
+        s["source"] = m.source
+    if "determinism" in fields:
+        s["determinism"] = Determinism(**dataclasses.asdict(c.determinism))
+    if "device" in fields:
+        s["device"] = m.device
     if "gguf" in fields and not s.get("gguf") and m.source != BUNDLED_SOURCE:
         s["gguf"] = m.source
     if "model_name" in fields:
@@ -60,8 +63,9 @@ def backend_settings(c: Config) -> dict[str, Any]:
 
 
 def load_model(c: Config) -> Backend:
-    """The backend the config names with its frozen model loaded (transformers: its device checked first; `.fm`
-    is the kvstore.FrozenModel). Every harness function that takes a model takes this Backend."""
-    if str(c.model.backend) == TRANSFORMERS:
-        check_device(c.model.device)
-    return load_backend(str(c.model.backend), **backend_settings(c))
+    """The backend the config names with its frozen model loaded (a backend that takes a device: the device checked
+    first). Every harness function that takes a model takes this Backend, the one object of a loaded model."""
+    settings = backend_settings(c)
+    if "device" in settings:
+        check_device(settings["device"])
+    return load_backend(str(c.model.backend), **settings)

@@ -74,22 +74,29 @@ def _ids_sha(ids: list[int]) -> str:
     return _sha(json.dumps(list(ids)).encode())
 
 
+def smallest_window(layout: list[dict]) -> int | None:
+    """The smallest window of a layer layout's windowed layers (None when there are none)."""
+    return min((x["window"] for x in layout if x["window"]), default=None)
+
+
 def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """The registered computations on this process's model: graft samples and greedy decodes."""
+    """The registered computations on this process's model (the transformers backend `_load_model` gives; its
+    layer layout read off its FrozenModel, `.fm`): graft samples and greedy decodes, through the backend's verbs
+    (the engine's own prefill and forward, so the bits are those registered)."""
     import torch
 
     from harness.experiments.text import build_samples, prefix_lengths, problem_texts, read_problems
     from harness.task.prompts import render
-    from kvstore import check_graft, environment_fingerprint, forward, logits_sha256, prefill, smallest_window
+    from kvstore import check_graft, logits_sha256
 
     problems_path = REPO / params["problems"]
-    window = smallest_window(fm.layer_layout)
+    window = smallest_window(fm.fm.layer_layout)
     scale = window or 512
     lo, hi = max(4, scale // 32), max(60, scale * 7 // 4)
     lengths = prefix_lengths(params["samples"], params["seed"], lo, hi, window)
     samples = build_samples(fm, problem_texts(problems_path), lengths, params["suffix_tokens"], params["seed"])
     out: dict[str, Any] = {"model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
-                           "determinism": fm.determinism.to_dict(), "environment": environment_fingerprint(fm.device),
+                           "determinism": fm.settings(), "environment": fm.environment(),
                            "samples": [], "decode": []}
     t0 = time.perf_counter()
     for s in samples:
@@ -102,13 +109,13 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
                   file=sys.stderr, flush=True)
     for p in read_problems(problems_path)[: params["decode_problems"]]:
         ids = fm.encode(render(params["prompt"], problem=p.problem))
-        cache, logits = prefill(fm, ids)
+        cache, logits = fm.prefill(ids)
         first = logits_sha256(logits)
         tokens: list[int] = []
         for _ in range(params["decode_tokens"]):
             tok = int(torch.argmax(logits[0]))
             tokens.append(tok)
-            logits = forward(fm, [tok], cache)[:, -1, :]
+            logits = fm.forward([tok], cache)[:, -1, :]
         out["decode"].append({"problem_id": p.id, "prompt_tokens": len(ids), "prompt_sha256": _ids_sha(ids),
                               "first_logits_sha256": first, "token_ids": tokens})
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -116,9 +123,9 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
 
 
 def _load_model(model: str, profile: str):
-    from kvstore import Determinism, load_frozen_model
+    from kvstore import Determinism, load_backend
 
-    return load_frozen_model(model, determinism=Determinism(profile=profile))
+    return load_backend("transformers", source=model, determinism=Determinism(profile=profile))
 
 
 # ----------------------------------------------------------------------------------------------- speed
@@ -140,21 +147,19 @@ def _speed_worker(args: argparse.Namespace) -> int:
     import torch
 
     from harness.experiments.text import joined_text
-    from kvstore import environment_fingerprint, forward, prefill
-
     fm = _load_model(args.model, args.profile)
     ids = fm.encode(joined_text(REPO / "problems" / "kvgraft_original.jsonl"))[: args.prefill_tokens]
     pre, dec = [], []
-    prefill(fm, ids[:32])  # warm-up
+    fm.prefill(ids[:32])  # warm-up
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        cache, logits = prefill(fm, ids)
+        cache, logits = fm.prefill(ids)
         pre.append(len(ids) / (time.perf_counter() - t0))
         t1 = time.perf_counter()
         for _ in range(args.decode_tokens):
-            logits = forward(fm, [int(torch.argmax(logits[0]))], cache)[:, -1, :]
+            logits = fm.forward([int(torch.argmax(logits[0]))], cache)[:, -1, :]
         dec.append(args.decode_tokens / (time.perf_counter() - t1))
-    env = environment_fingerprint(fm.device)
+    env = fm.environment()
     print(json.dumps({"profile": args.profile, "model": args.model, "prefill_tokens": len(ids),
                       "decode_tokens": args.decode_tokens, "repeats": args.repeats,
                       "prefill_tok_s": round(statistics.median(pre), 1),

@@ -56,12 +56,12 @@ from harness.task.problems import Problem, problem_fingerprint
 from harness.task.prompts import render
 from kvstore import (
     Backend,
+    InEngineDecoding,
     KVStoreError,
     LocalStore,
     Snapshot,
-    artifact_backend,
+    admission_differences,
     artifact_differences,
-    as_backend,
     enter_profile,
     open_store,  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
     tokens_sha256,
@@ -264,17 +264,15 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
             continue
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue
-        if artifact_backend(snap) == fm.name and not artifact_differences(snap, fm):
+        if not admission_differences(snap, fm):  # made by this backend, same facts, settings and environment
             return str(aid)
     return None
 
 
 def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True,
                   chat: ChatFrame | None = None) -> Path:
-    """Verify, deposit and index every candidate solution on the backend `fm` (a FrozenModel: its transformers
-    backend). Resumable: an entry whose tokens are already in the store for this model and these settings is not
-    recomputed. Returns the library folder."""
-    fm = as_backend(fm)
+    """Verify, deposit and index every candidate solution on the backend `fm`. Resumable: an entry whose tokens
+    are already in the store for this model and these settings is not recomputed. Returns the library folder."""
     store = open_store(lib_cfg.store, project_root)
     candidates, origin = read_candidates(lib_cfg, project_root)
     identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
@@ -305,8 +303,8 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             continue
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
         ids = encode_entry(fm, chat, text)  # with a chat template: the template's opening, then the entry
-        refusal = fm.graft_refusal(len(ids)) if callable(getattr(fm, "graft_refusal", None)) else None
-        if refusal is not None:  # an entry this backend would deposit but never graft (kvstore.engine.protocol)
+        refusal = fm.graft_refusal(len(ids)) if isinstance(fm, InEngineDecoding) else None
+        if refusal is not None:  # an entry this backend would deposit but never graft (kvstore.InEngineDecoding)
             skipped.append({"problem_id": p.id, "verification": verification,
                             "reason": f"{fm.name} cannot graft its {len(ids)}-token entry: {refusal}"})
             continue
@@ -379,7 +377,6 @@ def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: Backend)
     """Write index.jsonl, then manifest.json (last: a library without it is incomplete) with the entry hashes,
     totals, and the settings (llama.cpp: "backend" and its settings) and compute environment its artifacts were
     computed in."""
-    fm = as_backend(fm)
     manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     manifest.update(
         determinism=fm.settings(),
@@ -401,7 +398,6 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
     artifact this process could not graft exactly (another compute environment or settings), from the token ids
     the artifact holds, keeping entry ids.
     Returns {"path", "entries", "redeposited", "kept", "differences": {entry_id: [...]}}."""
-    fm = as_backend(fm)
     lib = open_library(lib_cfg, fm, project_root, chat=chat)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     rows, differences = [], {}
@@ -464,7 +460,6 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
     """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
     say: the one built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index
     re-checked."""
-    fm = as_backend(fm)
     identity = library_identity(lib_cfg, fm, project_root, chat=chat)
     identity_sha256 = sha256_json(identity)
     path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
@@ -504,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(cfg.project_root)
     c = typed(cfg)
     fm = load_model(c)
-    frame = chat_frame(as_backend(fm), c.model.chat)
+    frame = chat_frame(fm, c.model.chat)
     if redeposit:
         r = redeposit_library(cfg.library, fm, root, chat=frame)
         kinds = sorted({d.split(":", 1)[0] for ds in r["differences"].values() for d in ds})

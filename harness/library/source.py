@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError, LibraryError
 from harness.record.folder import RunFolder
-from harness.record.hashing import sha256_hex, sha256_json
+from harness.record.hashing import backend_record, sha256_hex, sha256_json
 from harness.task.chat import ChatFrame
 from harness.task.problems import Problem, load_problems
 
@@ -78,12 +78,10 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
         "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
     }
-    from kvstore import as_backend
-
-    be = as_backend(fm)
-    if be.name != "transformers":  # absent = transformers: every library built before the seam keeps its folder
-        identity["backend"] = be.name
-        identity["backend_settings"] = be.settings()  # llama.cpp: n_ctx, n_batch, ... and its build
+    backend = backend_record(fm)  # None for transformers: every library built before the seam keeps its folder
+    if backend is not None:
+        identity["backend"] = backend["backend"]
+        identity["backend_settings"] = backend["settings"]  # llama.cpp: n_ctx, n_batch, ... and its build
     if chat is not None:  # entries open the model's chat template (absent without one: earlier folders stay)
         identity["chat_frame_sha256"] = chat.sha256
     return identity

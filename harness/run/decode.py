@@ -10,8 +10,10 @@ The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` c
     g = generate(fm, fm.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
     gs = generate_batch(fm, ids, 8, range(8), Sampling(64, strategy="sample"))
 
-`fm` is any kvstore backend (kvstore.engine.protocol.Backend: transformers, llama.cpp, the scripted fake) or a
-kvstore.FrozenModel (its transformers backend); every model-shaped step goes through the backend's verbs.
+`fm` is a kvstore backend (kvstore.Backend: transformers, llama.cpp, vLLM, the scripted fake); every model-shaped
+step goes through the backend's verbs, and the path is chosen by what the backend can do: an engine that decodes
+whole rows itself (kvstore.InEngineDecoding: vLLM) is handed the continuation; a step-wise one (kvstore.Stepwise)
+is driven token by token here.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from harness.errors import ConfigError, HarnessError
-from kvstore import Backend, SettingsError, as_backend, logits_sha256
+from kvstore import Backend, InEngineDecoding, SettingsError, Stepwise, logits_sha256
 
 StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
@@ -192,7 +194,7 @@ def generate_batch(
     measured identical tokens and per-step logits SHA-256 against `no_grad`). The cache stays usable after.
     """
     with torch.inference_mode():
-        return _generate_batch(as_backend(fm), prompt_ids, n, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
+        return _generate_batch(fm, prompt_ids, n, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
 
 
 def _generate_batch(
@@ -214,9 +216,11 @@ def _generate_batch(
     seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != n:
         raise ConfigError(f"{len(seeds)} seeds for a batch of n={n} rows: give one seed per row")
-    native = getattr(be, "continue_rows", None)
-    if callable(native):  # an engine that decodes whole requests itself (vLLM): the same contract, computed there
-        return _continue_in_engine(be, native, prompt_ids, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
+    if isinstance(be, InEngineDecoding):  # an engine that decodes whole requests itself: the same contract, there
+        return _continue_in_engine(be, prompt_ids, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
+    if not isinstance(be, Stepwise):
+        raise HarnessError(f"the {be.name} backend neither decodes in its engine (kvstore.InEngineDecoding) nor step "
+                           "by step (kvstore.Stepwise); a backend declares one of them (docs/extending.md)")
     cache = cache if cache is not None else be.new_state()
     seen = be.seen(cache)
     if seen >= len(prompt_ids):
@@ -282,8 +286,7 @@ def _generate_batch(
 
 
 def _continue_in_engine(
-    be: Backend,
-    native: Callable[..., Any],
+    be: InEngineDecoding,
     prompt_ids: list[int],
     seeds: list[int],
     sampling: Sampling,
@@ -292,16 +295,16 @@ def _continue_in_engine(
     on_token: Callable[[int], None] | None,
     eos: set[int] | None,
 ) -> list[Generation]:
-    """`generate_batch` on a backend with `continue_rows` (kvstore.engine.protocol): the engine decodes every row
-    (its own batching and sampler, seeded per row) and returns each row's tokens, stop reason and first-logits
-    SHA-256; the text is cut at the first stop string here, as in the stepping loop."""
+    """`generate_batch` on an InEngineDecoding backend (`continue_rows`, kvstore.engine.protocol): the engine
+    decodes every row (its own batching and sampler, seeded per row) and returns each row's tokens, stop reason and
+    first-logits SHA-256; the text is cut at the first stop string here, as in the stepping loop."""
     seen = be.seen(cache) if cache is not None else 0
     if seen >= len(prompt_ids):
         raise HarnessError(
             f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
         )
     stop = [s for s in sampling.stop if s]
-    rows = native(cache, list(prompt_ids), seeds, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
+    rows = be.continue_rows(cache, list(prompt_ids), seeds, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
                   strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
                   eos=be.eos_ids() if eos is None else set(eos))
     out = []
@@ -326,7 +329,7 @@ def _continue_in_engine(
 def eos_ids(fm: Backend) -> set[int]:
     """Token ids that end generation (the backend's `eos_ids`; transformers: the config's eos_token_id, int or
     list, and the tokenizer's)."""
-    return as_backend(fm).eos_ids()
+    return fm.eos_ids()
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

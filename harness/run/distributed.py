@@ -47,13 +47,10 @@ def identity(fm: Any) -> dict:
     """What a worker must share with the driver: the model fingerprint, the backend's settings and its compute
     environment. torch's thread count only where torch computes: a llama.cpp backend runs on its own threads (a
     setting, compared with the others), and Ray gives each worker OMP_NUM_THREADS = its CPUs."""
-    from kvstore import TRANSFORMERS, as_backend
-
-    be = as_backend(fm)
-    env = dict(be.environment())
-    if be.name != TRANSFORMERS:
+    env = dict(fm.environment())
+    if not fm.torch_threads_matter():
         env.pop("torch_threads", None)
-    return {"model_fingerprint": be.fingerprint, "settings": be.settings(), "environment": env}
+    return {"model_fingerprint": fm.fingerprint, "settings": fm.settings(), "environment": env}
 
 
 class _Worker:
@@ -225,7 +222,6 @@ class RayPool:
         from omegaconf import OmegaConf
 
         from harness.errors import HarnessError
-        from kvstore import TRANSFORMERS, as_backend
 
         ex = c.execution
         if ex.workers < 1:
@@ -257,8 +253,7 @@ class RayPool:
         self._actor_cls = ray.remote(num_cpus=threads)(_Worker)
         self._build = build_library_if_missing
         self._expected = identity(fm)
-        be = as_backend(fm)
-        self._torch_threads = None if be.name == TRANSFORMERS else torch_threads()
+        self._torch_threads = None if fm.torch_threads_matter() else torch_threads()
         self._jobs = jobs
         self._index = {(id(p), tuple(s)): i for i, (p, s) in enumerate(jobs)}
         self._queue: deque[int] = deque(range(len(jobs)))

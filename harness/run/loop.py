@@ -45,7 +45,7 @@ from harness.config.model import load_model
 from harness.config.schema import Config, recorded, typed
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.record.folder import FinishedRun, RunFolder
-from harness.record.hashing import sha256_json
+from harness.record.hashing import backend_record, sha256_json
 from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_group
 from harness.run.conditions import CONDITIONS, build_condition
 from harness.run.distributed import completer
@@ -56,7 +56,7 @@ from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
-from kvstore import TRANSFORMERS, Backend, as_backend, check_weights
+from kvstore import Backend, check_weights
 
 __all__ = [
     "check_condition", "comparable_key", "cpu_seconds", "fit_context", "print_summary", "resume_key", "run", "run_rows",
@@ -66,14 +66,6 @@ __all__ = [
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
              "in another compute environment through")
-
-
-def backend_record(fm: Backend) -> dict[str, Any] | None:
-    """What a run's keys record of its backend: None for transformers (its determinism settings are in the keys
-    already, and runs from before the seam keep their keys), else {"backend": name, "settings": settings()}
-    (llama.cpp: every context setting and build fact)."""
-    be = as_backend(fm)
-    return None if be.name == TRANSFORMERS else {"backend": be.name, "settings": be.settings()}
 
 
 def comparable_key(c: Config, fm: Backend) -> str:
@@ -122,33 +114,19 @@ def resume_key(config: dict[str, Any], problems: list[Problem], fm: Backend,
     return sha256_json(key)
 
 
-def context_size(fm: Backend) -> int | None:
-    """The most positions the model takes: transformers, its config's max_position_embeddings; another backend,
-    its context setting (llama.cpp: n_ctx); None when it does not say."""
-    be = as_backend(fm)
-    if be.name != TRANSFORMERS:
-        n = be.settings().get("n_ctx")
-        return int(n) if n else None
-    config = be.fm.config
-    n = getattr(config, "max_position_embeddings", None) or getattr(
-        getattr(config, "text_config", None), "max_position_embeddings", None
-    )
-    return int(n) if n else None
-
-
 def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem]:
     """Every problem whose prompt plus decoding.max_new_tokens exceeds the model's context: refused (a ConfigError
     naming it, run.context_overflow=refuse) or its text cut to fit (truncate: said on screen and recorded in the
     problem row's source as {"context_overflow": {"prompt_tokens", "kept_problem_tokens"}}). Checked after the
     tokenizer loads and before any prefill; a library condition's grafted entry adds to the prompt (not counted)."""
-    limit = context_size(fm)
+    limit = fm.context_size()  # transformers: max_position_embeddings; llama.cpp: n_ctx; vLLM: max_model_len
     if limit is None:
         return problems
-    frame = chat_frame(as_backend(fm), c.model.chat)
+    frame = chat_frame(fm, c.model.chat)
     budget = limit - c.decoding.max_new_tokens
     out = []
     for p in problems:
-        n = len(encode_prompt(as_backend(fm), frame, render(c.prompt.template, problem=p.problem)))
+        n = len(encode_prompt(fm, frame, render(c.prompt.template, problem=p.problem)))
         if n <= budget:
             out.append(p)
             continue
@@ -162,7 +140,7 @@ def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem
         keep = len(ids) - (n - budget)
         while keep > 0:
             text = fm.decode(ids[:keep])
-            if len(encode_prompt(as_backend(fm), frame, render(c.prompt.template, problem=text))) <= budget:
+            if len(encode_prompt(fm, frame, render(c.prompt.template, problem=text))) <= budget:
                 break
             keep -= max(1, keep // 100)
         if keep <= 0:
@@ -315,7 +293,7 @@ def run_rows(
     problems = load_problems(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
-    fm = as_backend(fm) if fm is not None else load_model(c)  # a FrozenModel stands for its transformers backend
+    fm = fm if fm is not None else load_model(c)
     problems = fit_context(problems, fm, c)
     frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
     condition = build_condition(
@@ -375,7 +353,7 @@ def run_rows(
         energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )
-    exactness = NOT_EXACT if _allows_mismatch(fm) else None
+    exactness = NOT_EXACT if fm.allows_environment_mismatch() else None
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
     try:
@@ -401,12 +379,6 @@ def run_rows(
         run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
     print_summary(summary, folder)
     return finished, run_id
-
-
-def _allows_mismatch(be: Backend) -> bool:
-    """determinism.allow_environment_mismatch of a transformers backend (not recorded in its settings)."""
-    det = getattr(getattr(be, "fm", None), "determinism", None)
-    return bool(getattr(det, "allow_environment_mismatch", False))
 
 
 def _decode(

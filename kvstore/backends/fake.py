@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import Registered
+from kvstore.engine.protocol import BackendDefaults, Registered
 from kvstore.errors import IncompatibleError, KVStoreError
 from kvstore.format.artifact import LayerKV, Snapshot
 
@@ -51,7 +51,7 @@ class FakeState:
     rows: list[list[int]] = field(default_factory=lambda: [[]])
 
 
-class FakeBackend:
+class FakeBackend(BackendDefaults):
     """kvstore.engine.protocol.Backend with scripted continuations (see the module docstring)."""
 
     name = "fake"

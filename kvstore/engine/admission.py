@@ -2,8 +2,10 @@
 backend that would take it, and refuse the first difference in one line naming it (kvstore/FORMAT.md section 5).
 
     admit(snapshot, backend, token_ids)     # raises IncompatibleError, or returns and the backend restores
+    admission_differences(snapshot, facts)  # the same checks as a list (vLLM's connector logs them all)
 
-In order: the backend that made it, the model fingerprint, the tokenizer fingerprint, the dtype, the pinned settings
+In order: the backend that made it, the model fingerprint, the tokenizer fingerprint, the dtype, the layer layout
+(only where the Facts carry one: vLLM's connector), the pinned settings
 (`settings_differences`: every field the backend's `settings()` and the artifact's `determinism` hold), the compute
 environment (its opt-out: `allow_environment_mismatch`, which warns and marks the graft not guaranteed exact), the
 format's own invariants, the vocabulary, and the token prefix. Every backend calls this from its `graft` and then
@@ -13,11 +15,12 @@ runs only what is its own: its layout check (layers, shapes, context size) and t
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
 from kvstore.environment import environment_differences
-from kvstore.errors import EnvironmentMismatchError, IncompatibleError, ValidationError
+from kvstore.errors import EnvironmentMismatchError, IncompatibleError, KVStoreError, ValidationError
 from kvstore.format.artifact import Snapshot, check_snapshot
 
 #: Settings added to the format after artifacts had been written, with the value every earlier artifact ran under:
@@ -48,59 +51,123 @@ def artifact_differences(snapshot: Snapshot, backend: Backend) -> list[str]:
         env, backend.environment())
 
 
-def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = None, *,
-          allow_environment_mismatch: bool = False) -> None:
-    """Raise IncompatibleError naming the first recorded fact of `snapshot` that differs from `backend` (see the
-    module docstring for the order); return when the artifact may be restored into it."""
+@dataclass(frozen=True)
+class Facts:
+    """What admission compares an artifact with: a backend's recorded facts (`Facts.of(backend)`), or an engine's
+    own when it admits in another process (vLLM's connector). `layout` (per layer {"kind", "window"}) is compared
+    only when given; a backend's `graft` checks its own layout after admission. vocab_size 0: not compared."""
+
+    backend: str
+    model_name: str
+    fingerprint: str
+    tokenizer_fingerprint: str
+    dtype: str
+    settings: dict[str, Any]
+    environment: dict[str, Any]
+    vocab_size: int = 0
+    layout: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def of(cls, backend: Backend) -> Facts:
+        return cls(backend.name, backend.model_name, backend.fingerprint, backend.tokenizer_fingerprint,
+                   backend.dtype, backend.settings(), backend.environment(), backend.vocab_size())
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One recorded fact of an artifact that differs from the engine that would take it: `fact` ("backend", "model",
+    "tokenizer", "dtype", "layout", "settings", "environment", "format", "vocabulary", "tokens") and the one line that
+    names it and what to do."""
+
+    fact: str
+    message: str
+
+    def error(self) -> KVStoreError:
+        """The refusal `admit` raises for it (EnvironmentMismatchError for the environment, the one with an
+        opt-out; IncompatibleError for every other fact)."""
+        return (EnvironmentMismatchError if self.fact == "environment" else IncompatibleError)(self.message)
+
+
+def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
+                          token_ids: list[int] | None = None) -> list[Difference]:
+    """Every reason `snapshot` may not graft into `backend` (a Backend, or the Facts of an engine), in the order of the
+    module docstring; empty = admitted. `admit` raises the first. A snapshot made by another backend is only that
+    difference; the format's invariants, the vocabulary and the token prefix are checked once every recorded fact
+    agrees (a snapshot that breaks the format ends the list: nothing after it can be read safely)."""
+    me = backend if isinstance(backend, Facts) else Facts.of(backend)
     name = snapshot.model_name or "artifact"
     made_by = artifact_backend(snapshot)
-    if made_by != backend.name:
-        raise IncompatibleError(
-            f"{name}: deposited by the {made_by} backend, this is the {backend.name} backend; an artifact grafts only "
-            f"into the engine that made it: deposit it again with {backend.name} or load the model with the "
-            f"{made_by} backend")
-    if snapshot.model_fingerprint != backend.fingerprint:
-        raise IncompatibleError(
+    if made_by != me.backend:
+        return [Difference("backend", (
+            f"{name}: deposited by the {made_by} backend, this is the {me.backend} backend; an artifact grafts only "
+            f"into the engine that made it: deposit it again with {me.backend} or load the model with the "
+            f"{made_by} backend"))]
+    out = []
+    if snapshot.model_fingerprint != me.fingerprint:
+        out.append(Difference("model", (
             f"{name}: model fingerprint {snapshot.model_fingerprint[:12]} differs from the loaded model's "
-            f"{backend.fingerprint[:12]} ({backend.model_name}); deposit it again with this model")
-    if snapshot.tokenizer_fingerprint != backend.tokenizer_fingerprint:
-        raise IncompatibleError(
+            f"{me.fingerprint[:12]} ({me.model_name}); deposit it again with this model")))
+    if snapshot.tokenizer_fingerprint != me.tokenizer_fingerprint:
+        out.append(Difference("tokenizer", (
             f"{name}: tokenizer fingerprint {snapshot.tokenizer_fingerprint[:12]} differs from the loaded "
-            f"tokenizer's {backend.tokenizer_fingerprint[:12]}; deposit it again with this tokenizer")
-    if snapshot.dtype != backend.dtype:
-        raise IncompatibleError(
-            f"{name}: artifact dtype {snapshot.dtype} differs from the model's {backend.dtype}; load the model with "
-            f"dtype={snapshot.dtype} or deposit the artifact again")
-    settings = settings_differences(snapshot.determinism, backend.settings())
+            f"tokenizer's {me.tokenizer_fingerprint[:12]}; deposit it again with this tokenizer")))
+    if snapshot.dtype != me.dtype:
+        out.append(Difference("dtype", (
+            f"{name}: artifact dtype {snapshot.dtype} differs from the model's {me.dtype}; load the model with "
+            f"dtype={snapshot.dtype} or deposit the artifact again")))
+    if me.layout is not None and snapshot.layout != me.layout:
+        first = next((i for i, (a, b) in enumerate(zip(snapshot.layout, me.layout)) if a != b),
+                     min(len(snapshot.layout), len(me.layout)))
+        got = snapshot.layout[first] if first < len(snapshot.layout) else "<none>"
+        want = me.layout[first] if first < len(me.layout) else "<none>"
+        out.append(Difference("layout", (
+            f"{name}: layout: {len(snapshot.layout)} layers vs {len(me.layout)}, first difference at layer {first}: "
+            f"artifact {got}, this engine {want}; deposit it again with this model")))
+    settings = settings_differences(snapshot.determinism, me.settings)
     if settings:
-        raise IncompatibleError(
+        out.append(Difference("settings", (
             f"{name}: the artifact was computed under other settings than this process uses, so a graft would not "
             f"be byte-identical to the fresh reference: {'; '.join(settings)}. Load the model with the artifact's "
-            "settings or deposit the artifact again under the current ones")
+            "settings or deposit the artifact again under the current ones")))
     env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
-                                  backend.environment())
-    if env and not allow_environment_mismatch:
-        raise EnvironmentMismatchError(
+                                  me.environment)
+    if env:
+        out.append(Difference("environment", (
             f"{name}: the artifact was deposited in another compute environment, so a graft would not be "
             f"guaranteed byte-identical to the fresh reference: {'; '.join(env)}. Deposit it again here, or run "
             "where it was deposited, or graft anyway with allow_environment_mismatch=True, which marks the graft "
-            "not guaranteed exact")
-    if env:
-        warnings.warn(f"{name}: grafted across compute environments (not guaranteed exact): {'; '.join(env)}",
-                      RuntimeWarning, stacklevel=3)
+            "not guaranteed exact")))
+    if out:  # the format, the vocabulary and the tokens are read once every recorded fact agrees
+        return out
     try:
         check_snapshot(snapshot)
     except ValidationError as e:  # a snapshot that breaks the format cannot match any model
-        raise IncompatibleError(f"{e} (refused at graft, before any tensor reached the model)") from e
-    vocab = backend.vocab_size()
-    if vocab and snapshot.token_ids and max(snapshot.token_ids) >= vocab:
-        raise IncompatibleError(f"{name}: token id {max(snapshot.token_ids)} is outside the model's vocabulary "
-                                f"[0, {vocab}); deposit it again with this model's tokenizer")
+        return [Difference("format", f"{e} (refused at graft, before any tensor reached the model)")]
+    if me.vocab_size and snapshot.token_ids and max(snapshot.token_ids) >= me.vocab_size:
+        out.append(Difference("vocabulary", (
+            f"{name}: token id {max(snapshot.token_ids)} is outside the model's vocabulary [0, {me.vocab_size}); "
+            "deposit it again with this model's tokenizer")))
     if token_ids is not None:
         n = snapshot.token_count
         if list(token_ids[:n]) != list(snapshot.token_ids):
             first = next((i for i, (a, b) in enumerate(zip(token_ids, snapshot.token_ids)) if a != b),
                          min(len(token_ids), n))
-            raise IncompatibleError(
+            out.append(Difference("tokens", (
                 f"{name}: the context's token ids do not begin with the artifact's {n} tokens (first difference at "
-                f"index {first}); graft only onto text that starts with the artifact's text")
+                f"index {first}); graft only onto text that starts with the artifact's text")))
+    return out
+
+
+def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = None, *,
+          allow_environment_mismatch: bool = False) -> None:
+    """Raise the first of `admission_differences(snapshot, backend, token_ids)` (an IncompatibleError naming it; the
+    compute environment an EnvironmentMismatchError); return when the artifact may be restored into it. With
+    `allow_environment_mismatch` an environment difference is a RuntimeWarning instead (not guaranteed exact)."""
+    for d in admission_differences(snapshot, backend, token_ids):
+        if d.fact == "environment" and allow_environment_mismatch:
+            env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
+                                          backend.environment())
+            warnings.warn(f"{snapshot.model_name or 'artifact'}: grafted across compute environments (not guaranteed "
+                          f"exact): {'; '.join(env)}", RuntimeWarning, stacklevel=2)
+            continue
+        raise d.error()

@@ -1,26 +1,31 @@
-"""The backend seam: everything model-shaped the engine and the harness need, behind one small protocol.
+"""The backend seam: everything model-shaped the engine and the harness need, as a small core protocol plus typed
+optional capabilities (the shape of vLLM's KVConnectorBase: a required core, optional verbs a caller asks for).
 
-A backend is one generation engine with a frozen model loaded in it (transformers, llama.cpp, a scripted fake
-for tests). The harness and `check_graft` talk to a backend only through these verbs:
+A backend is one generation engine with a frozen model loaded in it (transformers, llama.cpp, vLLM, a scripted
+fake for tests). The core, `Backend`, every backend has:
 
-    text      encode(text, add_bos) / decode(ids) / eos_ids()
-    compute   new_state() / seen(state) / prefill(ids, state, position) -> (state, last logits (1, vocab))
-              forward(ids, state, position) -> logits (1, len, vocab)      (the state advances)
-    batch     repeat_rows(state, n) / keep_rows(state, rows) / step(state, tokens, position) -> (rows, vocab)
+    facts     name (the backend), model_name, fingerprint, tokenizer_fingerprint, dtype, settings(), environment(),
+              context_size() (the most positions a context may hold; None when the engine does not say)
+    policy    allows_environment_mismatch() (admission may let an artifact of another compute environment through,
+              marked not guaranteed exact), torch_threads_matter() (torch's thread count is part of its bits)
+    text      encode(text, add_bos) / decode(ids) / eos_ids() / vocab_size() / chat_template()
+    compute   seen(state) / prefill(ids, state, position) -> (state, last logits (1, vocab))
     artifacts capture(state, ids, extra) -> Snapshot / graft(snapshot, ids) -> a fresh state holding it
-    facts     name (the backend), model_name, fingerprint, tokenizer_fingerprint, settings(), environment()
 
-An engine that decodes whole requests itself (vLLM) also has the optional verb
+and one or both decoding capabilities, each a runtime-checkable protocol (`isinstance(be, Stepwise)`) the harness
+picks its path by, never by the backend's name:
 
-    continue_rows(state, prompt_ids, seeds, max_new_tokens=, stop=, strategy=, temperature=, top_p=, eos=)
-              -> [Continuation] (one per seed)
+    Stepwise          new_state() / forward(ids, state, position) -> logits (1, len, vocab) (the state advances)
+                      repeat_rows(state, n) / keep_rows(state, rows) / step(state, tokens, position) -> (rows, vocab)
+                      the harness's decode loop (harness/run/decode.py) and check_graft's reference drive these
+    InEngineDecoding  continue_rows(state, prompt_ids, seeds, max_new_tokens=, stop=, strategy=, temperature=,
+                      top_p=, eos=) -> [Continuation] (one per seed): the engine decodes whole rows itself (vLLM)
+                      graft_refusal(token_count) -> str | None: why an artifact of that many tokens from position 0
+                      would be refused before a longer prompt, naming the setting that makes it work (vLLM grafts
+                      whole blocks only); None when it grafts (a library build skips such entries, recorded)
 
-and the harness's decode hands it the whole continuation instead of stepping (harness/run/decode.py). A backend
-that cannot graft every artifact its own deposits make (vLLM: whole blocks only) also has
-
-    graft_refusal(token_count) -> str | None
-              why an artifact of that many tokens from position 0 would be refused before a longer prompt, naming
-              the setting that makes it work; None when it grafts (a library build skips such entries, recorded)
+`BackendDefaults` gives the policy facts their usual values (no context limit known, no environment mismatch
+allowed, torch threads not part of the bits); a backend subclasses it and overrides what differs.
 
 `prefill` is the pinned schedule of that backend (a deposit and a fresh reference run the same one).
 `graft` first calls the one admission (kvstore.engine.admission.admit: every recorded fact compared with this
@@ -28,7 +33,7 @@ backend's, the first difference an IncompatibleError naming it), then the backen
 an artifact records the backend that made it (`determinism["backend"]`, absent = transformers, kvstore/FORMAT.md
 section 10) and never grafts into another.
 
-    be = kvstore.load_backend("transformers")     # or "llamacpp", "fake": the registry, kvstore.backends
+    be = kvstore.load_backend("transformers")     # or "llamacpp", "vllm", "fake": the registry, kvstore.backends
     state, logits = be.prefill(be.encode("Problem: ..."))
 
 Implementations, one folder or module each under kvstore/backends/ (each declares its `REGISTERED` entry).
@@ -37,14 +42,16 @@ Implementations, one folder or module each under kvstore/backends/ (each declare
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
-
-from kvstore.errors import IncompatibleError
 from kvstore.format.artifact import Snapshot
 
+if TYPE_CHECKING:  # annotations only: importing the seam (and the registry) loads no torch
+    import torch
+
+#: The backend an artifact that records none was made by (every artifact written before the seam existed).
 TRANSFORMERS = "transformers"
 
 
@@ -92,44 +99,73 @@ class Registered:
 
 @runtime_checkable
 class Backend(Protocol):
-    """A generation engine with one frozen model loaded (see the module docstring for the verbs)."""
+    """The core every backend has: a generation engine with one frozen model loaded (module docstring)."""
 
-    name: str  # the backend: "transformers", "llamacpp", "fake"
+    name: str  # the backend: "transformers", "llamacpp", "vllm", "fake"
     model_name: str
     fingerprint: str
     tokenizer_fingerprint: str
     dtype: str  # the dtype of the state an artifact holds
 
+    # facts and admission policy
+    def settings(self) -> dict: ...
+    def environment(self) -> dict: ...
+    def context_size(self) -> int | None: ...
+    def allows_environment_mismatch(self) -> bool: ...
+    def torch_threads_matter(self) -> bool: ...
+
+    # text
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]: ...
     def chat_template(self) -> str | None: ...
     def decode(self, ids: list[int]) -> str: ...
     def eos_ids(self) -> set[int]: ...
     def vocab_size(self) -> int: ...
 
-    def new_state(self) -> Any: ...
+    # compute and artifacts
     def seen(self, state: Any) -> int: ...
     def prefill(self, token_ids: list[int], state: Any = None,
                 position: int | None = None) -> tuple[Any, torch.Tensor]: ...
-    def forward(self, token_ids: list[int], state: Any, position: int | None = None) -> torch.Tensor: ...
+    def capture(self, state: Any, token_ids: list[int], extra: dict | None = None) -> Snapshot: ...
+    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> Any: ...
 
+
+@runtime_checkable
+class Stepwise(Protocol):
+    """The step-wise capability: the caller drives decoding one position (and a batch of rows) at a time."""
+
+    def new_state(self) -> Any: ...
+    def forward(self, token_ids: list[int], state: Any, position: int | None = None) -> torch.Tensor: ...
     def repeat_rows(self, state: Any, n: int) -> None: ...
     def keep_rows(self, state: Any, rows: list[int]) -> None: ...
     def step(self, state: Any, tokens: list[int], position: int) -> torch.Tensor: ...
 
-    def capture(self, state: Any, token_ids: list[int], extra: dict | None = None) -> Snapshot: ...
-    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> Any: ...
 
-    def settings(self) -> dict: ...
-    def environment(self) -> dict: ...
+@runtime_checkable
+class InEngineDecoding(Protocol):
+    """The in-engine decoding capability: the engine continues whole rows itself (its own batching and sampler)."""
+
+    def continue_rows(self, state: Any, prompt_ids: list[int], seeds: Sequence[int], *, max_new_tokens: int,
+                      stop: Sequence[str] = (), strategy: str = "greedy", temperature: float = 0.7,
+                      top_p: float = 0.95, eos: set[int] | None = None) -> list[Continuation]: ...
+    def graft_refusal(self, token_count: int) -> str | None: ...
 
 
-def as_backend(model: Any) -> Backend:
-    """`model` as a Backend: a backend is returned as it is; a model object that carries its backend (a
-    kvstore.FrozenModel's `.backend`, its transformers backend) gives that one."""
-    if isinstance(model, Backend):
-        return model
-    be = getattr(model, "backend", None)
-    if isinstance(be, Backend):
-        return be
-    raise IncompatibleError(f"{type(model).__name__} is neither a kvstore backend nor a FrozenModel; load one with "
-                            "kvstore.load_backend() or kvstore.load_frozen_model()")
+@runtime_checkable
+class Repositioning(Protocol):
+    """The position experiment's capability (transformers): an artifact's keys re-rotated to start at `offset`."""
+
+    def graft_repositioned(self, snapshot: Snapshot, offset: int) -> Any: ...
+
+
+class BackendDefaults:
+    """The policy facts' usual values, for a backend to subclass (and override what differs): no context limit it
+    can name, no artifact of another compute environment admitted, torch's thread count not part of its bits."""
+
+    def context_size(self) -> int | None:
+        return None
+
+    def allows_environment_mismatch(self) -> bool:
+        return False
+
+    def torch_threads_matter(self) -> bool:
+        return False

@@ -38,7 +38,7 @@ _LOG_LINES = 15
 @dataclass(frozen=True)
 class ModelSpec:
     """How the worker builds its model: `loader` ("module:function") called with `kwargs` (JSON values; a
-    `determinism` dict becomes a kvstore.Determinism). It returns a FrozenModel or a Backend."""
+    `determinism` dict becomes a kvstore.Determinism). It returns a Backend."""
 
     loader: str = "kvstore.backends:load_backend"
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -79,14 +79,17 @@ def serve(spec: ModelSpec, store_root: str) -> int:
 
     from safetensors.torch import save_file
 
-    from kvstore.engine.protocol import as_backend
+    from kvstore.engine.protocol import Backend
     from kvstore.engine.verify import graft_logits, logits_sha256
     from kvstore.store.local import LocalStore
 
     t0 = time.perf_counter()
     model = spec.build()
     store = LocalStore(store_root)
-    be = as_backend(model)
+    if not isinstance(model, Backend):
+        raise KVStoreError(f"model spec loader {spec.loader!r} returned a {type(model).__name__}, not a kvstore "
+                           "backend; name a loader that returns one (kvstore.backends:load_backend)")
+    be = model
     hello = {"ready": True, "pid": os.getpid(), "model_fingerprint": model.fingerprint, "settings": be.settings(),
              "load_s": time.perf_counter() - t0}
     proto.write(json.dumps(hello, default=str) + "\n")

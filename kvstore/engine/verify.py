@@ -16,13 +16,15 @@ The halves are public so that a benchmark can time them alone and a script can r
 `reference_logits`, `graft_logits` (returns `Restored`: logits + timings), `oneshot_logits`; `check_graft`
 takes a `restore` callable for the cross-process case (scripts/verify_graft.py).
 
-Every model-shaped step goes through the backend (kvstore.engine.protocol.Backend): `fm` is a backend (transformers,
-llama.cpp, ...); a kvstore.FrozenModel stands for its transformers backend (`.backend`). The procedure is the same
-on every backend: its own pinned prefill schedule on both sides, its own capture and graft.
+Every model-shaped step goes through the backend (kvstore.engine.protocol.Backend with the Stepwise capability: the
+suffix is one `forward` on each side): `fm` is the backend load_backend returns (transformers, llama.cpp, the fake).
+The procedure is the same on every such backend: its own pinned prefill schedule on both sides, its own capture and
+graft. An engine that decodes only in itself (vLLM, InEngineDecoding) is checked through its requests instead
+(scripts/verify_graft.py --backend vllm).
 
 `offset` > 0 is the position experiment (scripts/position_sweep.py): the reference is computed at positions
-offset.., the graft re-rotates the keys (`graft_repositioned`, transformers only); only offset 0 is expected to
-be exact.
+offset.., the graft re-rotates the keys (a backend with the Repositioning capability: transformers); only offset 0
+is expected to be exact.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvstore.engine.protocol import TRANSFORMERS, Backend, as_backend
+from kvstore.engine.protocol import Backend, Repositioning, Stepwise
 from kvstore.errors import KVStoreError
 from kvstore.format.artifact import Snapshot
 from kvstore.store.base import Store
@@ -77,11 +79,19 @@ def compare_logits(a: torch.Tensor, b: torch.Tensor) -> Comparison:
 
 
 # --------------------------------------------------------------------------------------------- the halves
-def _offset_backend(fm: Backend, offset: int) -> Backend:
-    be = as_backend(fm)
-    if offset and be.name != TRANSFORMERS:
-        raise KVStoreError(f"offset {offset}: re-rotating keys (the position experiment) exists on the transformers "
-                           f"backend only, this is {be.name}; use offset 0 (own position, the exact graft)")
+def _stepwise(be: Backend, offset: int = 0) -> Backend:
+    """`be` when it has what the check needs (Stepwise; Repositioning for offset > 0), else a KVStoreError."""
+    if not isinstance(be, Backend):
+        raise KVStoreError(f"{type(be).__name__} is not a kvstore backend; load one with kvstore.load_backend() "
+                           "(a transformers FrozenModel's: kvstore.backends.transformers.TransformersBackend.of)")
+    if not isinstance(be, Stepwise):
+        raise KVStoreError(f"the {be.name} backend decodes inside its engine (no step-wise forward), so the graft "
+                           "check's suffix forward does not exist there; check it through its requests "
+                           f"(scripts/verify_graft.py --backend {be.name})")
+    if offset and not isinstance(be, Repositioning):
+        raise KVStoreError(f"offset {offset}: re-rotating keys (the position experiment) needs a backend that "
+                           f"repositions (transformers), this is {be.name}; use offset 0 (own position, the exact "
+                           "graft)")
     return be
 
 
@@ -89,14 +99,14 @@ def reference_logits(fm: Backend, prefix_ids: list[int], suffix_ids: list[int],
                      offset: int = 0) -> torch.Tensor:
     """(a) The fresh reference: prefill the prefix at positions offset.. in the pinned schedule, then the
     suffix. Returns the suffix logits (1, len(suffix), vocab)."""
-    be = _offset_backend(fm, offset)
+    be = _stepwise(fm, offset)
     state, _ = be.prefill(list(prefix_ids), position=offset)
     return be.forward(list(suffix_ids), state, position=offset + len(prefix_ids))
 
 
 def oneshot_logits(fm: Backend, prefix_ids: list[int], suffix_ids: list[int]) -> torch.Tensor:
     """(c) One forward over prefix+suffix on a fresh state, sliced to the suffix: (1, len(suffix), vocab)."""
-    be = as_backend(fm)
+    be = _stepwise(fm)
     return be.forward(list(prefix_ids) + list(suffix_ids), be.new_state())[:, len(prefix_ids) :, :]
 
 
@@ -121,7 +131,7 @@ def graft_logits(
 ) -> Restored:
     """(b) The graft half: the snapshot (or `store.get(artifact_id)`, bytes verified) grafted into a fresh
     cache, checked against prefix+suffix, then the suffix forward. offset > 0 re-rotates the keys instead."""
-    be = _offset_backend(fm, offset)
+    be = _stepwise(fm, offset)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     if snapshot is None:
@@ -135,7 +145,7 @@ def graft_logits(
     else:
         if list(snapshot.token_ids) != list(prefix_ids):
             raise KVStoreError("graft_logits: the snapshot's token ids are not the prefix given")
-        cache = be.graft_repositioned(snapshot, offset)  # type: ignore[attr-defined]  (transformers only)
+        cache = be.graft_repositioned(snapshot, offset)  # Repositioning (checked by _stepwise)
     t2 = time.perf_counter()
     logits = be.forward(list(suffix_ids), cache, position=offset + len(prefix_ids))
     timing.update(graft=t2 - t1, forward=time.perf_counter() - t2)
@@ -219,7 +229,7 @@ def check_graft(
     keep_logits: keep both logits tensors on the result (reference_logits, graft_logits).
     """
     prefix_ids, suffix_ids = list(prefix_ids), list(suffix_ids)
-    be = _offset_backend(fm, offset) if offset >= 0 else as_backend(fm)
+    be = _stepwise(fm, max(offset, 0))
     if not prefix_ids or not suffix_ids:
         raise KVStoreError(f"check_graft needs a non-empty prefix and suffix (got {len(prefix_ids)} and "
                            f"{len(suffix_ids)} tokens)")

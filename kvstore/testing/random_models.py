@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from kvstore.backends.transformers.backend import TransformersBackend
 from kvstore.backends.transformers.model import FrozenModel, layer_layout, model_fingerprint, tokenizer_fingerprint
 from kvstore.backends.transformers.tiny import byte_tokenizer
 from kvstore.determinism import Determinism
@@ -96,9 +97,10 @@ def kv_bytes(cfg, tokens: int, itemsize: int = 2) -> int:
 
 
 def build_random_model(name: str, small: bool = False, determinism: Determinism | None = None, device: str = "cpu",
-                       seed: int = 0) -> FrozenModel:
-    """A frozen random-weight model of config `name`, initialised on `device` from `seed`, fingerprinted (the
-    loader a kvstore.engine.restore_worker.ModelSpec names to build the same model in a second process)."""
+                       seed: int = 0) -> TransformersBackend:
+    """The transformers backend of a frozen random-weight model of config `name` (its FrozenModel: `.fm`),
+    initialised on `device` from `seed`, fingerprinted (the loader a kvstore.engine.restore_worker.ModelSpec names
+    to build the same model in a second process)."""
     from transformers import AutoModelForCausalLM
 
     det = determinism or Determinism()
@@ -117,4 +119,4 @@ def build_random_model(name: str, small: bool = False, determinism: Determinism 
     fm.fingerprint = model_fingerprint(model)
     fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)
     fm.layer_layout = layer_layout(model.config)
-    return fm
+    return TransformersBackend.of(fm)

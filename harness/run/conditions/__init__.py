@@ -14,8 +14,8 @@ incontext  the control for graft: the same retrieval (same entry, same exclude_s
            graft's (harness/compare/pairing.py checks that); it only costs the entry's prefill.
 
 Every model-shaped step (encode, prefill, graft, decode) goes through the backend (kvstore.engine.protocol.Backend):
-a condition is given a backend (transformers, llama.cpp, the scripted fake of the unit tests) or a
-kvstore.FrozenModel, which stands for its transformers backend.
+a condition is given the backend load_model returns (transformers, llama.cpp, vLLM, the scripted fake of the unit
+tests).
 
 ttft_s of a row runs from the start of the problem (retrieval, artifact read and graft, or the entry's fresh
 prefill) to its first token.
@@ -46,7 +46,7 @@ from harness.run.decode import Generation, Sampling, generate_batch
 from harness.task.chat import ChatFrame, encode_prompt, encode_query
 from harness.task.problems import Problem
 from harness.task.prompts import render
-from kvstore import Backend, EnvironmentMismatchError, Prefetcher, as_backend
+from kvstore import Backend, EnvironmentMismatchError, Prefetcher
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Baseline:
 
     def __init__(self, fm: Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
         self.fm, self.prompt, self.decoding = fm, prompt, decoding
-        self.backend: Backend = as_backend(fm)
+        self.backend: Backend = fm
         self.settings: Any = None  # an instance of Settings, set by build_condition
         self.frame: ChatFrame | None = None  # the model's chat template around the prompt (model.chat), if any
 

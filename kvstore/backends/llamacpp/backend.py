@@ -38,6 +38,7 @@ from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.backends.llamacpp.state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
 from kvstore.backends.packaged import BUNDLED, file_sha256, gguf_path, known_names
 from kvstore.engine.admission import admit
+from kvstore.engine.protocol import BackendDefaults
 from kvstore.engine.weights import PinnedWeights
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
@@ -67,7 +68,7 @@ class LlamaState:
     tokens: list[int]
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(BackendDefaults):
     """kvstore.engine.protocol.Backend over llama-cpp-python (see the module docstring)."""
 
     name = NAME
@@ -171,6 +172,10 @@ class LlamaCppBackend:
             "llama_state_seq_version": int(self.ll.LLAMA_STATE_SEQ_VERSION),
             "llama_system_info": self.ll.llama_print_system_info().decode().strip(),
         }
+
+    def context_size(self) -> int | None:
+        """n_ctx: the positions llama.cpp's context holds."""
+        return int(self.cfg.n_ctx)
 
     def environment(self) -> dict:
         return current_environment(torch.device("cpu")).to_dict()

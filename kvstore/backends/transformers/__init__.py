@@ -1,9 +1,55 @@
-"""The transformers backend, the whole engine: model.py (load a frozen model, fingerprint it), gguf.py (the bundled
-GGUF dequantized once), capture.py (prefill under the pinned schedule, snapshot a cache), graft.py (rebuild a cache
-from a snapshot), cache_state.py, lm_head.py, tiny.py (tiny random-weight models), backend.py (the Backend),
-settings.py (what a caller chooses)."""
+"""The transformers backend, the whole engine in this folder, and the face of its own functions.
+
+    model.py       FrozenModel, load_frozen_model, fingerprints, the layer layout (smallest_window), the environment
+    gguf.py        the bundled GGUF dequantized once;  tiny.py  tiny random-weight models;  lm_head.py  blocked LM head
+    capture.py     prefill under the pinned schedule, forward, new_cache, capture_snapshot, deposit_tokens
+    cache_state.py what a cache layer holds;  restore.py  the layout check and rebuild after admission
+    backend.py     TransformersBackend: the Backend (core, Stepwise, Repositioning), owning its FrozenModel
+    graft.py       graft_snapshot / check_compatible / graft_repositioned: the backend's graft as functions
+    settings.py    TransformersSettings: what a caller of load_backend("transformers", ...) chooses
+
+The names below are this engine's own vocabulary (kvstore's face holds only the backend-generic ones):
+
+    from kvstore.backends.transformers import load_frozen_model, prefill, forward, deposit_tokens, graft_snapshot
+    be = kvstore.load_backend("transformers", source="tiny-gemma3")    # the one object; its FrozenModel is be.fm
+    cache, logits = prefill(be.fm, ids)
+
+Importing this package imports neither torch nor transformers (the registry reads REGISTERED here): each name
+loads its module on first use (PEP 562), as kvstore's face does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from kvstore.engine.protocol import Registered
 
 REGISTERED = Registered("transformers", settings="kvstore.backends.transformers.settings:TransformersSettings",
                         loader="kvstore.backends.transformers.backend:load")
+
+# the module (in this folder, or the seam) that defines each public name
+_FACE: dict[str, tuple[str, ...]] = {
+    "model": ("FrozenModel", "environment_fingerprint", "load_frozen_model", "smallest_window"),
+    "capture": ("capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill"),
+    "graft": ("check_compatible", "graft_repositioned", "graft_snapshot"),
+    "backend": ("TransformersBackend",),
+    "settings": ("TransformersSettings",),
+}
+_EXPORTS: dict[str, str] = {name: f"{__name__}.{module}" for module, names in _FACE.items() for name in names}
+_EXPORTS["TRANSFORMERS"] = "kvstore.engine.protocol"  # the backend's name (an artifact that records none: this one)
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its public names are listed in "
+                             f"{__name__}.__all__")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,10 +1,10 @@
-"""The transformers backend: a kvstore.FrozenModel and a transformers DynamicCache as the state.
+"""The transformers backend: the one object a loaded transformers model is (it owns its FrozenModel, `.fm`), with a
+transformers DynamicCache as the state. Core, Stepwise and Repositioning (kvstore.engine.protocol).
 
 Every verb calls the engine's own functions (kvstore.backends.transformers.capture.prefill/forward/capture_snapshot,
-kvstore.backends.transformers.graft.graft_snapshot), so the bits are those of the code before the seam existed (`make
-replay`
-reproduces the registered hashes). Its artifacts record no `determinism["backend"]` (absent = transformers,
-kvstore/FORMAT.md section 10), so every library deposited before the seam still grafts.
+restore.py's layout check and rebuild after the one admission), so the bits are those of the code before the seam
+existed (`make replay` reproduces the registered hashes). Its artifacts record no `determinism["backend"]` (absent =
+transformers, kvstore/FORMAT.md section 10), so every library deposited before the seam still grafts.
 """
 
 from __future__ import annotations
@@ -13,20 +13,37 @@ import torch
 from transformers import DynamicCache
 
 from kvstore.backends.transformers.capture import capture_snapshot, forward, new_cache, prefill
-from kvstore.backends.transformers.graft import graft_repositioned, graft_snapshot
 from kvstore.backends.transformers.model import FrozenModel, cache_kwargs, environment_fingerprint, load_frozen_model
+from kvstore.backends.transformers.restore import check_layout, rebuild, rotate_keys
 from kvstore.backends.transformers.settings import TransformersSettings
-from kvstore.engine.protocol import TRANSFORMERS
-from kvstore.format.artifact import Snapshot
+from kvstore.engine.admission import admit
+from kvstore.engine.protocol import TRANSFORMERS, BackendDefaults
+from kvstore.errors import IncompatibleError
+from kvstore.format.artifact import Snapshot, guard
 
 
-class TransformersBackend:
-    """kvstore.engine.protocol.Backend over a FrozenModel (`as_backend(fm)` makes one)."""
+class TransformersBackend(BackendDefaults):
+    """kvstore.engine.protocol.Backend (and Stepwise, Repositioning) owning a FrozenModel: `load` (the registry's
+    loader) makes one; `TransformersBackend.of(fm)` gives a FrozenModel's one backend."""
 
     name = TRANSFORMERS
 
     def __init__(self, fm: FrozenModel) -> None:
         self.fm = fm
+
+    @classmethod
+    def of(cls, model: TransformersBackend | FrozenModel) -> TransformersBackend:
+        """`model` when it is a backend; a FrozenModel's one backend (made on first use and kept with it, so every
+        caller of the engine's functions shares it)."""
+        if isinstance(model, cls):
+            return model
+        if not isinstance(model, FrozenModel):
+            raise IncompatibleError(f"{type(model).__name__} is not a transformers model: give the backend "
+                                    "load_backend('transformers', ...) returns, or its FrozenModel")
+        be = model.__dict__.get("transformers_backend")
+        if be is None:
+            be = model.__dict__["transformers_backend"] = cls(model)
+        return be
 
     # facts
     @property
@@ -50,6 +67,22 @@ class TransformersBackend:
 
     def environment(self) -> dict:
         return environment_fingerprint(self.fm.device)
+
+    def context_size(self) -> int | None:
+        """The config's max_position_embeddings (its text config's for a multimodal model); None when unset."""
+        config = self.fm.config
+        n = getattr(config, "max_position_embeddings", None) or getattr(
+            getattr(config, "text_config", None), "max_position_embeddings", None
+        )
+        return int(n) if n else None
+
+    def allows_environment_mismatch(self) -> bool:
+        """determinism.allow_environment_mismatch (a policy, not a recorded setting)."""
+        return bool(self.fm.determinism.allow_environment_mismatch)
+
+    def torch_threads_matter(self) -> bool:
+        """torch computes every bit here, so its thread count is part of what an artifact records."""
+        return True
 
     # text
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -109,14 +142,33 @@ class TransformersBackend:
     def capture(self, state: DynamicCache, token_ids: list[int], extra: dict | None = None) -> Snapshot:
         return capture_snapshot(self.fm, state, token_ids, 0, extra)
 
-    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> DynamicCache:
-        return graft_snapshot(snapshot, self.fm, token_ids=token_ids)
+    def check(self, snapshot: Snapshot, token_ids: list[int] | None = None, position: int | None = None,
+              allow_environment_mismatch: bool | None = None) -> None:
+        """The one admission (kvstore.engine.admission.admit) then this engine's layout check: IncompatibleError
+        naming the first difference (FORMAT.md section 5). allow_environment_mismatch None: the model's policy."""
+        allow = self.allows_environment_mismatch() if allow_environment_mismatch is None else allow_environment_mismatch
+        with guard("graft compatibility check", IncompatibleError):
+            admit(snapshot, self, token_ids, allow_environment_mismatch=bool(allow))
+            check_layout(snapshot, self.fm, position)
+
+    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None, *, position: int | None = None,
+              allow_environment_mismatch: bool | None = None) -> DynamicCache:
+        """A fresh cache holding the snapshot at its own positions, after every check (`check`)."""
+        self.check(snapshot, token_ids, position, allow_environment_mismatch)
+        if snapshot.start_position != 0:
+            raise IncompatibleError(
+                f"artifact starts at position {snapshot.start_position}; a fresh cache starts at 0. "
+                "Graft a snapshot computed from position 0."
+            )
+        return rebuild(snapshot, self.fm)
 
     def graft_repositioned(self, snapshot: Snapshot, offset: int) -> DynamicCache:
-        """The position experiment (transformers only): the snapshot's keys re-rotated to start at `offset`."""
-        return graft_repositioned(snapshot, self.fm, offset)
+        """The position experiment (Repositioning): the snapshot's keys re-rotated to start at `offset` (not exact)."""
+        self.check(snapshot)
+        return rebuild(snapshot, self.fm, rotate_keys(self.fm, snapshot, offset))
 
 
 def load(settings: TransformersSettings) -> TransformersBackend:
     """The registry's loader (kvstore.backends): the model loaded frozen under the pinned settings."""
-    return load_frozen_model(settings.source, settings.determinism, device=settings.device, seed=settings.seed).backend
+    return TransformersBackend.of(load_frozen_model(settings.source, settings.determinism, device=settings.device,
+                                                    seed=settings.seed))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,17 +51,6 @@ class FrozenModel:
     @property
     def config(self):
         return self.model.config
-
-    @property
-    def backend(self):
-        """This model as its transformers Backend (one per FrozenModel, so every caller shares it). Resolved by
-        name at run time, as the registry resolves every backend (kvstore/backends/transformers/__init__.py):
-        backend.py imports this module, so this module does not import it."""
-        be = self.__dict__.get("transformers_backend")
-        if be is None:
-            module = importlib.import_module("kvstore.backends.transformers.backend")
-            be = self.__dict__["transformers_backend"] = module.TransformersBackend(self)
-        return be
 
     @property
     def device(self) -> torch.device:
