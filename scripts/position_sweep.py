@@ -157,15 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     offsets = parse_offsets(args.offsets)
 
-    from kvstore import (
-        MemoryStore,
-        atomic_write,
-        check_graft,
-        compare_logits,
-        deposit_tokens,
-        environment_fingerprint,
-        load_frozen_model,
-    )
+    from kvstore import MemoryStore, atomic_write, check_graft, compare_logits
+    from kvstore.backends.transformers import deposit_tokens, environment_fingerprint, load_frozen_model
     from kvstore.backends.transformers.model import smallest_window
     from kvstore.errors import KVStoreError
 

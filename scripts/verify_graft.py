@@ -107,7 +107,8 @@ def _determinism(args):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    from kvstore import LocalStore, atomic_write, check_graft, environment_fingerprint, load_frozen_model
+    from kvstore import LocalStore, atomic_write, check_graft
+    from kvstore.backends.transformers import environment_fingerprint, load_frozen_model
     from kvstore.backends.transformers.gguf import BUNDLED
     from kvstore.backends.transformers.model import smallest_window
     from kvstore.engine.restore_worker import ModelSpec, RestoreWorker

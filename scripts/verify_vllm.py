@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from harness.experiments.text import DEFAULT_PROBLEMS, prefix_lengths, problem_texts
-    from kvstore.backends.vllm.backend import VllmSettings, model_folder
+    from kvstore.backends.vllm import VllmSettings, model_folder
     from kvstore.backends.vllm.connector import journal
     from kvstore.engine.verify import compare_logits
     from kvstore.environment import cpu_name

@@ -28,7 +28,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
-    from kvstore.backends.vllm.backend import VllmSettings, model_folder, start_engine
+    from kvstore.backends.vllm import VllmSettings, model_folder, start_engine
     from kvstore.environment import cpu_name
 
     folder = model_folder(VllmSettings())

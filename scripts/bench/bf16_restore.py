@@ -25,7 +25,8 @@ from pathlib import Path
 from common import stats, token_stream, write_summary
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, LocalStore, deposit_tokens, graft_snapshot, load_frozen_model
+from kvstore import Determinism, LocalStore
+from kvstore.backends.transformers import deposit_tokens, graft_snapshot, load_frozen_model
 
 
 def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workdir: Path,

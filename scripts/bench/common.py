@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 from harness.experiments.text import problem_texts  # noqa: E402
 from harness.record.manifest import code_state  # noqa: E402
-from kvstore import Determinism, atomic_write, environment_fingerprint  # noqa: E402
+from kvstore import Determinism, atomic_write  # noqa: E402
+from kvstore.backends.transformers import environment_fingerprint  # noqa: E402
 
 GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.8, "overhead": 0.05,
          "ceiling_fraction": 0.9, "ceiling_from": 512}

@@ -35,16 +35,8 @@ import torch
 from common import stats
 from tqdm import tqdm
 
-from kvstore import (
-    Determinism,
-    LocalStore,
-    atomic_write,
-    deposit_tokens,
-    graft_snapshot,
-    load_frozen_model,
-    to_bytes,
-    tokens_sha256,
-)
+from kvstore import Determinism, LocalStore, atomic_write, to_bytes, tokens_sha256
+from kvstore.backends.transformers import deposit_tokens, graft_snapshot, load_frozen_model
 from kvstore.backends.transformers.model import layout_string
 
 SEED = 20240611

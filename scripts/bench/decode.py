@@ -29,7 +29,8 @@ import torch
 from common import REPO as ROOT  # noqa: E402
 
 from harness.run.decode import Sampling, generate, generate_batch  # noqa: E402
-from kvstore import Determinism, atomic_write, load_frozen_model, new_cache, prefill  # noqa: E402
+from kvstore import Determinism, atomic_write  # noqa: E402
+from kvstore.backends.transformers import load_frozen_model, new_cache, prefill  # noqa: E402
 from kvstore.environment import cpu_name
 
 PROBLEMS = ROOT / "problems" / "kvgraft_original.jsonl"

@@ -12,10 +12,7 @@ from common import GOALS, clock, stats
 from peer import llama_clear, llama_logits_argmax
 
 from harness.experiments.text import read_problems
-from kvstore import (
-    forward,
-    prefill,
-)
+from kvstore.backends.transformers import forward, prefill
 
 # ---------------------------------------------------------------- 4. harness overhead
 

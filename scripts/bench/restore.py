@@ -14,12 +14,8 @@ from pathlib import Path
 
 from common import GOALS, clock, goal_row, stats, timed
 
-from kvstore import (
-    CachedStore,
-    LocalStore,
-    from_bytes,
-    graft_snapshot,
-)
+from kvstore import CachedStore, LocalStore, from_bytes
+from kvstore.backends.transformers import graft_snapshot
 from kvstore.format.artifact import FORMAT, content_id, hash_threads
 
 # ---------------------------------------------------------------- 2. restore vs raw read (+ tier)

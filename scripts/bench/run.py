@@ -34,13 +34,8 @@ from restore import bench_restore
 from ttft import bench_ttft
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import (
-    Determinism,
-    LocalStore,
-    forward,
-    load_frozen_model,
-    prefill,
-)
+from kvstore import Determinism, LocalStore
+from kvstore.backends.transformers import forward, load_frozen_model, prefill
 from kvstore.backends.transformers.gguf import BUNDLED
 from kvstore.backends.transformers.model import layout_string
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from common import write_summary
 
-from kvstore import LocalStore, deposit_tokens, graft_snapshot, load_frozen_model, logits_sha256  # noqa: E402
+from kvstore import LocalStore, logits_sha256  # noqa: E402
+from kvstore.backends.transformers import deposit_tokens, graft_snapshot, load_frozen_model  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import cpu_name
 from kvstore.store.s3 import S3Store  # noqa: E402

@@ -9,7 +9,8 @@ import pytest
 from harness.config.model import backend_settings, load_model
 from harness.config.schema import Config, ModelConfig, compose_config, typed
 from harness.errors import ConfigError
-from harness.run.loop import backend_record, comparable_key, context_size, resume_key
+from harness.record.hashing import backend_record
+from harness.run.loop import comparable_key, resume_key
 from kvstore.backends.fake import FakeBackend
 
 
@@ -51,4 +52,4 @@ def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:
     assert comparable_key(typed(cfg), a) != comparable_key(typed(cfg), b)  # another setting: not comparable
     assert comparable_key(typed(cfg), a) == comparable_key(typed(cfg), FakeBackend(margin=8.0))
     assert resume_key({}, [], a, None) != resume_key({}, [], b, None)
-    assert context_size(a) is None  # the fake says no context size: nothing to fit
+    assert a.context_size() is None  # the fake says no context size: nothing to fit

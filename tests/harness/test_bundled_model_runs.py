@@ -13,7 +13,7 @@ from harness.config.schema import compose_config
 from harness.library.build import build_library
 from harness.record.audit import audit
 from harness.run.loop import run
-from kvstore import load_frozen_model
+from kvstore import load_backend
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ HANDFUL = 6  # decode tokens allowed for a recurring answer: up to 3 digits, a l
 
 @pytest.fixture(scope="module")
 def fm():
-    return load_frozen_model()
+    return load_backend("transformers")
 
 
 def _cfg(tmp: Path, *extra: str):

@@ -14,7 +14,7 @@ from harness.library.build import build_library
 from harness.record.rows import Group
 from harness.run.conditions import CONDITIONS, build_condition
 from harness.task.problems import load_problems
-from kvstore import load_frozen_model
+from kvstore import load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def setup(tmp_path_factory):
         "model=tiny_gemma3", "condition=truncated", f"project_root={REPO}", "decoding.max_new_tokens=2",
         f"library.root={tmp}/library", f"library.store={tmp}/store", "tracking=off", "dataset.limit=2",
     ]))
-    fm = load_frozen_model("tiny-gemma3")
+    fm = load_backend("transformers", source="tiny-gemma3")
     build_library(c.library, fm, REPO, progress=False)
     return c, fm, load_problems(str(REPO / "problems/kvgraft_original.jsonl"), limit=2)
 

@@ -16,14 +16,14 @@ from harness.record.rows import Group, Row
 from harness.run.conditions import CONDITIONS, Baseline, Graft, InContext, build_condition
 from harness.task.answers import score
 from harness.task.problems import load_problems
-from kvstore import Determinism, load_frozen_model
+from kvstore import Determinism, load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def fm():
-    return load_frozen_model("tiny-gemma3")
+    return load_backend("transformers", source="tiny-gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_incontext_rows_are_bit_identical_to_graft_rows(tmp_path_factory, proble
     """The control: the entry read in context (computed fresh, deposit schedule) gives the graft's rows exactly:
     same context, same first-logits SHA-256, same completion tokens; sliding + full layers (tiny-gemma3, window
     16, entries far longer) and full-only (tiny-llama); fp32 and bf16."""
-    fm = load_frozen_model(model, Determinism(dtype=dtype))
+    fm = load_backend("transformers", source=model, determinism=Determinism(dtype=dtype))
     tmp = tmp_path_factory.mktemp(f"pair-{model}-{dtype}")
     c = typed(compose_config([
         "model=tiny_gemma3", f"model.source={model}", f"determinism.dtype={dtype}", f"project_root={REPO}",

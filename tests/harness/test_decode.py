@@ -8,28 +8,29 @@ import torch
 
 from harness.errors import ConfigError
 from harness.run.decode import STOP_REASONS, Sampling, _pick, generate, generate_batch
-from kvstore import deposit_tokens, forward, graft_snapshot, load_frozen_model, logits_sha256, new_cache, prefill
+from kvstore import load_backend, logits_sha256
+from kvstore.backends.transformers import deposit_tokens, forward, graft_snapshot, new_cache, prefill
 
 
 @pytest.fixture(scope="module")
 def fm():
-    return load_frozen_model("tiny-gemma3")
+    return load_backend("transformers", source="tiny-gemma3")
 
 
 def _reference(fm, ids, max_new_tokens, stop):
     """The plain loop: re-decode the whole text after every token."""
-    cache, logits = prefill(fm, ids, new_cache(fm))
+    cache, logits = prefill(fm.fm, ids, new_cache(fm.fm))
     out = []
     for _ in range(max_new_tokens):
         tok = int(logits[0].argmax())
-        if tok == fm.tokenizer.eos_token_id:
+        if tok == fm.fm.tokenizer.eos_token_id:
             break
         out.append(tok)
         text = fm.decode(out)
         hits = [text.find(s) for s in stop if s in text]
         if hits:
             return out, text[: min(hits)]
-        logits = forward(fm, [tok], cache)[:, -1, :]
+        logits = forward(fm.fm, [tok], cache)[:, -1, :]
     return out, fm.decode(out)
 
 
@@ -45,9 +46,9 @@ def test_generation_stops_exactly_where_a_full_redecode_would(fm, seed_text, sto
 
 def test_a_grafted_prefix_is_not_prefilled_again_and_decodes_the_same(fm):
     ids = fm.encode("Problem: What is 2+2? Solution: 4.\n\nProblem: What is 2+2?")
-    cache = graft_snapshot(deposit_tokens(fm, ids[:20]), fm, token_ids=ids)
+    cache = graft_snapshot(deposit_tokens(fm.fm, ids[:20]), fm, token_ids=ids)
     g = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=cache)
-    fresh, _ = prefill(fm, ids[:20], new_cache(fm))  # the same schedule without the store
+    fresh, _ = prefill(fm.fm, ids[:20], new_cache(fm.fm))  # the same schedule without the store
     plain = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=fresh)
     assert g.prefill_tokens == plain.prefill_tokens == len(ids) - 20
     assert g.token_ids == plain.token_ids
@@ -56,7 +57,7 @@ def test_a_grafted_prefix_is_not_prefilled_again_and_decodes_the_same(fm):
 
 def test_first_logits_hash_is_that_of_the_logits_that_chose_the_first_token(fm):
     ids = fm.encode("Problem: 3+4")
-    _, logits = prefill(fm, ids, new_cache(fm))
+    _, logits = prefill(fm.fm, ids, new_cache(fm.fm))
     g = generate(fm, ids, max_new_tokens=4)
     assert g.first_logits_sha256 == logits_sha256(logits)
     assert g.token_ids[:1] == [int(logits[0].argmax())] or g.stop_reason == "eos"
@@ -83,11 +84,11 @@ def test_a_bad_strategy_or_budget_is_a_config_error(fm):
 def _one_at_a_time(fm, ids, max_new_tokens, stop, strategy, seed):
     """The batch-size-1 loop `generate` ran before batching (the oracle for n=1): same picks, same stops."""
     gen = torch.Generator(device="cpu").manual_seed(seed) if strategy == "sample" else None
-    cache, logits = prefill(fm, ids, new_cache(fm))
+    cache, logits = prefill(fm.fm, ids, new_cache(fm.fm))
     first, out, reason = logits_sha256(logits), [], "length"
     for step in range(max_new_tokens):
         tok = _pick(logits[0], strategy, 0.7, 0.95, gen)
-        if tok == fm.tokenizer.eos_token_id:
+        if tok == fm.fm.tokenizer.eos_token_id:
             reason = "eos"
             break
         out.append(tok)
@@ -95,7 +96,7 @@ def _one_at_a_time(fm, ids, max_new_tokens, stop, strategy, seed):
             reason = "stop"
             break
         if step + 1 < max_new_tokens:
-            logits = forward(fm, [tok], cache)[:, -1, :]
+            logits = forward(fm.fm, [tok], cache)[:, -1, :]
     return out, reason, first
 
 
@@ -137,8 +138,8 @@ def test_greedy_rows_of_an_expanded_sliding_window_cache_decode_like_one_row(fm)
 
 @pytest.fixture()
 def fm_two_eos():
-    fm = load_frozen_model("tiny-gemma3")
-    fm.model.config.eos_token_id = [1, 100]  # a frequent second EOS so some rows end on it
+    fm = load_backend("transformers", source="tiny-gemma3")
+    fm.fm.model.config.eos_token_id = [1, 100]  # a frequent second EOS so some rows end on it
     return fm
 
 
@@ -146,7 +147,7 @@ def test_each_row_stops_at_its_own_eos_stop_string_or_budget_and_then_costs_noth
     fm = fm_two_eos
     ids = fm.encode(LONG)
     batch_sizes = []
-    hook = fm.model.register_forward_pre_hook(
+    hook = fm.fm.model.register_forward_pre_hook(
         lambda _m, _a, kw: batch_sizes.append(kw["input_ids"].shape[0]), with_kwargs=True
     )
     try:
@@ -173,9 +174,9 @@ def test_each_row_stops_at_its_own_eos_stop_string_or_budget_and_then_costs_noth
 
 def test_a_grafted_context_is_shared_by_the_whole_batch(fm):
     ids = fm.encode(LONG)
-    cache = graft_snapshot(deposit_tokens(fm, ids[:40]), fm, token_ids=ids)
+    cache = graft_snapshot(deposit_tokens(fm.fm, ids[:40]), fm, token_ids=ids)
     grafted = generate_batch(fm, ids, 4, range(4), Sampling(16, strategy="sample"), cache=cache)
-    fresh, _ = prefill(fm, ids[:40], new_cache(fm))
+    fresh, _ = prefill(fm.fm, ids[:40], new_cache(fm.fm))
     plain = generate_batch(fm, ids, 4, range(4), Sampling(16, strategy="sample"), cache=fresh)
     assert all(g.prefill_tokens == len(ids) - 40 for g in grafted)
     assert [g.token_ids for g in grafted] == [g.token_ids for g in plain]
@@ -219,19 +220,19 @@ def test_a_long_budget_keeps_only_the_window_in_sliding_layers(fm):
     """Past the window, sliding layers hold window-1 positions however long the budget; only the full
     attention layers grow (one position per token fed back)."""
     ids = fm.encode("x")
-    cache = new_cache(fm)
+    cache = new_cache(fm.fm)
     g = generate(fm, ids, max_new_tokens=120, cache=cache, eos=set())
     assert (g.stop_reason, len(g.token_ids)) == ("length", 120)
-    for layer, spec in zip(cache.layers, fm.layer_layout):
+    for layer, spec in zip(cache.layers, fm.fm.layer_layout):
         kept = layer.keys.shape[-2]
         assert kept == (spec["window"] - 1 if spec["kind"] == "sliding" else len(ids) + 119)
 
 
 def test_a_cache_decoded_into_stays_usable_outside_inference_mode(fm):
     ids = fm.encode(LONG)
-    cache = new_cache(fm)
+    cache = new_cache(fm.fm)
     g = generate(fm, ids, max_new_tokens=5, cache=cache, eos=set())
-    logits = forward(fm, [g.token_ids[-1]], cache)  # a further step, as a caller might take
+    logits = forward(fm.fm, [g.token_ids[-1]], cache)  # a further step, as a caller might take
     assert logits.shape[:2] == (1, 1) and cache.get_seq_length() == len(ids) + 5
 
 

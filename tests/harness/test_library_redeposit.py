@@ -14,7 +14,8 @@ from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.library.build import _write_library, build_library, main, open_library, redeposit_library
 from harness.run.loop import run
-from kvstore import IncompatibleError, check_graft, environment_fingerprint, graft_snapshot
+from kvstore import IncompatibleError, check_graft
+from kvstore.backends.transformers import TransformersBackend, environment_fingerprint, graft_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 ELSEWHERE = {"cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R) Platinum", "mkl_cbwr": "AVX512"}
@@ -65,7 +66,7 @@ def test_redeposit_keeps_entry_ids_and_restores_exact_grafts(moved, capsys):
     e = lib.entries[0]
     snap = lib.store.get(e.artifact_id)
     suffix = fm.encode("Final answer: 7", add_bos=False)
-    assert check_graft(fm, snap.token_ids, suffix, snapshot=snap).equal
+    assert check_graft(TransformersBackend.of(fm), snap.token_ids, suffix, snapshot=snap).equal
     assert redeposit_library(cfg.library, fm, REPO, progress=False)["redeposited"] == 0  # nothing left to do
 
 

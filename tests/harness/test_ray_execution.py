@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tiny_gemma3():
-    from kvstore import load_frozen_model
+    from kvstore import load_backend
 
-    return load_frozen_model("tiny-gemma3")
+    return load_backend("transformers", source="tiny-gemma3")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,9 +92,9 @@ def test_a_worker_killed_mid_problem_loses_and_duplicates_nothing(tmp_path, tiny
 
 
 def test_a_worker_in_another_environment_is_refused_naming_the_field(tmp_path, tiny_gemma3, monkeypatch):
-    from kvstore import as_backend
+    from kvstore.backends.transformers import TransformersBackend
 
-    backend = type(as_backend(tiny_gemma3))
+    backend = TransformersBackend
     real = backend.environment
     monkeypatch.setattr(backend, "environment", lambda self: {**real(self), "torch_threads": 7})  # the driver's
     with pytest.raises(HarnessError, match="torch_threads: driver 7, worker 2"):

@@ -14,14 +14,14 @@ from harness.library.build import build_library, open_library
 from harness.record.audit import audit
 from harness.run.loop import comparable_key, run
 from harness.task.problems import load_problems
-from kvstore import LocalStore, load_frozen_model
+from kvstore import LocalStore, load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def fm():
-    return load_frozen_model("tiny-gemma3")
+    return load_backend("transformers", source="tiny-gemma3")
 
 
 def _cfg(tmp: Path, *extra: str):

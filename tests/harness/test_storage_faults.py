@@ -19,7 +19,7 @@ from harness.errors import StorageError
 from harness.record.audit import audit
 from harness.record.folder import MANIFEST, PARTIAL
 from harness.run.loop import run
-from kvstore import load_frozen_model
+from kvstore import load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
@@ -68,7 +68,7 @@ def fill(disk: Path, leave_pages: int) -> Path:
 
 @pytest.fixture(scope="module")
 def fm():
-    return load_frozen_model("tiny-gemma3")
+    return load_backend("transformers", source="tiny-gemma3")
 
 
 def _cfg(runs: Path, *extra: str):

@@ -20,7 +20,7 @@ from harness.errors import ConfigError
 from harness.record.audit import audit
 from harness.run.loop import fit_context, run
 from harness.task.problems import Problem
-from kvstore import load_frozen_model
+from kvstore import load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,8 +153,8 @@ def test_an_unknown_condition_fails_before_the_model_loads(tmp_path, name, says)
 @pytest.fixture(scope="module")
 def short_fm():
     """The tiny model, told its context is 256 positions (its weights take far more, so a cut prompt still runs)."""
-    fm = load_frozen_model("tiny-gemma3")
-    fm.config.max_position_embeddings = 256
+    fm = load_backend("transformers", source="tiny-gemma3")
+    fm.fm.config.max_position_embeddings = 256
     return fm
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from harness.config.schema import compose_config
 from harness.run.loop import run
-from kvstore import ModelChangedError, ModelLoadError, load_frozen_model
+from kvstore import ModelChangedError, ModelLoadError
+from kvstore.backends.transformers import load_frozen_model
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore import FrozenModel, Snapshot, load_frozen_model
+from kvstore import Snapshot
+from kvstore.backends.transformers import FrozenModel, load_frozen_model
 from kvstore.format.artifact import LayerKV
 
 

@@ -23,15 +23,18 @@ from kvstore import (
     KVStoreError,
     LocalStore,
     MemoryStore,
-    deposit_tokens,
-    forward,
     from_bytes,
-    graft_snapshot,
-    load_frozen_model,
     to_bytes,
     tokens_sha256,
 )
 from kvstore.atomic import atomic_write
+from kvstore.backends.transformers import (
+    TransformersBackend,
+    deposit_tokens,
+    forward,
+    graft_snapshot,
+    load_frozen_model,
+)
 from kvstore.engine.verify import logits_sha256, reference_logits
 from kvstore.errors import IndexDatabaseError, ValidationError
 from kvstore.format.artifact import LayerKV
@@ -139,7 +142,7 @@ def test_every_differing_setting_is_named(tiny_gemma3, gemma_bytes):
 def test_a_graft_under_the_recorded_settings_is_exact(tiny_gemma3, gemma_bytes):
     cache = graft_snapshot(from_bytes(gemma_bytes), tiny_gemma3, token_ids=PREFIX + SUFFIX)
     got = forward(tiny_gemma3, SUFFIX, cache)
-    assert logits_sha256(got) == logits_sha256(reference_logits(tiny_gemma3, PREFIX, SUFFIX))
+    assert logits_sha256(got) == logits_sha256(reference_logits(TransformersBackend.of(tiny_gemma3), PREFIX, SUFFIX))
 
 
 # ---- finding 3: the index trusts only validated fields ----

@@ -18,16 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore import (
-    Determinism,
-    IncompatibleError,
-    KVStoreError,
-    SettingsError,
-    check_graft,
-    deposit_tokens,
-    load_frozen_model,
-    prefill,
-)
+from kvstore import Determinism, IncompatibleError, KVStoreError, SettingsError, check_graft
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens, load_frozen_model, prefill
 from kvstore.backends.transformers.capture import capture_snapshot
 from kvstore.backends.transformers.model import layout_string
 from kvstore.backends.transformers.tiny import ARCHITECTURES, save_architecture
@@ -90,7 +82,7 @@ def test_each_architecture_grafts_exactly_or_is_refused_in_one_line(name, folder
         fm = load_frozen_model(folders[name], Determinism(attn_implementation=attn))
         assert layout_string(fm.layer_layout) == layout
         for n in PREFIXES:
-            check = check_graft(fm, prompt_ids(n), SUFFIX)
+            check = check_graft(TransformersBackend.of(fm), prompt_ids(n), SUFFIX)
             assert check.equal and check.sha256_reference == check.sha256_graft, (name, n, check.to_dict())
         return
     cls, words = outcome
@@ -157,7 +149,7 @@ def test_bookkeeping_a_rebuild_does_not_reproduce_is_refused_at_deposit(tiny_gem
 
 def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_graft(tiny_llama, monkeypatch):
     import kvstore.backends.transformers.graft as graft
-    from kvstore import graft_snapshot
+    from kvstore.backends.transformers import graft_snapshot
 
     snap = deposit_tokens(tiny_llama, prompt_ids(12))
     real = graft.new_cache

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore import Determinism, LocalStore, SettingsError, check_graft, load_frozen_model, new_cache, prefill
+from kvstore import Determinism, LocalStore, SettingsError, check_graft
+from kvstore.backends.transformers import TransformersBackend, load_frozen_model, new_cache, prefill
 from kvstore.backends.transformers.model import layer_layout, layout_string, smallest_window
 from kvstore.backends.transformers.tiny import byte_tokenizer
 
@@ -45,14 +46,14 @@ def test_a_sliding_window_without_layer_types_means_every_layer_slides(tiny_mist
 
 @pytest.mark.parametrize("n", [5, 15, 16, 17, 40])  # below, at (window - 1, window) and across the window 16
 def test_mistral_style_grafts_are_byte_identical_below_at_and_across_the_window(tiny_mistral, n, tmp_path):
-    check = check_graft(tiny_mistral, prompt_ids(n), SUFFIX, LocalStore(tmp_path / "store"))
+    check = check_graft(TransformersBackend.of(tiny_mistral), prompt_ids(n), SUFFIX, LocalStore(tmp_path / "store"))
     assert check.equal, check.to_dict()
     assert check.kl_max == 0 and check.argmax_agreement == 1.0
 
 
 def test_a_mistral_style_artifact_across_the_window_keeps_only_the_window(tiny_mistral, tmp_path):
     store = LocalStore(tmp_path / "store")
-    check = check_graft(tiny_mistral, prompt_ids(40), SUFFIX, store)
+    check = check_graft(TransformersBackend.of(tiny_mistral), prompt_ids(40), SUFFIX, store)
     snap = store.get(check.artifact_id)
     assert all(lyr.keys.shape[-2] == 15 and lyr.cumulative_length == 40 for lyr in snap.layers)
     cache, _ = prefill(tiny_mistral, prompt_ids(40))
@@ -64,7 +65,7 @@ def test_a_mistral_style_artifact_across_the_window_keeps_only_the_window(tiny_m
 def test_the_suite_architectures_graft_exactly_through_check_graft(request, fixture, layout, n):
     fm = request.getfixturevalue(fixture)
     assert layout_string(fm.layer_layout) == layout
-    check = check_graft(fm, prompt_ids(n), SUFFIX, oneshot=True)
+    check = check_graft(TransformersBackend.of(fm), prompt_ids(n), SUFFIX, oneshot=True)
     assert check.equal and check.oneshot is not None
 
 
@@ -99,4 +100,4 @@ def test_the_same_architecture_under_eager_records_it_and_grafts_exactly(gemma2_
     assert fm.determinism.attn_implementation == "eager"
     assert layout_string(fm.layer_layout) == "SFSF"
     for n in (5, 8, 20):
-        assert check_graft(fm, prompt_ids(n), SUFFIX).equal
+        assert check_graft(TransformersBackend.of(fm), prompt_ids(n), SUFFIX).equal

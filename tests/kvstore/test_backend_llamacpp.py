@@ -19,7 +19,6 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (make
 
 from kvstore import (  # noqa: E402
     LocalStore,
-    as_backend,  # noqa: E402
     check_graft,
     logits_sha256,
 )
@@ -125,11 +124,11 @@ def test_every_recorded_setting_and_the_gguf_are_admission_checks_naming_the_dif
 
 
 def test_an_artifact_never_grafts_into_another_backend(be, ids):
-    from kvstore import load_frozen_model
+    from kvstore import load_backend
 
     state, _ = be.prefill(ids[:16])
     llama_snap = be.capture(state, ids[:16])
-    tiny = as_backend(load_frozen_model("tiny-gemma3"))
+    tiny = load_backend("transformers", source="tiny-gemma3")
     with pytest.raises(IncompatibleError, match="deposited by the llamacpp backend, this is the transformers"):
         tiny.graft(llama_snap)
     cache, _ = tiny.prefill(tiny.encode("hello"))

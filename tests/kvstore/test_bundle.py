@@ -367,21 +367,21 @@ def test_a_kill_9_mid_publish_leaves_only_valid_objects_and_a_rerun_completes(so
 
 _GRAFT_IN_FRESH_PROCESS = """
 import json, sys
-from kvstore import LocalStore, load_frozen_model
+from kvstore import LocalStore, load_backend
 from kvstore.bundle.bundle import import_bundle
 from kvstore.engine.verify import graft_logits, logits_sha256, reference_logits
 bundle, root, files, aid, prefix, suffix = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], *map(json.loads, sys.argv[5:])
-fm = load_frozen_model("tiny-gemma3")
+be = load_backend("transformers", source="tiny-gemma3")
 store = LocalStore(root)
 info = import_bundle(bundle, store, attachments_dir=files)
-g = graft_logits(fm, prefix, suffix, store=store, artifact_id=aid).logits
-r = reference_logits(fm, prefix, suffix)
+g = graft_logits(be, prefix, suffix, store=store, artifact_id=aid).logits
+r = reference_logits(be, prefix, suffix)
 print(json.dumps({"added": list(info.added), "graft": logits_sha256(g), "reference": logits_sha256(r)}))
 """
 
 
 def test_an_artifact_grafts_exactly_after_import_in_a_fresh_process(tiny_gemma3, tmp_path):
-    from kvstore import deposit_tokens
+    from kvstore.backends.transformers import deposit_tokens
 
     prefix = [2, *range(10, 40)]  # 31 tokens: past tiny-gemma3's sliding window of 16
     suffix = [50, 61, 72, 83]

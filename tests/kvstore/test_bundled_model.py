@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from kvstore import LocalStore, check_graft, load_frozen_model, logits_sha256
+from kvstore import LocalStore, check_graft, logits_sha256
+from kvstore.backends.transformers import TransformersBackend, load_frozen_model
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ def test_an_artifact_grafted_in_another_process_gives_the_fresh_reference_logits
     assert len(prefix) == 60 and len(suffix) >= 8
     store = LocalStore(tmp_path / "store")
     with RestoreWorker(ModelSpec.backend("transformers"), store.root) as worker:  # the bundled model, loaded there
-        check = check_graft(bundled, prefix, suffix, store, restore=worker.restorer(prefix, suffix),
+        check = check_graft(TransformersBackend.of(bundled), prefix, suffix, store, restore=worker.restorer(prefix, suffix),
                             tags=["integration"], keep_logits=True)
         hello = worker.ready()
 

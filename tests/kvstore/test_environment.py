@@ -14,16 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstore import (
-    Determinism,
-    IncompatibleError,
-    SettingsError,
-    deposit_tokens,
-    environment_fingerprint,
-    from_bytes,
-    graft_snapshot,
-    to_bytes,
-)
+from kvstore import Determinism, IncompatibleError, SettingsError, from_bytes, to_bytes
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens, environment_fingerprint, graft_snapshot
 from kvstore.engine.verify import check_graft
 from kvstore.environment import (
     ENVIRONMENT_FORMAT,
@@ -112,7 +104,7 @@ def test_an_artifact_recorded_before_the_environment_value_is_compared_on_its_ow
     snap = deposit_tokens(tiny_gemma3, IDS[:20])
     legacy_det = {k: v for k, v in snap.determinism.items() if k != "profile"}
     legacy = from_bytes(to_bytes(dataclasses.replace(snap, environment=legacy_env, determinism=legacy_det)))
-    check = check_graft(tiny_gemma3, IDS[:20], IDS[20:], snapshot=legacy)  # same machine: still exact
+    check = check_graft(TransformersBackend.of(tiny_gemma3), IDS[:20], IDS[20:], snapshot=legacy)  # same machine: still exact
     assert check.equal
     other_isa = "AVX2" if now["aten_cpu_capability"] == "AVX512" else "AVX512"
     moved = _elsewhere(legacy, cpu_isa=other_isa)

@@ -20,12 +20,12 @@ from kvstore import (
     IntegrityError,
     LocalStore,
     Snapshot,
-    deposit_tokens,
     from_bytes,
     read_metadata,
     to_bytes,
     tokens_sha256,
 )
+from kvstore.backends.transformers import deposit_tokens
 from kvstore.format.artifact import FORMAT_V1, FORMAT_V2, LayerKV, content_id
 
 # Ids of to_bytes(hand_built()) (conftest): safetensors framing + canonical kvgraft metadata + tensors.

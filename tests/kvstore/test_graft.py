@@ -11,12 +11,9 @@ import dataclasses
 import pytest
 import torch
 
-from kvstore import (
-    Determinism,
-    IncompatibleError,
-    IntegrityError,
-    LocalStore,
-    check_graft,
+from kvstore import Determinism, IncompatibleError, IntegrityError, LocalStore, check_graft
+from kvstore.backends.transformers import (
+    TransformersBackend,
     deposit_tokens,
     forward,
     graft_snapshot,
@@ -57,7 +54,7 @@ def _greedy(fm, cache, logits, n: int) -> list[int]:
 @pytest.mark.parametrize("fm", MODELS, indirect=True)
 @pytest.mark.parametrize("n", [5, 15, 16, 17, 40, 100])
 def test_graft_from_the_store_gives_byte_identical_suffix_logits(fm, n, tmp_path):
-    check = check_graft(fm, prompt_ids(n), SUFFIX, LocalStore(tmp_path / "store"))
+    check = check_graft(TransformersBackend.of(fm), prompt_ids(n), SUFFIX, LocalStore(tmp_path / "store"))
     assert check.artifact_id is not None  # went through put and a verified get
     assert check.equal and check.sha256_graft == check.sha256_reference
     assert check.kl_max == 0 and check.max_abs_diff == 0 and check.argmax_agreement == 1.0
@@ -89,7 +86,7 @@ def test_grafted_sliding_layers_restore_the_window_state(tiny_gemma3, tmp_path):
 def test_bfloat16_artifacts_graft_exactly_into_a_bfloat16_model(tmp_path):
     fm = load_frozen_model("tiny-gemma3", Determinism(dtype="bfloat16"))
     store = LocalStore(tmp_path / "store")
-    check = check_graft(fm, prompt_ids(20), SUFFIX, store, keep_logits=True)
+    check = check_graft(TransformersBackend.of(fm), prompt_ids(20), SUFFIX, store, keep_logits=True)
     assert store.get(check.artifact_id).layers[0].keys.dtype == torch.bfloat16
     assert check.graft_logits.dtype == torch.bfloat16
     assert check.equal

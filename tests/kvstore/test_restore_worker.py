@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from kvstore import LocalStore, check_graft, deposit_tokens, logits_sha256
+from kvstore import LocalStore, check_graft, logits_sha256
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
 from kvstore.engine.verify import reference_logits
 from kvstore.errors import RemoteGraftError, RestoreWorkerError
@@ -23,8 +24,8 @@ def test_a_graft_in_the_second_process_equals_the_fresh_reference_and_a_miss_is_
     with RestoreWorker(spec, store.root) as worker:
         worker.check_model(tiny_gemma3.fingerprint)
         assert worker.ready()["pid"] != os.getpid()
-        check = check_graft(tiny_gemma3, PREFIX, SUFFIX, store, restore=worker.restorer(PREFIX, SUFFIX))
-        assert check.equal and check.sha256_graft == logits_sha256(reference_logits(tiny_gemma3, PREFIX, SUFFIX))
+        check = check_graft(TransformersBackend.of(tiny_gemma3), PREFIX, SUFFIX, store, restore=worker.restorer(PREFIX, SUFFIX))
+        assert check.equal and check.sha256_graft == logits_sha256(reference_logits(TransformersBackend.of(tiny_gemma3), PREFIX, SUFFIX))
         with pytest.raises(RemoteGraftError, match="NotFoundError"):
             worker.restore("0" * 64, PREFIX, SUFFIX)
         aid = store.put(deposit_tokens(tiny_gemma3, PREFIX))  # still serving after the miss

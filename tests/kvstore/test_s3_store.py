@@ -18,7 +18,8 @@ import pytest
 
 pytest.importorskip("boto3", reason="the S3 store needs boto3 (pip install -c constraints.txt 'kvgraft[s3]')")
 
-from kvstore import IntegrityError, MemoryStore, NotFoundError, Prefetcher, deposit_tokens, logits_sha256, to_bytes
+from kvstore import IntegrityError, MemoryStore, NotFoundError, Prefetcher, logits_sha256, to_bytes
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens
 from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.errors import StoreUnavailableError
 from kvstore.format.ids import ArtifactId, id_to_relpath
@@ -91,8 +92,8 @@ def test_deposit_graft_and_prefetch_through_s3_are_byte_identical_to_the_fresh_r
     fm = tiny_gemma3
     prefix, suffix = [2, *range(10, 40)], [50, 61, 72]  # 31 tokens: past the sliding window of 16
     aid = store.put(deposit_tokens(fm, prefix), tags=["library:s3"])
-    reference = logits_sha256(reference_logits(fm, prefix, suffix))
-    assert logits_sha256(graft_logits(fm, prefix, suffix, store=store, artifact_id=aid).logits) == reference
+    reference = logits_sha256(reference_logits(TransformersBackend.of(fm), prefix, suffix))
+    assert logits_sha256(graft_logits(TransformersBackend.of(fm), prefix, suffix, store=store, artifact_id=aid).logits) == reference
     with Prefetcher(store, max_bytes=64 << 20) as pf:
         pf.schedule([aid])
         deadline = time.monotonic() + 30
@@ -100,7 +101,7 @@ def test_deposit_graft_and_prefetch_through_s3_are_byte_identical_to_the_fresh_r
             time.sleep(0.01)
         snap = pf.get(aid)
         assert pf.hits == 1 and pf.misses == 0
-    assert logits_sha256(graft_logits(fm, prefix, suffix, snap).logits) == reference
+    assert logits_sha256(graft_logits(TransformersBackend.of(fm), prefix, suffix, snap).logits) == reference
 
 
 def test_a_tampered_object_is_refused_on_get_verify_and_prefetch(store, hand_built):

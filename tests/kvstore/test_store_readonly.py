@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvstore import LocalStore, deposit_tokens, logits_sha256, to_bytes
+from kvstore import LocalStore, logits_sha256, to_bytes
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens
 from kvstore.cli import main as kvstore_main
 from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.errors import ReadOnlyStoreError, StoreFullError
@@ -174,8 +175,8 @@ def test_a_graft_from_a_read_only_store_is_byte_identical_to_the_fresh_reference
     root = tmpfs() / "store"
     aid = LocalStore(root).put(deposit_tokens(fm, prefix))
     tmpfs.remount_ro(root.parent)
-    restored = graft_logits(fm, prefix, suffix, store=LocalStore(root), artifact_id=aid)
-    assert logits_sha256(restored.logits) == logits_sha256(reference_logits(fm, prefix, suffix))
+    restored = graft_logits(TransformersBackend.of(fm), prefix, suffix, store=LocalStore(root), artifact_id=aid)
+    assert logits_sha256(restored.logits) == logits_sha256(reference_logits(TransformersBackend.of(fm), prefix, suffix))
 
 
 def _as_nobody(argv: list[str]) -> tuple[int, str, str]:

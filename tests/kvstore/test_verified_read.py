@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import kvstore.store.verified_read as verified_read
-from kvstore import IntegrityError, LocalStore, deposit_tokens
+from kvstore import IntegrityError, LocalStore
+from kvstore.backends.transformers import deposit_tokens
 
 
 @pytest.fixture(params=["overlapped", "serial"])

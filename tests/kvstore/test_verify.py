@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from kvstore import KVStoreError, LocalStore, MemoryStore, check_graft, compare_logits, deposit_tokens
+from kvstore import KVStoreError, LocalStore, MemoryStore, check_graft, compare_logits
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens
 from kvstore.engine.verify import Restored, graft_logits, reference_logits
 
 SUFFIX = [4 + ord(c) for c in " so x = 5"]
@@ -21,7 +22,7 @@ def prompt_ids(n: int) -> list[int]:
 
 def test_check_graft_through_a_store_is_exact_and_times_each_stage(tiny_gemma3, tmp_path):
     store = LocalStore(tmp_path / "store")
-    check = check_graft(tiny_gemma3, prompt_ids(24), SUFFIX, store, tags=["t"], extra={"why": "test"})
+    check = check_graft(TransformersBackend.of(tiny_gemma3), prompt_ids(24), SUFFIX, store, tags=["t"], extra={"why": "test"})
     assert check.equal and check.sha256_reference == check.sha256_graft and len(check.sha256_graft) == 64
     assert (check.kl_max, check.max_abs_diff, check.argmax_agreement) == (0.0, 0.0, 1.0)
     assert (check.prefix_tokens, check.suffix_tokens, check.offset) == (24, len(SUFFIX), 0)
@@ -34,12 +35,12 @@ def test_check_graft_through_a_store_is_exact_and_times_each_stage(tiny_gemma3, 
 
 
 def test_without_a_store_the_snapshot_is_grafted_from_memory(tiny_llama):
-    check = check_graft(tiny_llama, prompt_ids(9), SUFFIX)
+    check = check_graft(TransformersBackend.of(tiny_llama), prompt_ids(9), SUFFIX)
     assert check.equal and check.artifact_id is None and "get" not in check.timing_s
 
 
 def test_the_oneshot_comparison_is_reported_not_hidden(tiny_gemma3):
-    check = check_graft(tiny_gemma3, prompt_ids(30), SUFFIX, oneshot=True, keep_logits=True)
+    check = check_graft(TransformersBackend.of(tiny_gemma3), prompt_ids(30), SUFFIX, oneshot=True, keep_logits=True)
     assert check.equal
     assert check.oneshot is not None and check.oneshot.sha256_a == check.sha256_reference
     assert 0 <= check.oneshot.max_abs_diff < 1e-3 and check.oneshot.argmax_agreement == 1.0
@@ -52,12 +53,12 @@ def test_a_graft_that_is_not_the_fresh_computation_is_reported_unequal(tiny_gemm
     prefix = prompt_ids(20)
 
     def tampered(aid: str) -> Restored:
-        r = graft_logits(tiny_gemma3, prefix, SUFFIX, store=store, artifact_id=aid)
+        r = graft_logits(TransformersBackend.of(tiny_gemma3), prefix, SUFFIX, store=store, artifact_id=aid)
         logits = r.logits.clone()
         logits[0, -1, 7] = torch.nextafter(logits[0, -1, 7], torch.tensor(float("inf")))
         return Restored(logits, r.timing_s)
 
-    check = check_graft(tiny_gemma3, prefix, SUFFIX, store, restore=tampered)
+    check = check_graft(TransformersBackend.of(tiny_gemma3), prefix, SUFFIX, store, restore=tampered)
     assert not check.equal and check.sha256_reference != check.sha256_graft
     assert 0 < check.max_abs_diff < 1e-5 and check.argmax_agreement == 1.0
 
@@ -68,24 +69,24 @@ def test_a_custom_restorer_gets_the_artifact_id(tiny_llama):
 
     def restore(aid: str) -> Restored:
         seen.append(aid)
-        return graft_logits(tiny_llama, prefix, SUFFIX, store=store, artifact_id=aid)
+        return graft_logits(TransformersBackend.of(tiny_llama), prefix, SUFFIX, store=store, artifact_id=aid)
 
-    check = check_graft(tiny_llama, prefix, SUFFIX, store, restore=restore)
+    check = check_graft(TransformersBackend.of(tiny_llama), prefix, SUFFIX, store, restore=restore)
     assert seen == [check.artifact_id] and check.equal
 
 
 def test_a_given_snapshot_is_used_instead_of_a_new_deposit(tiny_gemma3):
     prefix = prompt_ids(18)
     snap = deposit_tokens(tiny_gemma3, prefix)
-    check = check_graft(tiny_gemma3, prefix, SUFFIX, snapshot=snap)
+    check = check_graft(TransformersBackend.of(tiny_gemma3), prefix, SUFFIX, snapshot=snap)
     assert check.equal and "deposit" not in check.timing_s
 
 
 def test_offset_zero_is_exact_and_reported_positions_move_the_reference(tiny_llama):
     prefix = prompt_ids(10)
     snap = deposit_tokens(tiny_llama, prefix)
-    zero = check_graft(tiny_llama, prefix, SUFFIX, snapshot=snap, offset=0)
-    moved = check_graft(tiny_llama, prefix, SUFFIX, snapshot=snap, offset=100)
+    zero = check_graft(TransformersBackend.of(tiny_llama), prefix, SUFFIX, snapshot=snap, offset=0)
+    moved = check_graft(TransformersBackend.of(tiny_llama), prefix, SUFFIX, snapshot=snap, offset=100)
     assert zero.equal and moved.offset == 100
     assert moved.sha256_reference != zero.sha256_reference  # computed at other positions
     assert moved.max_abs_diff < 1e-3  # re-rotated keys: close, as measured, not claimed exact
@@ -93,16 +94,16 @@ def test_offset_zero_is_exact_and_reported_positions_move_the_reference(tiny_lla
 
 def test_reference_logits_is_prefill_then_suffix(tiny_gemma3):
     prefix = prompt_ids(20)
-    a = reference_logits(tiny_gemma3, prefix, SUFFIX)
-    b = reference_logits(tiny_gemma3, prefix, SUFFIX)
+    a = reference_logits(TransformersBackend.of(tiny_gemma3), prefix, SUFFIX)
+    b = reference_logits(TransformersBackend.of(tiny_gemma3), prefix, SUFFIX)
     assert compare_logits(a, b).sha256_equal  # deterministic under the pinned settings
 
 
 def test_bad_calls_are_kvstore_errors(tiny_llama):
     with pytest.raises(KVStoreError, match="non-empty prefix and suffix"):
-        check_graft(tiny_llama, prompt_ids(5), [])
+        check_graft(TransformersBackend.of(tiny_llama), prompt_ids(5), [])
     with pytest.raises(KVStoreError, match="needs a store"):
-        check_graft(tiny_llama, prompt_ids(5), SUFFIX, restore=lambda aid: None)
+        check_graft(TransformersBackend.of(tiny_llama), prompt_ids(5), SUFFIX, restore=lambda aid: None)
     with pytest.raises(KVStoreError, match="shapes differ"):
         compare_logits(torch.zeros(1, 2, 3), torch.zeros(1, 3, 3))
 
@@ -111,4 +112,4 @@ def test_a_snapshot_of_other_tokens_is_refused_not_compared(tiny_llama):
     snap = deposit_tokens(tiny_llama, prompt_ids(8))
     other = dataclasses.replace(snap, token_ids=[2] * 8)
     with pytest.raises(KVStoreError):
-        check_graft(tiny_llama, prompt_ids(8), SUFFIX, snapshot=other)
+        check_graft(TransformersBackend.of(tiny_llama), prompt_ids(8), SUFFIX, snapshot=other)

@@ -70,7 +70,8 @@ def test_bf16_restore_deposits_and_restores_in_bf16(tmp_path):
     assert out["dtype"] == "bfloat16" and out["skipped_sizes"] == [64]
     assert [r["tokens"] for r in out["rows"]] == [16, 32]
     from harness.experiments.text import DEFAULT_PROBLEMS, joined_text
-    from kvstore import LocalStore, deposit_tokens, load_frozen_model
+    from kvstore import LocalStore
+    from kvstore.backends.transformers import deposit_tokens, load_frozen_model
 
     fm = load_frozen_model("tiny-gemma3")  # the same 32 tokens deposited in float32
     fp32 = LocalStore(tmp_path / "fp32")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.experiments import registry as replay_registry
-from kvstore import Determinism, environment_fingerprint
+from kvstore import Determinism
+from kvstore.backends.transformers import environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "replay.py"

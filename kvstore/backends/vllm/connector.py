@@ -23,7 +23,8 @@ prompt's tokens, as a library entry records it; a graft still loads whole blocks
 
 Graft (scheduler side finds, worker side checks and loads): the longest whole-block prefix of a prompt that some
 artifact holds exactly (the store's token index) is claimed; before the forward pass the worker reads each
-candidate (its bytes re-hashed to its id), runs `admission_differences` and the token check, and writes the
+candidate (its bytes re-hashed to its id), runs the one admission (kvstore.engine.admission.admission_differences,
+the format's invariants included) and the token check, and writes the
 first admitted one into the request's blocks at its own positions (a sliding layer's positions outside its
 window as zeros, as FORMAT.md section 10 lays out llama.cpp's). When none is admitted nothing is written: the
 blocks are reported through `get_block_ids_with_load_errors`, one line per refused artifact is logged and
@@ -58,13 +59,13 @@ from vllm.logger import init_logger
 
 from kvstore.backends.vllm.identity import (
     EngineIdentity,
-    admission_differences,
     dtype_name,
     engine_settings,
     model_fingerprint,
     tokenizer_fingerprint,
 )
 from kvstore.backends.vllm.paged import PagedLayout, self_test
+from kvstore.engine.admission import admission_differences
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, SettingsError
 from kvstore.format.artifact import LayerKV, Snapshot, check_snapshot, tokens_sha256
@@ -319,14 +320,12 @@ class KvgraftConnector(KVConnectorBase_V1):
         for aid in entry.candidates:
             try:
                 snap = self._store.get(aid)  # the bytes hash to the id, or IntegrityError
-                why = admission_differences(snap, self._identity)
+                why = [d.message for d in admission_differences(snap, self._identity.facts())]  # the one admission
                 if snap.token_ids[:n] != entry.token_ids or snap.start_position != 0:
                     why.append(f"tokens: the artifact holds {snap.token_count} tokens from position "
                                f"{snap.start_position}, not the request's first {n}")
                 elif not why:
                     why += self._window_gaps(snap, n, entry.start)
-                if not why:
-                    check_snapshot(snap)
             except KVStoreError as e:
                 why = [f"{type(e).__name__}: {e}"]
             if why:

