@@ -76,10 +76,11 @@ def serve(args) -> dict:
     from kvstore.backends.transformers import forward, graft_snapshot
 
     cfg = _cfg(args)
-    fm = load_model(typed(cfg)).fm  # the transformers backend's FrozenModel (graft_snapshot / forward below)
+    be = load_model(typed(cfg))  # the transformers backend; its FrozenModel (graft_snapshot / forward below): be.fm
+    fm = be.fm
     rss_model = _rss_mb()
     t = time.perf_counter()
-    lib = open_library(cfg.library, fm, REPO)
+    lib = open_library(cfg.library, be, REPO)
     open_s = time.perf_counter() - t
     held_out = Library(lib.path, lib.store, exclude_self=True, retrieval="bm25")  # the same library, held out
     rss_open = _rss_mb()

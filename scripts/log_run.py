@@ -11,7 +11,7 @@ A compare folder (comparison.json) is logged as the compare job logs it when MLf
 as their parent run; its ``tracking.json`` then names that run.
 
 Defaults: the tracking URI is the project store ``sqlite:////<repo>/runs/mlflow.db``; the experiment is
-the run's ``tracking.experiment`` from its ``config.yaml``, else ``harness.tracking.store.DEFAULT_EXPERIMENT``. A folder
+the run's ``tracking.experiment`` from its ``config.yaml``, else ``harness.config.schema.DEFAULT_EXPERIMENT``. A folder
 whose
 ``tracking.json`` already names a run id in the same store is skipped unless ``--force`` is given.
 Each logged folder gets a fresh ``tracking.json`` with the run id. Exit status 0 when every folder was
@@ -25,10 +25,11 @@ import os
 import sys
 from pathlib import Path
 
+from harness.config.schema import DEFAULT_EXPERIMENT
 from harness.errors import HarnessError
 from harness.record.folder import RunFolder
 from harness.tracking.log import log_run_dir
-from harness.tracking.store import DEFAULT_EXPERIMENT, default_tracking_uri
+from harness.tracking.store import default_tracking_uri
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -157,9 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     offsets = parse_offsets(args.offsets)
 
-    from kvstore import MemoryStore, atomic_write, check_graft, compare_logits
-    from kvstore.backends.transformers import deposit_tokens, environment_fingerprint, load_frozen_model
-    from kvstore.backends.transformers.model import smallest_window
+    from kvstore import MemoryStore, atomic_write, check_graft, compare_logits, load_backend
+    from kvstore.backends.transformers import smallest_window
     from kvstore.errors import KVStoreError
 
     console = Console(width=None if sys.stdout.isatty() else 150)
@@ -171,18 +170,18 @@ def main(argv: list[str] | None = None) -> int:
         prefix, suffix = facts.pop("prefix"), facts.pop("suffix")
     else:
         err.print(f"loading {args.model} ...")
-        fm = load_frozen_model(args.model)
+        fm = load_backend("transformers", source=args.model)  # the backend; its FrozenModel is fm.fm
         prefix, suffix = _cut(fm, source_text(args.problems), n, m)
-        window = smallest_window(fm.layer_layout)
+        window = smallest_window(fm.fm.layer_layout)
         if window and n + m > window:
             err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
                       "graft_repositioned documents sequences shorter than the window")
         store = MemoryStore()  # the artifact goes through the byte format and back, as a deposit would
-        aid = store.put(deposit_tokens(fm, prefix, extra={"script": "position_sweep"}))
+        aid = store.put(fm.capture(fm.prefill(prefix)[0], prefix, extra={"script": "position_sweep"}))
         artifact = store.get(aid)
         facts = {"model": args.model, "backend": "transformers", "model_fingerprint": fm.fingerprint,
-                 "tokenizer_fingerprint": fm.tokenizer_fingerprint, "determinism": fm.determinism.to_dict(),
-                 "environment": environment_fingerprint(fm.device), "layer_layout": fm.layer_layout,
+                 "tokenizer_fingerprint": fm.tokenizer_fingerprint, "determinism": fm.settings(),
+                 "environment": fm.environment(), "layer_layout": fm.fm.layer_layout,
                  "sliding_window": window}
 
     results, fresh0 = [], None

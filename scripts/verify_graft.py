@@ -107,10 +107,9 @@ def _determinism(args):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    from kvstore import LocalStore, atomic_write, check_graft
-    from kvstore.backends.transformers import environment_fingerprint, load_frozen_model
+    from kvstore import LocalStore, atomic_write, check_graft, load_backend
+    from kvstore.backends.transformers import smallest_window
     from kvstore.backends.transformers.gguf import BUNDLED
-    from kvstore.backends.transformers.model import smallest_window
     from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
     from kvstore.errors import RemoteGraftError
 
@@ -134,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         # its first load converts the GGUF into a cache, which one process should do alone.
         if args.model != BUNDLED:
             worker = start_worker(_determinism(args).to_dict())
-        fm = load_frozen_model(args.model, determinism=_determinism(args))
+        be = load_backend("transformers", source=args.model, determinism=_determinism(args))
+        fm = be.fm
         load_s = time.perf_counter() - t_start
         if worker is None:
             worker = start_worker(fm.determinism.to_dict())
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"index": s.index, "prefix_tokens": n, "suffix_tokens": m,
                        "crosses_window": bool(window and n >= window)}
                 try:
-                    c = check_graft(fm, s.prefix, s.suffix, store, oneshot=True, restore=restore,
+                    c = check_graft(be, s.prefix, s.suffix, store, oneshot=True, restore=restore,
                                     tags=["verify_graft"], extra={"script": "verify_graft", "sample": s.index})
                 except RemoteGraftError as e:
                     aid = given[0]
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_pid": hello["pid"],
         "parent_pid": os.getpid(),
         "determinism": fm.determinism.to_dict(),
-        "environment": environment_fingerprint(fm.device),
+        "environment": be.environment(),
         "layer_layout": fm.layer_layout,
         "sliding_window": window,
         "problems": {"path": str(args.problems), "sha256": _sha256_file(args.problems), "rows": len(texts)},

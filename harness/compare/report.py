@@ -154,7 +154,8 @@ def print_table(df: Any, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`make report RUN=...`: write the report, log it to MLflow (unless --no-mlflow); print the table."""
     from harness.compare.mlflow_runs import log_report
-    from harness.tracking.store import DEFAULT_EXPERIMENT, default_tracking_uri
+    from harness.config.schema import DEFAULT_EXPERIMENT
+    from harness.tracking.store import default_tracking_uri
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run", type=Path, help="a multirun folder (runs/multirun/<stamp>) or any folder of run folders")

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from harness.config.execution import EXECUTIONS, ExecutionConfig  # noqa: F401 - the config dataclass, re-exported
+from harness.config.execution import EXECUTIONS
 
 
 def identity(fm: Any) -> dict:

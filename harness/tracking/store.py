@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
-from harness.config.schema import DEFAULT_EXPERIMENT  # noqa: F401 - re-exported: the one default experiment name
 from harness.errors import TrackingError
 from kvstore import publish, temp_path
 

@@ -12,18 +12,27 @@ addressed and verified by the store like any other, recording `determinism["back
 
     be = FakeBackend({"Final answer:": " 42\\n\\n"})
     generate(be, be.encode("...Final answer:"), max_new_tokens=8, stop=["\\n\\n"]).text == " 42"
+
+Its capabilities (kvstore.engine.protocol) are declared here and nowhere else: it is Stepwise (the harness's decode
+loop drives it token by token); with the setting `in_engine=True` (`model.fake.in_engine=true`) the loader gives a
+FakeInEngineBackend, which also decodes whole rows itself (InEngineDecoding: `continue_rows`, `graft_refusal`), and
+the harness hands it the continuation instead, as it does vLLM. That one flag, in this module, is what a new
+engine's capability costs (docs/extending.md); tests/harness/test_capabilities.py shows the harness picking the path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import BackendDefaults, Registered
+from kvstore.engine.protocol import BackendDefaults, Continuation, Registered
+from kvstore.engine.verify import logits_sha256
 from kvstore.errors import IncompatibleError, KVStoreError
 from kvstore.format.artifact import LayerKV, Snapshot
 
@@ -39,6 +48,7 @@ class FakeSettings:
     script: dict[str, str] = field(default_factory=dict)
     margin: float = 8.0
     model_name: str = "fake"
+    in_engine: bool = False  # True: the backend also decodes whole rows itself (InEngineDecoding)
 
 
 REGISTERED = Registered("fake", settings="kvstore.backends.fake:FakeSettings", loader="kvstore.backends.fake:load")
@@ -188,6 +198,58 @@ class FakeBackend(BackendDefaults):
         return FakeState([held])
 
 
+class FakeInEngineBackend(FakeBackend):
+    """The fake with the InEngineDecoding capability: it continues whole rows itself, as an engine with its own
+    batching and sampler does (`calls["continue_rows"]` counts the rows; no `step` is taken)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.calls["continue_rows"] = 0
+
+    def continue_rows(self, state: FakeState | None, prompt_ids: list[int], seeds: Sequence[int], *,
+                      max_new_tokens: int, stop: Sequence[str] = (), strategy: str = "greedy",
+                      temperature: float = 0.7, top_p: float = 0.95,
+                      eos: set[int] | None = None) -> list[Continuation]:
+        """Each seed's row: greedy takes the scripted argmax, sample draws from softmax(logits / temperature) with a
+        generator seeded by the row's seed; a row ends at EOS (left out), a stop string (its token kept) or the
+        budget."""
+        t0 = time.perf_counter()
+        held = [] if state is None else list(state.rows[0])
+        if list(prompt_ids[: len(held)]) != held:
+            raise IncompatibleError("fake backend: the prompt does not begin with the tokens the state holds")
+        eos = self.eos_ids() if eos is None else set(eos)
+        first = self._logits(list(prompt_ids))
+        self.calls["prefill_tokens"] += len(prompt_ids) - len(held)
+        sha, ttft = logits_sha256(first[None]), time.perf_counter() - t0
+        out = []
+        for seed in seeds:
+            gen = torch.Generator().manual_seed(int(seed))
+            history, ids, reason, logits = list(prompt_ids), [], "length", first
+            for _ in range(max_new_tokens):
+                if strategy == "greedy":
+                    tok = int(torch.argmax(logits))
+                else:
+                    tok = int(torch.multinomial(torch.softmax(logits.double() / max(temperature, 1e-6), -1), 1,
+                                                generator=gen))
+                if tok in eos:
+                    reason = "eos"
+                    break
+                ids.append(tok)
+                history.append(tok)
+                if any(s and s in self.decode(ids) for s in stop):
+                    reason = "stop"
+                    break
+                logits = self._logits(history)
+            self.calls["continue_rows"] += 1
+            out.append(Continuation(ids, reason, sha, ttft))
+        return out
+
+    def graft_refusal(self, token_count: int) -> str | None:
+        """The fake grafts every artifact it deposits."""
+        return None
+
+
 def load(settings: FakeSettings) -> FakeBackend:
-    """The registry's loader (kvstore.backends)."""
-    return FakeBackend(dict(settings.script), settings.margin, settings.model_name)
+    """The registry's loader (kvstore.backends): the in-engine fake when `settings.in_engine`."""
+    cls = FakeInEngineBackend if settings.in_engine else FakeBackend
+    return cls(dict(settings.script), settings.margin, settings.model_name)

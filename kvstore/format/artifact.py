@@ -29,9 +29,8 @@ from safetensors.torch import save as st_save
 
 from kvstore.errors import FormatError, IntegrityError, KVStoreError, ValidationError
 from kvstore.format.canonical import canonical_json
-from kvstore.format.framing import (  # noqa: F401  (FORMAT* and META_KEY are part of this module's API)
+from kvstore.format.framing import (
     FORMAT,
-    FORMAT_V1,
     FORMAT_V2,
     FORMATS,
     META_KEY,
@@ -39,15 +38,10 @@ from kvstore.format.framing import (  # noqa: F401  (FORMAT* and META_KEY are pa
     read_layout,
     tensor_views,
 )
-from kvstore.format.invariants import (  # noqa: F401  (re-exported: the bounds are part of the format)
-    DTYPE_TAGS,
+from kvstore.format.invariants import (
     MAX_HEADER_BYTES,
-    MAX_INT,
-    MAX_ITEMS,
-    MAX_JSON_DEPTH,
     MAX_LAYERS,
     MAX_POSITION,
-    MAX_STRING,
     MAX_TOKENS,
     cached_tokens,
     tensor_names,

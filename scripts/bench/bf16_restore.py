@@ -25,15 +25,16 @@ from pathlib import Path
 from common import stats, token_stream, write_summary
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, LocalStore
-from kvstore.backends.transformers import deposit_tokens, graft_snapshot, load_frozen_model
+from kvstore import Determinism, LocalStore, load_backend
+from kvstore.backends.transformers import deposit_tokens, graft_snapshot
 
 
 def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workdir: Path,
             threads: int | None = None, max_tokens: int = 2048) -> dict:
     """{"dtype", "rows": [{tokens, artifact_bytes, bytes_per_token, restore_s, deposit_s}], "skipped_sizes"}."""
     base = Determinism()
-    fm = load_frozen_model(model, Determinism(threads=threads or base.threads, dtype="bfloat16"))
+    det = Determinism(threads=threads or base.threads, dtype="bfloat16")
+    fm = load_backend("transformers", source=model, determinism=det).fm
     store = LocalStore(workdir)
     rows = []
     try:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
     args = ap.parse_args(argv)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    stream, _ = token_stream(load_frozen_model(args.model), DEFAULT_PROBLEMS, max(sizes))
+    stream, _ = token_stream(load_backend("transformers", source=args.model).fm, DEFAULT_PROBLEMS, max(sizes))
     try:
         result = measure(args.model, stream, sizes, args.repeats, args.work, max_tokens=args.max_tokens)
     finally:

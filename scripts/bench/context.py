@@ -35,8 +35,8 @@ import torch
 from common import stats
 from tqdm import tqdm
 
-from kvstore import Determinism, LocalStore, atomic_write, to_bytes, tokens_sha256
-from kvstore.backends.transformers import deposit_tokens, graft_snapshot, load_frozen_model
+from kvstore import Determinism, LocalStore, atomic_write, load_backend, to_bytes, tokens_sha256
+from kvstore.backends.transformers import deposit_tokens, graft_snapshot
 from kvstore.backends.transformers.model import layout_string
 
 SEED = 20240611
@@ -89,7 +89,7 @@ _WORKER_FM = None
 
 def _worker_init(model: str, threads: int) -> None:
     global _WORKER_FM
-    _WORKER_FM = load_frozen_model(model, Determinism(threads=threads))
+    _WORKER_FM = load_backend("transformers", source=model, determinism=Determinism(threads=threads)).fm
 
 
 def _worker_batch(job: tuple[list[int], list[int]]) -> tuple[str, list[bytes]]:
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if checkpoints[-1] != args.artifacts:
         checkpoints.append(args.artifacts)
     det = Determinism(threads=args.threads)
-    fm = load_frozen_model(args.model, det, device=args.device)
+    fm = load_backend("transformers", source=args.model, determinism=det, device=args.device).fm
     lengths = plan_lengths(args.artifacts, args.total_tokens)
     vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
     store = LocalStore(out / "context_store")

@@ -29,8 +29,8 @@ import torch
 from common import REPO as ROOT  # noqa: E402
 
 from harness.run.decode import Sampling, generate, generate_batch  # noqa: E402
-from kvstore import Determinism, atomic_write  # noqa: E402
-from kvstore.backends.transformers import load_frozen_model, new_cache, prefill  # noqa: E402
+from kvstore import Determinism, atomic_write, load_backend  # noqa: E402
+from kvstore.backends.transformers import TransformersBackend, new_cache, prefill  # noqa: E402
 from kvstore.environment import cpu_name
 
 PROBLEMS = ROOT / "problems" / "kvgraft_original.jsonl"
@@ -56,6 +56,7 @@ def _long_text(fm, tokens: int) -> list[int]:
 
 def batched_sampling(fm, problems: int, n: int, max_new_tokens: int) -> dict:
     """avg@n sampling: n bs-1 generations per problem vs one batch of n; same seeds, same budget."""
+    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
     bs1_tokens = batch_tokens = 0
     bs1_s = batch_s = 0.0
     for p, prompt in enumerate(_prompts(problems)):
@@ -65,11 +66,11 @@ def batched_sampling(fm, problems: int, n: int, max_new_tokens: int) -> dict:
         for side in (("bs1", "batch") if p % 2 == 0 else ("batch", "bs1")):
             t0 = time.perf_counter()
             if side == "bs1":
-                gens = [generate(fm, ids, max_new_tokens=max_new_tokens, strategy="sample", seed=s) for s in seeds]
+                gens = [generate(be, ids, max_new_tokens=max_new_tokens, strategy="sample", seed=s) for s in seeds]
                 bs1_s += time.perf_counter() - t0
                 bs1_tokens += sum(g.decode_tokens for g in gens)
             else:
-                gens = generate_batch(fm, ids, n, seeds, Sampling(max_new_tokens, strategy="sample"))
+                gens = generate_batch(be, ids, n, seeds, Sampling(max_new_tokens, strategy="sample"))
                 batch_s += time.perf_counter() - t0
                 batch_tokens += sum(g.decode_tokens for g in gens)
     bs1, batched = bs1_tokens / bs1_s, batch_tokens / batch_s
@@ -86,6 +87,7 @@ def batched_sampling(fm, problems: int, n: int, max_new_tokens: int) -> dict:
 
 def dtype_speed(fm, prefill_tokens: int, decode_tokens: int) -> dict:
     """Prefill tokens/s (fresh cache, pinned chunking) and greedy decode tokens/s, one model in one dtype."""
+    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
     ids = _long_text(fm, prefill_tokens)
     prefill(fm, ids[:16], new_cache(fm))  # warm-up
     t0 = time.perf_counter()
@@ -93,7 +95,7 @@ def dtype_speed(fm, prefill_tokens: int, decode_tokens: int) -> dict:
     prefill_s = time.perf_counter() - t0
     prompt = fm.encode(_prompts(1)[0])
     t0 = time.perf_counter()
-    g = generate(fm, prompt, max_new_tokens=decode_tokens, eos=set())  # a fixed length, as llama-bench does
+    g = generate(be, prompt, max_new_tokens=decode_tokens, eos=set())  # a fixed length, as llama-bench does
     wall = time.perf_counter() - t0
     steps = g.decode_tokens - 1  # forward passes after the first token
     return {
@@ -129,6 +131,7 @@ def llama_cpp_speed(model: str, decode_tokens: int, threads: int) -> dict | str:
 
 def long_budget(fm, tokens: int) -> dict:
     """Peak RSS during one greedy generation of `tokens` tokens (stop only at the budget), sampled per step."""
+    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
     proc = psutil.Process()
     rss: list[int] = []
     gen_tokens = [0]
@@ -139,7 +142,7 @@ def long_budget(fm, tokens: int) -> dict:
             rss.append(proc.memory_info().rss)
 
     t0 = time.perf_counter()
-    g = generate(fm, fm.encode(_prompts(1)[0]), max_new_tokens=tokens, on_token=on_token, eos=set())
+    g = generate(be, fm.encode(_prompts(1)[0]), max_new_tokens=tokens, on_token=on_token, eos=set())
     wall = time.perf_counter() - t0
     window = next((layer["window"] for layer in fm.layer_layout if layer["kind"] == "sliding"), None)
     mb = [round(r / 2**20, 1) for r in rss]
@@ -162,7 +165,7 @@ def measure(
     }
     for i, dtype in enumerate(dtypes):
         _say(f"{model} {dtype}: loading")
-        fm = load_frozen_model(model, Determinism(threads=threads, dtype=dtype))
+        fm = load_backend("transformers", source=model, determinism=Determinism(threads=threads, dtype=dtype)).fm
         out["dtype"][dtype] = dtype_speed(fm, prefill_tokens, decode_tokens)
         _say(f"{dtype}: {out['dtype'][dtype]}")
         if i == 0:  # the first dtype is the one the other figures use

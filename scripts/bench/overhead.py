@@ -12,7 +12,7 @@ from common import GOALS, clock, stats
 from peer import llama_clear, llama_logits_argmax
 
 from harness.experiments.text import read_problems
-from kvstore.backends.transformers import forward, prefill
+from kvstore.backends.transformers import TransformersBackend, forward, prefill
 
 # ---------------------------------------------------------------- 4. harness overhead
 
@@ -27,8 +27,9 @@ def bench_overhead(fm, text_path: Path, prompts: int, new_tokens: int, repeats: 
         label = "kvstore-level greedy loop (prefill + forward; harness.run.decode not importable)"
 
     def through_harness(ids):
+        be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
         if harness_generate is not None:
-            g = harness_generate(fm, ids, max_new_tokens=new_tokens)
+            g = harness_generate(be, ids, max_new_tokens=new_tokens)
             return g.token_ids, g.decode_tokens
         cache, logits = prefill(fm, ids)
         out = []

@@ -34,8 +34,8 @@ from restore import bench_restore
 from ttft import bench_ttft
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, LocalStore
-from kvstore.backends.transformers import forward, load_frozen_model, prefill
+from kvstore import Determinism, LocalStore, load_backend
+from kvstore.backends.transformers import forward, prefill
 from kvstore.backends.transformers.gguf import BUNDLED
 from kvstore.backends.transformers.model import layout_string
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
     base = Determinism()
     det = Determinism(threads=args.threads or base.threads, dtype=args.dtype or base.dtype)
-    fm = load_frozen_model(args.model, det)
+    fm = load_backend("transformers", source=args.model, determinism=det).fm
     stream, text_info = token_stream(fm, args.text, max(sizes) + 1)
     work = out / "_bench_store"
     shutil.rmtree(work, ignore_errors=True)

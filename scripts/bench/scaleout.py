@@ -28,8 +28,8 @@ from pathlib import Path
 
 from common import write_summary
 
-from kvstore import LocalStore, logits_sha256  # noqa: E402
-from kvstore.backends.transformers import deposit_tokens, graft_snapshot, load_frozen_model  # noqa: E402
+from kvstore import LocalStore, load_backend, logits_sha256  # noqa: E402
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens, graft_snapshot  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import cpu_name
 from kvstore.store.s3 import S3Store  # noqa: E402
@@ -134,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         return _write(out / "scaleout_problems.json", result, f"{result['loadavg_before'][0]:.1f} before, "
                       f"{result['loadavg_after'][0]:.1f} after")
 
-    fm = load_frozen_model(a.model)
+    fm = load_backend("transformers", source=a.model).fm
+    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
     vocab = fm.model.config.vocab_size
     prefix = [2] + [(7919 * i) % (vocab - 10) + 5 for i in range(a.tokens - 1)]
     suffix = [prefix[5], prefix[9]]
     snap = deposit_tokens(fm, prefix)
-    reference = logits_sha256(reference_logits(fm, prefix, suffix))
+    reference = logits_sha256(reference_logits(be, prefix, suffix))
     result: dict = {"cpu": cpu_name(), "cores": os.cpu_count(), "model": fm.name, "tokens": a.tokens,
                     "repeats": a.repeats}
     with tempfile.TemporaryDirectory(prefix="kvgraft-scaleout-") as tmp:
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             assert remote.put(snap) == aid
             result["artifact"] = {"id": aid, "bytes": local.info(aid).size}
             for name, store in (("local", local), ("s3", remote)):
-                exact = logits_sha256(graft_logits(fm, prefix, suffix, store=store, artifact_id=aid).logits)
+                exact = logits_sha256(graft_logits(be, prefix, suffix, store=store, artifact_id=aid).logits)
                 result[name] = {**time_restore(fm, store, aid, prefix, a.repeats), "exact": exact == reference}
                 print(f"{name:5s}: restore {result[name]['restore_s_median'] * 1e3:8.2f} ms (get "
                       f"{result[name]['get_s_median'] * 1e3:.2f} ms), exact={result[name]['exact']}", flush=True)

@@ -99,7 +99,7 @@ def test_dataset_columns_override_works_as_documented(tmp_path):
 
 
 def test_default_experiment_is_defined_once():
-    from harness.tracking.store import DEFAULT_EXPERIMENT
+    from harness.config.schema import DEFAULT_EXPERIMENT
 
     assert compose_config().tracking.experiment == DEFAULT_EXPERIMENT
     lines = (CONFIG_DIR / "tracking" / "mlflow.yaml").read_text().splitlines()

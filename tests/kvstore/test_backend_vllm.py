@@ -12,6 +12,7 @@ exist; `make setup-vllm` builds it. The exactness figures across engines: script
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -263,3 +264,33 @@ def test_registered_backend_names_the_entries_it_cannot_graft_and_refuses_them_i
     assert "layer" in r["552"] and "at most 511 tokens" in r["552"] and "128-token blocks" in r["552"]
     assert r["graft_552"] is not None and r["graft_552"].endswith(r["552"]) and "\n" not in r["graft_552"]
     assert "graft" not in r["events"]  # the deposit is made; no graft ever reaches the connector
+
+
+def _overflow_line(be, limit: int) -> str:  # noqa: ANN001
+    """The refusal run.context_overflow=refuse gives on `be` for a 200-word problem and a budget 8 short of `limit`."""
+    from harness.config.schema import compose_config, typed
+    from harness.errors import ConfigError
+    from harness.run.loop import fit_context
+    from harness.task.problems import Problem
+
+    c = typed(compose_config(["model=tiny_gemma3", f"decoding.max_new_tokens={limit - 8}"]))
+    with pytest.raises(ConfigError) as caught:
+        fit_context([Problem("long-1", " ".join(["seven"] * 200) + " What is 3+4?", "7")], be, c)
+    return str(caught.value)
+
+
+@pytest.mark.integration
+def test_context_overflow_is_refused_on_vllm_in_the_line_transformers_gives(backend_cases: dict) -> None:
+    """vLLM's context is its engine's max_model_len (the backend's context_size), so run.context_overflow=refuse
+    refuses there as on transformers: the same line, only the numbers differ."""
+    from kvstore import load_backend
+
+    o = backend_cases["overflow"]
+    assert o["context_size"] == VllmBackendSettings().max_model_len  # 8192: what the engine resolved
+    assert o["refused"] is not None and "\n" not in o["refused"]
+    tiny = load_backend("transformers", source="tiny-gemma3")
+    tiny.fm.config.max_position_embeddings = 256
+    transformers_line = _overflow_line(tiny, 256)
+    numbers = re.compile(r"[0-9][0-9,]*")
+    assert numbers.sub("N", o["refused"]) == numbers.sub("N", transformers_line), (o["refused"], transformers_line)
+    assert "context of 8,192" in o["refused"] and "run.context_overflow=truncate" in o["refused"]

@@ -26,7 +26,8 @@ from kvstore import (
     tokens_sha256,
 )
 from kvstore.backends.transformers import deposit_tokens
-from kvstore.format.artifact import FORMAT_V1, FORMAT_V2, LayerKV, content_id
+from kvstore.format.artifact import LayerKV, content_id
+from kvstore.format.framing import FORMAT_V1, FORMAT_V2
 
 # Ids of to_bytes(hand_built()) (conftest): safetensors framing + canonical kvgraft metadata + tensors.
 # If one changes, the artifact bytes changed: every stored id changes with it. That needs a new FORMAT version,

@@ -25,7 +25,7 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
-from kvstore.format.artifact import FORMAT_V1, FORMAT_V2
+from kvstore.format.framing import FORMAT_V1, FORMAT_V2
 from kvstore.format.ids import id_to_relpath, relpath_to_id
 
 MISSING = "f" * 64

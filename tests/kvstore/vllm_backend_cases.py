@@ -10,7 +10,9 @@ entry of 200 tokens (one whole block and a partial one) and a short query:
   cold       the same prompt from a clean cache (another schedule: information only);
   foreign    the artifact with another model fingerprint offered to graft;
   refusal    `graft_refusal` for entries of 200, 552 and 640 tokens, and a real 552-token artifact offered to graft
-             (more than the 511 positions a sliding layer keeps, not on a 128-token block: refused, same words).
+             (more than the 511 positions a sliding layer keeps, not on a 128-token block: refused, same words);
+  overflow   `context_size()` (the engine's max_model_len) and the harness's run.context_overflow=refuse on a
+             prompt that does not fit beside decoding.max_new_tokens (harness.run.loop.fit_context).
 OUT.json holds everything the test asserts on.
 """
 
@@ -74,8 +76,28 @@ def main(out_path: str) -> int:
     except kvstore.IncompatibleError as e:
         result["refusal"]["graft_552"] = str(e)
     result["refusal"]["events"] = [e["event"] for e in journal(be.journal)[before:]]
+    result["overflow"] = overflow(be)
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def overflow(be) -> dict:  # noqa: ANN001
+    """The engine's context and the refusal of a prompt that does not fit beside the decoding budget (the test builds
+    the transformers line the same way and compares the two)."""
+    from harness.config.schema import compose_config, typed
+    from harness.errors import ConfigError
+    from harness.run.loop import fit_context
+    from harness.task.problems import Problem
+
+    limit = be.context_size()
+    c = typed(compose_config(["model=gemma3_270m_vllm", f"decoding.max_new_tokens={limit - 8}"]))
+    long = Problem("long-1", " ".join(["seven"] * 200) + " What is 3+4?", "7")
+    try:
+        fit_context([long], be, c)
+        refused = None
+    except ConfigError as e:
+        refused = str(e)
+    return {"context_size": limit, "refused": refused}
 
 
 if __name__ == "__main__":
