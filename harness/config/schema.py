@@ -311,11 +311,13 @@ def validate(c: Config) -> None:
 
 
 def check_backend(m: ModelConfig) -> None:
-    """The llama.cpp backend's rule between fields: it runs on the CPU (model.device=cpu), a ConfigError naming
-    model.device otherwise, before anything loads. (model.backend's values and llama.cpp's counts and KV cache
-    types are the schema's: `check_fields`, and OmegaConf at composition.)"""
-    if m.backend == "llamacpp" and m.device != "cpu":
-        raise ConfigError(f"model.device={m.device!r}: the llamacpp backend runs on the CPU here; use model.device=cpu")
+    """A backend whose settings take no `device` (llama.cpp, vLLM's CPU build, the fake) runs on the CPU here:
+    model.device=cpu, a ConfigError naming model.device otherwise, before anything loads. Read off the backend's
+    Settings dataclass, no backend named. (model.backend's values and each section's ranges and choices are the
+    schema's: `check_fields`, and OmegaConf at composition.)"""
+    name = str(m.backend)
+    if m.device != "cpu" and "device" not in {f.name for f in dataclasses.fields(settings_class(name))}:
+        raise ConfigError(f"model.device={m.device!r}: the {name} backend runs on the CPU here; use model.device=cpu")
 
 
 def recorded(cfg: DictConfig | Config) -> dict[str, Any]:

@@ -4,9 +4,11 @@ declares. A backend's face holds `REGISTERED = kvstore.engine.protocol.Registere
 SettingsError naming it) and calls its loader. Adding a backend is its folder, its config file
 (configs/model/<name>.yaml) and its test: nothing here changes (docs/extending.md).
 
-    transformers/  the default: a kvstore.FrozenModel (Hugging Face transformers), the whole engine in its folder
+    transformers/  the default: Hugging Face transformers (its FrozenModel owned by its Backend), the whole engine
+                   in its folder, its own functions its face (kvstore.backends.transformers)
     llamacpp/      llama-cpp-python on a GGUF file
-    fake.py        scripted continuations, for the harness's unit tests
+    vllm/          an in-process vLLM engine and its KV connector (its own venv, `make setup-vllm`)
+    fake.py        scripted continuations, for the harness's unit tests (in_engine=True: the in-engine capability)
     packaged.py    not a backend: model files installed as registry packages, by name -> a verified GGUF (the bundled
                    270M; the 1.5B after `make setup-models`), shared by the GGUF-reading backends
 """

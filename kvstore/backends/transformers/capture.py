@@ -122,7 +122,7 @@ def capture_layers(fm: FrozenModel, cache: DynamicCache, token_count: int) -> li
         i = next(i for i, (a, b) in enumerate(zip(fresh.layers, cache.layers)) if type(a) is not type(b))
         raise CaptureError(f"cache layer {i} is a {type(cache.layers[i]).__name__}, but the cache the model builds "
                            f"for itself has a {type(fresh.layers[i]).__name__} there; deposit from a cache made by "
-                           "kvstore.new_cache / prefill")
+                           "kvstore.backends.transformers.new_cache / prefill")
     layers = [_capture_layer(i, layer, fresh.layers[i], layout[i], token_count)
               for i, layer in enumerate(cache.layers)]
     _check_rebuild(fm, cache, layers)

@@ -1,9 +1,9 @@
 """What binds a vLLM artifact to the engine that may graft it: the model and tokenizer fingerprints, the engine
-settings that change bits, the layer layout, and the one admission check that compares them all.
+settings that change bits, the layer layout: the Facts the one admission (kvstore.engine.admission) compares.
 
     fp = model_fingerprint(folder)              # SHA-256 over config.json + every *.safetensors file
     settings = engine_settings(vllm_config, threads=2, isa="vec", kv_layout=layout.name)
-    why = admission_differences(snapshot, identity)   # [] = admitted; else one line per difference
+    why = admission_differences(snapshot, identity.facts())   # kvstore.engine.admission: [] = admitted
 
 vLLM loads an HF safetensors folder (no GGUF on its CPU backend), so the model fingerprint is the folder's:
 SHA-256 over canonical JSON of `[name, size, sha256]` for config.json and each weight file, in name order. The
