@@ -15,7 +15,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
-        verify-graft position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
+        verify-graft verify-llamacpp position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
         audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels
 
 setup: $(STAMP)
@@ -136,6 +136,10 @@ bench-scaleout: setup-s3
 verify-graft: setup
 	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)
 
+# The same exactness driver on llama.cpp and on vLLM (scripts/verify_graft.py --backend NAME; vLLM in .venv-vllm)
+verify-llamacpp: setup
+	$(PY) scripts/verify_graft.py --backend llamacpp --samples 50 --out runs/verify_llamacpp.json $(ARGS)
+
 # Pre-registered replay (scripts/replay_registry.json): every registered profile, each in its own process.
 # PROFILE=native|portable replays one; ARGS=--register (with PROFILE) registers this machine's hashes beside others'.
 replay: setup
@@ -175,7 +179,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm
-	$(VLLM_PY) scripts/verify_vllm.py --samples 50 --out runs/verify_vllm.json $(ARGS)
+	$(VLLM_PY) scripts/verify_graft.py --backend vllm --samples 50 --out runs/verify_vllm.json $(ARGS)
 
 clean:
 	rm -rf .venv .venv-vllm .pytest_cache .ruff_cache

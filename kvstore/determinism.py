@@ -14,8 +14,10 @@ A bad value raises `kvstore.errors.SettingsError` naming the `determinism.<field
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -114,3 +116,25 @@ class Determinism:
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
+    """One command-line flag per Determinism field, read off the dataclass (`--prefill-chunk` for prefill_chunk;
+    a boolean as `--x` / `--no-x`), each defaulting to None (= the field's default): every script takes the pinned
+    settings from here, so a field added to Determinism is a flag of every script with no script edited."""
+    for f in fields(Determinism):
+        if f.name in exclude:
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        flag, what = "--" + f.name.replace("_", "-"), f"determinism.{f.name} (default {default!r})"
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=what)
+        else:
+            parser.add_argument(flag, dest=f.name, type=type(default), default=None, metavar=f.name.upper(),
+                                help=what)
+
+
+def from_arguments(args: argparse.Namespace, **overrides: Any) -> Determinism:
+    """The Determinism the flags of `add_arguments` give (a flag not given keeps the field's default)."""
+    given = {f.name: getattr(args, f.name) for f in fields(Determinism) if getattr(args, f.name, None) is not None}
+    return Determinism(**{**given, **overrides})

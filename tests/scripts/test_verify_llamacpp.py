@@ -1,4 +1,4 @@
-"""scripts/verify_llamacpp.py on the 1.5B model (Qwen2.5-Coder-1.5B-Instruct GGUF, `make setup-models`): a few
+"""scripts/verify_graft.py --backend llamacpp on the 1.5B model (Qwen2.5-Coder-1.5B-Instruct GGUF, `make setup-models`): a few
 samples of the 50-sample exactness check, the graft half in another process. The full run and its output:
 docs/models.md. Costs about a minute on 2 cores (two model loads, prefixes of 86, 318 and 589 tokens)."""
 
@@ -25,14 +25,16 @@ pytestmark = pytest.mark.integration
 def test_grafts_on_the_1_5b_model_are_byte_identical_when_restored_in_another_process(tmp_path):
     out = tmp_path / "v.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "verify_llamacpp.py"), "--gguf", MODEL, "--samples", "3",
+        [sys.executable, str(ROOT / "scripts" / "verify_graft.py"), "--backend", "llamacpp", "--gguf", MODEL,
+         "--samples", "3",
          "--n-ctx", "1024", "--out", str(out)],  # seed 0: prefixes of 86, 318 and 589 tokens
         capture_output=True, text=True, timeout=900, cwd=ROOT, check=False,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})  # this checkout's code
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    assert r["model"] == f"{MODEL}-gguf" and r["gguf_sha256"].startswith("cc324af070c2ecbf")
+    assert r["backend"] == "llamacpp" and r["model"] == f"{MODEL}-gguf"
+    assert r["model_fingerprint"].startswith("cc324af070c2ecbf")  # the GGUF's SHA-256
     assert r["samples"] == 3 and r["sha256_equal"] == 3
     assert r["kl_max"] == 0.0 and r["argmax_agreement_min"] == 1.0
-    assert r["restore_process"].startswith("separate")
-    assert max(row["prefix_tokens"] for row in r["rows"]) > r["settings"]["n_batch"]  # a prefix of two chunks
+    assert r["restore_process"].startswith("separate") and r["worker_pid"] != r["parent_pid"]
+    assert max(row["prefix_tokens"] for row in r["per_sample"]) > r["settings"]["n_batch"]  # a prefix of two chunks

@@ -37,7 +37,7 @@ whole blocks it grafts (its partial last block, say): the worker checks that its
 that each sliding layer holds the window before the grafted blocks' end, else refuses it.
 
 Exactness: a graft is byte-identical to the engine's own prefix-cache hit on the same blocks (same schedule:
-prefix alone, then prefix + suffix), which is what scripts/verify_vllm.py measures.
+prefix alone, then prefix + suffix), which is what scripts/verify_graft.py --backend vllm measures.
 """
 
 from __future__ import annotations
