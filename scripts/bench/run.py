@@ -34,10 +34,11 @@ from restore import bench_restore
 from ttft import bench_ttft
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, LocalStore, load_backend
+from kvstore import LocalStore, load_backend
 from kvstore.backends.transformers import forward, prefill
 from kvstore.backends.transformers.gguf import BUNDLED
 from kvstore.backends.transformers.model import layout_string
+from kvstore.determinism import add_arguments, from_arguments
 
 # ---------------------------------------------------------------- output
 
@@ -178,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer prompts and tokens, no cold cache, no peer")
     ap.add_argument("--text", type=Path, default=DEFAULT_PROBLEMS, help="JSONL with problem/solution rows")
-    ap.add_argument("--dtype", default=None, help="model dtype (default: the pinned Determinism default)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the pinned default)")
+    add_arguments(ap)  # --dtype, --threads, ...: one flag per kvstore.Determinism field (the pinned defaults)
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--new-tokens", type=int, default=None, help="decode tokens per prompt for figure 4")
     ap.add_argument("--decode-threads", type=int, default=None,
@@ -191,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    base = Determinism()
-    det = Determinism(threads=args.threads or base.threads, dtype=args.dtype or base.dtype)
+    det = from_arguments(args)
     fm = load_backend("transformers", source=args.model, determinism=det).fm
     stream, text_info = token_stream(fm, args.text, max(sizes) + 1)
     work = out / "_bench_store"

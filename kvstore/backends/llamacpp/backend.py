@@ -25,9 +25,11 @@ handle raises. Batches of more than one row are not supported (decoding.batch_si
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,6 +60,27 @@ def _tokenizer_fingerprint(path: str) -> str:
         parts = [bytes(field.parts[i]) for i in field.data]
         h.update(name.encode() + b"\0" + hashlib.sha256(b"\0".join(parts)).digest())
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def weight_buffers(extra_bufts: bool) -> Iterator[None]:
+    """llama.cpp's extra weight buffer types (AMX, repacked weights) on or off for the models loaded inside: Llama()
+    has no argument for use_extra_bufts, it reads llama_model_default_params, which this patches for the duration
+    (the one place the project does so; scripts/bench/peer.py loads its peer through it too)."""
+    import llama_cpp.llama as llama_module
+
+    default_params = llama_module.llama_cpp.llama_model_default_params
+
+    def model_params():  # noqa: ANN202
+        p = default_params()
+        p.use_extra_bufts = extra_bufts
+        return p
+
+    llama_module.llama_cpp.llama_model_default_params = model_params
+    try:
+        yield
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = default_params
 
 
 @dataclass
@@ -91,16 +114,6 @@ class LlamaCppBackend(BackendDefaults):
             raise ModelLoadError(f"llamacpp.gguf={s.gguf!r}: no such file; give a GGUF model file")
         self.cfg = s
         self.model_name = s.model_name
-        import llama_cpp.llama as llama_module
-
-        default_params = llama_module.llama_cpp.llama_model_default_params
-
-        def model_params():  # Llama() has no argument for use_extra_bufts; it reads these defaults
-            p = default_params()
-            p.use_extra_bufts = s.extra_bufts
-            return p
-
-        llama_module.llama_cpp.llama_model_default_params = model_params
         errors: list[str] = []  # llama.cpp's own error lines while loading (verbose=False hides them)
 
         @llama_cpp.llama_log_callback
@@ -113,17 +126,17 @@ class LlamaCppBackend(BackendDefaults):
         try:
             # use_mmap=False: the weights are read into memory of this process once (kvstore/engine/weights.py): a
             # file changed or cut short later cannot change them, nor kill the process with SIGBUS
-            self.llm = llama_cpp.Llama(
-                model_path=s.gguf, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=s.threads,
-                n_threads_batch=s.threads, flash_attn=s.flash_attn, swa_full=s.swa_full, logits_all=False,
-                type_k=GGML_TYPE_OF[s.type_k], type_v=GGML_TYPE_OF[s.type_v], verbose=False, use_mmap=False,
-            )
+            with weight_buffers(s.extra_bufts):
+                self.llm = llama_cpp.Llama(
+                    model_path=s.gguf, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch, n_threads=s.threads,
+                    n_threads_batch=s.threads, flash_attn=s.flash_attn, swa_full=s.swa_full, logits_all=False,
+                    type_k=GGML_TYPE_OF[s.type_k], type_v=GGML_TYPE_OF[s.type_v], verbose=False, use_mmap=False,
+                )
         except ValueError as e:  # llama-cpp-python's "Failed to load model from file" (the reason went to the log)
             reason = next((x for x in errors if x), str(e))
             raise ModelLoadError(f"llamacpp.gguf={s.gguf!r}: llama.cpp cannot load it: {reason}; give a complete, "
                                  "unmodified GGUF model file") from None
         finally:
-            llama_module.llama_cpp.llama_model_default_params = default_params
             from llama_cpp._logger import llama_log_callback  # llama-cpp-python's own, set when it was imported
 
             llama_cpp.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
