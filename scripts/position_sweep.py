@@ -97,13 +97,11 @@ def _cut(be, text: str, n: int, m: int) -> tuple[list[int], list[int]]:
 def _llamacpp_artifact(args: argparse.Namespace, err: Console):
     """The llama.cpp backend (bundled GGUF, n_ctx fitting prefix + suffix), its artifact of the prefix through a
     MemoryStore, and the report's facts (prefix and suffix included)."""
-    from kvstore import MemoryStore
-    from kvstore.backends.llamacpp.backend import LlamaCppBackend
-    from kvstore.backends.llamacpp.settings import LlamaCppSettings
+    from kvstore import MemoryStore, load_backend
 
     n, m = args.prefix_tokens, args.suffix_tokens
     err.print("loading the bundled GGUF in llama.cpp ...")
-    be = LlamaCppBackend(LlamaCppSettings(n_ctx=max(1024, -(-(n + m + 1) // 256) * 256), n_batch=512, n_ubatch=512))
+    be = load_backend("llamacpp", n_ctx=max(1024, -(-(n + m + 1) // 256) * 256), n_batch=512, n_ubatch=512)
     prefix, suffix = _cut(be, source_text(args.problems), n, m)
     state, _ = be.prefill(prefix)
     store = MemoryStore()

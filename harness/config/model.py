@@ -65,7 +65,6 @@ def backend_settings(c: Config) -> dict[str, Any]:
 def load_model(c: Config) -> Backend:
     """The backend the config names with its frozen model loaded (a backend that takes a device: the device checked
     first). Every harness function that takes a model takes this Backend, the one object of a loaded model."""
-    settings = backend_settings(c)
-    if "device" in settings:
-        check_device(settings["device"])
-    return load_backend(str(c.model.backend), **settings)
+    if "device" in {f.name for f in dataclasses.fields(settings_class(str(c.model.backend)))}:
+        check_device(c.model.device)  # before anything loads
+    return load_backend(str(c.model.backend), **backend_settings(c))

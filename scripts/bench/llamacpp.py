@@ -31,9 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstore import LocalStore, compare_logits
+from kvstore import LocalStore, compare_logits, load_backend
 from kvstore.backends.llamacpp.backend import LlamaCppBackend
-from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.environment import cpu_name
 
 PROMPT = "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\n"
@@ -141,8 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(x) for x in a.sizes.split(",") if x]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = LlamaCppSettings(n_ctx=max(sizes) + 64, threads=a.threads)
-    be = LlamaCppBackend(settings)
+    be = load_backend("llamacpp", n_ctx=max(sizes) + 64, threads=a.threads)
     load0 = os.getloadavg()
     print(f"cpu {cpu_name()}, load average {load0}", flush=True)
     t0 = time.perf_counter()

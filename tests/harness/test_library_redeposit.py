@@ -15,7 +15,7 @@ from harness.config.schema import compose_config, typed
 from harness.library.build import _write_library, build_library, main, open_library, redeposit_library
 from harness.run.loop import run
 from kvstore import IncompatibleError, check_graft
-from kvstore.backends.transformers import TransformersBackend, environment_fingerprint, graft_snapshot
+from kvstore.backends.transformers import graft_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 ELSEWHERE = {"cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R) Platinum", "mkl_cbwr": "AVX512"}
@@ -32,7 +32,7 @@ def moved(tmp_path):
     """A built library whose every artifact is replaced by the same artifact recorded in another environment.
     Returns (config, model, library path, the artifact ids as first built)."""
     cfg = typed(compose_config(_overrides(tmp_path)))
-    fm = load_model(typed(cfg)).fm  # the transformers backend's FrozenModel: graft_snapshot / check_graft take it
+    fm = load_model(typed(cfg))  # the transformers backend: the harness, graft_snapshot and check_graft take it
     build_library(cfg.library, fm, REPO, progress=False)
     lib = open_library(cfg.library, fm, REPO)
     built = {e.entry_id: e.artifact_id for e in lib.entries}
@@ -62,16 +62,16 @@ def test_redeposit_keeps_entry_ids_and_restores_exact_grafts(moved, capsys):
     lib = open_library(cfg.library, fm, REPO)  # the rewritten index still matches its manifest
     assert {e.entry_id: e.artifact_id for e in lib.entries} == built  # same entries, byte-identical deposits
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["environment"] == environment_fingerprint(fm.device)  # the library says where it is exact
+    assert manifest["environment"] == fm.environment()  # the library says where it is exact
     e = lib.entries[0]
     snap = lib.store.get(e.artifact_id)
     suffix = fm.encode("Final answer: 7", add_bos=False)
-    assert check_graft(TransformersBackend.of(fm), snap.token_ids, suffix, snapshot=snap).equal
+    assert check_graft(fm, snap.token_ids, suffix, snapshot=snap).equal
     assert redeposit_library(cfg.library, fm, REPO, progress=False)["redeposited"] == 0  # nothing left to do
 
 
 def test_the_redeposit_command_line(moved, capsys, tmp_path):
-    here = environment_fingerprint(moved[1].device)
+    here = moved[1].environment()
     differ = ", ".join(f"environment.{k}" for k in sorted(ELSEWHERE) if here.get(k) != ELSEWHERE[k])  # Intel or AMD
     main(["--redeposit", *_overrides(tmp_path)])
     assert f"3 of 3 entries re-deposited in this compute environment (differed in: {differ})" in capsys.readouterr().out

@@ -155,7 +155,8 @@ def _profile_probe(torch_first: bool) -> tuple[dict, dict, bool]:
         + ("import torch\n" if torch_first else "assert 'torch' not in sys.modules\n")  # kvstore imports lazily
         + "from kvstore.environment import enter_profile\n"
         "enter_profile('portable')\n"
-        "from kvstore import Determinism, environment_fingerprint\n"
+        "from kvstore import Determinism\n"
+        "from kvstore.backends.transformers import environment_fingerprint\n"
         "Determinism(profile='portable').apply()\n"
         "e = environment_fingerprint()\n"
         "print(json.dumps({k: e[k] for k in ('aten_cpu_capability', 'mkl_cbwr', 'onednn_max_cpu_isa', 'profile')}))\n"
