@@ -26,12 +26,12 @@ def check_device(spec: str) -> None:
         raise ConfigError(f"model.device={spec!r}: not a torch device; use cpu, cuda or cuda:N") from None
     if dev.type == "cpu":
         return
-    backend = getattr(torch, dev.type, None)
-    available = bool(getattr(backend, "is_available", lambda: False)())
+    accelerator = getattr(torch, dev.type, None)  # torch.cuda, torch.xpu, torch.mps: the device's torch module
+    available = bool(getattr(accelerator, "is_available", lambda: False)())
     if not available:
         raise ConfigError(f"model.device={spec!r}: this machine has no {dev.type} device (torch {torch.__version__} "
                           "sees none); use model.device=cpu")
-    count = int(getattr(backend, "device_count", lambda: 1)())
+    count = int(getattr(accelerator, "device_count", lambda: 1)())
     if dev.index is not None and dev.index >= count:
         raise ConfigError(f"model.device={spec!r}: this machine has {count} {dev.type} device(s) "
                           f"({dev.type}:0..{count - 1})")

@@ -240,7 +240,7 @@ def _index_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
 
 def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
     """The artifact of `ids` on the backend: prefilled from position 0 in its pinned schedule, then captured
-    (transformers: exactly kvstore.deposit_tokens, so every artifact id is unchanged)."""
+    (transformers: exactly its engine's deposit_tokens, so every artifact id is unchanged)."""
     state, _ = be.prefill(ids)
     return be.capture(state, ids, extra)
 

@@ -89,9 +89,9 @@ def weight_files(folder: str | Path) -> list[Path]:
 
 
 def check_weights(model: Any) -> None:
-    """ModelChangedError when a weight file of `model` (a backend, or a FrozenModel) changed since it was loaded;
-    nothing for a model that has no files (a tiny random model, the fake backend)."""
-    for obj in (model, getattr(model, "fm", None), getattr(model, "backend", None)):
+    """ModelChangedError when a weight file of `model` (a backend: its `weights`, or its FrozenModel's, `.fm`) changed
+    since it was loaded; nothing for a model that has no files (a tiny random model, the fake backend)."""
+    for obj in (model, getattr(model, "fm", None)):
         pinned = getattr(obj, "weights", None)
         if isinstance(pinned, PinnedWeights):
             pinned.check()
