@@ -38,6 +38,7 @@ from tqdm import tqdm
 from kvstore import Determinism, LocalStore, atomic_write, load_backend, to_bytes, tokens_sha256
 from kvstore.backends.transformers import deposit_tokens, graft_snapshot
 from kvstore.backends.transformers.model import layout_string
+from kvstore.determinism import add_arguments, from_arguments
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many
@@ -87,9 +88,9 @@ def deposit_batch(fm, indices: list[int], lengths: list[int]) -> list[bytes]:
 _WORKER_FM = None
 
 
-def _worker_init(model: str, threads: int) -> None:
+def _worker_init(model: str, determinism: dict) -> None:
     global _WORKER_FM
-    _WORKER_FM = load_backend("transformers", source=model, determinism=Determinism(threads=threads)).fm
+    _WORKER_FM = load_backend("transformers", source=model, determinism=Determinism.from_dict(determinism)).fm
 
 
 def _worker_batch(job: tuple[list[int], list[int]]) -> tuple[str, list[bytes]]:
@@ -115,7 +116,7 @@ class Filler:
         if self.workers > 1 and (self.pool is not None or len(indices) >= self.POOL_MIN):
             if self.pool is None:
                 ctx = multiprocessing.get_context("spawn")
-                self.pool = ctx.Pool(self.workers, _worker_init, (self.fm.name, self.fm.determinism.threads))
+                self.pool = ctx.Pool(self.workers, _worker_init, (self.fm.name, self.fm.determinism.to_dict()))
             for fingerprint, batch in self.pool.imap(_worker_batch, jobs):
                 if fingerprint != self.fm.fingerprint:
                     raise RuntimeError("a worker built a different model (fingerprints differ); use --workers 1")
@@ -263,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total-tokens", type=int, default=3_000_000)
     ap.add_argument("--checkpoints", default="10,100,1000,10000,100000")
     ap.add_argument("--samples", type=int, default=200, help="random artifacts timed per checkpoint")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for the bulk deposits (1: tiny GEMMs gain nothing from a second thread)")
+    add_arguments(ap)  # one flag per kvstore.Determinism field
+    ap.set_defaults(threads=1)  # the bulk deposits: tiny GEMMs gain nothing from a second thread
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                     help="deposit processes for large fills (default: usable cores)")
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints = sorted({min(int(c), args.artifacts) for c in args.checkpoints.split(",") if c.strip()})
     if checkpoints[-1] != args.artifacts:
         checkpoints.append(args.artifacts)
-    det = Determinism(threads=args.threads)
+    det = from_arguments(args)
     fm = load_backend("transformers", source=args.model, determinism=det, device=args.device).fm
     lengths = plan_lengths(args.artifacts, args.total_tokens)
     vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
