@@ -62,3 +62,20 @@ def test_from_dict_validates_values_too():
         Determinism.from_dict({"threads": -3})
     with pytest.raises(SettingsError, match="mapping"):
         Determinism.from_dict([("threads", 2)])  # type: ignore[arg-type]
+
+
+def test_every_field_is_a_script_flag_and_a_flag_not_given_keeps_its_default():
+    """kvstore.determinism.add_arguments reads the dataclass: a field added to Determinism is a flag of every script
+    that uses it, with no script edited."""
+    import argparse
+    from dataclasses import fields
+
+    from kvstore.determinism import add_arguments, from_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert {a.dest for a in p._actions} - {"help"} == {f.name for f in fields(Determinism)}
+    assert from_arguments(p.parse_args([])) == Determinism()
+    d = from_arguments(p.parse_args(["--threads", "3", "--prefill-chunk", "0", "--no-deterministic-algorithms",
+                                     "--attn-implementation", "eager"]))
+    assert (d.threads, d.prefill_chunk, d.deterministic_algorithms, d.attn_implementation) == (3, 0, False, "eager")
