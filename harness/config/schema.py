@@ -120,6 +120,9 @@ class ModelBase:
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
     # null: the prompt as written (base models); "model": inside the model's own chat template (harness/task/chat.py)
     chat: typing.Optional[str] = None  # noqa: UP045  (OmegaConf's spelling)
+    # null: the whole completion is scored; "think" (<think> ... </think>), "model" (read from the chat template) or
+    # "OPEN CLOSE": the answer follows the reasoning trace's closing delimiter (harness/task/trace.py)
+    trace: typing.Optional[str] = None  # noqa: UP045
 
 
 #: model: the fields above, then one optional section per other registered backend (`model.<name>`, None unless a
@@ -327,8 +330,9 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
         for name in backend_names():
             if name not in _OWN_SECTIONS and model.get(name, 0) is None:
                 del model[name]
-        if model.get("chat", 0) is None:  # no chat template: recorded as before model.chat existed
-            del model["chat"]
+        for key in ("chat", "trace"):  # no chat template, no trace: recorded as before the settings existed
+            if model.get(key, 0) is None:
+                del model[key]
     return config
 
 

@@ -75,7 +75,8 @@ def _sweep_job(folder: RunFolder, condition: str) -> str | None:
 
 
 def headline_metrics(summary: Summary) -> dict[str, float]:
-    """The few figures a reviewer reads first, under short names: accuracy with its 95% interval, decode
+    """The few figures a reviewer reads first, under short names: accuracy with its 95% interval, maj@k
+    (``maj_at_<k>``) and the overlong rate, decode
     tokens per problem, TTFT and wall time per row (means, not sums), problems and rows; per group
     (``recurring.accuracy``) for conditions with a library. Everything else stays in ``summary.json``."""
     s, t, rows = summary.scores, summary.tokens, max(summary.scores.n_rows, 1)
@@ -88,6 +89,11 @@ def headline_metrics(summary: Summary) -> dict[str, float]:
         # an estimate never shares a metric with measured joules (the tag energy_status names its method)
         "energy_j" if summary.energy.measured else "energy_j_estimated": summary.energy.joules,
     }
+    maj = s.maj()
+    if maj is not None:
+        out[f"maj_at_{maj[0]}"] = maj[1]  # majority vote over the samples (maj@k; "@" is not MLflow-safe)
+    if s.overlong_rate is not None:
+        out["overlong_rate"] = s.overlong_rate  # rows cut by the budget inside a reasoning trace
     for group, g in (summary.groups or {}).items():
         out[f"{group}.accuracy"] = g.accuracy
     # 4 decimals: MLflow's table prints every digit it is given (0.561506080449...), cut to the column's width
