@@ -31,7 +31,7 @@ FAKE = FakeBackend({
 
 def _run(tmp: Path, *extra: str) -> tuple[RunFolder, list[dict], dict]:
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp}", "dataset.limit=3",
-                          "decoding.max_new_tokens=48", "tracking=off", *extra])
+                          "decoding.max_new_tokens=48", "tracking=off", "energy.meter=none", *extra])
     folder, _ = run(cfg, fm=FAKE, progress=False)
     rows = [json.loads(line) for line in folder.file("outputs.jsonl").read_text().splitlines()]
     return folder, rows, json.loads(folder.file("summary.json").read_text())
@@ -96,7 +96,7 @@ def test_the_tiny_model_under_a_trace_opened_in_the_prompt_runs_out_of_budget(tm
     """The real decode stack: the prompt opens the trace (as an R1 distill's template does), the random model's
     bytes never close it within 4 tokens, so every row is overlong, and the folder re-checks."""
     cfg = compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}", "dataset.limit=2",
-                          "decoding.max_new_tokens=4", "tracking=off", "model.trace=think",
+                          "decoding.max_new_tokens=4", "tracking=off", "energy.meter=none", "model.trace=think",
                           "prompt.template='Problem: {problem}\\n<think>'"])
     folder, summary = run(cfg, progress=False)
     assert summary.scores.overlong == 2 and summary.scores.overlong_rate == 1.0 and summary.scores.maj() == (1, 0.0)
