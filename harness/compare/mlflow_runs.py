@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from harness.compare.comparison import Comparison, LibraryRecord
 from harness.errors import RunFolderError
 from harness.record.folder import FinishedRun, RunFolder
+from harness.record.rows import budget_label, budget_of
 from harness.tracking import views as run_view
 from harness.tracking.mlflow_run import log_finished_run as _log
 from harness.tracking.store import http_fail_fast, retry_locked, scalar_text
@@ -212,7 +213,9 @@ def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, exp
         _share_view(client, experiment_id)
 
     size = f" n={first.scores.n_problems}" if first else ""
-    name = f"compare | {dataset}{size} | {model} | {_stamp(path.parent.name)} | {_headline(comparison)}"
+    budget = budget_label(budget_of(next(iter(records.values())).config)) if records else None
+    name = " | ".join(p for p in ("compare", f"{dataset}{size}", str(model), budget, _stamp(path.parent.name),
+                                  _headline(comparison)) if p)
     with http_fail_fast(tracking_uri):
         return _log(tracking_uri, experiment, name, tags={k: scalar_text(v) for k, v in tags.items() if v is not None},
                     params={k: scalar_text(v) for k, v in (params or {}).items() if v is not None},

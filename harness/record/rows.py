@@ -247,6 +247,18 @@ class Summary:
                    d.get("finished_at"), d.get("group"), d.get("own_entry_rows"))
 
 
+def budget_of(config: dict[str, Any] | None) -> int | None:
+    """The run's token budget (decoding.max_new_tokens of its recorded config), None when the config lacks it."""
+    decoding = (config or {}).get("decoding")
+    value = decoding.get("max_new_tokens") if isinstance(decoding, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def budget_label(tokens: int | None) -> str | None:
+    """How a headline names the budget: "16 tokens" (published scores of the same model differ by budget)."""
+    return None if tokens is None else f"{tokens} tokens"
+
+
 def run_group(summary: Summary, config: dict[str, Any] | None = None) -> Group | None:
     """The run's group: summary.json `group`; for a folder written before it was recorded, the same rule from its
     config's library.exclude_self (None for a condition without a library: no `groups` in its summary)."""

@@ -50,18 +50,21 @@ def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
     return None if group is None else group.label
 
 
-def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
+def run_name(summary: Summary, group: str | None, folder: RunFolder, budget: int | None = None) -> str:
     """What the runs table shows: what differs between runs, condition and group first so names differ in their
-    first characters, then the problem set, its size and the model: ``graft recurring | aime n=40 | gemma-3-1b``,
-    ``baseline | aime n=40 | gemma-3-1b``; a sweep job adds its job name after the condition (it carries the swept
-    values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``. The
-    accuracy with its 95% interval ends the name, so the first column answers even where the metric columns are
+    first characters, then the problem set, its size, the model and the token budget (decoding.max_new_tokens: a
+    score means little without it): ``graft recurring | aime n=40 | gemma-3-1b | 16 tokens``,
+    ``baseline | aime n=40 | gemma-3-1b | 16 tokens``; a sweep job adds its job name after the condition (it carries
+    the swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``.
+    The accuracy with its 95% interval ends the name, so the first column answers even where the metric columns are
     scrolled out of view: ``... | accuracy 0.875 [0.70, 0.96]``."""
     name = summary.condition + (f" {group}" if group else "")
     job = _sweep_job(folder, summary.condition)
     sc = summary.scores
-    return " | ".join([f"{name} {job}" if job else name, f"{summary.dataset} n={sc.n_problems}", str(summary.model),
-                       f"accuracy {sc.accuracy:.3f} [{sc.accuracy_ci_low:.2f}, {sc.accuracy_ci_high:.2f}]"])
+    parts = [f"{name} {job}" if job else name, f"{summary.dataset} n={sc.n_problems}", str(summary.model),
+             record.budget_label(budget),
+             f"accuracy {sc.accuracy:.3f} [{sc.accuracy_ci_low:.2f}, {sc.accuracy_ci_high:.2f}]"]
+    return " | ".join(p for p in parts if p)
 
 
 def _sweep_job(folder: RunFolder, condition: str) -> str | None:
