@@ -52,7 +52,7 @@ DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (t
 # member names are the values, so OmegaConf writes them unchanged.
 Strategy = StrEnum("Strategy", "greedy sample")  # StrEnum's functional form: each member's value is its name
 LibrarySource = StrEnum("LibrarySource", "dataset harvest")
-Retrieval = StrEnum("Retrieval", "bm25 none")
+Retrieval = StrEnum("Retrieval", "bm25 none random")
 Meter = StrEnum("Meter", "auto measured nvml rapl codecarbon none")
 ContextOverflow = StrEnum("ContextOverflow", "refuse truncate")
 # model.backend: every backend kvstore's registry holds (kvstore.backends; transformers, the default, first)
@@ -209,7 +209,7 @@ class LibraryConfig:
     root: str = "runs/library"  # libraries live in <root>/<name>-v<version>-<model fingerprint[:12]>/
     store: str = "runs/store"  # the artifact store the library's artifacts go to
     exclude_self: bool = False  # true: the evaluated problem never reaches the context (held-out)
-    retrieval: Retrieval = Retrieval.bm25  # how a non-exact match is found: bm25 | none
+    retrieval: Retrieval = Retrieval.bm25  # how a non-exact match is found: bm25 | none | random (a random other entry)
     prefetch_mb: int = 1024  # read + verify the next problem's artifact in the background, within this budget (0: off)
 
 
