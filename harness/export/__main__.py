@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.export.common import FORMATS, export_run
+from harness.export.run import FORMATS, export_run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
-"""What every export shares: the finished run read back (never written), its per-row manifest hashes, and the one
-entry point `export_run(run_dir, fmt, out)` that dispatches to a format's writer (lm_eval, every_eval_ever).
+"""What every export shares: the finished run read back (never written) with its per-row manifest entries
+(`Exported`), and the provenance each exported sample carries (`provenance`); the writers are lm_eval.py and
+every_eval_ever.py, the entry point `export_run` is run.py.
 
 Every exported sample carries kvgraft's proof of origin beside the other tool's own fields: the run's
 `manifest_sha256`, the model and tokenizer fingerprints (SHA-256 over the weights, not a name), and the row's
@@ -9,7 +10,6 @@ manifest's `inputs.problems[<id>]` (SHA-256 of the canonical JSON of the problem
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from harness.errors import RunFolderError
 from harness.record.folder import FinishedRun, RunFolder
 from harness.record.rows import Row
 
-__all__ = ["FORMATS", "Exported", "export_run", "provenance"]
+__all__ = ["Exported", "provenance"]
 
 
 @dataclass(frozen=True)
@@ -77,19 +77,3 @@ def provenance(ex: Exported, row: Row, entry: dict[str, Any]) -> dict[str, Any]:
         "entry_id": c.retrieval.entry_id if c.retrieval else None,
         "trace_close": row.trace_close, "overlong": row.overlong,
     }
-
-
-FORMATS = ("lm-eval", "every-eval-ever")  # --format's choices
-
-
-def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> list[Path]:
-    """Write `run_dir`'s rows in format `fmt` (one of FORMATS) under `out`; returns the files written."""
-    from harness.export import every_eval_ever, lm_eval  # the writers import this module
-
-    writers: dict[str, Callable[[Exported, Path], list[Path]]] = {"lm-eval": lm_eval.write,
-                                                                 "every-eval-ever": every_eval_ever.write}
-    if fmt not in writers:
-        raise RunFolderError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return writers[fmt](Exported.read(run_dir), out)
