@@ -4,6 +4,7 @@ written before maj@k existed still re-checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import ModuleType
@@ -81,3 +82,14 @@ def test_a_summary_written_before_maj_at_k_still_rechecks(fakerun: ModuleType, t
     wrong = {**summary, "scores": {**summary["scores"], "maj@1": 0.0}}
     _rewrite_summary(run, wrong)
     assert any("scores.maj@1" in f for f in audit(folder).findings)
+
+
+def test_mlflow_headline_metrics_carry_maj_at_k_and_the_overlong_rate(fakerun: ModuleType) -> None:
+    from harness.record.rows import Summary
+    from harness.tracking.views import headline_metrics
+
+    rows = [dataclasses.replace(r, sample=i) for i, r in enumerate([fakerun.make_rows()[0]] * 4)]  # 4 samples
+    s = Summary.of(rows, condition="baseline", model="m", dataset="d", run_dir="r", comparable_key=None,
+                   run_wall_s=1.0, energy_status="unavailable:test", energy_j=None, group=None)
+    metrics = headline_metrics(s)
+    assert metrics["maj_at_4"] == s.scores.maj_at[4] and metrics["overlong_rate"] == 0.0
