@@ -23,6 +23,7 @@ from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
 from harness.compare.views import print_comparison  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.record.folder import RunFolder  # noqa: E402
+from harness.record.rows import budget_label, budget_of  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         table = []  # written before the per-problem view existed: no misses list
     title = args.compare_dir.name
     try:
-        s = RunFolder(locate_runs(folder.path, result.to_json())[result.plan.baseline][0]).read_summary()
-        title = f"{s.dataset}, {s.model} ({args.compare_dir.name})"
+        base = RunFolder(locate_runs(folder.path, result.to_json())[result.plan.baseline][0])
+        s, budget = base.read_summary(), budget_label(budget_of(base.read_config()))
+        title = f"{s.dataset}, {s.model}{f' | {budget}' if budget else ''} ({args.compare_dir.name})"
     except (HarnessError, KeyError, TypeError):
         pass
     print_comparison(title, result, misses=per_problem.misses(table, result.plan), console=Console(width=args.width),

@@ -136,8 +136,7 @@ def print_comparison(title: str, result: Comparison, misses: list[str] | None = 
 def comparison_title(summary: Summary, config: Any) -> str:
     """The title of the printed comparison: dataset, model and decoding settings."""
     d = config.decoding
-    return (f"{summary.dataset}, {summary.model}, max_new_tokens={d.max_new_tokens}, {d.strategy}, "
-            f"batch_size={d.batch_size}")
+    return f"{summary.dataset}, {summary.model} | {d.max_new_tokens} tokens | {d.strategy}, batch_size={d.batch_size}"
 
 
 def _load() -> float:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from harness.compare.comparison import Comparison, LibraryRecord
 from harness.errors import RunFolderError
 from harness.record.folder import FinishedRun, RunFolder
+from harness.record.rows import budget_label, budget_of
 from harness.tracking import views as run_view
 from harness.tracking.mlflow_run import log_finished_run as _log
 from harness.tracking.store import http_fail_fast, retry_locked, scalar_text
@@ -29,7 +30,8 @@ __all__ = ["comparison_metrics", "log_comparison", "log_report", "run_metrics"]
 
 def comparison_metrics(comparison: Comparison) -> dict[str, float]:
     """The compare parent run's metrics, under short names: per run ``<run>.accuracy`` (with ``_ci_low`` /
-    ``_ci_high``), ``<run>.decode_tokens_per_problem``, ``<run>.ttft_s_per_row``; factors named by what they
+    ``_ci_high``), ``<run>.maj_at_<k>``, ``<run>.overlong_rate``, ``<run>.decode_tokens_per_problem``,
+    ``<run>.ttft_s_per_row``; factors named by what they
     divide (``baseline_over_graft_recurring_decode_tokens``, ``incontext_over_graft_held_out_ttft``); per group
     ``<group>.identical_rows`` (k) and ``<group>.paired_rows`` (n); the highest load average seen. The rest of
     comparison.json is its artifact."""
@@ -41,6 +43,10 @@ def comparison_metrics(comparison: Comparison) -> dict[str, float]:
                     f"{slug}.accuracy_ci_high": sc.accuracy_ci_high,
                     f"{slug}.decode_tokens_per_problem": s.tokens.decode / n,
                     f"{slug}.ttft_s_per_row": (s.time.ttft_s or 0.0) / n})
+        if sc.maj() is not None:  # majority vote over k samples; "@" is not MLflow-safe
+            out[f"{slug}.maj_at_{sc.maj()[0]}"] = sc.maj()[1]
+        if sc.overlong_rate is not None:
+            out[f"{slug}.overlong_rate"] = sc.overlong_rate
         c = s.comparison
         if c is not None:
             for value, what in ((c.token_reduction, "decode_tokens"), (c.ttft_factor, "ttft"),
@@ -212,7 +218,9 @@ def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, exp
         _share_view(client, experiment_id)
 
     size = f" n={first.scores.n_problems}" if first else ""
-    name = f"compare | {dataset}{size} | {model} | {_stamp(path.parent.name)} | {_headline(comparison)}"
+    budget = budget_label(budget_of(next(iter(records.values())).config)) if records else None
+    name = " | ".join(p for p in ("compare", f"{dataset}{size}", str(model), budget, _stamp(path.parent.name),
+                                  _headline(comparison)) if p)
     with http_fail_fast(tracking_uri):
         return _log(tracking_uri, experiment, name, tags={k: scalar_text(v) for k, v in tags.items() if v is not None},
                     params={k: scalar_text(v) for k, v in (params or {}).items() if v is not None},

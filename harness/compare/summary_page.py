@@ -22,7 +22,8 @@ SUMMARY_PAGE = "summary.html"
 
 
 def headline_rows(comparison: Comparison) -> list[dict[str, str]]:
-    """One row per run: accuracy [95% CI], decode tokens per problem, TTFT s per row, baseline / run factors."""
+    """One row per run: accuracy [95% CI], maj@k, overlong rows, decode tokens per problem, TTFT s per row, baseline /
+    run factors."""
     out = []
     for label, s in comparison.summaries.items():
         sc, n, c = s.scores, max(s.scores.n_rows, 1), s.comparison
@@ -32,6 +33,8 @@ def headline_rows(comparison: Comparison) -> list[dict[str, str]]:
 
         out.append({"run": label, "problems": str(sc.n_problems),
                     "accuracy [95% CI]": f"{sc.accuracy:.3f} [{sc.accuracy_ci_low:.3f}, {sc.accuracy_ci_high:.3f}]",
+                    "maj@k": "n/a" if sc.maj() is None else f"{sc.maj()[1]:.3f} (k={sc.maj()[0]})",
+                    "overlong": "n/a" if sc.overlong is None else f"{sc.overlong}/{sc.n_rows}",
                     "decode tokens / problem": f"{s.tokens.decode / n:.1f}",
                     "TTFT s / row": f"{(s.time.ttft_s or 0.0) / n:.3f}",
                     "baseline/run decode tokens": fx(c and c.token_reduction),

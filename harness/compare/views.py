@@ -52,6 +52,18 @@ def _acc(s: RunFigures) -> str:
     return f"{sc.accuracy:.2f} [{sc.accuracy_ci_low:.2f}, {sc.accuracy_ci_high:.2f}]"
 
 
+def _maj(s: RunFigures) -> str:
+    """maj@k (majority vote over the k samples of each problem) as "0.50@4"; "n/a" for a summary written before it."""
+    maj = s.scores.maj()
+    return "n/a" if maj is None else f"{maj[1]:.2f}@{maj[0]}"
+
+
+def _overlong(s: RunFigures) -> str:
+    """Rows cut by the budget inside a reasoning trace: "3 (12%)"; "n/a" for a summary written before it."""
+    sc = s.scores
+    return "n/a" if sc.overlong is None else f"{sc.overlong} ({sc.overlong_rate or 0.0:.0%})"
+
+
 _TWIN_FACTORS = (("prefill_factor", "prefill"), ("ttft_factor", "TTFT"), ("wall_factor", "wall"), ("cpu_factor", "CPU"))
 
 
@@ -74,6 +86,14 @@ def _narrow(console: Console, title: str, result: Comparison) -> None:
         tk = s.tokens
         t.add_row(label, _acc(s), f"{_per_row(s, tk.decode):.1f}", f"{_per_row(s, tk.prefill):.0f}",
                   f"{_per_row(s, tk.grafted):.0f}", _stops(s), same.get(label, ""))
+    console.print(t)
+    t = Table(title=f"votes and traces: {title}", **_NARROW,
+              caption="maj@k: majority vote over each problem's k samples (ties: the earliest sampled); overlong: "
+                      "rows whose budget ran out inside a reasoning trace (no answer)", caption_justify="left")
+    for name in ("run", "maj@k", "overlong"):
+        t.add_column(name, justify="left" if name == "run" else "right", no_wrap=True)
+    for label, s in runs.items():
+        t.add_row(label, _maj(s), _overlong(s))
     console.print(t)
     t = Table(title=f"time per row: {title}", **_NARROW,
               caption="x: baseline / this run (above 1: this run is faster or needs fewer tokens)",
@@ -115,6 +135,8 @@ def _wide(console: Console, title: str, result: Comparison) -> None:
 
     row("problems", lambda s, c: str(s.scores.n_problems))
     row("accuracy [95% CI]", lambda s, c: _acc(s))
+    row("maj@k (majority vote)", lambda s, c: _maj(s))
+    row("overlong (cut in trace)", lambda s, c: _overlong(s))
     row("decode tokens / problem", lambda s, c: f"{_per_row(s, s.tokens.decode):.1f}")
     row("grafted tokens (total)", lambda s, c: str(s.tokens.grafted))
     row("prefill tokens (total)", lambda s, c: str(s.tokens.prefill) + factor("prefill_factor")(c))

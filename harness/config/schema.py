@@ -52,7 +52,7 @@ DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (t
 # member names are the values, so OmegaConf writes them unchanged.
 Strategy = StrEnum("Strategy", "greedy sample")  # StrEnum's functional form: each member's value is its name
 LibrarySource = StrEnum("LibrarySource", "dataset harvest")
-Retrieval = StrEnum("Retrieval", "bm25 none")
+Retrieval = StrEnum("Retrieval", "bm25 none random")
 Meter = StrEnum("Meter", "auto measured nvml rapl codecarbon none")
 ContextOverflow = StrEnum("ContextOverflow", "refuse truncate")
 # model.backend: every backend kvstore's registry holds (kvstore.backends; transformers, the default, first)
@@ -120,6 +120,9 @@ class ModelBase:
     llamacpp: LlamaCppConfig = field(default_factory=LlamaCppConfig)  # model.backend=llamacpp's settings
     # null: the prompt as written (base models); "model": inside the model's own chat template (harness/task/chat.py)
     chat: typing.Optional[str] = None  # noqa: UP045  (OmegaConf's spelling)
+    # null: the whole completion is scored; "think" (<think> ... </think>), "model" (read from the chat template) or
+    # "OPEN CLOSE": the answer follows the reasoning trace's closing delimiter (harness/task/trace.py)
+    trace: typing.Optional[str] = None  # noqa: UP045
 
 
 #: model: the fields above, then one optional section per other registered backend (`model.<name>`, None unless a
@@ -206,7 +209,7 @@ class LibraryConfig:
     root: str = "runs/library"  # libraries live in <root>/<name>-v<version>-<model fingerprint[:12]>/
     store: str = "runs/store"  # the artifact store the library's artifacts go to
     exclude_self: bool = False  # true: the evaluated problem never reaches the context (held-out)
-    retrieval: Retrieval = Retrieval.bm25  # how a non-exact match is found: bm25 | none
+    retrieval: Retrieval = Retrieval.bm25  # how a non-exact match is found: bm25 | none | random (a random other entry)
     prefetch_mb: int = 1024  # read + verify the next problem's artifact in the background, within this budget (0: off)
 
 
@@ -329,8 +332,9 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
         for name in backend_names():
             if name not in _OWN_SECTIONS and model.get(name, 0) is None:
                 del model[name]
-        if model.get("chat", 0) is None:  # no chat template: recorded as before model.chat existed
-            del model["chat"]
+        for key in ("chat", "trace"):  # no chat template, no trace: recorded as before the settings existed
+            if model.get(key, 0) is None:
+                del model[key]
     return config
 
 

@@ -48,6 +48,7 @@ from tqdm import tqdm
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error
+from harness.library.random_entry import random_other_entry
 from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
@@ -103,7 +104,7 @@ class Entry:
 class Match:
     entry: Entry
     similarity: float  # 1.0 for an exact fingerprint match; the BM25 score otherwise
-    kind: str  # "exact" | "bm25"
+    kind: str  # "exact" | "bm25" | "random"
 
 
 def library_dir(root: str | Path, name: str, version: int, model_fingerprint: str, identity_sha256: str) -> Path:
@@ -116,14 +117,15 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-RETRIEVALS = ("bm25", "none")
+RETRIEVALS = ("bm25", "none", "random")
 
 
 class Library:
     """A built library opened for lookups. Entries are small index rows; artifacts stay in the store.
 
     `exclude_self` (held-out: the evaluated problem never reaches the context) and `retrieval` (how a
-    non-exact match is found: bm25 | none) are fixed here, so every lookup of one run follows the same rule."""
+    non-exact match is found: bm25 | none | random, a random other entry: harness/library/random_entry.py) are fixed
+    here, so every lookup of one run follows the same rule."""
 
     def __init__(self, path: Path, store: LocalStore, *, exclude_self: bool = False, retrieval: str = "bm25") -> None:
         if retrieval not in RETRIEVALS:
@@ -206,6 +208,9 @@ class Library:
             return Match(entry, 1.0, "exact")
         if self.retrieval == "none":
             return None
+        if self.retrieval == "random":  # the control: any other verified entry, the same one for a problem every run
+            other = random_other_entry(self.entries, problem)
+            return Match(other, 0.0, "random") if other is not None else None
         if self._bm25 is None:
             from rank_bm25 import BM25Okapi
 

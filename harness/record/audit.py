@@ -25,9 +25,9 @@ from harness.record.figures import TOKEN_KINDS
 from harness.record.folder import CONFIG, MANIFEST, OUTPUTS, PROBLEMS, SUMMARY, RunFolder
 from harness.record.hashing import sha256_hex, sha256_json
 from harness.record.manifest import MANIFEST_FORMAT, completion_sha256, token_ids_sha256
-from harness.record.metrics import summarize_groups, summarize_scores
+from harness.record.metrics import LATE_SCORE_KEYS, summarize_groups, summarize_scores
 from harness.record.rows import STOP_REASONS, SUMMARY_FORMAT, Group, legacy_row_group
-from harness.task.answers import score
+from harness.task.trace import resolve_trace, score_traced
 
 __all__ = ["RunCheck", "audit", "diff_values"]
 
@@ -251,23 +251,56 @@ def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings
     completion, gold = row.get("completion"), row.get("gold_answer")
     if not isinstance(completion, str) or gold is None:
         return row  # reported by _check_row_hashes / the gold check
+    close = row.get("trace_close")
+    fields = _SCORE_FIELDS if close is None else (*_SCORE_FIELDS, "overlong")
     try:
-        fresh = score(completion, gold)
+        fresh = score_traced(completion, gold, str(row.get("stop_reason")), close)
     except Exception as exc:  # noqa: BLE001 - any scorer failure is a finding about this row
         found.add_row("score", f"{label}: re-scoring failed ({type(exc).__name__}: {exc}); check gold_answer")
         return row
     entry = entry if isinstance(entry, dict) else {}
-    for name in _SCORE_FIELDS:
+    for name in fields:
         value = getattr(fresh, name)
         if row.get(name) != value or type(row.get(name)) is not type(value):
             found.add_row(f"row {name}",
                 f"{label}: field '{name}' is {row.get(name)!r} but re-scoring the completion gives "
                 f"{value!r}; the recorded score was edited or the scorer changed (re-run to re-score)")
+        if name == "overlong":
+            continue  # in the row (its hash is in the manifest), not a manifest field of its own
         if entry and (entry.get(name) != value or type(entry.get(name)) is not type(value)):
             found.add_row(f"manifest {name}",
                 f"manifest.json outputs.rows[{line_no - 1}] ({row.get('problem_id')!r}, sample "
                 f"{row.get('sample')!r}): '{name}' is {entry.get(name)!r} but re-scoring gives {value!r}")
-    return {**row, **{name: getattr(fresh, name) for name in _SCORE_FIELDS}}
+    return {**row, **{name: getattr(fresh, name) for name in fields}}
+
+
+def _check_trace(config: dict[str, Any], rows: list[dict[str, Any]], found: _Findings) -> None:
+    """Every row of a run with model.trace is scored after the same closing delimiter, the one the setting names
+    (`model`, read from the chat template, is checked for sameness only); a run without it has no traced row."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    setting = model.get("trace")
+    closes = {r.get("trace_close") for r in rows}
+    if not config:
+        want = closes
+    elif setting is None:
+        want = {None}
+    elif setting == "model":
+        want = closes if len(closes) == 1 and None not in closes else {"<one delimiter, in every row>"}
+    else:
+        try:
+            trace = resolve_trace(str(setting), None)
+            want = {trace.close if trace else None}
+        except Exception as exc:  # noqa: BLE001 - a config the scorer refuses is a finding
+            found.add(f"config.yaml: model.trace={setting!r} names no trace ({exc})")
+            return
+    if rows and closes != want:
+        found.add(f"outputs.jsonl: rows are scored after trace_close {sorted(map(str, closes))} but config.yaml "
+                  f"model.trace={setting!r} means {sorted(map(str, want))}; the rows or the config were edited")
+
+
+def _late_key(path: str, old: Any) -> bool:
+    """A score key added within format 1 (maj@k, overlong) that a summary written before it does not have."""
+    return old == "<missing>" and bool(LATE_SCORE_KEYS.match(path.rsplit(".", 1)[-1]))
 
 
 def _check_energy(name: str, status: Any, joules: Any, found: _Findings, check: str | None = None) -> None:
@@ -416,17 +449,22 @@ def audit(folder: RunFolder) -> RunCheck:
     scores = _recompute(lambda: summarize_scores(rescored), "scores", found) or {}
     if scores:
         for path, old, new in diff_values(recorded_scores, scores, "scores"):
+            if _late_key(path, old):
+                continue
             found.add(f"summary.json: {path} is {old!r} but re-scoring outputs.jsonl gives {new!r}; "
                 "the summary was edited or the scorer changed (re-run, or report the recomputed value)")
     if grouped and rescored:
         groups = _recompute(lambda: summarize_groups(rescored), "groups", found) or summary["groups"]
         for path, old, new in diff_values(summary["groups"], groups, "groups"):
+            if _late_key(path, old):
+                continue
             found.add(f"summary.json: {path} is {old!r} but re-scoring outputs.jsonl gives {new!r}; "
                 "the summary was edited (re-run, or report the recomputed value)")
     if run_group is not None and summary.get("own_entry_rows") != sum(r.get("match") == "exact" for r in rows):
         found.add(f"summary.json: own_entry_rows is {summary.get('own_entry_rows')!r} but outputs.jsonl has "
                   f"{sum(r.get('match') == 'exact' for r in rows)} exact matches; the summary was edited")
     _check_totals(summary, rows, found)
+    _check_trace(config, rows, found)
 
     messages = found.finish()
     return RunCheck(ok=not messages,

@@ -21,6 +21,7 @@ from harness.record.metrics import summarize_groups, summarize_scores
 __all__ = ["TOKEN_KINDS", "Energy", "FlatJson", "GroupScores", "Scores", "Times", "Tokens"]
 
 _PASS = re.compile(r"^pass@(\d+)$")
+_MAJ = re.compile(r"^maj@(\d+)$")
 _T = TypeVar("_T")
 
 
@@ -43,7 +44,9 @@ class FlatJson:
 @dataclass(frozen=True)
 class Scores:
     """Accuracy of a set of rows (harness.record.metrics.summarize_scores): accuracy is the mean over problems of the
-    fraction of samples correct (avg@n), its 95% interval, and unbiased pass@k for k in {1, n_samples}."""
+    fraction of samples correct (avg@n), its 95% interval, unbiased pass@k for k in {1, n_samples}, maj@n_samples
+    (majority vote, harness.record.metrics.majority_vote) and the rows cut by the budget inside a reasoning trace
+    (overlong, overlong_rate). maj_at and overlong are None only in summaries written before they were recorded."""
 
     n_problems: int
     n_samples: int  # samples per problem (the minimum if problems differ)
@@ -53,6 +56,9 @@ class Scores:
     accuracy_ci_low: float
     accuracy_ci_high: float
     pass_at: dict[int, float]  # k -> pass@k
+    maj_at: dict[int, float] | None = None  # k -> maj@k (k = n_samples)
+    overlong: int | None = None  # rows whose budget ran out inside a reasoning trace (0 without model.trace)
+    overlong_rate: float | None = None  # overlong / n_rows
 
     @classmethod
     def of(cls, rows: Sequence[Any]) -> Scores:
@@ -63,15 +69,27 @@ class Scores:
             "n_problems": self.n_problems, "n_samples": self.n_samples, "n_rows": self.n_rows,
             "correct": self.correct, "accuracy": self.accuracy, "accuracy_ci_low": self.accuracy_ci_low,
             "accuracy_ci_high": self.accuracy_ci_high, **{f"pass@{k}": v for k, v in sorted(self.pass_at.items())},
-            f"avg@{self.n_samples}": self.accuracy,
+            f"avg@{self.n_samples}": self.accuracy, **{f"maj@{k}": v for k, v in sorted((self.maj_at or {}).items())},
+            **({"overlong": self.overlong} if self.overlong is not None else {}),
+            **({"overlong_rate": self.overlong_rate} if self.overlong_rate is not None else {}),
         }
+
+    def maj(self) -> tuple[int, float] | None:
+        """(k, maj@k) for the largest k recorded, or None (a summary written before maj@k)."""
+        return max(self.maj_at.items()) if self.maj_at else None
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Scores:
         """The scores of a summary's `scores` (a subclass's fields too); a missing key raises KeyError naming it
-        (avg@n is accuracy, so it is not read)."""
+        (avg@n is accuracy, so it is not read; maj@k and overlong may be absent: older summaries)."""
         pass_at = {int(m[1]): v for k, v in d.items() if (m := _PASS.match(k))}
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name != "pass_at"}, pass_at=pass_at)
+        maj_at = {int(m[1]): v for k, v in d.items() if (m := _MAJ.match(k))} or None
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name != "pass_at" and f.name not in d]
+        if missing:
+            raise KeyError(missing[0])
+        skip = ("pass_at", "maj_at")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name not in skip and f.name in d}, pass_at=pass_at,
+                   maj_at=maj_at)
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,20 @@ order) give the same summary, down to the bytes of its JSON encoding. The bootst
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
-    "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "pass_at_k", "summarize_groups", "summarize_scores", "wilson_interval",
+    "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "LATE_SCORE_KEYS", "majority_vote", "pass_at_k", "summarize_groups",
+    "summarize_scores", "wilson_interval",
 ]
+
+#: score keys added within format 1 (maj@k, the overlong count and rate): a summary written before them lacks them,
+#: and its audit (harness.record.audit) does not count their absence as a difference
+LATE_SCORE_KEYS = re.compile(r"^(maj@\d+|overlong|overlong_rate)$")
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -54,6 +60,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
+def majority_vote(answers: Sequence[Any], correct: Sequence[bool]) -> bool:
+    """Whether the majority answer of one problem's samples (in sample order) is correct: each sample with an answer
+    (not None) casts one vote; a sample without one (no answer, or overlong) casts none (NeMo-Skills'
+    majority@k); among the answers tied for most votes the one sampled first wins (lighteval's MajAtK,
+    ``max(answers, key=answers.count)``, keeps the earliest of the tied); no answer at all is wrong."""
+    counts: dict[Any, int] = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    if not counts:
+        return False
+    best = max(counts.values())
+    for a, ok in zip(answers, correct, strict=True):
+        if a is not None and counts[a] == best:
+            return bool(ok)
+    return False  # unreachable: some answer has the best count
+
+
 def _field(row: Any, key: str) -> Any:
     """``row[key]`` for a mapping, ``row.key`` for a typed row; KeyError when it has neither."""
     if isinstance(row, Mapping):
@@ -85,6 +109,26 @@ def _group_by_problem(rows: Sequence[Any]) -> dict[str, list[bool]]:
     return {pid: [samples[s] for s in sorted(samples)] for pid, samples in sorted(seen.items())}
 
 
+def _votes_by_problem(rows: Sequence[Any]) -> dict[str, tuple[list[Any], list[bool]]] | None:
+    """Answers and correctness per problem in sample order (problems sorted by id), or None when a row carries no
+    ``answer`` (a mapping without the key: bare rows of correctness flags have no votes to count)."""
+    seen: dict[str, dict[int, tuple[Any, bool]]] = {}
+    for row in rows:
+        try:
+            answer = _field(row, "answer")
+        except KeyError:
+            return None
+        seen.setdefault(str(_field(row, "problem_id")), {})[int(_field(row, "sample"))] = (
+            answer, bool(_field(row, "correct")))
+    return {pid: ([v[s][0] for s in sorted(v)], [v[s][1] for s in sorted(v)]) for pid, v in sorted(seen.items())}
+
+
+def _overlong(row: Any) -> bool:
+    """The row's overlong flag (harness.task.trace): its budget ran out inside a reasoning trace; False without one."""
+    value = row.get("overlong") if isinstance(row, Mapping) else getattr(row, "overlong", None)
+    return bool(value)
+
+
 def _bootstrap_ci(fractions: list[float]) -> tuple[float, float]:
     """Percentile bootstrap (over problems) of the mean per-problem accuracy, fixed seed."""
     values = np.asarray(fractions, dtype=np.float64)
@@ -103,7 +147,11 @@ def summarize_scores(rows: Sequence[Any]) -> dict[str, float | int]:
     ``correct``, ``accuracy`` (mean over problems of the fraction correct, i.e. avg@n),
     ``accuracy_ci_low``/``accuracy_ci_high`` (95%: Wilson when every problem has one sample, else a
     percentile bootstrap over problems, seed 0, 2000 resamples), ``pass@1``, ``pass@{n}`` (n > 1 only)
-    and ``avg@{n}``. Raises ValueError (TypeError for a non-bool ``correct``) on empty or malformed rows.
+    and ``avg@{n}``; when the rows carry their ``answer`` (every recorded row does), ``maj@{n}`` (the fraction of
+    problems whose majority answer over their first n samples is correct: `majority_vote` states the vote and its
+    tie rule), ``overlong`` (rows whose token budget ran out inside a reasoning trace, harness.task.trace) and
+    ``overlong_rate`` (overlong / n_rows). Raises ValueError (TypeError for a non-bool ``correct``) on empty or
+    malformed rows.
     """
     if not rows:
         raise ValueError("summarize_scores needs at least one row")
@@ -133,6 +181,13 @@ def summarize_scores(rows: Sequence[Any]) -> dict[str, float | int]:
         estimates = [pass_at_k(n, c, k) for c, n in zip(corrects, counts, strict=True)]
         summary[f"pass@{k}"] = math.fsum(estimates) / len(estimates)
     summary[f"avg@{n_samples}"] = accuracy
+    votes = _votes_by_problem(rows)
+    if votes is not None:
+        majority = [majority_vote(a[:n_samples], c[:n_samples]) for a, c in votes.values()]
+        summary[f"maj@{n_samples}"] = sum(majority) / len(majority)
+        overlong = sum(_overlong(r) for r in rows)
+        summary["overlong"] = overlong
+        summary["overlong_rate"] = overlong / n_rows
     return summary
 
 

@@ -123,15 +123,20 @@ class Row:
     cpu_s: float
     energy_j: float | None
     energy_status: str  # "measured:<source>" | "unavailable:<reason>"
+    # scored under a reasoning trace (model.trace, harness.task.trace): the closing delimiter the answer follows, and
+    # whether the budget ran out inside the trace; both None (and absent from the JSON) without a trace
+    trace_close: str | None = None
+    overlong: bool | None = None
 
     @classmethod
     def scored(cls, problem_id: str, sample: int, condition: str, group: str | None, completion: Completion,
                gold: str, score: Score, *, wall_s: float, cpu_s: float, energy_j: float | None,
-               energy_status: str) -> Row:
-        """A row from a completion and `harness.task.answers.score(completion.text, gold)`."""
+               energy_status: str, trace_close: str | None = None) -> Row:
+        """A row from a completion and `harness.task.trace.score_traced(completion.text, gold, stop_reason,
+        trace_close)` (`harness.task.answers.score(completion.text, gold)` without a trace)."""
         return cls(problem_id, sample, condition, None if group is None else Group.parse(group).value, completion,
                    gold, score.extracted, score.answer, score.correct, wall_s, cpu_s, energy_j,
-                   energy_status)
+                   energy_status, trace_close, None if trace_close is None else bool(score.overlong))
 
     def to_json(self) -> dict[str, Any]:
         c = self.completion
@@ -146,6 +151,8 @@ class Row:
             "wall_s": self.wall_s, "cpu_s": self.cpu_s, "energy_j": self.energy_j,
             "energy_status": self.energy_status, **_retrieval_json(c.retrieval),
             **({"extra": c.extra} if c.extra is not None else {}),
+            **({"trace_close": self.trace_close, "overlong": bool(self.overlong)} if self.trace_close is not None
+               else {}),
         }
 
     @classmethod
@@ -163,7 +170,7 @@ class Row:
         )
         return cls(d["problem_id"], d["sample"], d["condition"], d.get("group"), completion, d["gold_answer"],
                    d["extracted"], d["answer"], d["correct"], d["wall_s"], d["cpu_s"], d["energy_j"],
-                   d["energy_status"])
+                   d["energy_status"], d.get("trace_close"), d.get("overlong"))
 
 
 def _retrieval_json(r: Retrieval | None) -> dict[str, Any]:
@@ -238,6 +245,18 @@ class Summary:
                    groups.items()}, d.get("format", ""),
                    d.get("exactness"), d.get("stop_reasons"), d.get("started_at"),
                    d.get("finished_at"), d.get("group"), d.get("own_entry_rows"))
+
+
+def budget_of(config: dict[str, Any] | None) -> int | None:
+    """The run's token budget (decoding.max_new_tokens of its recorded config), None when the config lacks it."""
+    decoding = (config or {}).get("decoding")
+    value = decoding.get("max_new_tokens") if isinstance(decoding, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def budget_label(tokens: int | None) -> str | None:
+    """How a headline names the budget: "16 tokens" (published scores of the same model differ by budget)."""
+    return None if tokens is None else f"{tokens} tokens"
 
 
 def run_group(summary: Summary, config: dict[str, Any] | None = None) -> Group | None:

@@ -50,10 +50,10 @@ from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_grou
 from harness.run.conditions import CONDITIONS, build_condition
 from harness.run.distributed import completer
 from harness.run.energy import make_meter
-from harness.task.answers import score
 from harness.task.chat import chat_frame, encode_prompt
 from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
+from harness.task.trace import Trace, resolve_trace, score_traced
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
 from kvstore import Backend, check_weights
@@ -85,6 +85,8 @@ def comparable_key(c: Config, fm: Backend) -> str:
         key["backend"] = backend
     if c["run"]["context_overflow"] != "refuse":  # truncated prompts are other inputs; refuse changes nothing
         key["context_overflow"] = c["run"]["context_overflow"]
+    if c["model"].get("trace") is not None:  # scored after a reasoning trace: other scores for the same completions
+        key["trace"] = c["model"]["trace"]
     return sha256_json(key)
 
 
@@ -204,7 +206,7 @@ def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder:
 
 
 def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: tuple[str, ...],
-                 contexts: dict[str, Any]) -> str | None:
+                 contexts: dict[str, Any], close: str | None = None) -> str | None:
     """What is wrong with a resumed row of `problem`, or None when it checks: its condition and group, its prompt
     and context token ids (the condition's context, recomputed without the model), its completion re-decoded from
     its token ids and cut at the first stop string, its token count, and its score recomputed from that text."""
@@ -227,7 +229,9 @@ def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: 
         return "its completion text is not the decoding of its token ids"
     if c.stop_reason not in STOP_REASONS or c.decode_tokens != len(c.token_ids) + (c.stop_reason == "eos"):
         return f"stop reason {c.stop_reason!r} / decode_tokens {c.decode_tokens} disagree with its token ids"
-    s = score(text, problem.answer)
+    s = score_traced(text, problem.answer, c.stop_reason, close)
+    if row.trace_close != close or (row.overlong is not None and row.overlong != s.overlong):
+        return f"its trace (closing {row.trace_close!r}, overlong {row.overlong}) is not this run's ({close!r})"
     if (row.gold, row.extracted, row.answer, row.correct) != (problem.answer, s.extracted, s.answer, s.correct):
         return (f"its score (gold {row.gold!r}, extracted {row.extracted!r}, correct {row.correct}) is not the "
                 f"score of its completion (gold {problem.answer!r}, {s.extracted!r}, {s.correct})")
@@ -235,7 +239,7 @@ def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: 
 
 
 def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condition: Any, be: Backend,
-                  stop: tuple[str, ...], folder: RunFolder) -> tuple[list[Row], str | None]:
+                  stop: tuple[str, ...], folder: RunFolder, close: str | None = None) -> tuple[list[Row], str | None]:
     """The resumed rows up to the first whole job holding a row that does not check (`_row_problem`), and a line
     saying which row failed and how many rows are recomputed (None when all check)."""
     by_id = {p.id: p for p, _ in jobs}
@@ -244,7 +248,7 @@ def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condit
     for _, samples in jobs:
         job = rows[n:n + len(samples)]
         for r in job:
-            why = _row_problem(r, by_id[r.problem_id], condition, be, stop, contexts)
+            why = _row_problem(r, by_id[r.problem_id], condition, be, stop, contexts, close)
             if why is not None:
                 return rows[:n], (f"{folder.file('outputs.partial.jsonl')}: {r.problem_id} sample {r.sample} does "
                                   f"not check ({why}): it and the {len(rows) - n - 1} rows after it are dropped "
@@ -296,6 +300,7 @@ def run_rows(
     fm = fm if fm is not None else load_model(c)
     problems = fit_context(problems, fm, c)
     frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
+    trace = resolve_trace(c.model.trace, fm.chat_template() if c.model.trace == "model" else None)
     condition = build_condition(
         c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
         settings=c.condition.settings, chat=frame,
@@ -315,7 +320,7 @@ def run_rows(
     try:
         if done:
             rows, dropped = _checked_rows(_done_prefix(done, jobs, folder), jobs, condition, fm,
-                                          tuple(c.prompt.stop), folder)
+                                          tuple(c.prompt.stop), folder, trace.close if trace else None)
             if len(rows) != len(done):
                 folder.keep_rows(rows)
             if dropped:
@@ -328,7 +333,7 @@ def run_rows(
         rows, run_energy, t_run, started_at = _decode(
             c, condition, jobs, folder, rows, progress,
             lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing),
-            guard=lambda: check_weights(fm))
+            guard=lambda: check_weights(fm), trace=trace)
     except KeyboardInterrupt as exc:
         condition.close()
         signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
@@ -377,18 +382,19 @@ def run_rows(
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
         run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
-    print_summary(summary, folder)
+    print_summary(summary, folder, c.decoding.max_new_tokens)
     return finished, run_id
 
 
 def _decode(
     c: Config, condition: Any, jobs: list[tuple[Problem, list[int]]], folder: RunFolder, rows: list[Row],
     progress: bool, completer_for: Callable[[list[tuple[Problem, list[int]]]], Callable[..., Any]] | None = None,
-    guard: Callable[[], None] | None = None,
+    guard: Callable[[], None] | None = None, trace: Trace | None = None,
 ) -> tuple[list[Row], Any, float, str]:
-    """Decode every job past the rows already done, appending each row to the folder as it finishes; returns all
-    rows (`rows` itself, extended as rows finish), the run's energy reading, its start (perf counter) and start
-    time."""
+    """Decode every job past the rows already done, appending each row to the folder as it finishes (scored after
+    the `trace`'s closing delimiter when there is one); returns all rows (`rows` itself, extended as rows finish),
+    the run's energy reading, its start (perf counter) and start time."""
+    close = trace.close if trace else None
     meter, run_meter = make_meter(c.energy.meter), make_meter(c.energy.meter)
     t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
     run_meter.start()
@@ -420,8 +426,9 @@ def _decode(
             for sample, completion in zip(samples, completions, strict=True):
                 row = Row.scored(
                     problem.id, sample, condition.name, condition.group, completion, problem.answer,
-                    score(completion.text, problem.answer), wall_s=round(wall, 6), cpu_s=round(cpu, 6),
-                    energy_j=joules, energy_status=energy.status,
+                    score_traced(completion.text, problem.answer, completion.stop_reason, close),
+                    wall_s=round(wall, 6), cpu_s=round(cpu, 6), energy_j=joules, energy_status=energy.status,
+                    trace_close=close,
                 )
                 rows.append(row)
                 folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
@@ -454,19 +461,23 @@ def stops_text(stop_reasons: dict[str, int] | None) -> str:
     return "/".join(str(stop_reasons.get(k, 0)) for k in STOP_REASONS)
 
 
-def print_summary(summary: Summary, folder: RunFolder) -> None:
+def print_summary(summary: Summary, folder: RunFolder, budget: int | None = None) -> None:
+    """The run's figures in one terminal table, titled with the condition, data, model and token budget."""
     s, t, e = summary.scores, summary.tokens, summary.energy
     group = run_group(summary)
     name = f"{summary.condition} {group.label}" if group else summary.condition
+    maj = s.maj()
     cells = {
         "problems": str(s.n_problems),
         "accuracy [95% CI]": f"{s.accuracy:.3f} [{s.accuracy_ci_low:.3f}, {s.accuracy_ci_high:.3f}]",
+        **({f"maj@{maj[0]}": f"{maj[1]:.3f}"} if maj and maj[0] > 1 else {}),
+        **({"overlong": f"{s.overlong} ({s.overlong_rate or 0.0:.0%})"} if s.overlong is not None else {}),
         "prompt tok": str(t.prompt), "prefill tok": str(t.prefill), "grafted tok": str(t.grafted),
         "decode tok": str(t.decode), "TTFT s (mean)": f"{(summary.time.ttft_s or 0.0) / max(s.n_rows, 1):.3f}",
         "stops eos/stop/length": stops_text(summary.stop_reasons), "wall s": f"{summary.time.wall_s:.1f}",
         "cpu s": f"{summary.time.cpu_s:.1f}", "energy": e.text(),
     }
-    title = f"{name} on {summary.dataset} ({summary.model})"
+    title = f"{name} on {summary.dataset} ({summary.model})" + (f" | {budget} tokens" if budget else "")
     # one row when every value fits the terminal whole (3 columns of padding and rule per cell); else one line per
     # figure, so a narrow terminal (80 columns) shows every value instead of cutting each to an ellipsis
     wide = 1 + sum(max(len(k), len(v)) + 3 for k, v in cells.items())

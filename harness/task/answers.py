@@ -303,6 +303,7 @@ class Score:
     answer: int | None
     gold: int
     correct: bool
+    overlong: bool | None = None  # scored under a reasoning trace (harness.task.trace): cut by the budget inside it
 
 
 def parse_gold(gold: str | int) -> int:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import RunFolderError, TrackingError
 from harness.record.folder import TRACKING, FinishedRun, RunFolder
+from harness.record.rows import budget_of
 from harness.tracking import views as run_view
 from harness.tracking.mlflow_run import log_finished_run as _log
 from harness.tracking.store import (
@@ -107,7 +108,7 @@ def log_run(
     group = run_view.run_group(summary, config)
     tags = run_view.run_tags(folder, summary, manifest, group, config)
     tags.update({k: scalar_text(v) for k, v in (extra_tags or {}).items() if v is not None})
-    name = run_name or run_view.run_name(summary, group, folder)
+    name = run_name or run_view.run_name(summary, group, folder, budget_of(config))
     files = [(p, None if p.parent == folder.path else p.parent.relative_to(folder.path).as_posix())
              for p in _artifact_files(folder.path)]
     times = run_view.run_times_ms(folder, summary)

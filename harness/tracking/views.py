@@ -50,18 +50,21 @@ def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
     return None if group is None else group.label
 
 
-def run_name(summary: Summary, group: str | None, folder: RunFolder) -> str:
+def run_name(summary: Summary, group: str | None, folder: RunFolder, budget: int | None = None) -> str:
     """What the runs table shows: what differs between runs, condition and group first so names differ in their
-    first characters, then the problem set, its size and the model: ``graft recurring | aime n=40 | gemma-3-1b``,
-    ``baseline | aime n=40 | gemma-3-1b``; a sweep job adds its job name after the condition (it carries the swept
-    values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``. The
-    accuracy with its 95% interval ends the name, so the first column answers even where the metric columns are
+    first characters, then the problem set, its size, the model and the token budget (decoding.max_new_tokens: a
+    score means little without it): ``graft recurring | aime n=40 | gemma-3-1b | 16 tokens``,
+    ``baseline | aime n=40 | gemma-3-1b | 16 tokens``; a sweep job adds its job name after the condition (it carries
+    the swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``.
+    The accuracy with its 95% interval ends the name, so the first column answers even where the metric columns are
     scrolled out of view: ``... | accuracy 0.875 [0.70, 0.96]``."""
     name = summary.condition + (f" {group}" if group else "")
     job = _sweep_job(folder, summary.condition)
     sc = summary.scores
-    return " | ".join([f"{name} {job}" if job else name, f"{summary.dataset} n={sc.n_problems}", str(summary.model),
-                       f"accuracy {sc.accuracy:.3f} [{sc.accuracy_ci_low:.2f}, {sc.accuracy_ci_high:.2f}]"])
+    parts = [f"{name} {job}" if job else name, f"{summary.dataset} n={sc.n_problems}", str(summary.model),
+             record.budget_label(budget),
+             f"accuracy {sc.accuracy:.3f} [{sc.accuracy_ci_low:.2f}, {sc.accuracy_ci_high:.2f}]"]
+    return " | ".join(p for p in parts if p)
 
 
 def _sweep_job(folder: RunFolder, condition: str) -> str | None:
@@ -75,7 +78,8 @@ def _sweep_job(folder: RunFolder, condition: str) -> str | None:
 
 
 def headline_metrics(summary: Summary) -> dict[str, float]:
-    """The few figures a reviewer reads first, under short names: accuracy with its 95% interval, decode
+    """The few figures a reviewer reads first, under short names: accuracy with its 95% interval, maj@k
+    (``maj_at_<k>``) and the overlong rate, decode
     tokens per problem, TTFT and wall time per row (means, not sums), problems and rows; per group
     (``recurring.accuracy``) for conditions with a library. Everything else stays in ``summary.json``."""
     s, t, rows = summary.scores, summary.tokens, max(summary.scores.n_rows, 1)
@@ -88,6 +92,11 @@ def headline_metrics(summary: Summary) -> dict[str, float]:
         # an estimate never shares a metric with measured joules (the tag energy_status names its method)
         "energy_j" if summary.energy.measured else "energy_j_estimated": summary.energy.joules,
     }
+    maj = s.maj()
+    if maj is not None:
+        out[f"maj_at_{maj[0]}"] = maj[1]  # majority vote over the samples (maj@k; "@" is not MLflow-safe)
+    if s.overlong_rate is not None:
+        out["overlong_rate"] = s.overlong_rate  # rows cut by the budget inside a reasoning trace
     for group, g in (summary.groups or {}).items():
         out[f"{group}.accuracy"] = g.accuracy
     # 4 decimals: MLflow's table prints every digit it is given (0.561506080449...), cut to the column's width

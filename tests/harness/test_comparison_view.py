@@ -52,7 +52,7 @@ def _result(fakerun: ModuleType, tmp_path: Path, load: float = 0.3) -> tuple[Com
 
 def _render(result: Comparison, width: int, misses: list[str] = ()) -> str:
     console = Console(width=width, record=True, color_system=None)
-    print_comparison("toy, toy-model, max_new_tokens=16, greedy, batch_size=1", result, misses=misses,
+    print_comparison("toy, toy-model | 16 tokens | greedy, batch_size=1", result, misses=misses,
                      console=console, reprint="python scripts/show_comparison.py runs/compare/x")
     return console.export_text()
 

@@ -98,6 +98,15 @@ def test_exclude_self_never_returns_the_problem_itself(cfg, fm, problems, built)
     assert all(open_lib.retrieve(p).kind == "exact" for p in problems)
 
 
+def test_random_retrieval_grafts_another_entry_the_same_one_every_time(cfg, fm, problems, built):
+    lib_cfg = built.__class__(**{**built.__dict__, "exclude_self": True, "retrieval": "random"})
+    lib = open_library(lib_cfg, fm, REPO)
+    first = {p.id: lib.retrieve(p) for p in problems}
+    assert all(m.kind == "random" and m.entry.problem_id != pid for pid, m in first.items())
+    again = open_library(lib_cfg, fm, REPO)
+    assert {p.id: again.retrieve(p).entry.entry_id for p in problems} == {k: m.entry.entry_id for k, m in first.items()}
+
+
 def test_held_out_graft_with_no_retrieval_falls_back_to_the_query_alone(cfg, fm, problems, built):
     lib_cfg = built.__class__(**{**built.__dict__, "exclude_self": True, "retrieval": "none"})
     cond = _condition("graft", cfg, fm, lib_cfg)

@@ -164,7 +164,7 @@ def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: s
     client = MlflowClient(tracking_uri=sqlite_uri)
     run = client.get_run(run_id)
     # condition (+ group) first, then what else differs, then the answer (accuracy and its interval)
-    assert run.info.run_name.startswith("baseline | toy n=2 | toy-model | accuracy 0.750 [")
+    assert run.info.run_name.startswith("baseline | toy n=2 | toy-model | 64 tokens | accuracy 0.750 [")
     assert run.info.end_time - run.info.start_time == 62_500
     assert run.info.start_time == 1767323045000
     assert {"condition": "baseline", "model": "toy-model", "dataset": "toy"}.items() <= run.data.tags.items()
@@ -283,7 +283,8 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     base = client.get_run(children["baseline"]).data.metrics
     assert base["twin.paired_rows"] == 0 and base["baseline/run ttft"] == 1.0
     run = client.get_run(parent)
-    assert run.info.run_name.startswith("compare | toy n=2 | toy-model | 2026-01-01 00:00 | accuracy baseline 0.750")
+    assert run.info.run_name.startswith(
+        "compare | toy n=2 | toy-model | 64 tokens | 2026-01-01 00:00 | accuracy baseline 0.750")
     assert run.info.run_name.endswith("; twins identical 3/3")  # the answer is the first line of the parent's page
     assert run.data.params == {"dataset": "toy", "limit": "2", "max_new_tokens": "16", "model": "toy-model",
                                "library": "toylib-v1"}
@@ -321,4 +322,4 @@ def test_the_comparison_is_the_parent_run_of_the_runs_it_compares_with_plots(
     everything = client.search_runs([run.info.experiment_id])
     # names say what differs (both fake runs are baselines: a compare job's differ in condition and group)
     names = {r.info.run_name for r in everything} - {"library toylib v1", run.info.run_name}
-    assert len(names) == 1 and names.pop().startswith("baseline | toy n=2 | toy-model | accuracy ")
+    assert len(names) == 1 and names.pop().startswith("baseline | toy n=2 | toy-model | 64 tokens | accuracy ")

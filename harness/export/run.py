@@ -1,0 +1,26 @@
+"""The export entry point: `export_run(run_dir, fmt, out)` reads a finished run folder (common.Exported) and writes it
+with the format's writer (lm_eval.write, every_eval_ever.write) under `out`; `python -m harness.export` calls it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.errors import RunFolderError
+from harness.export import every_eval_ever, lm_eval
+from harness.export.common import Exported
+
+__all__ = ["FORMATS", "export_run"]
+
+WRITERS: dict[str, Callable[[Exported, Path], list[Path]]] = {"lm-eval": lm_eval.write,
+                                                             "every-eval-ever": every_eval_ever.write}
+FORMATS = tuple(WRITERS)  # --format's choices
+
+
+def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> list[Path]:
+    """Write `run_dir`'s rows in format `fmt` (one of FORMATS) under `out`; returns the files written."""
+    if fmt not in WRITERS:
+        raise RunFolderError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return WRITERS[fmt](Exported.read(run_dir), out)

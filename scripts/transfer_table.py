@@ -1,0 +1,98 @@
+"""The chain-of-thought transfer table (configs/experiment/transfer_cot*.yaml, docs/models.md): per run, accuracy with
+its Wilson 95% interval, the problems it turns wrong -> right and right -> wrong against the model alone, the rows
+stopped at the budget (stop reason "length") and cut inside a reasoning trace (overlong), and decode tokens per row.
+
+    python scripts/transfer_table.py --alone runs/baseline/<stamp> --run "held-out=runs/graft/<stamp>" \
+        --run "random-entry=runs/graft/<stamp>" --run "recurring=runs/graft/<stamp>" [--json t.json] [--markdown t.md]
+
+Every folder must be a finished run over the same problems with the same comparable key (same model, data, prompt,
+decoding); each is re-checked by `make rescore` before it is cited. Reads only the run folders, never the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from harness.record.folder import RunFolder
+from harness.record.hashing import atomic_write_text
+from harness.record.metrics import wilson_interval
+from harness.record.rows import Row
+
+
+def _first_samples(rows: Sequence[Row]) -> dict[str, Row]:
+    return {r.problem_id: r for r in rows if r.sample == 0}
+
+
+def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None) -> dict:
+    """One run's figures (its first sample per problem); `alone` (the baseline's) gives the per-problem changes."""
+    one = _first_samples(rows)
+    n, k = len(one), sum(r.correct for r in one.values())
+    lo, hi = wilson_interval(k, n)
+    out = {"correct": k, "n": n, "accuracy": k / n, "ci95": [round(lo, 4), round(hi, 4)],
+           "length": sum(r.completion.stop_reason == "length" for r in one.values()),
+           "overlong": sum(bool(r.overlong) for r in one.values()),
+           "decode_tokens_per_row": sum(r.completion.decode_tokens for r in one.values()) / n}
+    if alone is not None:
+        if set(alone) != set(one):
+            raise SystemExit(f"transfer_table: the runs cover other problems ({len(one)} vs {len(alone)}); every run "
+                             "must answer the same problems")
+        out["wrong_to_right"] = sorted(p for p, r in one.items() if r.correct and not alone[p].correct)
+        out["right_to_wrong"] = sorted(p for p, r in one.items() if not r.correct and alone[p].correct)
+    return out
+
+
+def table(alone: Sequence[Row], runs: Mapping[str, Sequence[Row]]) -> dict:
+    base = _first_samples(alone)
+    return {"problems": len(base), "alone": run_figures(alone, None),
+            "runs": {label: run_figures(rows, base) for label, rows in runs.items()}}
+
+
+def _fmt(r: Mapping) -> str:
+    lo, hi = r["ci95"]
+    return f"{r['correct']}/{r['n']} = {r['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def markdown(t: Mapping) -> str:
+    lines = ["| | accuracy [95% CI] | wrong -> right | right -> wrong | stopped at the budget | overlong | "
+             "decode tokens / row |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, r in [("alone", t["alone"]), *t["runs"].items()]:
+        w2r = ", ".join(r["wrong_to_right"]) or "0" if "wrong_to_right" in r else ""
+        r2w = ", ".join(r["right_to_wrong"]) or "0" if "right_to_wrong" in r else ""
+        lines.append(f"| {label} | {_fmt(r)} | {w2r} | {r2w} | {r['length']}/{r['n']} | {r['overlong']}/{r['n']} | "
+                     f"{r['decode_tokens_per_row']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--alone", type=Path, required=True, help="the model-alone run folder (condition=baseline)")
+    ap.add_argument("--run", action="append", default=[], metavar="LABEL=FOLDER", help="a graft run, by label")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--markdown", type=Path, default=None)
+    args = ap.parse_args(argv)
+    folders = {"alone": RunFolder(args.alone)}
+    for spec in args.run:
+        label, sep, path = spec.partition("=")
+        if not sep:
+            ap.error(f"--run {spec!r}: write LABEL=FOLDER")
+        folders[label] = RunFolder(Path(path))
+    keys = {label: f.read_summary().comparable_key for label, f in folders.items()}
+    if len(set(keys.values())) != 1:
+        raise SystemExit(f"transfer_table: the runs differ in comparable key (model, data, prompt or decoding): {keys}")
+    rows = {label: f.read_rows() for label, f in folders.items()}
+    t = table(rows.pop("alone"), rows)
+    text = markdown(t)
+    print(text, end="")
+    if args.json:
+        atomic_write_text(args.json, json.dumps(t, indent=1) + "\n")
+    if args.markdown:
+        atomic_write_text(args.markdown, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
