@@ -181,8 +181,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 STORE ?= runs/store
 MODEL ?=
 serve: setup-vllm
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m kvstore.backends.vllm.serve --port $(PORT) \
-	  --store $(STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m kvstore.backends.vllm.serve --port $(PORT) --store $(STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm

@@ -112,8 +112,9 @@ def test_graft_after_a_restart_equals_the_reference_in_tokens_logprobs_and_top5(
     assert ref["kv_transfer_params"] is None  # A's own prefix-cache hit: nothing from the store
     assert len(graft["tokens"]) == 8 and graft["tokens"] == ref["tokens"]
     assert graft["logprobs"] == ref["logprobs"] and graft["top"] == ref["top"]  # bit for bit, as JSON floats
-    grafts = [e for e in serve_cases["events_b"] if e["event"] == "graft"]
-    assert [(e["artifact"], e["tokens"]) for e in grafts] == [(serve_cases["deposits_a"][0]["artifact"], 256)]
+    grafts = [e for e in serve_cases["events_b"] if e["request"].startswith(graft["id"] + "-")]
+    assert [(e["event"], e["artifact"], e["tokens"]) for e in grafts] == [
+        ("graft", serve_cases["deposits_a"][0]["artifact"], 256)]
 
 
 @pytest.mark.integration
@@ -123,15 +124,26 @@ def test_tampered_artifact_is_refused_and_the_client_is_told_which_and_why(serve
     assert len(refused) == 1 and refused[0]["artifact"] == serve_cases["tampered"] and refused[0]["tokens"] == 128
     assert refused[0]["first_difference"].startswith("IntegrityError: artifact " + serve_cases["tampered"])
     assert r["finish"] == "length" and len(r["tokens"]) == 8  # computed, as a server without the artifact would
-    events = [e for e in serve_cases["events_b"] if e["request"] != serve_cases["events_b"][0]["request"]]
+    events = [e for e in serve_cases["events_b"] if e["request"].startswith(r["id"] + "-")]
     assert [(e["event"], e["at"]) for e in events] == [("refused", "admission")]  # never offered to the worker
-    assert sum("no artifact admitted" in ln for ln in serve_cases["log"].splitlines()) == 1
+    request = events[0]["request"]
+    assert sum(f"request {request}: no artifact admitted" in ln for ln in serve_cases["log"].splitlines()) == 1
 
 
 @pytest.mark.integration
 def test_server_still_serves_after_a_refusal(serve_cases: dict) -> None:
     after = serve_cases["after"]
     assert after["finish"] == "length" and after["text"]
+
+
+@pytest.mark.integration
+def test_a_named_artifact_the_store_lacks_is_refused_naming_it(serve_cases: dict) -> None:
+    r = serve_cases["named_missing"]
+    refused = r["kv_transfer_params"]["kvgraft_refused"]
+    assert [x["artifact"] for x in refused] == ["0" * 64] and refused[0]["first_difference"].startswith("NotFoundError")
+    assert r["finish"] == "length"
+    events = [e for e in serve_cases["events_b"] if e["request"].startswith(r["id"] + "-")]
+    assert [(e["event"], e["at"]) for e in events] == [("refused", "admission")]
 
 
 @pytest.mark.integration

@@ -10,7 +10,7 @@ Two servers of the project's command (`python -m kvstore.backends.vllm.serve`, w
             base model with the project's chat template, marked for deposit.
   (between) one byte of Q's artifact flipped in the store (its id unchanged).
   server B  (a restart: an empty prefix cache) P + S, grafted from the store; Q + S, whose artifact is refused;
-            then one more request, to show the server still serves.
+            then one more request, to show the server still serves, and one naming an artifact the store lacks.
 OUT.json holds what the test asserts on: token ids, logprobs and top-5 of each completion, the responses'
 kv_transfer_params, the 400s' bodies, the journal and the seconds each step took.
 """
@@ -42,7 +42,7 @@ def completion(client, prompt: str, **kw) -> dict:  # noqa: ANN001
     r = client.completions.create(model="gemma3-270m", prompt=prompt, temperature=0.0,
                                   extra_body={"return_tokens_as_token_ids": True, **kw.pop("extra_body", {})}, **kw)
     lp = r.choices[0].logprobs
-    return {"text": r.choices[0].text, "finish": r.choices[0].finish_reason, "seconds": time.monotonic() - t0,
+    return {"id": r.id, "text": r.choices[0].text, "finish": r.choices[0].finish_reason, "seconds": time.monotonic() - t0,
             "tokens": lp.tokens if lp else None, "logprobs": lp.token_logprobs if lp else None,
             "top": lp.top_logprobs if lp else None, "kv_transfer_params": (r.model_extra or {}).get("kv_transfer_params"),
             "prompt_tokens": r.usage.prompt_tokens}
@@ -100,6 +100,8 @@ def main(out_path: str) -> int:
         result["graft"] = completion(client, P + S, max_tokens=8, logprobs=5)
         result["refused"] = completion(client, Q + S, max_tokens=8, logprobs=5)
         result["after"] = completion(client, P + S + " 7", max_tokens=4)
+        result["named_missing"] = completion(client, P + S + " 9", max_tokens=1,
+                                             extra_body={"kv_transfer_params": {"kvgraft_graft": "0" * 64}})
     result["events_b"] = journal(jpath)[before:]
     result["log"] = log.read_text(errors="replace")[-200_000:]
     Path(out_path).write_text(json.dumps(result, indent=1))

@@ -21,19 +21,25 @@ requests whose SamplingParams carry `extra_args={"kv_transfer_params": {"kvgraft
 `"kvgraft_deposit": "prompt"` deposits the whole prompt, its last partial block included (an artifact of exactly the
 prompt's tokens, as a library entry records it; a graft still loads whole blocks of it).
 
-Graft (scheduler side finds, worker side checks and loads): the longest whole-block prefix of a prompt that some
-artifact holds exactly (the store's token index) is claimed; before the forward pass the worker reads each
-candidate (its bytes re-hashed to its id), runs `admission_differences` and the token check, and writes the
-first admitted one into the request's blocks at its own positions (a sliding layer's positions outside its
-window as zeros, as FORMAT.md section 10 lays out llama.cpp's). When none is admitted nothing is written: the
-blocks are reported through `get_block_ids_with_load_errors`, one line per refused artifact is logged and
-journaled, and vLLM fails the request (finish_reason "error") or, under kv_load_failure_policy="recompute",
-recomputes it. A refused artifact is never used. With `"graft": "marked"` in the extra config, only requests
-whose SamplingParams carry `{"kv_transfer_params": {"kvgraft_graft": <artifact id>, "kvgraft_tokens": <its token
-count>}}` graft, and only that artifact (the store's token index is not consulted): a caller that decides what to
-graft (kvgraft's own vLLM backend) and computes every other prompt fresh. The artifact may hold more tokens than the
-whole blocks it grafts (its partial last block, say): the worker checks that its first tokens are the prompt's and
-that each sliding layer holds the window before the grafted blocks' end, else refuses it.
+Graft (scheduler side finds and admits, worker side checks again and loads): the longest whole-block prefix of a
+prompt that some artifact holds exactly (the store's token index), or only the artifact a request names
+(`{"kv_transfer_params": {"kvgraft_graft": <artifact id>, "kvgraft_tokens": <how many of its tokens>}}`), is
+admitted before the scheduler counts a token as matched (`get_num_new_matched_tokens`): the candidate is read (its
+bytes re-hashed to its id), `admission_differences` runs against the engine's identity (which the worker learns in
+register_kv_caches and hands to the scheduler through vLLM's handshake metadata), then the token and window checks.
+A refused artifact is never claimed: 0 tokens, the prompt is computed, one line per refusal is logged and
+journaled, and the request's output carries it in `kv_transfer_params` ({"kvgraft_refused": [...]}; a graft:
+{"kvgraft_grafted": {...}}). So no refused load reaches the worker's recovery path (vllm #49250). The worker reads
+the admitted artifact again and re-checks it before writing it into the request's blocks at its own positions (a
+sliding layer's positions outside its window as zeros, as FORMAT.md section 10 lays out llama.cpp's); only what
+changed in between can be refused there, and then nothing is written, the blocks are reported through
+`get_block_ids_with_load_errors` and vLLM's kv_load_failure_policy decides (fail: finish_reason "error"). With
+`"graft": "marked"` in the extra config, only requests that name their artifact graft (the store's token index is
+not consulted): a caller that decides what to graft (kvgraft's own vLLM backend) and computes every other prompt
+fresh. The artifact may hold more tokens than the whole blocks it grafts (its partial last block, say): the check
+is that its first tokens are the prompt's and that each sliding layer holds the window before the grafted blocks'
+end. Every request's kvgraft keys are checked first (kvstore.backends.vllm.params): keys that break the rule are
+ignored and the output names why ({"kvgraft_invalid": ...}).
 
 Exactness: a graft is byte-identical to the engine's own prefix-cache hit on the same blocks (same schedule:
 prefix alone, then prefix + suffix), which is what scripts/verify_vllm.py measures.
@@ -236,9 +242,12 @@ class KvgraftConnector(KVConnectorBase_V1):
                 try:
                     held = self._store.info(aid).token_count  # the index row; the bytes are read at admission
                 except KVStoreError as e:
-                    held = 0
-                    self._refused[rid] = [{"artifact": aid, "tokens": 0, "first_difference": f"{type(e).__name__}: {e}",
-                                           "differences": [f"{type(e).__name__}: {e}"]}]
+                    held, why = 0, f"{type(e).__name__}: {e}"
+                    self._refused[rid] = [{"artifact": aid, "tokens": 0, "first_difference": why, "differences": [why]}]
+                    logger.error("kvgraft: request %s: no artifact admitted, nothing grafted (refused at admission: "
+                                 "the prompt is computed): artifact %s refused: %s", rid, aid[:16], why)
+                    self._note("refused", request=rid, tokens=0, candidates=[aid], at="admission", policy=self._policy,
+                               reasons=[f"artifact {aid[:16]} refused: {why}"])
             if aid is not None and held:
                 n = min(held, prompt_len - 1) // self._block_size * self._block_size
                 self._matches[rid] = (n, [aid]) if n > 0 else (0, [])
