@@ -127,7 +127,7 @@ def test_tampered_artifact_is_refused_and_the_client_is_told_which_and_why(serve
     events = [e for e in serve_cases["events_b"] if e["request"].startswith(r["id"] + "-")]
     assert [(e["event"], e["at"]) for e in events] == [("refused", "admission")]  # never offered to the worker
     request = events[0]["request"]
-    assert sum(f"request {request}: no artifact admitted" in ln for ln in serve_cases["log"].splitlines()) == 1
+    assert sum(f"request {request}: no artifact admitted" in ln for ln in serve_cases["server_log"].splitlines()) == 1
 
 
 @pytest.mark.integration

@@ -103,7 +103,7 @@ def main(out_path: str) -> int:
         result["named_missing"] = completion(client, P + S + " 9", max_tokens=1,
                                              extra_body={"kv_transfer_params": {"kvgraft_graft": "0" * 64}})
     result["events_b"] = journal(jpath)[before:]
-    result["log"] = log.read_text(errors="replace")[-200_000:]
+    result["server_log"] = log.read_text(errors="replace")[-200_000:]  # "log" is the script's own output
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -112,7 +112,7 @@ class Server:
     def __init__(self, args: list[str], log: str | os.PathLike, python: str = sys.executable,
                  timeout_s: float = 600.0, env: dict[str, str] | None = None) -> None:
         self.args, self.log, self.python, self.timeout_s = list(args), Path(log), python, timeout_s
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}  # every line in the log as it happens
         port = self.args[self.args.index("--port") + 1] if "--port" in self.args else "8000"
         self.url = f"http://127.0.0.1:{port}/v1"
         self.proc: Any = None
@@ -147,15 +147,27 @@ class Server:
     def stop(self) -> None:
         import signal
         import subprocess
+        import time
 
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the whole group (vLLM's engine core too), not only the server
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
