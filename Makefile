@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft verify-llamacpp position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels
+        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve
 
 setup: $(STAMP)
 
@@ -176,6 +176,16 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import vllm; from kvstore.backends.vllm import VllmSettings, model_folder; print('vllm', vllm.__version__, 'model folder:', model_folder(VllmSettings()))"
 	touch $@
+
+# vLLM's OpenAI-compatible server with KvgraftConnector on 127.0.0.1:$(PORT) (docs/vllm.md, "vllm serve"): the bundled
+# model (MODEL= an HF folder or a packaged name), artifacts in STORE, requests marked
+# {"kv_transfer_params": {"kvgraft_deposit": true}} deposit. kvstore/backends/vllm/serve.py runs vLLM's own CLI (the
+# CPU build's version lookup answered, threads pinned); ARGS go to it (`-- --flag` reaches `vllm serve`).
+# PORT defaults to 5000 above (shared with mlflow-ui); make serve PORT=8000 for vLLM's usual one.
+STORE ?= runs/store
+MODEL ?=
+serve: setup-vllm
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m kvstore.backends.vllm.serve --port $(PORT) --store $(STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm

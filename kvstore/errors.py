@@ -60,6 +60,13 @@ class SettingsError(KVStoreError):
     values it accepts; change that setting."""
 
 
+class TransferParamsError(KVStoreError):
+    """A request's `kv_transfer_params` for KvgraftConnector (client input, untrusted: kvstore.backends.vllm.params)
+    has a key the connector does not know, a value of the wrong type, or a value or body over its size limit. An
+    HTTP request is answered 400 with this message before it reaches the engine; the message names the key and
+    the values it accepts: fix the request."""
+
+
 class ValidationError(FormatError):
     """Well-formed artifact bytes whose metadata contradicts the tensors or itself (a dtype, shape, window,
     `cumulative_length`, token count, `tokens_sha256` or bound that does not hold; see FORMAT.md section 6).

@@ -42,7 +42,8 @@ def s3(tmp_path_factory):
 # ------------------------------------------------------------------ vLLM engine cases, started early
 # tests/kvstore/test_backend_vllm.py's engine tests read the results of two scripts run inside .venv-vllm
 # (tests/kvstore/vllm_cases.py: two engine starts; vllm_backend_cases.py: one), tests/harness/test_ray_vllm.py those
-# of a third (tests/harness/vllm_ray_cases.py: a driver engine and a Ray actor's), minutes of work that
+# of a third (tests/harness/vllm_ray_cases.py: a driver engine and a Ray actor's), tests/kvstore/test_serve_vllm.py
+# those of a fourth (tests/kvstore/vllm_serve_cases.py: two `vllm serve` starts), minutes of work that
 # waits on engine starts more than it computes. Once the suite is collected they start in the background, one after
 # the other, so they overlap the tests before them instead of adding to the suite's wall time; the module's
 # fixtures wait for their results (or run a script then, when it was not started). Without .venv-vllm nothing
@@ -50,9 +51,11 @@ def s3(tmp_path_factory):
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("KVGRAFT_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 VLLM_READY = "KVGRAFT_VLLM_PYTHON" in os.environ or (REPO / ".venv-vllm" / ".setup-done").exists()
-VLLM_MODULES = ("tests/kvstore/test_backend_vllm.py", "tests/harness/test_ray_vllm.py")
+VLLM_MODULES = ("tests/kvstore/test_backend_vllm.py", "tests/harness/test_ray_vllm.py",
+                "tests/kvstore/test_serve_vllm.py")
 VLLM_SCRIPTS = {"cases": "kvstore/vllm_cases.py", "backend_cases": "kvstore/vllm_backend_cases.py",
-                "ray_cases": "harness/vllm_ray_cases.py"}  # fixture -> script, under tests/
+                "ray_cases": "harness/vllm_ray_cases.py",
+                "serve_cases": "kvstore/vllm_serve_cases.py"}  # fixture -> script, under tests/
 
 
 class VllmEngineCases:

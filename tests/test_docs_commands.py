@@ -58,7 +58,8 @@ SHELL_TAGS = {"bash", "sh", "shell", "zsh"}
 PLAIN_SHELL = {"ls", "export", "cd", "tail", "head", "kill", "sleep", "cat", "echo", "wc", "grep"}
 PYTHON = re.compile(r"(\.venv[\w-]*/bin/)?python3?")  # python, .venv/bin/python, .venv-audit/bin/python
 HARNESS_ENTRY_POINTS = {"harness", "harness.compare", "harness.library"}
-ARGPARSE_MODULES = {"harness.compare.report", "harness.export", "harness.tracking.server", "kvstore.backends.packaged"}
+ARGPARSE_MODULES = {"harness.compare.report", "harness.export", "harness.tracking.server", "kvstore.backends.packaged",
+                    "kvstore.backends.vllm.serve"}
 #: flags an entry point takes besides overrides
 HARNESS_FLAGS = {"harness": {"-m", "--multirun"}, "harness.library": {"--redeposit"}, "harness.compare": set()}
 #: kvstore's global options that take a value

@@ -1,8 +1,8 @@
 """The vLLM backend: the paged-KV layout codec (pure torch, runs everywhere), the admission check on synthetic
 artifacts, and the KvgraftConnector in a real vLLM engine (tests/kvstore/vllm_cases.py, run inside .venv-vllm
 once for the module: one engine start): a graft equals the engine's own prefix-cache hit byte for byte; a
-tampered, a foreign-model, a foreign-settings and a foreign-layout artifact are each refused in one line,
-nothing grafted, the request failed (or, under kv_load_failure_policy "recompute", computed). The registered
+tampered, a foreign-model, a foreign-settings and a foreign-layout artifact are each refused at admission in one
+line, nothing grafted, the prompt computed and the refusal named in the request's output (kv_transfer_params). The registered
 backend (kvstore.load_backend("vllm"), tests/kvstore/vllm_backend_cases.py, one more engine start): the harness's
 decode after a graft gives the rows of its in-context twin bit for bit (greedy and seeded samples), a foreign
 artifact is refused before the engine sees it. The engine tests skip (one line, why) where .venv-vllm does not
@@ -193,6 +193,7 @@ def test_graft_is_byte_identical_to_the_engines_own_prefix_cache_hit(cases: dict
     good = cases["cases"]["good"]
     assert [e["event"] for e in good["events"]] == ["graft"] and good["events"][0]["tokens"] == 128
     assert good["graft"] is not None and good["graft"] == good["reference"]
+    assert good["told"] == {"kvgraft_grafted": {"artifact": good["events"][0]["artifact"], "tokens": 128}}
 
 
 @pytest.mark.integration
@@ -207,7 +208,10 @@ def test_foreign_artifact_is_refused_in_one_line_and_never_grafted(cases: dict, 
     assert [e["event"] for e in c["events"]] == ["refused"], c["events"]  # no graft event: nothing written
     reasons = c["events"][0]["reasons"]
     assert len(reasons) == 1 and named in reasons[0] and "\n" not in reasons[0], reasons
-    assert c["finish"] == "error" and c["sha"] is None  # kv_load_failure_policy "fail": the request failed
+    assert c["events"][0]["at"] == "admission"  # decided before the scheduler claimed a token: never loaded
+    refused = c["told"]["kvgraft_refused"]  # the request's output names the artifact and the difference
+    assert len(refused) == 1 and named in refused[0]["first_difference"]
+    assert c["finish"] != "error" and c["sha"] is not None  # the prompt was computed, as without the artifact
     request = c["events"][0]["request"]
     lines = [ln for ln in cases["log"].splitlines() if f"request {request}: no artifact admitted" in ln]
     assert len(lines) == 1 and named in lines[0], "the refusal is logged as one line naming the difference"
@@ -217,7 +221,7 @@ def test_foreign_artifact_is_refused_in_one_line_and_never_grafted(cases: dict, 
 def test_recompute_policy_computes_a_refused_prefix_and_counts_the_refusal(cases: dict) -> None:
     c = cases["cases"]["recompute"]
     assert [e["event"] for e in c["events"]] == ["refused"] and c["events"][0]["policy"] == "recompute"
-    assert "model fingerprint" in c["events"][0]["reasons"][0]
+    assert "model fingerprint" in c["events"][0]["reasons"][0] and c["events"][0]["at"] == "admission"
     assert c["finish"] != "error" and c["sha"] is not None  # the request completed, on recomputed blocks
 
 

@@ -10,8 +10,9 @@ and one store. Five prompts, each its own token prefix; each is deposited (a mar
   model      P2's artifact replaced by a copy with another model fingerprint;
   settings   P3's artifact replaced by a copy deposited under batch_invariant=true;
   layout     P4's artifact replaced by a copy whose layer 0 is full attention instead of a 512 window.
-For the four, P + S after reset_prefix_cache: the finish reason and the connector's journal lines. Then a second
-engine with kv_load_failure_policy "recompute" (graft only) runs the foreign-model prompt again. OUT.json holds
+For the four, P + S after reset_prefix_cache: the finish reason, the output's kv_transfer_params (the refusal the
+connector reports) and the connector's journal lines. Then a second engine with kv_load_failure_policy "recompute"
+(graft only) runs the foreign-model prompt again. OUT.json holds
 everything the test asserts on.
 """
 
@@ -51,9 +52,12 @@ def main(out_path: str) -> int:
     mark = SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": {"kvgraft_deposit": True}})
     last = SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1)
 
+    told: dict = {}
+
     def logits_sha(ids: list[int]) -> tuple[str | None, str]:
         out = llm.generate([{"prompt_token_ids": ids}], last, use_tqdm=False)[0]
         reason = str(out.outputs[0].finish_reason)
+        told["last"] = out.kv_transfer_params  # what the connector reports in the request's output
         if reason == "error":
             return None, reason
         table = out.outputs[0].logprobs[0]
@@ -92,12 +96,13 @@ def main(out_path: str) -> int:
     before = len(journal(jpath))
     graft, reason = logits_sha(prompts[0] + suffix)
     result["cases"]["good"] = {"reference": ref, "graft": graft, "finish": reason,
-                               "events": journal(jpath)[before:]}
+                               "events": journal(jpath)[before:], "told": told["last"]}
     for i, name in ((1, "tampered"), (2, "model"), (3, "settings"), (4, "layout")):
         llm.reset_prefix_cache()
         before = len(journal(jpath))
         sha, reason = logits_sha(prompts[i] + suffix)
-        result["cases"][name] = {"sha": sha, "finish": reason, "events": journal(jpath)[before:]}
+        result["cases"][name] = {"sha": sha, "finish": reason, "events": journal(jpath)[before:],
+                                 "told": told["last"]}
 
     # a second engine, kv_load_failure_policy "recompute": the foreign-model prompt is refused and computed
     llm.llm_engine.engine_core.shutdown()
@@ -107,7 +112,8 @@ def main(out_path: str) -> int:
                                     journal=str(jpath), max_logprobs=-1, logprobs_mode="raw_logits"))
     before = len(journal(jpath))
     sha, reason = logits_sha(prompts[2] + suffix)
-    result["cases"]["recompute"] = {"sha": sha, "finish": reason, "events": journal(jpath)[before:]}
+    result["cases"]["recompute"] = {"sha": sha, "finish": reason, "events": journal(jpath)[before:],
+                                    "told": told["last"]}
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
 

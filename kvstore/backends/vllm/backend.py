@@ -46,9 +46,10 @@ from typing import Any
 
 import torch
 
-from kvstore.backends.vllm.connector import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
+from kvstore.backends.vllm.connector import INVALID, REFUSED
 from kvstore.backends.vllm.identity import NAME, model_fingerprint, tokenizer_fingerprint
 from kvstore.backends.vllm.launch import model_folder, start_engine
+from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
 from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
 from kvstore.engine.admission import admit
 from kvstore.engine.protocol import BackendDefaults, Continuation
@@ -156,10 +157,13 @@ class VllmBackend(BackendDefaults):
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         for o in outs:
-            if any(c.finish_reason == "error" for c in o.outputs):
+            told = getattr(o, "kv_transfer_params", None) or {}
+            if any(c.finish_reason == "error" for c in o.outputs) or REFUSED in told or INVALID in told:
+                # refused at admission, the prompt was computed instead: not the graft this row asked for
+                why = told.get(REFUSED) or told.get(INVALID) or "its journal and log line name why"
                 raise IncompatibleError(
-                    f"vLLM request {o.request_id} failed: the connector admitted no artifact for its prompt "
-                    f"({len(o.prompt_token_ids or [])} tokens); its journal {self.journal} and log line name why")
+                    f"vLLM request {o.request_id}: the connector admitted no artifact for its prompt "
+                    f"({len(o.prompt_token_ids or [])} tokens; journal {self.journal}): {why}")
         return outs
 
     def _logits(self, output: Any) -> torch.Tensor:

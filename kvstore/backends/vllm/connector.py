@@ -21,20 +21,25 @@ requests whose SamplingParams carry `extra_args={"kv_transfer_params": {"kvgraft
 `"kvgraft_deposit": "prompt"` deposits the whole prompt, its last partial block included (an artifact of exactly the
 prompt's tokens, as a library entry records it; a graft still loads whole blocks of it).
 
-Graft (scheduler side finds, worker side checks and loads): the longest whole-block prefix of a prompt that some
-artifact holds exactly (the store's token index) is claimed; before the forward pass the worker reads each
-candidate (its bytes re-hashed to its id), runs the one admission (kvstore.engine.admission.admission_differences,
-the format's invariants included) and the token check, and writes the
-first admitted one into the request's blocks at its own positions (a sliding layer's positions outside its
-window as zeros, as FORMAT.md section 10 lays out llama.cpp's). When none is admitted nothing is written: the
-blocks are reported through `get_block_ids_with_load_errors`, one line per refused artifact is logged and
-journaled, and vLLM fails the request (finish_reason "error") or, under kv_load_failure_policy="recompute",
-recomputes it. A refused artifact is never used. With `"graft": "marked"` in the extra config, only requests
-whose SamplingParams carry `{"kv_transfer_params": {"kvgraft_graft": <artifact id>, "kvgraft_tokens": <its token
-count>}}` graft, and only that artifact (the store's token index is not consulted): a caller that decides what to
-graft (kvgraft's own vLLM backend) and computes every other prompt fresh. The artifact may hold more tokens than the
-whole blocks it grafts (its partial last block, say): the worker checks that its first tokens are the prompt's and
-that each sliding layer holds the window before the grafted blocks' end, else refuses it.
+Graft (scheduler side finds and admits, worker side checks again and loads): the longest whole-block prefix of a
+prompt that some artifact holds exactly (the store's token index), or only the artifact a request names
+(`{"kv_transfer_params": {"kvgraft_graft": <artifact id>, "kvgraft_tokens": <how many of its tokens>}}`), is
+admitted before the scheduler counts a token as matched (`get_num_new_matched_tokens`): the candidate is read (its
+bytes re-hashed to its id), `admission_differences` runs against the engine's identity (which the worker learns in
+register_kv_caches and hands to the scheduler through vLLM's handshake metadata), then the token and window checks.
+A refused artifact is never claimed: 0 tokens, the prompt is computed, one line per refusal is logged and
+journaled, and the request's output carries it in `kv_transfer_params` ({"kvgraft_refused": [...]}; a graft:
+{"kvgraft_grafted": {...}}). So no refused load reaches the worker's recovery path (vllm #49250). The worker reads
+the admitted artifact again and re-checks it before writing it into the request's blocks at its own positions (a
+sliding layer's positions outside its window as zeros, as FORMAT.md section 10 lays out llama.cpp's); only what
+changed in between can be refused there, and then nothing is written, the blocks are reported through
+`get_block_ids_with_load_errors` and vLLM's kv_load_failure_policy decides (fail: finish_reason "error"). With
+`"graft": "marked"` in the extra config, only requests that name their artifact graft (the store's token index is
+not consulted): a caller that decides what to graft (kvgraft's own vLLM backend) and computes every other prompt
+fresh. The artifact may hold more tokens than the whole blocks it grafts (its partial last block, say): the check
+is that its first tokens are the prompt's and that each sliding layer holds the window before the grafted blocks'
+end. Every request's kvgraft keys are checked first (kvstore.backends.vllm.params): keys that break the rule are
+ignored and the output names why ({"kvgraft_invalid": ...}).
 
 Exactness: a graft is byte-identical to the engine's own prefix-cache hit on the same blocks (same schedule:
 prefix alone, then prefix + suffix), which is what scripts/verify_graft.py --backend vllm measures.
@@ -52,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
 )
@@ -65,9 +71,10 @@ from kvstore.backends.vllm.identity import (
     tokenizer_fingerprint,
 )
 from kvstore.backends.vllm.paged import PagedLayout, self_test
+from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT, check_params
 from kvstore.engine.admission import admission_differences
 from kvstore.environment import current_environment
-from kvstore.errors import IncompatibleError, KVStoreError, SettingsError
+from kvstore.errors import IncompatibleError, KVStoreError, SettingsError, TransferParamsError
 from kvstore.format.artifact import LayerKV, Snapshot, check_snapshot, tokens_sha256
 from kvstore.format.invariants import cached_tokens
 
@@ -83,10 +90,9 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.kvgraft")  # under vLLM's logger, so its handlers print our lines
 DEPOSIT_MODES = ("all", "marked", "none")
 GRAFT_MODES = ("all", "marked")
-MARK = "kvgraft_deposit"
-PROMPT = "prompt"  # MARK's value that deposits the whole prompt (partial last block included)
-GRAFT_MARK = "kvgraft_graft"  # graft="marked": the artifact id a request grafts
-GRAFT_TOKENS = "kvgraft_tokens"  # ... and its token count
+REFUSED = "kvgraft_refused"  # a response's kv_transfer_params: the artifacts refused at admission, each with why
+GRAFTED = "kvgraft_grafted"  # ... the artifact grafted and its tokens
+INVALID = "kvgraft_invalid"  # ... why the request's own kvgraft keys were refused (kvstore.backends.vllm.params)
 
 
 @dataclass
@@ -113,6 +119,49 @@ class SaveEntry:
 class KvgraftMetadata(KVConnectorMetadata):
     loads: list[LoadEntry] = field(default_factory=list)
     saves: list[SaveEntry] = field(default_factory=list)
+
+
+@dataclass
+class IdentityHandshake(KVConnectorHandshakeMetadata):
+    """The worker's EngineIdentity (learnt in register_kv_caches), handed to the scheduler side at engine start
+    through vLLM's handshake metadata, so that admission runs before the scheduler counts any token as matched."""
+
+    identity: EngineIdentity
+
+
+def check_candidate(store: Any, aid: str, me: EngineIdentity, token_ids: list[int],
+                    start: int) -> tuple[Snapshot | None, list[str]]:
+    """Read artifact `aid` (its bytes re-hashed to its id) and check that it may graft the prompt prefix `token_ids`
+    into this engine from position `start`: (the snapshot, []) when admitted, else (None, each reason)."""
+    n = len(token_ids)
+    try:
+        snap = store.get(aid)  # the bytes hash to the id, or IntegrityError
+        why = [d.message for d in admission_differences(snap, me.facts())]  # the one admission
+        if snap.token_ids[:n] != token_ids or snap.start_position != 0:
+            why.append(f"tokens: the artifact holds {snap.token_count} tokens from position "
+                       f"{snap.start_position}, not the request's first {n}")
+        elif not why:
+            why += window_gaps(snap, n, start)
+        if not why:
+            check_snapshot(snap)
+    except KVStoreError as e:
+        return None, [f"{type(e).__name__}: {e}"]
+    return (None, why) if why else (snap, [])
+
+
+def window_gaps(snap: Snapshot, n: int, start: int) -> list[str]:
+    """Layers that lack positions a graft of the first `n` tokens must write: an artifact of more than `n`
+    tokens keeps, in a sliding layer, only the window before its own end, which may begin after n - window + 1."""
+    out = []
+    for i, lyr in enumerate(snap.layers):
+        first = snap.token_count - lyr.keys.shape[2]  # the layer holds positions [first, token_count)
+        need = start if lyr.kind == "full" or lyr.window is None else max(start, n - int(lyr.window) + 1)
+        if first > need:
+            out.append(f"layer {i}: holds positions from {first}, a graft of {n} tokens needs them from {need} "
+                       f"(deposit the prompt's whole blocks instead, or an artifact of at most "
+                       f"{lyr.window - 1 if lyr.window else n} tokens)")
+            break
+    return out
 
 
 class KvgraftConnector(KVConnectorBase_V1):
@@ -152,9 +201,17 @@ class KvgraftConnector(KVConnectorBase_V1):
             raise SettingsError(f"KvgraftConnector: {ranks}: each rank would hold a shard of every layer's KV, and an "
                                 "artifact records whole layers; run the connector with one rank (tensor and pipeline "
                                 "parallel size 1)")
+        if self._policy == "recompute":
+            logger.warning("kvgraft: kv_load_failure_policy=recompute governs only a load the worker refuses after "
+                           "admission (an artifact changed in between); vLLM's recompute path can return wrong "
+                           "output on the V2 model runner (vllm #49250): prefer 'fail'")
         # scheduler side
         self._requests: dict[str, Request] = {}
+        self._params_of: dict[str, dict[str, Any]] = {}  # each request's checked kvgraft keys
+        self._invalid: dict[str, str] = {}  # why a request's kvgraft keys were refused
         self._matches: dict[str, tuple[int, list[str]]] = {}
+        self._admitted: dict[str, str | None] = {}  # the artifact admitted for a request (None: every one refused)
+        self._refused: dict[str, list[dict[str, Any]]] = {}  # what a request's response reports as refused
         self._to_load: dict[str, LoadEntry] = {}
         self._loaded: dict[str, int] = {}
         self._deposited: set[str] = set()
@@ -177,11 +234,21 @@ class KvgraftConnector(KVConnectorBase_V1):
         """The longest whole-block prefix of the prompt (leaving >= 1 token to compute) that artifacts hold
         exactly: (tokens, candidate ids); memoized per request (the store is only read)."""
         rid = request.request_id
-        if rid not in self._matches and self._graft_mode == "marked":
-            params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
+        params = self._params(request)
+        if rid not in self._matches and (GRAFT_MARK in params or self._graft_mode == "marked"):
             aid, held = params.get(GRAFT_MARK), params.get(GRAFT_TOKENS)
             prompt_len = len(request.prompt_token_ids or [])
-            if isinstance(aid, str) and isinstance(held, int) and held > 0:
+            if aid is not None and held is None:
+                try:
+                    held = self._store.info(aid).token_count  # the index row; the bytes are read at admission
+                except KVStoreError as e:
+                    held, why = 0, f"{type(e).__name__}: {e}"
+                    self._refused[rid] = [{"artifact": aid, "tokens": 0, "first_difference": why, "differences": [why]}]
+                    logger.error("kvgraft: request %s: no artifact admitted, nothing grafted (refused at admission: "
+                                 "the prompt is computed): artifact %s refused: %s", rid, aid[:16], why)
+                    self._note("refused", request=rid, tokens=0, candidates=[aid], at="admission", policy=self._policy,
+                               reasons=[f"artifact {aid[:16]} refused: {why}"])
+            if aid is not None and held:
                 n = min(held, prompt_len - 1) // self._block_size * self._block_size
                 self._matches[rid] = (n, [aid]) if n > 0 else (0, [])
             else:
@@ -198,27 +265,79 @@ class KvgraftConnector(KVConnectorBase_V1):
             self._matches[rid] = best
         return self._matches[rid]
 
+    def _params(self, request: Request) -> dict[str, Any]:
+        """The request's kvgraft keys, checked once (kvstore.backends.vllm.params); {} when they break the rule,
+        which its response then names."""
+        rid = request.request_id
+        if rid not in self._params_of:
+            try:
+                self._params_of[rid] = check_params(request.kv_transfer_params)
+            except TransferParamsError as e:
+                self._params_of[rid], self._invalid[rid] = {}, str(e)
+                logger.warning("kvgraft: request %s served without kvgraft: %s", rid, e)
+                self._note("invalid_params", request=rid, reason=str(e))
+        return self._params_of[rid]
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """The tokens an admitted artifact adds to the engine's own prefix-cache hit. Admission runs here, before
+        the scheduler counts a token as matched: a refused artifact is never claimed (0 tokens, the prompt is
+        computed, the response names why), so no refused load reaches the worker's recovery path (vllm #49250)."""
         self._requests[request.request_id] = request
         if not self._graft:
             return 0, False
-        n, _ = self._match(request)
-        return (n - num_computed_tokens, False) if n > num_computed_tokens else (0, False)
+        n, ids = self._match(request)
+        if n <= num_computed_tokens or not ids:
+            return 0, False
+        return (n - num_computed_tokens, False) if self._admit(request, n, ids, num_computed_tokens) else (0, False)
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        for meta in metadata.values():
+            if isinstance(meta, IdentityHandshake):
+                self._identity = meta.identity
+
+    def _admit(self, request: Request, n: int, ids: list[str], start: int) -> str | None:
+        """The first candidate admitted for the prompt's first `n` tokens (memoized per request), or None, when
+        every one is refused: logged, journaled and kept for the response."""
+        rid = request.request_id
+        if rid not in self._admitted:
+            prompt = list(request.prompt_token_ids or [])[:n]
+            refusals: list[dict[str, Any]] = []
+            self._admitted[rid] = None
+            for aid in ids:
+                if self._identity is None:
+                    why = ["the engine's identity did not reach the scheduler (no handshake from the worker): "
+                           "nothing can be admitted; report this with the vLLM version"]
+                else:
+                    _, why = check_candidate(self._store, aid, self._identity, prompt, start)
+                if not why:
+                    self._admitted[rid] = aid
+                    break
+                refusals.append({"artifact": aid, "tokens": n, "first_difference": why[0], "differences": why})
+            if refusals and self._admitted[rid] is None:
+                self._refused[rid] = refusals
+                line = (f"kvgraft: request {rid}: no artifact admitted for its first {n} tokens, nothing grafted "
+                        "(refused at admission: the prompt is computed): " + " | ".join(
+                            f"artifact {r['artifact'][:16]} refused: {'; '.join(r['differences'])}" for r in refusals))
+                logger.error(line)
+                self._note("refused", request=rid, tokens=n, candidates=ids, at="admission", policy=self._policy,
+                           reasons=[f"artifact {r['artifact'][:16]} refused: {'; '.join(r['differences'])}"
+                                    for r in refusals])
+        return self._admitted[rid]
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         self._requests[request.request_id] = request
-        if num_external_tokens > 0:
-            n, ids = self._match(request)
+        aid = self._admitted.get(request.request_id)
+        if num_external_tokens > 0 and aid is not None:
+            n, _ = self._match(request)
             prompt = list(request.prompt_token_ids or [])
-            self._to_load[request.request_id] = LoadEntry(request.request_id, prompt[:n], ids,
+            self._to_load[request.request_id] = LoadEntry(request.request_id, prompt[:n], [aid],
                                                           n - num_external_tokens, [])
             self._loaded[request.request_id] = n
 
     def _wants_deposit(self, request: Request) -> bool:
         if self._deposit == "all":
             return True
-        params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
-        return self._deposit == "marked" and bool(params.get(MARK))
+        return self._deposit == "marked" and bool(self._params(request).get(MARK))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvgraftMetadata()
@@ -246,8 +365,7 @@ class KvgraftConnector(KVConnectorBase_V1):
                     continue  # the prompt's prefill ends in a later step
                 self._deposited.add(rid)
                 n = len(prompt) // self._block_size * self._block_size
-                params = request.kv_transfer_params if isinstance(request.kv_transfer_params, dict) else {}
-                if params.get(MARK) == PROMPT:
+                if self._params(request).get(MARK) == PROMPT:
                     n = len(prompt)
                 if n == 0 or n <= self._loaded.get(rid, 0):
                     continue  # nothing whole to deposit, or exactly what was grafted
@@ -257,11 +375,21 @@ class KvgraftConnector(KVConnectorBase_V1):
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Forget the request; what kvgraft did with it goes into its response's kv_transfer_params (vLLM's server
+        returns them in the completion's JSON): {"kvgraft_grafted": {"artifact", "tokens"}}, {"kvgraft_refused":
+        [{"artifact", "tokens", "first_difference", "differences"}]}, {"kvgraft_invalid": why}, or None."""
         rid = request.request_id
-        for table in (self._requests, self._matches, self._to_load, self._loaded):
+        out: dict[str, Any] = {}
+        if rid in self._invalid:
+            out[INVALID] = self._invalid.pop(rid)
+        if rid in self._refused:
+            out[REFUSED] = self._refused.pop(rid)
+        if rid in self._loaded and self._admitted.get(rid):
+            out[GRAFTED] = {"artifact": self._admitted[rid], "tokens": self._loaded[rid]}
+        for table in (self._requests, self._matches, self._to_load, self._loaded, self._params_of, self._admitted):
             table.pop(rid, None)
         self._deposited.discard(rid)
-        return False, None
+        return False, out or None
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -307,6 +435,9 @@ class KvgraftConnector(KVConnectorBase_V1):
         logger.info("kvgraft: %d layers, layout %s, isa %s, model %s (fingerprinted in %.1f s)", len(layout),
                     self._paged.name, isa, self._identity.model_fingerprint[:12], time.perf_counter() - t0)
 
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        return IdentityHandshake(self._identity) if self._identity is not None else None
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvgraftMetadata)
@@ -317,18 +448,9 @@ class KvgraftConnector(KVConnectorBase_V1):
         assert self._identity is not None and self._paged is not None
         n, bs = len(entry.token_ids), self._block_size
         refusals = []
-        for aid in entry.candidates:
-            try:
-                snap = self._store.get(aid)  # the bytes hash to the id, or IntegrityError
-                why = [d.message for d in admission_differences(snap, self._identity.facts())]  # the one admission
-                if snap.token_ids[:n] != entry.token_ids or snap.start_position != 0:
-                    why.append(f"tokens: the artifact holds {snap.token_count} tokens from position "
-                               f"{snap.start_position}, not the request's first {n}")
-                elif not why:
-                    why += self._window_gaps(snap, n, entry.start)
-            except KVStoreError as e:
-                why = [f"{type(e).__name__}: {e}"]
-            if why:
+        for aid in entry.candidates:  # admitted by the scheduler side; checked again here, on the bytes written
+            snap, why = check_candidate(self._store, aid, self._identity, entry.token_ids, entry.start)
+            if snap is None:
                 refusals.append(f"artifact {aid[:16]} refused: {'; '.join(why)}")
                 continue
             t0 = time.perf_counter()
@@ -338,25 +460,10 @@ class KvgraftConnector(KVConnectorBase_V1):
             return
         self._failed.update(entry.block_ids[entry.start // bs : n // bs])
         line = (f"kvgraft: request {entry.req_id}: no artifact admitted for its first {n} tokens, nothing grafted "
-                f"(kv_load_failure_policy={self._policy}): " + " | ".join(refusals))
+                f"(refused at load, after admission: kv_load_failure_policy={self._policy}): " + " | ".join(refusals))
         logger.error(line)
         self._note("refused", request=entry.req_id, tokens=n, candidates=entry.candidates, reasons=refusals,
-                   policy=self._policy)
-
-    @staticmethod
-    def _window_gaps(snap: Snapshot, n: int, start: int) -> list[str]:
-        """Layers that lack positions a graft of the first `n` tokens must write: an artifact of more than `n`
-        tokens keeps, in a sliding layer, only the window before its own end, which may begin after n - window + 1."""
-        out = []
-        for i, lyr in enumerate(snap.layers):
-            first = snap.token_count - lyr.keys.shape[2]  # the layer holds positions [first, token_count)
-            need = start if lyr.kind == "full" or lyr.window is None else max(start, n - int(lyr.window) + 1)
-            if first > need:
-                out.append(f"layer {i}: holds positions from {first}, a graft of {n} tokens needs them from {need} "
-                           f"(deposit the prompt's whole blocks instead, or an artifact of at most "
-                           f"{lyr.window - 1 if lyr.window else n} tokens)")
-                break
-        return out
+                   at="load", policy=self._policy)
 
     def _write(self, snap: Snapshot, entry: LoadEntry) -> None:
         assert self._paged is not None

@@ -58,9 +58,10 @@ class VllmSettings(VllmBackendSettings):
     the connector (no deposits, no grafts).
 
     role: kv_both (deposit and graft), kv_producer (deposit only), kv_consumer (graft only).
-    on_refused: vLLM's kv_load_failure_policy when no matching artifact is admitted: "fail" fails the request
-        (finish_reason "error"), "recompute" computes the prefix instead; either way the refusal is logged and
-        journaled, and the refused bytes are never used.
+    on_refused: vLLM's kv_load_failure_policy. An artifact refused at admission is never claimed (the prompt is
+        computed, the output's kv_transfer_params name the refusal); the policy governs only a load the worker
+        refuses after admission: "fail" fails the request (finish_reason "error"), "recompute" computes the prefix
+        (vllm #49250: prefer "fail"). Refusals are logged and journaled; refused bytes are never used.
     deposit: "all" prompts, the "marked" ones (extra_args={"kv_transfer_params": {"kvgraft_deposit": True}}), "none".
     graft: "all" (any prompt whose whole-block prefix an artifact of the store holds) or "marked" (only requests
         naming their artifact: {"kvgraft_graft": id, "kvgraft_tokens": n}; the Backend, backend.py, uses this).
