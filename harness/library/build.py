@@ -62,7 +62,11 @@ from kvstore import (
     artifact_backend,
     artifact_differences,
     as_backend,
+    backend_numerics,
     enter_profile,
+    numerics_differences,
+    numerics_of_tags,
+    numerics_tag,
     open_store,  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
     tokens_sha256,
 )
@@ -264,9 +268,27 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
             continue
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue
-        if artifact_backend(snap) == fm.name and not artifact_differences(snap, fm):
+        if artifact_backend(snap) == fm.name and not artifact_differences(snap, fm) and not _numerics_differ(
+                store, aid, fm):
             return str(aid)
     return None
+
+
+def _deposit_tags(fm: Backend, tag: str) -> list[str]:
+    """The library's tag and, for a backend that measures one, its numerics fingerprint (`numerics:<sha256>`,
+    kvstore.check_numerics): kept beside the artifact, so its id does not move."""
+    sha = backend_numerics(fm)
+    return [tag] if sha is None else [tag, numerics_tag(sha)]
+
+
+def _numerics_differ(store, aid: str, fm: Backend) -> list[str]:
+    """numerics_differences of a stored artifact's recorded fingerprints and this backend's (empty: same, or not
+    recorded)."""
+    try:
+        tags = store.info(aid).tags
+    except KVStoreError:
+        return []
+    return numerics_differences(numerics_of_tags(tags), backend_numerics(fm))
 
 
 def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True,
@@ -322,10 +344,11 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
                disable=not progress or todo == 0, miniters=1)
     for p, solution, verification, text, ids, aid in planned:
         if aid is not None:
-            store.add_tags(aid, [tag])
+            store.add_tags(aid, _deposit_tags(fm, tag))
         else:
             try:
-                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag]))
+                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}),
+                                    tags=_deposit_tags(fm, tag)))
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
             bar.update(len(ids))
@@ -415,12 +438,12 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
                                "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
-        diffs = artifact_differences(snap, fm)
+        diffs = artifact_differences(snap, fm) + _numerics_differ(lib.store, e.artifact_id, fm)
         row = e.to_row()
         if diffs:
             differences[e.entry_id] = diffs
             try:
-                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=[tag])
+                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=_deposit_tags(fm, tag))
             except KVStoreError as err:
                 raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
             row["artifact_id"] = str(aid)

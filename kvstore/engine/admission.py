@@ -16,7 +16,7 @@ import warnings
 from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
-from kvstore.environment import environment_differences
+from kvstore.environment import environment_differences, numerics_differences, numerics_of_tags
 from kvstore.errors import EnvironmentMismatchError, IncompatibleError, ValidationError
 from kvstore.format.artifact import Snapshot, check_snapshot
 
@@ -104,3 +104,31 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
             raise IncompatibleError(
                 f"{name}: the context's token ids do not begin with the artifact's {n} tokens (first difference at "
                 f"index {first}); graft only onto text that starts with the artifact's text")
+
+
+def backend_numerics(backend: Backend) -> str | None:
+    """The backend's numerics fingerprint (kvstore.environment.numerics_fingerprint of its model's shapes in its
+    settings), or None for a backend that does not measure one (llama.cpp, vLLM, the fake)."""
+    measure = getattr(backend, "numerics", None)
+    return measure() if callable(measure) else None
+
+
+def check_numerics(tags: Any, backend: Backend, name: str = "artifact", *,
+                   allow_environment_mismatch: bool = False) -> None:
+    """Refuse (EnvironmentMismatchError naming both fingerprints) an artifact whose store tags record the numerics
+    fingerprints it was deposited under (`numerics:<sha256>`) when this backend's is not among them: the
+    environment records may agree, the bits do not. An artifact without the tag (deposited before it existed, or
+    by a backend that measures none) is not compared on it. With `allow_environment_mismatch` it warns instead.
+
+    The fingerprint is kept beside the artifact (a store tag), not in its bytes, so artifact ids, library
+    identities and resume keys of the default path do not move (kvstore/FORMAT.md section 8)."""
+    diffs = numerics_differences(numerics_of_tags(tags), backend_numerics(backend))
+    if not diffs:
+        return
+    if not allow_environment_mismatch:
+        raise EnvironmentMismatchError(
+            f"{name}: the artifact was deposited on a machine whose kernels compute other bits, so a graft would not "
+            f"be byte-identical to the fresh reference here: {diffs[0]}. Deposit it again on this machine, or graft "
+            "anyway with allow_environment_mismatch=True, which marks the graft not guaranteed exact")
+    warnings.warn(f"{name}: grafted across numerics (not guaranteed exact): {diffs[0]}", RuntimeWarning,
+                  stacklevel=2)
