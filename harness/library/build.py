@@ -39,6 +39,7 @@ import re
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,12 +165,36 @@ class Library:
             raise LibraryError(f"{self.path / 'index.jsonl'}: SHA-256 differs from manifest.json index_sha256 (rows "
                                "reordered or reformatted); rebuild it with `make library`")
         self.entries = [Entry.from_row(r) for r in rows]
+        sealed = [e.entry_id for e in self.entries if e.tokens_sha256 is not None]
+        if sealed and len(sealed) != len(self.entries):  # a library built with the field records it on every row
+            bare = next(e.entry_id for e in self.entries if e.tokens_sha256 is None)
+            raise LibraryError(
+                f"{self.path / 'index.jsonl'}, entry {bare}: no tokens_sha256 where {len(sealed)} other rows of this "
+                "library record it (a library built with the field records it on every row): the library was "
+                "modified; rebuild it with `make library`")
         self._by_fp = {e.problem_fingerprint: e for e in self.entries}
         self._bm25 = None
+        # entry id -> the token ids its own text encodes to (open_library sets the encoder from the library's source)
+        self.entry_ids: Callable[[Entry], tuple[str, list[int]] | None] | None = None
 
     def check_artifact(self, entry: Entry, snapshot: Snapshot) -> None:
         """LibraryError unless the artifact read for `entry` holds the entry's tokens (a graft never takes another
         problem's context from a store whose object or index was swapped since the build)."""
+        own = self.entry_ids(entry) if self.entry_ids is not None else ("", [])
+        if own is None or own[0] and own[0] != entry.problem_fingerprint:
+            raise LibraryError(
+                f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): "
+                + ("the library's source holds no such entry" if own is None else
+                   "its problem fingerprint is not its own problem's")
+                + ": the library was modified; remove the library folder and rebuild it with `make library`")
+        expected = own[1] if self.entry_ids is not None else None
+        if expected is not None and list(snapshot.token_ids) != expected:
+            raise LibraryError(
+                f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): artifact "
+                f"{entry.artifact_id[:12]} holds {snapshot.token_count} tokens (SHA-256 "
+                f"{tokens_sha256(snapshot.token_ids)[:12]}) that are not the encoding of the entry's own text "
+                f"({len(expected)} tokens, {tokens_sha256(expected)[:12]}): the library points at another problem's "
+                "context; remove the library folder and rebuild it with `make library`")
         if not entry.holds(snapshot):
             raise LibraryError(
                 f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): artifact "
@@ -505,6 +530,7 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         build_library(lib_cfg, fm, project_root, chat=chat)
     store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
+    lib.entry_ids = _entry_encoder(lib_cfg, fm, project_root, chat)
     if lib.manifest.get("identity_sha256") != identity_sha256:
         recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
         differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
@@ -514,6 +540,35 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
             "remove the folder and rebuild it with `make library`"
         )
     return lib
+
+
+def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
+                   chat: ChatFrame | None) -> Callable[[Entry], tuple[str, list[int]] | None]:
+    """entry -> (the problem fingerprint, the token ids) of the entry's own text: its problem and solution from the
+    library's source (the rows whose SHA-256 the library's identity checked), rendered by the entry template and
+    encoded as the build encodes them; None when the source holds no such entry. A graft compares them with the
+    entry's row and the artifact's token ids, so a library re-sealed to point an entry at another problem's
+    artifact (or another problem's retrieval at an entry) is refused (issue 41, finding 2)."""
+    texts: dict[str, tuple[str, str]] | None = None
+    cache: dict[str, tuple[str, list[int]]] = {}
+
+    def ids(entry: Entry) -> tuple[str, list[int]] | None:
+        nonlocal texts
+        if texts is None:
+            candidates, _ = read_candidates(lib_cfg, project_root)
+            texts = {}
+            for p, solution in candidates:
+                fp = problem_fingerprint(p.problem)
+                texts[sha256_hex(f"{fp}\n{solution}".encode())[:16]] = (fp, render(
+                    lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id))
+        if entry.entry_id not in cache:
+            if entry.entry_id not in texts:
+                return None
+            fp, text = texts[entry.entry_id]
+            cache[entry.entry_id] = (fp, encode_entry(fm, chat, text))
+        return cache[entry.entry_id]
+
+    return ids
 
 
 @exit_on_error
