@@ -49,7 +49,8 @@ from tqdm import tqdm
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error
-from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
+from harness.library.source import LIBRARY_FORMAT, check_harvest_run, library_identity, read_candidates
+from harness.record.folder import RunFolder
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
 from harness.task.chat import ChatFrame, chat_frame, encode_entry
@@ -323,6 +324,8 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
     recomputed. Returns the library folder."""
     fm = as_backend(fm)
     store = open_store(lib_cfg.store, project_root)
+    if lib_cfg.source == "harvest" and lib_cfg.harvest_run:  # re-checked, and run by this model (finding 3)
+        check_harvest_run(RunFolder(project_root / lib_cfg.harvest_run), as_backend(fm))
     candidates, origin = read_candidates(lib_cfg, project_root)
     identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
     identity_sha256 = sha256_json(identity)
