@@ -81,8 +81,8 @@ def log_run_dir(run_dir: Path, **options: Any) -> str:
     `traces` defaults to the run's ``tracking.traces`` (on when absent). Raises :class:`TrackingError` when a
     run file is missing or unreadable, or an http(s) server is unreachable; other MLflow errors propagate
     (use :func:`try_log_run_dir` when a failure must not stop the caller), and when the folder does not re-check
-    (harness.record.audit, as `make rescore`): an edited summary or row never reaches MLflow. A failure while logging traces
-    only warns: the run is logged, tagged ``traces=failed: <reason>``.
+    (harness.record.audit, as `make rescore`): an edited summary or row never reaches MLflow. A failure while
+    logging traces only warns: the run is logged, tagged ``traces=failed: <reason>``.
     """
     from harness.record.audit import audit
 
