@@ -262,3 +262,14 @@ def test_registered_backend_names_the_entries_it_cannot_graft_and_refuses_them_i
     assert "layer" in r["552"] and "at most 511 tokens" in r["552"] and "128-token blocks" in r["552"]
     assert r["graft_552"] is not None and r["graft_552"].endswith(r["552"]) and "\n" not in r["graft_552"]
     assert "graft" not in r["events"]  # the deposit is made; no graft ever reaches the connector
+
+
+def test_a_journal_or_store_that_fails_under_the_engine_costs_at_most_its_request(cases: dict) -> None:
+    # issue 41, finding 5: at a1b00c4 the first failing journal write or index lookup raised in the connector and
+    # every later request got EngineDeadError
+    f = cases["faults"]
+    assert f["journal_deposit"] in ("length", "stop") and f["journal_next"] in ("length", "stop"), f
+    assert f["store_lookup"] in ("length", "stop") and f["store_deposit"] in ("length", "stop"), f
+    assert f["after"] in ("length", "stop"), f
+    events = {e["event"] for e in f["store_events"]}
+    assert "lookup_failed" in events and "deposit_failed" in events, f["store_events"]
