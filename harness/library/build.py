@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
-from harness.errors import LibraryError, exit_on_error
+from harness.errors import LibraryError, exit_on_error, plain
 from harness.library.source import LIBRARY_FORMAT, check_harvest_run, library_identity, read_candidates
 from harness.record.folder import RunFolder
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
@@ -380,7 +380,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
             bar.update(len(ids))
-            bar.set_postfix_str(f"entry {p.id}", refresh=False)
+            bar.set_postfix_str(f"entry {plain(p.id)}", refresh=False)  # an ANSI escape in an id is shown, not obeyed
         fp = problem_fingerprint(p.problem)
         entry = Entry(
             entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16],
