@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -304,6 +305,9 @@ def validate(c: Config) -> None:
     if d.strategy == "sample" and d.temperature <= 0:
         raise ConfigError(f"decoding.temperature={d.temperature}: sampling needs temperature > 0 (0 is greedy "
                           "decoding: use decoding=greedy, whose rows are recorded as greedy)")
+    if c.execution.workers < 1:  # before the model loads (issue 41, finding 7)
+        raise ConfigError(f"execution.workers={c.execution.workers}: a run needs at least 1 worker; use "
+                          "execution.workers=N with N >= 1")
     try:  # the engine's own checks of its settings (dtype, attention, profile, ...), before the model loads
         Determinism(**dataclasses.asdict(c.determinism))
     except KVStoreError as exc:
@@ -312,8 +316,16 @@ def validate(c: Config) -> None:
 
 def check_backend(m: ModelConfig) -> None:
     """The llama.cpp backend's rule between fields: it runs on the CPU (model.device=cpu), a ConfigError naming
-    model.device otherwise, before anything loads. (model.backend's values and llama.cpp's counts and KV cache
+    model.device otherwise, before anything loads; the vLLM backend in a Python without vLLM (the project's .venv:
+    vLLM lives in .venv-vllm) is one line saying so. (model.backend's values and llama.cpp's counts and KV cache
     types are the schema's: `check_fields`, and OmegaConf at composition.)"""
+    if m.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"model.backend=vllm: this Python ({sys.executable}) has no vLLM; it lives in "
+                              ".venv-vllm: run `.venv-vllm/bin/python -m harness ...`, or through make (`make "
+                              "aime-graft ARGS=\"model=gemma3_270m_vllm\"` picks .venv-vllm), after `make setup-vllm`")
     if m.backend == "llamacpp" and m.device != "cpu":
         raise ConfigError(f"model.device={m.device!r}: the llamacpp backend runs on the CPU here; use model.device=cpu")
 
