@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config.schema import check_overrides
+from harness.config.schema import check_overrides, compose_config, typed
 from harness.errors import ConfigError, debugging, exit_on_error
 from harness.record.folder import RunFolder, claim
 from harness.run.loop import run
@@ -91,6 +91,11 @@ def main(cfg: DictConfig) -> None:
 def _check_command_line(args: list[str]) -> None:
     try:
         check_overrides(args)
+        plain = [a for a in args if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+        if len(plain) == len(args) and not any("," in a or "(" in a for a in plain):  # a single run, no sweep
+            # composed once here, so a mistyped value (model.llamacpp.threads=abc) or bad override syntax is one
+            # line (issue 41, finding 7), not Hydra's 4-7
+            typed(compose_config(plain))  # and checked (execution.workers=-1, ...) before Hydra makes a folder
     except ConfigError as exc:
         if debugging():
             raise

@@ -21,6 +21,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 __all__ = [
+    "plain",
     "AnswerError",
     "ConfigError",
     "HarnessError",
@@ -159,6 +160,12 @@ def debugging() -> bool:
     return any(os.environ.get(v, "") not in ("", "0") for v in ("KVGRAFT_DEBUG", "HYDRA_FULL_ERROR"))
 
 
+def plain(text: str) -> str:
+    """`text` with its control characters (an ANSI escape in a problem id from a forged file) written as escapes
+    (`\\x1b`), never obeyed by the terminal; newlines kept (a message may have more than one line)."""
+    return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
     """Wrap an entry point: a HarnessError or KVStoreError prints one `error: <message>` line (the message
     names the file, row or field and the fix) and exits with status 1, without a traceback; an interrupted run
@@ -175,12 +182,12 @@ def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
         except RunInterrupted as exc:
             if debugging():
                 raise
-            print(f"stopped: {exc}", file=sys.stderr)
+            print(f"stopped: {plain(str(exc))}", file=sys.stderr)
             raise SystemExit(exc.exit_code) from None
         except (HarnessError, KVStoreError) as exc:
             if debugging():
                 raise
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {plain(str(exc))}", file=sys.stderr)
             raise SystemExit(1) from None
         except KeyboardInterrupt as exc:  # outside a run's row loop (loading, composing): nothing was written
             if debugging():

@@ -29,7 +29,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     # the model, its pinned settings and the machine it runs on
     "kvstore.determinism": ("Determinism",),
     "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
-                            "profile_problems"),
+                            "numerics_differences", "numerics_of_tags", "numerics_tag", "profile_problems"),
     # the backend seam and the registry
     "kvstore.engine.protocol": ("Backend", "BackendDefaults", "Continuation", "InEngineDecoding", "Registered",
                                 "Repositioning", "Stepwise", "artifact_backend"),
@@ -49,7 +49,8 @@ _FACE: dict[str, tuple[str, ...]] = {
     # moving artifacts between stores
     "kvstore.bundle.bundle": ("BundleInfo", "export_bundle", "import_bundle"),
     # exactness
-    "kvstore.engine.admission": ("Difference", "Facts", "admission_differences", "admit", "artifact_differences"),
+    "kvstore.engine.admission": ("Difference", "Facts", "admission_differences", "admit", "artifact_differences",
+                                 "check_numerics"),
     "kvstore.engine.deposit": ("deposit", "graft"),
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
     "kvstore.engine.weights": ("PinnedWeights", "check_weights"),

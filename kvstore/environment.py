@@ -177,6 +177,85 @@ def _normalized(env: dict[str, Any]) -> dict[str, Any]:
     return {_LEGACY_NAMES.get(k, k): v for k, v in env.items()}
 
 
+# ------------------------------------------------------------------------------------------------ numerics
+NUMERICS_FORMAT = "kvgraft-numerics/1"  # the battery below; a change to it is a new format (and new fingerprints)
+NUMERICS_TAG = "numerics:"  # a store tag "numerics:<sha256>": the numerics fingerprint an artifact was deposited under
+
+
+def numerics_battery_dims(config: Any) -> dict[str, int]:
+    """The shapes the battery runs, from a transformers config (its text config): hidden, intermediate, heads,
+    kv heads, head dim, vocabulary (capped at 8192 rows: the lm_head GEMM's blocking, not its whole width)."""
+    c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    hidden = int(getattr(c, "hidden_size", 64))
+    heads = int(getattr(c, "num_attention_heads", 4))
+    return {"hidden": hidden, "intermediate": int(getattr(c, "intermediate_size", 4 * hidden)), "heads": heads,
+            "kv_heads": int(getattr(c, "num_key_value_heads", heads) or heads),
+            "head_dim": int(getattr(c, "head_dim", None) or hidden // heads),
+            "vocab": min(int(getattr(c, "vocab_size", 32000)), 8192)}
+
+
+def numerics_fingerprint(dims: dict[str, int], dtype: Any = None, device: Any = None) -> str:
+    """SHA-256 of a fixed battery of kernels in this process's settings (threads, kernel variables, dtype): the
+    model's GEMM shapes at 1, 7 and 64 rows (q/k/v-like, MLP up and down, a slice of lm_head), causal attention
+    through torch's scaled_dot_product_attention, an RMS norm and a softmax, on fixed pseudo-random inputs.
+    A measured fact where the environment record's fields are named ones: two machines whose records agree but
+    whose BLAS blocks otherwise (cache sizes, code path) compute other bits here (issue 41, finding 0)."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype or "float32"))
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(20261202)
+    h = hashlib.sha256(NUMERICS_FORMAT.encode() + json.dumps(dims, sort_keys=True).encode() + str(dt).encode())
+
+    def rand(*shape: int) -> Any:
+        return (torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.05).to(device=dev, dtype=dt)
+
+    def eat(t: Any) -> None:
+        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+
+    hid, inter, hd = dims["hidden"], dims["intermediate"], dims["head_dim"]
+    heads, kv = dims["heads"], dims["kv_heads"]
+    weights = [rand(heads * hd, hid), rand(inter, hid), rand(hid, inter), rand(dims["vocab"], hid)]
+    with torch.inference_mode():
+        for rows in (1, 7, 64):
+            x = rand(rows, hid)
+            eat(F.linear(x, weights[0]))
+            up = F.linear(x, weights[1])
+            eat(up)
+            eat(F.linear(up, weights[2]))
+            eat(F.linear(x, weights[3]))
+            var = x.float().pow(2).mean(-1, keepdim=True)
+            eat((x.float() * torch.rsqrt(var + 1e-6)).to(dt))  # RMS norm
+            eat(torch.softmax(x.float() * 3.0, dim=-1))
+            q, k, v = rand(1, heads, rows, hd), rand(1, kv, rows, hd), rand(1, kv, rows, hd)
+            if kv != heads:
+                k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+            eat(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    return h.hexdigest()
+
+
+def numerics_differences(recorded: Any, current: str | None, what: str = "artifact") -> list[str]:
+    """"numerics_sha256: artifact X, this process Y" when the fingerprints an artifact (or a registration) was
+    made under are known and this process's is not among them (empty otherwise: one made before the fingerprint
+    existed is not compared on it). `recorded`: one fingerprint, a list of them, or None."""
+    rec = [recorded] if isinstance(recorded, str) else [str(r) for r in (recorded or ())]
+    if not rec or current is None or current in rec:
+        return []
+    return [f"numerics_sha256: {what} {' / '.join(r[:16] for r in rec)}, this process {current[:16]} (the same "
+            "kernel battery computes other bits here)"]
+
+
+def numerics_tag(sha: str) -> str:
+    """The store tag recording the numerics fingerprint an artifact was deposited under."""
+    return NUMERICS_TAG + sha
+
+
+def numerics_of_tags(tags: Any) -> list[str]:
+    """The numerics fingerprints a store's tags record for an artifact (empty: not recorded)."""
+    return sorted(str(t)[len(NUMERICS_TAG):] for t in (tags or ()) if str(t).startswith(NUMERICS_TAG))
+
+
 # ------------------------------------------------------------------------------------------------ profiles
 def profile_variables(profile: str) -> dict[str, str]:
     """The kernel variables a profile sets (native: none; every other variable of KERNEL_VARIABLES unset)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -307,6 +308,9 @@ def validate(c: Config) -> None:
     if d.strategy == "sample" and d.temperature <= 0:
         raise ConfigError(f"decoding.temperature={d.temperature}: sampling needs temperature > 0 (0 is greedy "
                           "decoding: use decoding=greedy, whose rows are recorded as greedy)")
+    if c.execution.workers < 1:  # before the model loads (issue 41, finding 7)
+        raise ConfigError(f"execution.workers={c.execution.workers}: a run needs at least 1 worker; use "
+                          "execution.workers=N with N >= 1")
     try:  # the engine's own checks of its settings (dtype, attention, profile, ...), before the model loads
         Determinism(**dataclasses.asdict(c.determinism))
     except KVStoreError as exc:
@@ -321,6 +325,13 @@ def check_backend(m: ModelConfig) -> None:
     name = str(m.backend)
     if m.device != "cpu" and "device" not in {f.name for f in dataclasses.fields(settings_class(name))}:
         raise ConfigError(f"model.device={m.device!r}: the {name} backend runs on the CPU here; use model.device=cpu")
+    if m.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"model.backend=vllm: this Python ({sys.executable}) has no vLLM; it lives in "
+                              ".venv-vllm: run `.venv-vllm/bin/python -m harness ...`, or through make (`make "
+                              "aime-graft ARGS=\"model=gemma3_270m_vllm\"` picks .venv-vllm), after `make setup-vllm`")
 
 
 def recorded(cfg: DictConfig | Config) -> dict[str, Any]:

@@ -10,7 +10,7 @@ The registry (scripts/replay_registry.json, committed), format "kvgraft-replay/2
                 "prompt"},                       # shared by every registration
      "profiles": {"<profile>": [registration, ...]}}
 
-    registration = {"model_fingerprint", "tokenizer_fingerprint", "determinism", "environment",
+    registration = {"model_fingerprint", "tokenizer_fingerprint", "determinism", "environment", "numerics_sha256",
                     "samples": [{"index", "prefix_tokens", "suffix_tokens", "tokens_sha256", "logits_sha256",
                                  "graft_equal"}, ...],
                     "decode": [{"problem_id", "prompt_tokens", "prompt_sha256", "first_logits_sha256",
@@ -18,7 +18,16 @@ The registry (scripts/replay_registry.json, committed), format "kvgraft-replay/2
                     "seconds", "registered_at"}
 
 A profile holds one registration per compute environment: two registrations of a profile never have equal
-environments (`kvstore.environment.environment_differences` empty). Format "kvgraft-replay/1" (the same, with
+environments (`kvstore.environment.environment_differences` empty) and equal numerics fingerprints.
+
+`numerics_sha256` (kvstore.environment.numerics_fingerprint: a fixed battery of the model's kernels run in the
+profile's settings) is what makes a registration this machine's: two machines whose environment records agree can
+still compute other bits (issue 41: an AMD EPYC family 23 against an AMD EPYC registration, every recorded field
+equal, native 49/55). A registration matches only when its environment AND its numerics fingerprint equal this
+machine's; one registered before the fingerprint existed has none, so it cannot say whether this machine computes
+its bits: it is a measurement, never the check (register this machine to get one). So a machine whose numerics
+differ from every registration is told "no registration matches", never a hash mismatch under an environment
+called equal. Format "kvgraft-replay/1" (the same, with
 one registration per profile instead of a list) is read as a one-element list; writing always writes format 2.
 
 --register computes this machine's hashes under the profile and REPLACES the profile's registration whose
@@ -94,10 +103,14 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
         if registered.get(key) != measured.get(key):
             out.problems.append(f"{key} {str(registered.get(key))[:12]} registered, {str(measured.get(key))[:12]} now")
     reg_env, now_env = registered.get("environment", {}), measured.get("environment", {})
-    out.environment_differences = environment_differences(reg_env, now_env)
+    out.environment_differences = environment_differences(reg_env, now_env) + _numerics_differences(registered,
+                                                                                                    measured)
     differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}
     for key in sorted(set(reg_env) | set(now_env)):
         out.environment.append((key, reg_env.get(key), now_env.get(key), key not in differing))
+    reg_n, now_n = registered.get("numerics_sha256"), measured.get("numerics_sha256")
+    out.environment.append(("numerics_sha256", (reg_n or "not recorded")[:16], (now_n or "not measured")[:16],
+                            "numerics_sha256" not in differing))
     for s, m, same_input in _paired(registered, measured, "samples", "index", "tokens_sha256", out.problems,
                                     "sample {}: its tokens differ from the registered ones"):
         ok = bool(same_input and m["logits_sha256"] == s["logits_sha256"] and m["graft_equal"])
@@ -114,6 +127,18 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
     if not out.rows:
         out.problems.append("the registry lists no samples for this profile")
     return out
+
+
+def _numerics_differences(registered: dict[str, Any], measured: dict[str, Any]) -> list[str]:
+    """Why the registration's numerics are not known to be this machine's: its fingerprint differs, or it has none
+    (registered before the fingerprint existed). Empty when both have the same one."""
+    reg, now = registered.get("numerics_sha256"), measured.get("numerics_sha256")
+    if reg is None:
+        return ["numerics_sha256: not recorded by the registration (registered before numerics fingerprints), so it "
+                "cannot say this machine computes its bits"]
+    if reg != now:
+        return [f"numerics_sha256: registered {reg[:16]}, this machine {str(now)[:16]}"]
+    return []
 
 
 def _paired(registered: dict[str, Any], measured: dict[str, Any], field: str, key: str, input_hash: str,
@@ -162,7 +187,8 @@ class Replay:
     def verdict(self) -> str:
         p = self.profile
         if not self.checks:
-            return (f"profile {p}: no registration matches this machine's environment ({self.here}; registered: "
+            return (f"profile {p}: no registration matches this machine's environment and numerics fingerprint "
+                    f"({self.here}; registered: "
                     f"{', '.join(o.source for o in self.others) or 'none'}); register it with "
                     f"`{register_command(p, self.registry)}` -> FAIL")
         check = self.checks[0] if len(self.checks) == 1 else None
@@ -202,7 +228,8 @@ def register(reg: dict[str, Any], profile: str, measured: dict[str, Any]) -> tup
 
     registrations = reg.setdefault("profiles", {}).setdefault(profile, [])
     for i, old in enumerate(registrations):
-        if not environment_differences(old.get("environment", {}), measured.get("environment", {})):
+        if not environment_differences(old.get("environment", {}), measured.get("environment", {})) and not (
+                _numerics_differences(old, measured)):
             registrations[i] = measured
             return reg, True
     registrations.append(measured)

@@ -97,7 +97,7 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     samples = build_samples(fm, problem_texts(problems_path), lengths, params["suffix_tokens"], params["seed"])
     out: dict[str, Any] = {"model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
                            "determinism": fm.settings(), "environment": fm.environment(),
-                           "samples": [], "decode": []}
+                           "numerics_sha256": fm.numerics(), "samples": [], "decode": []}
     t0 = time.perf_counter()
     for s in samples:
         c = check_graft(fm, s.prefix, s.suffix)

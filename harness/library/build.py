@@ -39,6 +39,7 @@ import re
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,10 @@ from tqdm import tqdm
 
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
-from harness.errors import LibraryError, exit_on_error
+from harness.errors import LibraryError, exit_on_error, plain
 from harness.library.random_entry import random_other_entry
-from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
+from harness.library.source import LIBRARY_FORMAT, check_harvest_run, library_identity, read_candidates
+from harness.record.folder import RunFolder
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
 from harness.task.chat import ChatFrame, chat_frame, encode_entry
@@ -64,6 +66,9 @@ from kvstore import (
     admission_differences,
     artifact_differences,
     enter_profile,
+    numerics_differences,
+    numerics_of_tags,
+    numerics_tag,
     open_store,  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
     tokens_sha256,
 )
@@ -162,12 +167,36 @@ class Library:
             raise LibraryError(f"{self.path / 'index.jsonl'}: SHA-256 differs from manifest.json index_sha256 (rows "
                                "reordered or reformatted); rebuild it with `make library`")
         self.entries = [Entry.from_row(r) for r in rows]
+        sealed = [e.entry_id for e in self.entries if e.tokens_sha256 is not None]
+        if sealed and len(sealed) != len(self.entries):  # a library built with the field records it on every row
+            bare = next(e.entry_id for e in self.entries if e.tokens_sha256 is None)
+            raise LibraryError(
+                f"{self.path / 'index.jsonl'}, entry {bare}: no tokens_sha256 where {len(sealed)} other rows of this "
+                "library record it (a library built with the field records it on every row): the library was "
+                "modified; rebuild it with `make library`")
         self._by_fp = {e.problem_fingerprint: e for e in self.entries}
         self._bm25 = None
+        # entry id -> the token ids its own text encodes to (open_library sets the encoder from the library's source)
+        self.entry_ids: Callable[[Entry], tuple[str, list[int]] | None] | None = None
 
     def check_artifact(self, entry: Entry, snapshot: Snapshot) -> None:
         """LibraryError unless the artifact read for `entry` holds the entry's tokens (a graft never takes another
         problem's context from a store whose object or index was swapped since the build)."""
+        own = self.entry_ids(entry) if self.entry_ids is not None else ("", [])
+        if own is None or own[0] and own[0] != entry.problem_fingerprint:
+            raise LibraryError(
+                f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): "
+                + ("the library's source holds no such entry" if own is None else
+                   "its problem fingerprint is not its own problem's")
+                + ": the library was modified; remove the library folder and rebuild it with `make library`")
+        expected = own[1] if self.entry_ids is not None else None
+        if expected is not None and list(snapshot.token_ids) != expected:
+            raise LibraryError(
+                f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): artifact "
+                f"{entry.artifact_id[:12]} holds {snapshot.token_count} tokens (SHA-256 "
+                f"{tokens_sha256(snapshot.token_ids)[:12]}) that are not the encoding of the entry's own text "
+                f"({len(expected)} tokens, {tokens_sha256(expected)[:12]}): the library points at another problem's "
+                "context; remove the library folder and rebuild it with `make library`")
         if not entry.holds(snapshot):
             raise LibraryError(
                 f"library {self.path}, entry {entry.entry_id} (problem {entry.problem_id}): artifact "
@@ -269,9 +298,26 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
             continue
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue
-        if not admission_differences(snap, fm):  # made by this backend, same facts, settings and environment
+        if not admission_differences(snap, fm) and not _numerics_differ(store, aid, fm):  # this backend, same facts
             return str(aid)
     return None
+
+
+def _deposit_tags(fm: Backend, tag: str) -> list[str]:
+    """The library's tag and, for a backend that measures one, its numerics fingerprint (`numerics:<sha256>`,
+    kvstore.check_numerics): kept beside the artifact, so its id does not move."""
+    sha = fm.numerics()
+    return [tag] if sha is None else [tag, numerics_tag(sha)]
+
+
+def _numerics_differ(store, aid: str, fm: Backend) -> list[str]:
+    """numerics_differences of a stored artifact's recorded fingerprints and this backend's (empty: same, or not
+    recorded)."""
+    try:
+        tags = store.info(aid).tags
+    except KVStoreError:
+        return []
+    return numerics_differences(numerics_of_tags(tags), fm.numerics())
 
 
 def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True,
@@ -279,6 +325,8 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
     """Verify, deposit and index every candidate solution on the backend `fm`. Resumable: an entry whose tokens
     are already in the store for this model and these settings is not recomputed. Returns the library folder."""
     store = open_store(lib_cfg.store, project_root)
+    if lib_cfg.source == "harvest" and lib_cfg.harvest_run:  # re-checked, and run by this model (finding 3)
+        check_harvest_run(RunFolder(project_root / lib_cfg.harvest_run), fm)
     candidates, origin = read_candidates(lib_cfg, project_root)
     identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
     identity_sha256 = sha256_json(identity)
@@ -325,14 +373,15 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
                disable=not progress or todo == 0, miniters=1)
     for p, solution, verification, text, ids, aid in planned:
         if aid is not None:
-            store.add_tags(aid, [tag])
+            store.add_tags(aid, _deposit_tags(fm, tag))
         else:
             try:
-                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}), tags=[tag]))
+                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}),
+                                    tags=_deposit_tags(fm, tag)))
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
             bar.update(len(ids))
-            bar.set_postfix_str(f"entry {p.id}", refresh=False)
+            bar.set_postfix_str(f"entry {plain(p.id)}", refresh=False)  # an ANSI escape in an id is shown, not obeyed
         fp = problem_fingerprint(p.problem)
         entry = Entry(
             entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16],
@@ -416,12 +465,12 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
                                "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
-        diffs = artifact_differences(snap, fm)
+        diffs = artifact_differences(snap, fm) + _numerics_differ(lib.store, e.artifact_id, fm)
         row = e.to_row()
         if diffs:
             differences[e.entry_id] = diffs
             try:
-                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=[tag])
+                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=_deposit_tags(fm, tag))
             except KVStoreError as err:
                 raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
             row["artifact_id"] = str(aid)
@@ -482,6 +531,7 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         build_library(lib_cfg, fm, project_root, chat=chat)
     store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
+    lib.entry_ids = _entry_encoder(lib_cfg, fm, project_root, chat)
     if lib.manifest.get("identity_sha256") != identity_sha256:
         recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
         differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
@@ -491,6 +541,35 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
             "remove the folder and rebuild it with `make library`"
         )
     return lib
+
+
+def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
+                   chat: ChatFrame | None) -> Callable[[Entry], tuple[str, list[int]] | None]:
+    """entry -> (the problem fingerprint, the token ids) of the entry's own text: its problem and solution from the
+    library's source (the rows whose SHA-256 the library's identity checked), rendered by the entry template and
+    encoded as the build encodes them; None when the source holds no such entry. A graft compares them with the
+    entry's row and the artifact's token ids, so a library re-sealed to point an entry at another problem's
+    artifact (or another problem's retrieval at an entry) is refused (issue 41, finding 2)."""
+    texts: dict[str, tuple[str, str]] | None = None
+    cache: dict[str, tuple[str, list[int]]] = {}
+
+    def ids(entry: Entry) -> tuple[str, list[int]] | None:
+        nonlocal texts
+        if texts is None:
+            candidates, _ = read_candidates(lib_cfg, project_root)
+            texts = {}
+            for p, solution in candidates:
+                fp = problem_fingerprint(p.problem)
+                texts[sha256_hex(f"{fp}\n{solution}".encode())[:16]] = (fp, render(
+                    lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id))
+        if entry.entry_id not in cache:
+            if entry.entry_id not in texts:
+                return None
+            fp, text = texts[entry.entry_id]
+            cache[entry.entry_id] = (fp, encode_entry(fm, chat, text))
+        return cache[entry.entry_id]
+
+    return ids
 
 
 @exit_on_error

@@ -33,6 +33,7 @@ def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, st
         if not lib_cfg.harvest_run:
             raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
         run = RunFolder(project_root / lib_cfg.harvest_run)
+        check_harvest_run(run)
         try:
             probs = {r["id"]: r for r in run.read_problems()}
             rows = run.read_rows()
@@ -47,6 +48,36 @@ def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, st
                 out.append((Problem(pr["id"], pr["problem"], pr["answer"], text, pr.get("source") or {}), text))
         return out, f"harvest:{run.name}"
     raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
+
+
+def check_harvest_run(run: RunFolder, fm: Backend | None = None) -> None:
+    """LibraryError unless the harvest run re-checks (harness.record.audit: every manifest hash, every score
+    recomputed, the summary; what `make rescore` prints) and, given the model `fm`, was run with that model and
+    tokenizer (fingerprints): a library never takes rows from an edited run or another model's (issue 41,
+    finding 3)."""
+    from harness.record.audit import audit
+
+    try:
+        check = audit(run)
+    except HarnessError as e:
+        raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
+    if not check.ok:
+        shown = "; ".join(check.findings[:3]) + (f"; ... ({len(check.findings)} findings)"
+                                                 if len(check.findings) > 3 else "")
+        raise LibraryError(f"harvest run {run.path} does not re-check ({shown}): it was modified after it was "
+                           f"written; see `make rescore RUN={run.path}`, and harvest from an intact run")
+    if fm is None:
+        return
+    try:
+        manifest = run.read_manifest()
+    except HarnessError as e:
+        raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
+    for key, mine in (("model_fingerprint", fm.fingerprint), ("tokenizer_fingerprint", fm.tokenizer_fingerprint)):
+        if manifest.get(key) != mine:
+            raise LibraryError(
+                f"harvest run {run.path}: its {key} {str(manifest.get(key))[:12]} is not the library model's "
+                f"{mine[:12]} ({fm.model_name}): the harvest loop grafts a model's own verified solutions; harvest "
+                "with this model, or build the library with the harvest run's model")
 
 
 def library_identity(lib_cfg, fm: Backend, project_root: Path,

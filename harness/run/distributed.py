@@ -326,11 +326,30 @@ class RayPool:
 
     def close(self) -> None:
         """Stop every worker of this pool (Ray itself stays up for the next run of this process; Ray's own exit
-        hook stops a private one when the process ends, the watchdog when it is killed)."""
+        hook stops a private one when the process ends, the watchdog when it is killed). On a private Ray the
+        workers' processes (and what they started: a vLLM engine core) are waited for, and killed after 30 s:
+        `ray.kill` only asks, and under load a worker took longer than a fixed wait to go (issue 41, finding 7)."""
+        import psutil
+
+        procs: list = []
+        if self._private:
+            for pid in self.pids.values():
+                try:
+                    worker = psutil.Process(pid)
+                    procs += [worker, *worker.children(recursive=True)]
+                except psutil.Error:
+                    continue
         for actor in list(self.pids):
             self._ray.kill(actor)
         self.pids.clear()
         self._idle.clear()
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                continue
+        psutil.wait_procs(alive, timeout=5)
 
     def shutdown(self) -> None:
         """Stop the private Ray this pool started, if it did (a refused start leaves nothing running)."""

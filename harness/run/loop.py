@@ -11,9 +11,10 @@ is resumed by the next run of the same config (same resume key: resolved config,
 tokenizer fingerprints, library manifest) from its outputs.partial.jsonl, in the same folder, with the same
 seeds (`run.fresh=true` starts over), each resumed row checked first (its context recomputed, its completion
 re-decoded from its token ids, its score recomputed: a row that does not check is recomputed, and the run
-says so); Ctrl-C and SIGTERM stop between rows with one line (harness.errors.RunInterrupted) and leave the
-folder resumable; a run that fails before its first row removes
-its folder.
+says so) and then re-decoded (its job recomputed with its seeds: the partial rows are unsigned input, kept
+only when the recomputation reproduces them, else replaced by it, and the run says so); Ctrl-C and SIGTERM
+stop between rows with one line (harness.errors.RunInterrupted) and leave the folder resumable; a run that
+fails before its first row removes its folder.
 
 Length: ~430 lines, one unit on purpose: the row loop, its resume, interruption and context-fit rules share the
 run's state (folder, partial rows, seeds, meters), and splitting them would pass that state through every call;
@@ -259,6 +260,15 @@ def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condit
     return rows, None
 
 
+def same_computation(recorded: Row, recomputed: Row) -> bool:
+    """Whether a recomputed row reproduces a recorded one: everything computed (context, tokens, text, stop,
+    first-logits hash, seed, retrieval, score) equal; the measured costs (wall, CPU, energy, TTFT) may differ."""
+    def computed(r: Row) -> Row:
+        c = dataclasses.replace(r.completion, ttft_s=None)
+        return dataclasses.replace(r, completion=c, wall_s=0.0, cpu_s=0.0, energy_j=None, energy_status="")
+    return computed(recorded) == computed(recomputed)
+
+
 def cpu_seconds() -> float:
     """CPU seconds of this process and of its live child processes: an engine that computes in a child of its own
     (vLLM's engine core) counts, as its energy estimate does. A child that ends in between takes its seconds with it
@@ -326,7 +336,8 @@ def run_rows(
             if dropped:
                 console.print(f"[yellow]warning:[/] {escape(dropped)}")
             console.print(f"resuming the interrupted run in {folder.path}: {len(rows)} of {len(problems) * n} rows "
-                          "already done (outputs.partial.jsonl), same seeds; run.fresh=true starts over")
+                          "already done (outputs.partial.jsonl), same seeds; each is re-decoded and kept only if "
+                          "reproduced; run.fresh=true starts over")
         else:
             folder.begin(key, datetime.now(UTC).isoformat())
         # scale-out hook: execution=ray computes the remaining jobs on Ray actors, handed back in job order
@@ -399,7 +410,7 @@ def _decode(
     t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
     run_meter.start()
     n_total = sum(len(samples) for _, samples in jobs)
-    bar = tqdm(total=n_total, initial=len(rows), desc=f"{condition.name} {c.dataset.name}", unit="sample",
+    bar = tqdm(total=n_total, initial=0, desc=f"{condition.name} {c.dataset.name}", unit="sample",
                disable=not progress)
     tokens = tqdm(total=n_total * c.decoding.max_new_tokens, desc="tokens (at most)", unit="tok",
                   disable=not progress, leave=False)
@@ -407,9 +418,14 @@ def _decode(
     while first < len(jobs) and skip >= len(jobs[first][1]):  # whole jobs the interrupted attempt finished
         skip -= len(jobs[first][1])
         first += 1
-    complete = completer_for(jobs[first:]) if completer_for is not None else condition.complete_samples
+    # the rows an interrupted attempt left are unsigned input: every one is re-decoded (its job recomputed, same
+    # seeds) and kept only when the recomputation reproduces it; one that does not is replaced by the recomputed
+    # row, and the run says so (issue 41, finding 1)
+    done, rows[:] = list(rows), []
+    complete = completer_for(jobs) if completer_for is not None else condition.complete_samples
+    replaced: list[str] = []
     try:
-        for i in range(first, len(jobs)):
+        for i in range(len(jobs)):
             problem, samples = jobs[i]
             if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
                 condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
@@ -423,15 +439,34 @@ def _decode(
             k = len(completions)
             wall, cpu = (time.perf_counter() - w0) / k, max(0.0, cpu_seconds() - c0) / k
             joules = energy.joules / k if energy.joules is not None else None
-            for sample, completion in zip(samples, completions, strict=True):
-                row = Row.scored(
-                    problem.id, sample, condition.name, condition.group, completion, problem.answer,
-                    score_traced(completion.text, problem.answer, completion.stop_reason, close),
-                    wall_s=round(wall, 6), cpu_s=round(cpu, 6), energy_j=joules, energy_status=energy.status,
-                    trace_close=close,
-                )
-                rows.append(row)
-                folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+            new = [Row.scored(
+                problem.id, sample, condition.name, condition.group, completion, problem.answer,
+                score_traced(completion.text, problem.answer, completion.stop_reason, close),
+                wall_s=round(wall, 6), cpu_s=round(cpu, 6), energy_j=joules, energy_status=energy.status,
+                trace_close=close,
+            ) for sample, completion in zip(samples, completions, strict=True)]
+            if i < first:  # a job the interrupted attempt finished: its recorded rows against their recomputation
+                old = done[len(rows):len(rows) + k]
+                bad = [o for o, r in zip(old, new, strict=True) if not same_computation(o, r)]
+                if not bad and not replaced:
+                    rows.extend(old)  # reproduced, already on disk as they were (their recorded costs kept)
+                else:
+                    if not replaced:
+                        folder.keep_rows(rows)  # the rows up to here were reproduced; the rest are rewritten
+                    replaced += [f"{o.problem_id} sample {o.sample}" for o in bad]
+                    keep = old if not bad else new
+                    for row in keep:
+                        rows.append(row)
+                        folder.append(row)
+            else:
+                for row in new:
+                    rows.append(row)
+                    folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+            if i + 1 == first and replaced:
+                note = (f"{len(replaced)} of the {len(done)} resumed rows were not reproduced by re-decoding them "
+                        f"({', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''}): the recomputed rows "
+                        f"replace them in {folder.file('outputs.partial.jsonl')}")
+                console.print(f"[yellow]warning:[/] {escape(note)}")
             bar.update(k)
             bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
     finally:

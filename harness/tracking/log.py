@@ -81,13 +81,23 @@ def log_run_dir(run_dir: Path, **options: Any) -> str:
 
     `traces` defaults to the run's ``tracking.traces`` (on when absent). Raises :class:`TrackingError` when a
     run file is missing or unreadable, or an http(s) server is unreachable; other MLflow errors propagate
-    (use :func:`try_log_run_dir` when a failure must not stop the caller). A failure while logging traces
-    only warns: the run is logged, tagged ``traces=failed: <reason>``.
+    (use :func:`try_log_run_dir` when a failure must not stop the caller), and when the folder does not re-check
+    (harness.record.audit, as `make rescore`): an edited summary or row never reaches MLflow. A failure while
+    logging traces only warns: the run is logged, tagged ``traces=failed: <reason>``.
     """
+    from harness.record.audit import audit
+
+    folder = RunFolder(Path(run_dir).resolve())
     try:
-        run = RunFolder(Path(run_dir).resolve()).finished()
+        run = folder.finished()
     except RunFolderError as exc:
         raise TrackingError(f"{exc} (log_run_dir needs a complete run folder)") from exc
+    check = audit(folder)  # read back from disk: re-checked before a figure of it reaches MLflow (issue 41, 4)
+    if not check.ok:
+        shown = "; ".join(check.findings[:3]) + (f"; ... ({len(check.findings)} findings)"
+                                                 if len(check.findings) > 3 else "")
+        raise TrackingError(f"{folder.path} does not re-check ({shown}): it was modified after it was written, so it "
+                            f"is not logged; see `make rescore RUN={folder.path}`")
     return log_run(run, **options)
 
 

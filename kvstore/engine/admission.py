@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
-from kvstore.environment import environment_differences
+from kvstore.environment import environment_differences, numerics_differences, numerics_of_tags
 from kvstore.errors import EnvironmentMismatchError, IncompatibleError, KVStoreError, ValidationError
 from kvstore.format.artifact import Snapshot, check_snapshot
 
@@ -171,3 +171,24 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
                           f"exact): {'; '.join(env)}", RuntimeWarning, stacklevel=2)
             continue
         raise d.error()
+
+
+def check_numerics(tags: Any, backend: Backend, name: str = "artifact", *,
+                   allow_environment_mismatch: bool = False) -> None:
+    """Refuse (EnvironmentMismatchError naming both fingerprints) an artifact whose store tags record the numerics
+    fingerprints it was deposited under (`numerics:<sha256>`) when this backend's is not among them: the
+    environment records may agree, the bits do not. An artifact without the tag (deposited before it existed, or
+    by a backend that measures none) is not compared on it. With `allow_environment_mismatch` it warns instead.
+
+    The fingerprint is kept beside the artifact (a store tag), not in its bytes, so artifact ids, library
+    identities and resume keys of the default path do not move (kvstore/FORMAT.md section 8)."""
+    diffs = numerics_differences(numerics_of_tags(tags), backend.numerics())
+    if not diffs:
+        return
+    if not allow_environment_mismatch:
+        raise EnvironmentMismatchError(
+            f"{name}: the artifact was deposited on a machine whose kernels compute other bits, so a graft would not "
+            f"be byte-identical to the fresh reference here: {diffs[0]}. Deposit it again on this machine, or graft "
+            "anyway with allow_environment_mismatch=True, which marks the graft not guaranteed exact")
+    warnings.warn(f"{name}: grafted across numerics (not guaranteed exact): {diffs[0]}", RuntimeWarning,
+                  stacklevel=2)

@@ -113,6 +113,7 @@ class Backend(Protocol):
     def context_size(self) -> int | None: ...
     def allows_environment_mismatch(self) -> bool: ...
     def torch_threads_matter(self) -> bool: ...
+    def numerics(self) -> str | None: ...
 
     # text
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]: ...
@@ -169,3 +170,8 @@ class BackendDefaults:
 
     def torch_threads_matter(self) -> bool:
         return False
+
+    def numerics(self) -> str | None:
+        """The numerics fingerprint of this backend's kernels (kvstore.environment.numerics_fingerprint), or None for
+        a backend that measures none: its artifacts are then compared on the environment record only."""
+        return None

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,10 +63,12 @@ def main(out_path: str) -> int:
 
     import ray
 
-    ray.shutdown()
-    time.sleep(5)
     ray_procs = [p for p in psutil.Process().children(recursive=True)
                  if any(k in " ".join(p.cmdline()[:2]) for k in ("ray", "raylet", "gcs_server"))]
+    ray.shutdown()
+    # waited for (up to 60 s), not a fixed sleep: under load a process that is going takes longer than 5 s
+    # (issue 41, finding 7: one failed CI run); a process still there after 60 s is a leak
+    psutil.wait_procs([p for p in {*spawned, *ray_procs} if p.is_running()], timeout=60)
     left = [f"{p.pid} {' '.join(p.cmdline()[:1])}" for p in {*spawned, *ray_procs}
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     Path(out_path).write_text(json.dumps({

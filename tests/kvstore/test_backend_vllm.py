@@ -298,3 +298,14 @@ def test_context_overflow_is_refused_on_vllm_in_the_line_transformers_gives(back
     numbers = re.compile(r"[0-9][0-9,]*")
     assert numbers.sub("N", o["refused"]) == numbers.sub("N", transformers_line), (o["refused"], transformers_line)
     assert "context of 8,192" in o["refused"] and "run.context_overflow=truncate" in o["refused"]
+
+
+def test_a_journal_or_store_that_fails_under_the_engine_costs_at_most_its_request(cases: dict) -> None:
+    # issue 41, finding 5: at a1b00c4 the first failing journal write or index lookup raised in the connector and
+    # every later request got EngineDeadError
+    f = cases["faults"]
+    assert f["journal_deposit"] in ("length", "stop") and f["journal_next"] in ("length", "stop"), f
+    assert f["store_lookup"] in ("length", "stop") and f["store_deposit"] in ("length", "stop"), f
+    assert f["after"] in ("length", "stop"), f
+    events = {e["event"] for e in f["store_events"]}
+    assert "lookup_failed" in events and "deposit_failed" in events, f["store_events"]

@@ -12,8 +12,9 @@ and one store. Five prompts, each its own token prefix; each is deposited (a mar
   layout     P4's artifact replaced by a copy whose layer 0 is full attention instead of a 512 window.
 For the four, P + S after reset_prefix_cache: the finish reason, the output's kv_transfer_params (the refusal the
 connector reports) and the connector's journal lines. Then a second engine with kv_load_failure_policy "recompute"
-(graft only) runs the foreign-model prompt again. OUT.json holds
-everything the test asserts on.
+(graft only) runs the foreign-model prompt again. OUT.json holds everything the test asserts on. Before the second
+engine, the faults of issue 41 finding 5 (a journal path that cannot be written, a store index that fails while the
+engine runs): every request's finish reason after each.
 """
 
 from __future__ import annotations
@@ -103,6 +104,40 @@ def main(out_path: str) -> int:
         sha, reason = logits_sha(prompts[i] + suffix)
         result["cases"][name] = {"sha": sha, "finish": reason, "events": journal(jpath)[before:],
                                  "told": told["last"]}
+
+    # issue 41, finding 5: a journal that cannot be written, then a store index that fails under the running
+    # engine (the scheduler's SQLite lookup; as root a chmod would not stop it: the index file becomes a folder):
+    # each costs at most its request, never the engine. Restored afterwards for the second engine.
+    def alive(ids: list[int], params) -> str:  # noqa: ANN001
+        try:
+            return str(llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0].finish_reason)
+        except Exception as e:  # noqa: BLE001 - EngineDeadError at a1b00c4
+            return f"raised {type(e).__name__}"
+
+    others = [tok(f"Question {i}: how many primes lie below {n}? Count them one by one. " * 8)["input_ids"][:200]
+              for i, n in ((5, 97), (6, 211), (7, 503))]
+    saved = jpath.read_bytes()
+    jpath.unlink()
+    jpath.mkdir()  # every journal write now fails (IsADirectoryError)
+    faults = {"journal_deposit": alive(others[0], mark), "journal_next": alive(prompts[0] + suffix, last)}
+    jpath.rmdir()
+    jpath.write_bytes(saved)
+    index = store_dir / "index.sqlite"
+    aside = store_dir / "index-aside"
+    aside.mkdir()
+    for f in store_dir.glob("index.sqlite*"):
+        f.rename(aside / f.name)
+    index.mkdir()  # every index lookup now fails (IndexDatabaseError)
+    before = len(journal(jpath))
+    faults["store_lookup"] = alive(others[1] + suffix, last)
+    faults["store_deposit"] = alive(others[2], mark)
+    faults["store_events"] = journal(jpath)[before:]
+    index.rmdir()
+    for f in aside.iterdir():
+        f.rename(store_dir / f.name)
+    aside.rmdir()
+    faults["after"] = alive(prompts[0] + suffix, last)
+    result["faults"] = faults
 
     # a second engine, kv_load_failure_policy "recompute": the foreign-model prompt is refused and computed
     llm.llm_engine.engine_core.shutdown()

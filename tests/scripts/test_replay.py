@@ -23,9 +23,10 @@ SCRIPT = REPO / "scripts" / "replay.py"
 
 
 
-def _entry(env: dict, hashes=("a1", "b2"), first="c3", tokens=(5, 6)) -> dict:
+def _entry(env: dict, hashes=("a1", "b2"), first="c3", tokens=(5, 6), numerics: str | None = "n" * 64) -> dict:
     return {
         "model_fingerprint": "m" * 64, "tokenizer_fingerprint": "t" * 64, "environment": env,
+        **({"numerics_sha256": numerics} if numerics is not None else {}),
         "samples": [{"index": i, "prefix_tokens": 10, "suffix_tokens": 4, "tokens_sha256": f"in{i}",
                      "logits_sha256": h, "graft_equal": True} for i, h in enumerate(hashes)],
         "decode": [{"problem_id": "p-1", "prompt_tokens": 9, "prompt_sha256": "pp", "first_logits_sha256": first,
@@ -86,11 +87,31 @@ def test_no_registration_of_this_environment_fails_with_the_register_command():
     out = replay_registry.replay_profile([_entry(OTHER)], _entry(ENV), "native")  # every hash reproduced, elsewhere
     assert not out.passed and not out.checks and out.others[0].all_reproduced
     assert out.verdict() == (
-        f"profile native: no registration matches this machine's environment ({ENV['device_name']} "
+        f"profile native: no registration matches this machine's environment and numerics fingerprint "
+        f"({ENV['device_name']} "
         f"({ENV['cpu_vendor']}); registered: {_MODEL} ({_VENDOR})); register it with "
         "`make replay PROFILE=native ARGS=--register` -> FAIL")
     custom = replay_registry.replay_profile([_entry(OTHER)], _entry(ENV), "native", registry="/tmp/r.json")
     assert "`make replay PROFILE=native ARGS='--register --registry /tmp/r.json'` -> FAIL" in custom.verdict()
+
+
+@pytest.mark.parametrize("registered", ["other numerics", "no numerics"])
+def test_an_equal_environment_with_other_or_unknown_numerics_is_no_match_not_a_failed_check(registered):
+    # issue 41, finding 0: every environment field equal, the kernels compute other bits (or the registration
+    # predates the fingerprint): "no registration matches", never a hash mismatch under an environment called equal
+    reg = _entry(ENV, first="zz", numerics="o" * 64 if registered == "other numerics" else None)
+    out = replay_registry.replay_profile([reg], _entry(ENV), "native")
+    assert not out.passed and not out.checks and len(out.others) == 1
+    verdict = out.verdict()
+    assert verdict.startswith("profile native: no registration matches") and verdict.endswith("-> FAIL")
+    assert "environment matches the registered one" not in verdict
+    line = out.measurement_line(out.others[0])
+    assert "1 facts differ: numerics_sha256" in line
+    # registering this machine appends its own registration beside the other one, which is kept
+    book = {"format": "kvgraft-replay/2", "params": {}, "profiles": {"native": [reg]}}
+    book, replaced = replay_registry.register(book, "native", _entry(ENV))
+    assert not replaced and book["profiles"]["native"] == [reg, _entry(ENV)]
+    assert replay_registry.replay_profile(book["profiles"]["native"], _entry(ENV), "native").passed
 
 
 def test_a_profile_that_promises_portability_needs_every_registration_to_reproduce(monkeypatch):
@@ -169,6 +190,7 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     # the subprocess ran under the default pinned settings; earlier tests may have changed this process's threads
     Determinism().apply()
     assert entry["environment"] == environment_fingerprint() and entry["determinism"]["profile"] == "native"
+    assert len(entry["numerics_sha256"]) == 64  # the measured numerics fingerprint (issue 41)
 
     r = _run("--profile", "native", "--registry", str(reg))  # the parameters come from the registry
     assert r.returncode == 0, r.stdout + r.stderr
@@ -192,6 +214,18 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "replaced this environment's registration (2 registrations of the profile)" in r.stdout
     assert json.loads(reg.read_text())["profiles"]["native"][0] == other
+
+    # a machine whose environment record equals this one's but whose kernels compute other bits (issue 41): its
+    # registration is no match here, so a hash mismatch is never reported under an equal environment
+    twin = json.loads(json.dumps(entry))
+    twin["numerics_sha256"] = "0" * 64
+    twin["samples"][0]["logits_sha256"] = "0" * 64
+    registry["profiles"]["native"] = [twin]
+    reg.write_text(json.dumps(registry))
+    r = _run("--registry", str(reg))
+    assert r.returncode == 1 and "environment matches the registered one -> FAIL" not in r.stdout
+    assert "profile native: no registration matches this machine's environment and numerics" in r.stdout
+    assert "1 facts differ: numerics_sha256" in r.stdout
 
     # only the other machine's registration: no check here -> FAIL, naming the command that registers
     registry["profiles"]["native"] = [other]

@@ -46,7 +46,7 @@ from harness.run.decode import Generation, Sampling, generate_batch
 from harness.task.chat import ChatFrame, encode_prompt, encode_query
 from harness.task.problems import Problem
 from harness.task.prompts import render
-from kvstore import Backend, EnvironmentMismatchError, Prefetcher
+from kvstore import Backend, EnvironmentMismatchError, KVStoreError, Prefetcher, check_numerics
 
 
 @dataclass
@@ -179,11 +179,28 @@ class Graft(Baseline):
         if found is None:  # nothing to graft: the query alone, recorded as such
             return super().context(problem)
         prompt, match, snapshot = found
+        try:  # the numerics fingerprint it was deposited under (a store tag), when recorded, must be this process's
+            try:
+                tags = self.library.store.info(match.entry.artifact_id).tags
+            except KVStoreError:
+                tags = ()  # no index row: nothing recorded beside the artifact (its bytes were verified on read)
+            check_numerics(tags, self.backend,
+                           f"library entry {match.entry.entry_id}",
+                           allow_environment_mismatch=_allows_mismatch(self.backend))
+        except EnvironmentMismatchError as exc:
+            raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
+                               "here") from None
         # the entry ends in a blank line (and, with a chat template, opens the user turn the query closes)
         context = snapshot.token_ids + encode_query(self.backend, self.frame, prompt)
         # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
         return Context(prompt, context, lambda: graft_entry(self.backend, snapshot, context), snapshot.token_count,
                        match)
+
+
+def _allows_mismatch(backend: Backend) -> bool:
+    """determinism.allow_environment_mismatch of a transformers backend (not recorded in its settings)."""
+    det = getattr(getattr(backend, "fm", None), "determinism", None)
+    return bool(getattr(det, "allow_environment_mismatch", False))
 
 
 def graft_entry(backend: Backend, snapshot, context: list[int]):

@@ -84,6 +84,11 @@ class TransformersBackend(BackendDefaults):
         """torch computes every bit here, so its thread count is part of what an artifact records."""
         return True
 
+    def numerics(self) -> str:
+        """The numerics fingerprint of this model's kernels in this process (kvstore.environment.
+        numerics_fingerprint; measured once per model, on first use)."""
+        return self.fm.numerics_sha256
+
     # text
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         return self.fm.encode(text, add_bos=add_bos, special=special)

@@ -56,6 +56,18 @@ class FrozenModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def numerics_sha256(self) -> str:
+        """kvstore.environment.numerics_fingerprint of this model's shapes, dtype and device in this process's
+        settings (measured on first use, then kept: the settings are fixed once the model is loaded)."""
+        sha = self.__dict__.get("numerics")
+        if sha is None:
+            from kvstore.environment import numerics_battery_dims, numerics_fingerprint
+
+            sha = self.__dict__["numerics"] = numerics_fingerprint(numerics_battery_dims(self.config),
+                                                                  self.determinism.dtype, self.device)
+        return sha
+
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of `text`. `special` is accepted for the Backend seam; the tokenizer parses control tokens
         written in the text either way (as it always has here: the bundled model's ids stay the same)."""

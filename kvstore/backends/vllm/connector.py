@@ -146,6 +146,8 @@ def check_candidate(store: Any, aid: str, me: EngineIdentity, token_ids: list[in
             check_snapshot(snap)
     except KVStoreError as e:
         return None, [f"{type(e).__name__}: {e}"]
+    except Exception as e:  # noqa: BLE001 - a store that fails otherwise (OSError, SQLite) refuses it too
+        return None, [f"{type(e).__name__}: {e}"]
     return (None, why) if why else (snap, [])
 
 
@@ -226,8 +228,12 @@ class KvgraftConnector(KVConnectorBase_V1):
     def _note(self, event: str, **fields: Any) -> None:
         if self._journal:
             line = json.dumps({"event": event, "time": round(time.time(), 3), **fields}, sort_keys=True)
-            with open(self._journal, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            try:  # a journal that cannot be written (missing or read-only folder, full disk) is logged, never fatal
+                with open(self._journal, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+            except OSError as e:
+                logger.error("kvgraft: journal %s cannot be written (%s: %s); event %s not journaled, the engine goes "
+                             "on", self._journal, type(e).__name__, e, event)
 
     # ------------------------------------------------------------------ scheduler side
     def _match(self, request: Request) -> tuple[int, list[str]]:
@@ -256,12 +262,18 @@ class KvgraftConnector(KVConnectorBase_V1):
         if rid not in self._matches:
             prompt = list(request.prompt_token_ids or [])
             best: tuple[int, list[str]] = (0, [])
-            for k in range((len(prompt) - 1) // self._block_size, 0, -1):
-                n = k * self._block_size
-                ids = sorted(str(a) for a in self._store.find_tokens(tokens_sha256(prompt[:n])))
-                if ids:
-                    best = (n, ids)
-                    break
+            try:  # the store's index (SQLite, S3) may fail under the running engine: that request computes fresh
+                for k in range((len(prompt) - 1) // self._block_size, 0, -1):
+                    n = k * self._block_size
+                    ids = sorted(str(a) for a in self._store.find_tokens(tokens_sha256(prompt[:n])))
+                    if ids:
+                        best = (n, ids)
+                        break
+            except Exception as e:  # noqa: BLE001 - any store failure costs this request its graft, not the engine
+                logger.error("kvgraft: request %s: store lookup failed (%s: %s); nothing grafted, its prompt is "
+                             "computed", rid, type(e).__name__, e)
+                self._note("lookup_failed", request=rid, reason=f"{type(e).__name__}: {e}")
+                best = (0, [])
             self._matches[rid] = best
         return self._matches[rid]
 
@@ -495,6 +507,11 @@ class KvgraftConnector(KVConnectorBase_V1):
                 logger.error("kvgraft: request %s: deposit of %d tokens failed: %s", entry.req_id,
                              len(entry.token_ids), e)
                 self._note("deposit_failed", request=entry.req_id, tokens=len(entry.token_ids), reason=str(e))
+            except Exception as e:  # noqa: BLE001 - nor is a store that fails otherwise (read-only, gone) fatal
+                logger.error("kvgraft: request %s: deposit of %d tokens failed: %s: %s", entry.req_id,
+                             len(entry.token_ids), type(e).__name__, e)
+                self._note("deposit_failed", request=entry.req_id, tokens=len(entry.token_ids),
+                           reason=f"{type(e).__name__}: {e}")
 
     def _save(self, entry: SaveEntry) -> None:
         assert self._identity is not None and self._paged is not None

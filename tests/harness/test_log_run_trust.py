@@ -1,0 +1,47 @@
+"""`make log-run` re-checks a folder before logging it (issue 41, finding 4): a real run folder of the tiny model
+whose summary.json was edited to accuracy 1.000 (its rows score 0/3) is refused in one line naming `make rescore`
+and nothing reaches MLflow; the intact folder is logged."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from harness.config.schema import compose_config
+from harness.run.loop import run
+from kvstore.backends.transformers.model import load_frozen_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _log_run_main():
+    spec = importlib.util.spec_from_file_location("kvgraft_log_run", REPO / "scripts" / "log_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_an_edited_summary_is_refused_and_the_intact_folder_logged(tmp_path, sqlite_uri, fast_mlflow, capsys):
+    from mlflow import MlflowClient
+
+    cfg = compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=3",
+                          "decoding.max_new_tokens=4", "prompt.stop=[]", "tracking=off"])
+    folder, summary = run(cfg, fm=load_frozen_model("tiny-gemma3"), progress=False)
+    assert summary.scores.accuracy == 0.0
+    path = folder.path / "summary.json"
+    intact = path.read_text()
+    edited = json.loads(intact)
+    edited["scores"]["accuracy"] = 1.0
+    path.write_text(json.dumps(edited))
+    main = _log_run_main()
+    capsys.readouterr()
+    assert main([str(folder.path), "--tracking-uri", sqlite_uri]) == 1
+    err = capsys.readouterr().err
+    assert "does not re-check" in err and "scores.accuracy" in err and f"make rescore RUN={folder.path}" in err
+    client = MlflowClient(tracking_uri=sqlite_uri)
+    assert not any(client.search_runs([e.experiment_id]) for e in client.search_experiments())
+    path.write_text(intact)
+    assert main([str(folder.path), "--tracking-uri", sqlite_uri]) == 0
+    [logged] = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert logged.data.metrics["accuracy"] == 0.0
