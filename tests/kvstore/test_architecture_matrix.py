@@ -148,18 +148,18 @@ def test_bookkeeping_a_rebuild_does_not_reproduce_is_refused_at_deposit(tiny_gem
 
 
 def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_graft(tiny_llama, monkeypatch):
-    import kvstore.backends.transformers.graft as graft
+    import kvstore.backends.transformers.restore as restore
     from kvstore.backends.transformers import graft_snapshot
 
     snap = deposit_tokens(tiny_llama, prompt_ids(12))
-    real = graft.new_cache
+    real = restore.new_cache
 
     def with_an_unfillable_slot(fm):
         cache = real(fm)
         cache.layers[1].summary_state = None  # a slot the model would fill and the artifact cannot
         return cache
 
-    monkeypatch.setattr(graft, "new_cache", with_an_unfillable_slot)
+    monkeypatch.setattr(restore, "new_cache", with_an_unfillable_slot)  # the cache the rebuild starts from
     with pytest.raises(IncompatibleError) as info:
         graft_snapshot(snap, tiny_llama)
     message = _one_line(info.value)

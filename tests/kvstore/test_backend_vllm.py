@@ -147,7 +147,7 @@ def test_admission_admits_a_matching_artifact() -> None:
 
 @pytest.mark.parametrize(("change", "named"), [
     (lambda s: dataclasses.replace(s, model_fingerprint="c" * 64), "model fingerprint cccccccccccc differs"),
-    (lambda s: dataclasses.replace(s, tokenizer_fingerprint="c" * 64), "tokenizer_fingerprint"),
+    (lambda s: dataclasses.replace(s, tokenizer_fingerprint="c" * 64), "tokenizer fingerprint cccccccccccc"),
     (lambda s: dataclasses.replace(s, determinism={**s.determinism, "block_size": 64}),
      "determinism.block_size: artifact 64, this process 128"),
     (lambda s: dataclasses.replace(s, determinism={**s.determinism, "batch_invariant": True}),
