@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
 from harness.errors import ConfigError
-from kvstore import Determinism, KVStoreError, backend_names, settings_class
+from kvstore import Determinism, KVStoreError, backend_missing, backend_names, settings_class
 
 DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
 
@@ -325,13 +324,9 @@ def check_backend(m: ModelConfig) -> None:
     name = str(m.backend)
     if m.device != "cpu" and "device" not in {f.name for f in dataclasses.fields(settings_class(name))}:
         raise ConfigError(f"model.device={m.device!r}: the {name} backend runs on the CPU here; use model.device=cpu")
-    if m.backend == "vllm":
-        import importlib.util
-
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(f"model.backend=vllm: this Python ({sys.executable}) has no vLLM; it lives in "
-                              ".venv-vllm: run `.venv-vllm/bin/python -m harness ...`, or through make (`make "
-                              "aime-graft ARGS=\"model=gemma3_270m_vllm\"` picks .venv-vllm), after `make setup-vllm`")
+    missing = backend_missing(name)  # an engine this Python lacks (vLLM outside .venv-vllm): one line, no load
+    if missing:
+        raise ConfigError(f"model.backend={name}: {missing}")
 
 
 def recorded(cfg: DictConfig | Config) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_names", "load_backend", "registered", "settings_class"]
+__all__ = ["backend_missing", "backend_names", "load_backend", "registered", "settings_class"]
 
 DEFAULT = "transformers"
 
@@ -56,6 +56,11 @@ def registered(name: str) -> Registered:
 def settings_class(name: str) -> type:
     """Backend `name`'s Settings dataclass."""
     return registered(name).settings_class()
+
+
+def backend_missing(name: str) -> str | None:
+    """Why backend `name` cannot load in this Python (a module its engine needs is absent), or None."""
+    return registered(name).missing()
 
 
 def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:

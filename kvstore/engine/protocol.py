@@ -82,11 +82,25 @@ class Registered:
 
     settings: "module:Class", the backend's Settings dataclass (every field a caller may choose; the harness derives
               its `model.<name>` config schema from it, so it lives in a light module that imports no engine);
-    loader:   "module:function", Settings -> a loaded Backend."""
+    loader:   "module:function", Settings -> a loaded Backend;
+    requires: a module the engine needs that may be absent from this Python ("" = none), and `install`, how to
+              get a Python that has it (said when it is missing, before anything loads)."""
 
     name: str
     settings: str
     loader: str
+    requires: str = ""
+    install: str = ""
+
+    def missing(self) -> str | None:
+        """Why this backend cannot load in this Python (its `requires` module is not importable), or None."""
+        import importlib.util
+        import sys
+
+        if not self.requires or importlib.util.find_spec(self.requires) is not None:
+            return None
+        return (f"the {self.name} backend needs {self.requires}, which this Python ({sys.executable}) does not have"
+                + (f"; {self.install}" if self.install else ""))
 
     def settings_class(self) -> type:
         module, _, attr = self.settings.partition(":")

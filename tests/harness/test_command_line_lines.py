@@ -46,4 +46,4 @@ def test_a_vllm_model_from_a_python_without_vllm_is_one_line(capsys):
     with pytest.raises(SystemExit):
         _check_command_line(["model=gemma3_270m_vllm"])
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "has no vLLM" in err and ".venv-vllm" in err and "make" in err
+    assert "\n" not in err and "does not have" in err and "vllm" in err and ".venv-vllm" in err and "make" in err
