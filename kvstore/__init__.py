@@ -25,7 +25,7 @@ from typing import Any
 # the module that defines each public name (the one place a re-export is declared)
 _FACE: dict[str, tuple[str, ...]] = {
     # the model, its pinned settings and the machine it runs on
-    "kvstore.determinism": ("Determinism",),
+    "kvstore.determinism": ("Determinism", "batch_invariant_refusal"),
     "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
                             "profile_problems"),
     "kvstore.backends.transformers.model": ("FrozenModel", "environment_fingerprint", "load_frozen_model",

@@ -128,5 +128,21 @@ class Determinism:
         torch.set_grad_enabled(False)
 
 
+#: Why the engines other than transformers cannot run determinism.batch_invariant on the CPU (one line each).
+_NO_BATCH_INVARIANT = {
+    "llamacpp": "llama.cpp has no batch-invariant mode: its CPU matrix products and attention pick their kernels and "
+                "split their reductions by the batch's token count (n_batch/n_ubatch), and nothing pins them",
+    "vllm": "vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) runs only on a GPU and refuses the CPU by design",
+}
+
+
+def batch_invariant_refusal(backend: str) -> str:
+    """The one-line refusal of determinism.batch_invariant=true on a backend other than transformers."""
+    why = _NO_BATCH_INVARIANT.get(backend, f"the {backend} backend does not implement it")
+    return (f"determinism.batch_invariant=true on the {backend} backend: it cannot offer a batch-invariant computation "
+            f"on the CPU ({why}); use the transformers backend (model.backend=transformers) or leave "
+            "determinism.batch_invariant off")
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)

@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
 from harness.errors import ConfigError
-from kvstore import Determinism, KVStoreError, backend_names, settings_class
+from kvstore import Determinism, KVStoreError, backend_names, batch_invariant_refusal, settings_class
 
 DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
 
@@ -297,7 +297,7 @@ def validate(c: Config) -> None:
     the
     model loads."""
     check_fields(c)
-    check_backend(c.model)
+    check_backend(c.model, c.determinism.batch_invariant)
     d = c.decoding
     if d.strategy == "greedy" and d.n_samples > 1:
         raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
@@ -310,10 +310,12 @@ def validate(c: Config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_backend(m: ModelConfig) -> None:
+def check_backend(m: ModelConfig, batch_invariant: bool = False) -> None:
     """The llama.cpp backend's rule between fields: it runs on the CPU (model.device=cpu), a ConfigError naming
     model.device otherwise, before anything loads. (model.backend's values and llama.cpp's counts and KV cache
     types are the schema's: `check_fields`, and OmegaConf at composition.)"""
+    if batch_invariant and str(m.backend) != "transformers":
+        raise ConfigError(batch_invariant_refusal(str(m.backend)))
     if m.backend == "llamacpp" and m.device != "cpu":
         raise ConfigError(f"model.device={m.device!r}: the llamacpp backend runs on the CPU here; use model.device=cpu")
 
@@ -329,7 +331,15 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
                 del model[name]
         if model.get("chat", 0) is None:  # no chat template: recorded as before model.chat existed
             del model["chat"]
+    drop_default_determinism(config.get("determinism") if isinstance(config, dict) else None)
     return config
+
+
+def drop_default_determinism(det: dict[str, Any] | None) -> None:
+    """determinism.batch_invariant at its default (false) is left out of a recorded config and of every key, so the
+    default mode's hashes are those from before the setting existed (kvstore.Determinism.to_dict does the same)."""
+    if isinstance(det, dict) and det.get("batch_invariant", True) is False:
+        del det["batch_invariant"]
 
 
 def register() -> None:

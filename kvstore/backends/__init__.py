@@ -63,6 +63,11 @@ def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
     cls = entry.settings_class()
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(settings) - known)
+    det = settings.get("determinism")
+    if name != "transformers" and (getattr(det, "batch_invariant", False) or settings.get("batch_invariant")):
+        from kvstore.determinism import batch_invariant_refusal
+
+        raise SettingsError(batch_invariant_refusal(name))
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}; its settings are "
                             f"{sorted(known)} ({cls.__module__}.{cls.__name__})")

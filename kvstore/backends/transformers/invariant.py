@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 TILE = 4  # rows per tile: MKL's sgemm gives a row the same bits for every multiple of 4 rows (module doc)
 KEY_BLOCK = 64  # keys per attention block, aligned to absolute positions 0, 64, 128, ...
+QUERY_CHUNK = 256  # queries attended together (a chunk skips the key blocks none of its queries sees)
 VOCAB_BLOCK = 2048  # an LM head of a large vocabulary at few rows: computed in vocabulary blocks (lm_head.py)
 ATTENTION = "kvgraft_batch_invariant"  # the attention implementation's registered name
 
@@ -84,46 +85,59 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     blocks = -(-(lead + kv) // KEY_BLOCK)
     total = blocks * KEY_BLOCK
 
-    # visibility (B, KVH, groups*q, kv): transformers' boolean mask when given, else causal by position
+    # visibility (B, KVH, q, groups, kv): transformers' boolean mask when given, else causal by position
     if attention_mask is not None and attention_mask.dtype == torch.bool:
-        vis = attention_mask[..., -kv:].expand(b, h, q, kv)
+        vis = attention_mask[..., -kv:]
     else:
         qpos = torch.arange(last + 1 - q, last + 1, device=query.device)
         kpos = torch.arange(first_key, last + 1, device=query.device)
         vis = (kpos[None, :] <= qpos[:, None])
         if attention_mask is not None:  # an additive float mask: -inf / dtype min where not visible
             vis = vis & (attention_mask[..., -kv:] > torch.finfo(attention_mask.dtype).min / 2)
-        vis = vis.expand(b, h, q, kv)
-    vis = vis.reshape(b, kvh, groups * q, kv)
-    rows = groups * q
-    m_rows = rows + ((-rows) % TILE)
-
-    qg = query.reshape(b, kvh, rows, d)
-    if m_rows != rows:
-        qg = torch.cat([qg, qg.new_zeros(b, kvh, m_rows - rows, d)], dim=2)
-        vis = torch.cat([vis, vis.new_zeros(b, kvh, m_rows - rows, kv)], dim=2)
+    vis = vis.expand(b, h, q, kv).reshape(b, kvh, groups, q, kv).transpose(2, 3)
+    # rows in (query, group) order: a chunk of queries is a contiguous run of rows
+    qg = query.reshape(b, kvh, groups, q, d).transpose(2, 3)
     pad_back = total - lead - kv
     kp = F.pad(key, (0, 0, lead, pad_back))
     vp = F.pad(torch.cat([value, value.new_ones(b, kvh, kv, 1)], dim=-1), (0, 0, lead, pad_back))
-    visp = F.pad(vis, (lead, pad_back), value=False)  # (B, KVH, M, total)
+    outs = []
+    for q0 in range(0, q, QUERY_CHUNK):
+        rows_q = qg[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, d)
+        rows_vis = F.pad(vis[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, kv), (lead, pad_back), value=False)
+        outs.append(_attend(rows_q, rows_vis, kp, vp, scaling, softcap))
+    out = torch.cat(outs, dim=2).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
+    return out.transpose(1, 2).contiguous(), None
 
-    # skip the blocks no row of the call can see (they would add exactly nothing)
-    seen = visp.reshape(b, kvh, m_rows, blocks, KEY_BLOCK).any(dim=-1).any(dim=2).any(dim=1).any(dim=0)
+
+def _attend(qg: torch.Tensor, vis: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, scaling: float,
+            softcap: float | None) -> torch.Tensor:
+    """Rows `qg` (B, KVH, rows, D) against the block-aligned keys `kp` (B, KVH, total, D) and values with a ones
+    column `vp` (B, KVH, total, Dv + 1), `vis` (B, KVH, rows, total) saying which key each row sees."""
+    b, kvh, rows, d = qg.shape
+    dv = vp.shape[-1] - 1
+    pad = (-rows) % TILE
+    if pad:  # whole tiles of rows (module doc); the padded rows see nothing and are dropped
+        qg = torch.cat([qg, qg.new_zeros(b, kvh, pad, d)], dim=2)
+        vis = torch.cat([vis, vis.new_zeros(b, kvh, pad, vis.shape[-1])], dim=2)
+    m_rows = rows + pad
+    blocks = vis.shape[-1] // KEY_BLOCK
+    # skip the blocks no row here can see (they would add exactly nothing)
+    seen = vis.reshape(b, kvh, m_rows, blocks, KEY_BLOCK).any(dim=-1).any(dim=2).any(dim=1).any(dim=0)
     idx = torch.nonzero(seen).flatten()
     b0, b1 = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 1)
     nb = b1 - b0
     kb = kp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, d)
     vb = vp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, dv + 1)
-    mb = visp[..., b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, m_rows, nb, KEY_BLOCK).transpose(2, 3)
+    mb = vis[..., b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, m_rows, nb, KEY_BLOCK).transpose(2, 3)
 
     # per block, products of a fixed shape: (M, D) x (D, KEY_BLOCK) and (M, KEY_BLOCK) x (KEY_BLOCK, Dv + 1)
     s = torch.matmul(qg.unsqueeze(2), kb.transpose(-1, -2)) * scaling  # (B, KVH, nb, M, KEY_BLOCK)
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
-    s = s.masked_fill(~mb, float("-inf"))
+    s = s.masked_fill_(~mb, float("-inf"))
     m = s.amax(dim=-1, keepdim=True)
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m_safe)
+    p = torch.exp_(s.sub_(m_safe))
     o = torch.matmul(p, vb)  # (B, KVH, nb, M, Dv + 1): the weighted values and, last, the block's sum of weights
 
     # combine the blocks in position order (online softmax)
@@ -135,9 +149,7 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
         new_safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
         acc = acc * torch.exp(run_m - new_safe) + o[:, :, i] * torch.exp(mi - new_safe)
         run_m = new
-    out = acc[..., :dv] / acc[..., dv:]
-    out = out[:, :, :rows].reshape(b, kvh, groups, q, dv).reshape(b, h, q, dv)
-    return out.transpose(1, 2).contiguous(), None
+    return (acc[..., :dv] / acc[..., dv:])[:, :, :rows]
 
 
 def _mask(*args, **kwargs):
