@@ -171,6 +171,7 @@ def register() -> None:
 
 def install(model: torch.nn.Module) -> None:
     """Switch `model` to the batch-invariant mode: tiled linear layers (LM head included) and `ATTENTION`."""
+    refuse_unsupported(model)
     register()
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
@@ -179,6 +180,25 @@ def install(model: torch.nn.Module) -> None:
         model.set_attn_implementation(ATTENTION)
     else:  # pragma: no cover - transformers without set_attn_implementation
         model.config._attn_implementation = ATTENTION
+
+
+def refuse_unsupported(model: torch.nn.Module) -> None:
+    """A SettingsError, in one line, for a model the mode cannot make batch-invariant: a module that multiplies by
+    weights of its own outside torch.nn.Linear (mixture-of-experts banks, convolutions of state-space layers: their
+    products are grouped by the tokens of the call and are not tiled here), or an attention with sink logits."""
+    from kvstore.errors import SettingsError
+
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            continue
+        own = [(k, p) for k, p in module.named_parameters(recurse=False) if p.dim() >= 2]
+        if own or getattr(module, "sinks", None) is not None:
+            what = (f"weights {own[0][0]} {tuple(own[0][1].shape)} used outside torch.nn.Linear" if own else
+                    "attention sink logits")
+            raise SettingsError(
+                f"determinism.batch_invariant=true: module {name} ({type(module).__name__}) has {what}, which the "
+                "batch-invariant mode does not tile (it covers linear layers, embeddings, norms and attention); "
+                "leave determinism.batch_invariant off for this model")
 
 
 def check_invariant_device(source: str, device: str) -> None:
