@@ -24,6 +24,11 @@ procedure ``kvstore.check_graft(fm, prefix, suffix, store, oneshot=True, restore
   (c) one-shot: ``forward(prefix+suffix)`` in one pass on a fresh cache, sliced to the suffix positions and
       compared with the reference. A different computation (other GEMM/attention shapes): information only.
 
+With --batch-invariant (determinism.batch_invariant=true; the word `determinism.batch_invariant=true` is accepted
+too) every forward is batch-invariant, and the reference becomes (d) the COLD ONE-PASS prefill of the whole prompt:
+``forward(prefix+suffix)`` on a fresh cache in this process, the graft in the worker process; each graft must be
+SHA-256-equal to it as well as to the split-schedule reference (a), which stays beside it (`batch_invariant_check`).
+
 Writes the JSON report to --out, prints a table and a final verdict line. Exit status 0 when every graft is
 SHA-256-equal to its reference, 1 otherwise (or when the worker fails), 2 when the run cannot start or a deposit is
 refused (a model kvgraft cannot capture exactly, docs/exactness.md): one line `verify_graft: error: ...`, the full
@@ -79,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="determinism.threads (default 2)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="determinism.prefill_chunk: tokens per prefill pass (default 512; 0 = all at once)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="determinism.batch_invariant=true: the graft must also equal the cold one-pass prefill")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = ["--batch-invariant" if a.lower() in ("determinism.batch_invariant=true", "batch_invariant=true") else a
+            for a in argv]
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out is required")
@@ -100,7 +110,7 @@ def _determinism(args):
     from kvstore import Determinism
 
     given = {"dtype": args.dtype, "attn_implementation": args.attn_implementation, "threads": args.threads,
-             "prefill_chunk": args.prefill_chunk}
+             "prefill_chunk": args.prefill_chunk, "batch_invariant": args.batch_invariant or None}
     return Determinism(**{k: v for k, v in given.items() if v is not None})
 
 
@@ -169,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"index": s.index, "prefix_tokens": n, "suffix_tokens": m,
                        "crosses_window": bool(window and n >= window)}
                 try:
-                    c = check_graft(fm, s.prefix, s.suffix, store, oneshot=True, restore=restore,
-                                    tags=["verify_graft"], extra={"script": "verify_graft", "sample": s.index})
+                    c = check_graft(fm, s.prefix, s.suffix, store, oneshot=not args.batch_invariant, restore=restore,
+                                    tags=["verify_graft"], extra={"script": "verify_graft", "sample": s.index},
+                                    keep_logits=args.batch_invariant)
+                    if args.batch_invariant:
+                        c, onepass = batch_invariant_check(fm, s.prefix, s.suffix, c)
+                        row.update(onepass)
                 except RemoteGraftError as e:
                     aid = given[0]
                     row.update(artifact_id=aid, artifact_bytes=store.info(aid).size, sources=list(s.source_ids),
@@ -220,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "oneshot_sha256_equal": sum(r["oneshot_equal"] for r in per_sample),
         "graft_errors": len(per_sample) - len(ok),
         "crossing_window": sum(r["crosses_window"] for r in per_sample),
+        **(batch_invariant_summary(per_sample, total_pos) if args.batch_invariant else {}),
         "notes": {
             "crosses_window": "prefix_tokens >= the smallest sliding window: those layers' artifact holds only "
                               "the last window-1 positions, plus how many tokens they have seen",
@@ -269,8 +284,49 @@ def main(argv: list[str] | None = None) -> int:
                f"{report['argmax_agreement']:.3f}; one-shot: max |d| {_g(report['oneshot_max_abs_diff'])}, "
                f"KL max {_g(report['oneshot_kl_max'])}, argmax agreement {report['oneshot_argmax_agreement']:.3f}, "
                f"{report['oneshot_sha256_equal']}/{len(per_sample)} SHA-256 equal")
+    if args.batch_invariant:
+        b = report["batch_invariant"]
+        verdict += (f"; batch-invariant: graft vs cold one-pass {b['sha256_equal']}/{len(per_sample)} SHA-256 equal, "
+                    f"KL max {_g(b['kl_max'])}, argmax agreement {b['argmax_agreement']:.3f}, "
+                    f"{b['equal_past_window']} of them past the window")
     print(verdict, flush=True)
-    return 0 if n_equal == len(per_sample) else 1
+    passed = n_equal == len(per_sample)
+    if args.batch_invariant:
+        passed = passed and report["batch_invariant"]["sha256_equal"] == len(per_sample)
+    return 0 if passed else 1
+
+
+# ------------------------------------------------------------------------------------ batch-invariant mode
+def batch_invariant_check(fm, prefix: list[int], suffix: list[int], c):
+    """(d) determinism.batch_invariant: the cold one-pass prefill of prefix+suffix on a fresh cache, in this process
+    (the graft ran in the worker). Returns the check with its `oneshot` comparison (reference vs one-pass) filled,
+    and the row fields of the graft vs the one-pass ("onepass_*")."""
+    import dataclasses
+
+    from kvstore.engine.verify import compare_logits, oneshot_logits
+
+    t0 = time.perf_counter()
+    cold = oneshot_logits(fm, prefix, suffix)
+    seconds = time.perf_counter() - t0
+    g = compare_logits(cold, c.graft_logits)
+    c = dataclasses.replace(c, oneshot=compare_logits(c.reference_logits, cold),
+                            timing_s={**c.timing_s, "oneshot": seconds}, reference_logits=None, graft_logits=None)
+    return c, {"onepass_sha256": g.sha256_a, "onepass_equal": g.sha256_equal, "onepass_kl": g.kl_max,
+               "onepass_max_abs_diff": g.max_abs_diff, "onepass_argmax_agreement": g.argmax_agreement}
+
+
+def batch_invariant_summary(per_sample: list[dict], total_pos: int) -> dict:
+    """The report's `batch_invariant` section: every graft against the cold one-pass prefill of its prompt."""
+    ok = [r for r in per_sample if r.get("onepass_sha256") is not None]
+    agree = sum(round(r["onepass_argmax_agreement"] * r["suffix_tokens"]) for r in ok)
+    return {"batch_invariant": {
+        "reference": "the cold one-pass prefill of prefix+suffix on a fresh cache, in the parent process (the graft "
+                     "runs in the worker); the split-schedule reference is checked beside it (sha256_equal above)",
+        "sha256_equal": sum(bool(r.get("onepass_equal")) for r in per_sample),
+        "equal_past_window": sum(bool(r.get("onepass_equal")) and r["crosses_window"] for r in per_sample),
+        "kl_max": max((r["onepass_kl"] for r in ok), default=None) if len(ok) == len(per_sample) else None,
+        "argmax_agreement": agree / total_pos,
+    }}
 
 
 def _one_line(text: str) -> str:
