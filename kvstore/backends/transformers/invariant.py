@@ -35,7 +35,6 @@ import torch.nn.functional as F
 TILE = 4  # rows per tile: MKL's sgemm gives a row the same bits for every multiple of 4 rows (module doc)
 KEY_BLOCK = 64  # keys per attention block, aligned to absolute positions 0, 64, 128, ...
 QUERY_CHUNK = 256  # queries attended together (a chunk skips the key blocks none of its queries sees)
-VOCAB_BLOCK = 2048  # an LM head of a large vocabulary at few rows: computed in vocabulary blocks (lm_head.py)
 ATTENTION = "kvgraft_batch_invariant"  # the attention implementation's registered name
 
 
@@ -48,18 +47,12 @@ def _pad_rows(x2: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` with the rows padded to a whole number of `TILE`-row tiles: each row's bits are
-    the same whatever other rows share the call. A large output (a vocabulary) at up to 64 rows is computed in
-    blocks of `VOCAB_BLOCK` output features (each output element is the same dot product in the same kernel, and
-    it is faster there: kvstore/backends/transformers/lm_head.py)."""
+    """`F.linear(x, weight, bias)` with the rows padded to a whole number of `TILE`-row tiles (one GEMM call): each
+    row's bits are the same whatever other rows share the call. The LM head too, whole: the default mode's
+    vocabulary blocks (lm_head.py) are 128 calls at the 270M's vocabulary, which a busy 2-core machine makes slow."""
     lead = x.shape[:-1]
     x2, rows = _pad_rows(x.reshape(-1, x.shape[-1]))
-    if x2.shape[0] <= 64 and weight.shape[0] >= 4 * VOCAB_BLOCK:
-        out = torch.cat([F.linear(x2, weight[i : i + VOCAB_BLOCK], None if bias is None else bias[i : i + VOCAB_BLOCK])
-                         for i in range(0, weight.shape[0], VOCAB_BLOCK)], dim=-1)
-    else:
-        out = F.linear(x2, weight, bias)
-    return out[:rows].reshape(*lead, weight.shape[0])
+    return F.linear(x2, weight, bias)[:rows].reshape(*lead, weight.shape[0])
 
 
 def _tiled_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
