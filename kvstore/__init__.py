@@ -33,7 +33,8 @@ _FACE: dict[str, tuple[str, ...]] = {
     # the backend seam and the registry
     "kvstore.engine.protocol": ("Backend", "BackendDefaults", "Continuation", "InEngineDecoding", "Registered",
                                 "Repositioning", "Stepwise", "artifact_backend"),
-    "kvstore.backends": ("backend_missing", "backend_names", "load_backend", "settings_class"),
+    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "load_backend",
+                         "settings_class"),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256"),
     "kvstore.format.canonical": ("canonical_json",),

@@ -38,6 +38,11 @@ class Determinism:
     dtype: the dtype the model computes and caches in.
     prefill_chunk: tokens per prefill forward pass (0 = the whole sequence at once).
     profile: the kernel paths ("native": the machine's own; "portable": pinned to AVX2, kvstore.environment).
+    batch_invariant: every forward batch-invariant (transformers on CPU, float32): linear layers in fixed row tiles
+        and an attention over fixed key blocks aligned to absolute positions, so a row's bits do not depend on how
+        many rows or tokens share its call (one-pass prefill == chunked == token-by-token == batched rows;
+        kvstore/backends/transformers/invariant.py). Recorded only when true, so the default mode's dicts, artifact
+        ids and hashes are those from before it existed.
     allow_environment_mismatch: graft artifacts deposited in another compute environment anyway (the result
         is then not guaranteed exact); not recorded, not part of equality.
     """
@@ -48,6 +53,7 @@ class Determinism:
     dtype: str = "float32"
     prefill_chunk: int = 512
     profile: str = "native"
+    batch_invariant: bool = False
     allow_environment_mismatch: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +75,13 @@ class Determinism:
             raise SettingsError(
                 f"determinism.prefill_chunk={self.prefill_chunk!r} must be a whole number >= 0 (0 = no chunking)"
             )
+        if not isinstance(self.batch_invariant, bool):
+            raise SettingsError(f"determinism.batch_invariant={self.batch_invariant!r} must be true or false")
+        if self.batch_invariant and self.dtype != "float32":
+            raise SettingsError(
+                f"determinism.batch_invariant=true with determinism.dtype={self.dtype!r}: the batch-invariant mode is "
+                "measured and offered for float32 only; set determinism.dtype=float32 or leave batch_invariant off"
+            )
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise SettingsError(
                 f"determinism.attn_implementation={self.attn_implementation!r}: use one of {list(ATTN_IMPLEMENTATIONS)}"
@@ -79,9 +92,12 @@ class Determinism:
         return _DTYPES[self.dtype]
 
     def to_dict(self) -> dict:
-        """The settings of the computation, as recorded with every artifact and run (the graft policy left out)."""
+        """The settings of the computation, as recorded with every artifact and run (the graft policy left out;
+        batch_invariant only when true, so the default mode records what it recorded before the setting existed)."""
         d = asdict(self)
         del d["allow_environment_mismatch"]
+        if not self.batch_invariant:
+            del d["batch_invariant"]
         return d
 
     @classmethod
@@ -114,6 +130,7 @@ class Determinism:
         torch.set_grad_enabled(False)
 
 
+#: Why the engines other than transformers cannot run determinism.batch_invariant on the CPU (one line each).
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
 from harness.errors import ConfigError
-from kvstore import Determinism, KVStoreError, backend_missing, backend_names, settings_class
+from kvstore import Determinism, KVStoreError, backend_missing, backend_names, batch_invariant_refusal, settings_class
 
 DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
 
@@ -300,7 +300,7 @@ def validate(c: Config) -> None:
     the
     model loads."""
     check_fields(c)
-    check_backend(c.model)
+    check_backend(c.model, c.determinism.batch_invariant)
     d = c.decoding
     if d.strategy == "greedy" and d.n_samples > 1:
         raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
@@ -316,12 +316,15 @@ def validate(c: Config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_backend(m: ModelConfig) -> None:
+def check_backend(m: ModelConfig, batch_invariant: bool = False) -> None:
     """A backend whose settings take no `device` (llama.cpp, vLLM's CPU build, the fake) runs on the CPU here:
     model.device=cpu, a ConfigError naming model.device otherwise, before anything loads. Read off the backend's
     Settings dataclass, no backend named. (model.backend's values and each section's ranges and choices are the
     schema's: `check_fields`, and OmegaConf at composition.)"""
     name = str(m.backend)
+    refusal = batch_invariant_refusal(name) if batch_invariant else None
+    if refusal:  # the backend's own word on why it cannot (its registry entry), before anything loads
+        raise ConfigError(refusal)
     if m.device != "cpu" and "device" not in {f.name for f in dataclasses.fields(settings_class(name))}:
         raise ConfigError(f"model.device={m.device!r}: the {name} backend runs on the CPU here; use model.device=cpu")
     missing = backend_missing(name)  # an engine this Python lacks (vLLM outside .venv-vllm): one line, no load
@@ -341,7 +344,15 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
         for key in ("chat", "trace"):  # no chat template, no trace: recorded as before the settings existed
             if model.get(key, 0) is None:
                 del model[key]
+    drop_default_determinism(config.get("determinism") if isinstance(config, dict) else None)
     return config
+
+
+def drop_default_determinism(det: dict[str, Any] | None) -> None:
+    """determinism.batch_invariant at its default (false) is left out of a recorded config and of every key, so the
+    default mode's hashes are those from before the setting existed (kvstore.Determinism.to_dict does the same)."""
+    if isinstance(det, dict) and det.get("batch_invariant", True) is False:
+        del det["batch_invariant"]
 
 
 def register() -> None:

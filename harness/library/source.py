@@ -113,6 +113,8 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
     if backend is not None:
         identity["backend"] = backend["backend"]
         identity["backend_settings"] = backend["settings"]  # llama.cpp: n_ctx, n_batch, ... and its build
+    if fm.settings().get("batch_invariant"):  # its own artifacts (absent in the default mode: folders stay)
+        identity["batch_invariant"] = True
     if chat is not None:  # entries open the model's chat template (absent without one: earlier folders stay)
         identity["chat_frame_sha256"] = chat.sha256
     return identity

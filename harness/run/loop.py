@@ -43,7 +43,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from harness.config.model import load_model
-from harness.config.schema import Config, recorded, typed
+from harness.config.schema import Config, drop_default_determinism, recorded, typed
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.record.folder import FinishedRun, RunFolder
 from harness.record.hashing import backend_record, sha256_json
@@ -76,6 +76,7 @@ def comparable_key(c: Config, fm: Backend) -> str:
     c = dataclasses.asdict(c)
     if c["decoding"].get("batch_size") == 1:
         del c["decoding"]["batch_size"]
+    drop_default_determinism(c["determinism"])
     key = {
         "model": fm.fingerprint,
         "tokenizer": fm.tokenizer_fingerprint,

@@ -24,7 +24,8 @@ from typing import Any
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_missing", "backend_names", "load_backend", "registered", "settings_class"]
+__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "load_backend", "registered",
+           "settings_class"]
 
 DEFAULT = "transformers"
 
@@ -63,6 +64,11 @@ def backend_missing(name: str) -> str | None:
     return registered(name).missing()
 
 
+def batch_invariant_refusal(name: str) -> str | None:
+    """The one-line refusal of determinism.batch_invariant=true on backend `name`, or None when it offers it."""
+    return registered(name).batch_invariant_refusal()
+
+
 def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
     """The backend `name` with its model loaded under `settings` (its Settings dataclass's fields: transformers
     source, determinism, device, seed; llamacpp gguf, n_ctx, ...; fake script, margin)."""
@@ -70,6 +76,10 @@ def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
     cls = entry.settings_class()
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(settings) - known)
+    det = settings.get("determinism")
+    refusal = entry.batch_invariant_refusal()
+    if refusal and (getattr(det, "batch_invariant", False) or settings.get("batch_invariant")):
+        raise SettingsError(refusal)
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}; its settings are "
                             f"{sorted(known)} ({cls.__module__}.{cls.__name__})")

@@ -84,13 +84,24 @@ class Registered:
               its `model.<name>` config schema from it, so it lives in a light module that imports no engine);
     loader:   "module:function", Settings -> a loaded Backend;
     requires: a module the engine needs that may be absent from this Python ("" = none), and `install`, how to
-              get a Python that has it (said when it is missing, before anything loads)."""
+              get a Python that has it (said when it is missing, before anything loads);
+    batch_invariant: "" when the backend offers determinism.batch_invariant (kvstore/determinism.py), else why it
+              cannot (said in the one-line refusal before anything loads)."""
 
     name: str
     settings: str
     loader: str
     requires: str = ""
     install: str = ""
+    batch_invariant: str = "it does not implement a batch-invariant computation"
+
+    def batch_invariant_refusal(self) -> str | None:
+        """The one-line refusal of determinism.batch_invariant=true on this backend, or None when it offers it."""
+        if not self.batch_invariant:
+            return None
+        return (f"determinism.batch_invariant=true on the {self.name} backend: it cannot offer a batch-invariant "
+                f"computation on the CPU ({self.batch_invariant}); use a backend that offers it (transformers) or "
+                "leave determinism.batch_invariant off")
 
     def missing(self) -> str | None:
         """Why this backend cannot load in this Python (its `requires` module is not importable), or None."""

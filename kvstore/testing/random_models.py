@@ -113,6 +113,10 @@ def build_random_model(name: str, small: bool = False, determinism: Determinism 
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    if det.batch_invariant:
+        from kvstore.backends.transformers.invariant import install
+
+        install(model)
     tok = byte_tokenizer()
     fm = FrozenModel(name=f"random:{name}{':small' if small else ''}:seed{seed}", model=model, tokenizer=tok,
                      determinism=det)

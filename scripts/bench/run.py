@@ -27,6 +27,7 @@ from pathlib import Path
 
 import bf16_restore
 import decode as bench_decode
+import invariant as bench_invariant
 from common import clock, load_note, machine_info, token_stream, write_summary
 from overhead import bench_overhead
 from peer import bench_peer, open_llama
@@ -185,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-threads", type=int, default=None,
                     help="torch threads of the decode figures (batched sampling, dtype, llama.cpp); default --threads")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode figures (scripts/bench/decode.py)")
+    ap.add_argument("--no-invariant", action="store_true",
+                    help="skip the batch-invariant mode's cost (scripts/bench/invariant.py)")
     args = ap.parse_args(argv)
 
     t_start = clock()
@@ -249,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
                                        "harness_vs_llama_cpp": decode["harness_vs_llama_cpp"],
                                        "threads": decode["machine"]["torch_threads"]}
         summary["runtime_s"]["decode"] = clock() - t0
+    if not args.no_invariant:  # determinism.batch_invariant vs the default: prefill and decode time ratios
+        t0 = clock()
+        figs["batch_invariant"] = bench_invariant.bench_invariant(
+            args.model, stream if len(stream) > 2048 else token_stream(fm, args.text, 2049)[0],
+            [128] if args.quick else [512, 2048], 1 if args.quick else args.repeats, 4 if args.quick else 16,
+            threads=det.threads)
+        summary["runtime_s"]["batch_invariant"] = clock() - t0
     peer = figs["peer_llama_cpp"]
     summary["goals"] = [
         {"goal": figs["graft_vs_recompute"]["goal"], "met": figs["graft_vs_recompute"]["met"],
@@ -270,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
             "goal": f"harness greedy decode >= {bench_decode.GOALS['harness_vs_llama_cpp']:.0%} of llama.cpp's",
             "met": vs["met"] if vs else None,
             "note": f"ratio {vs['ratio']}" if vs else f"llama.cpp: {decode['llama_cpp']}"})
+    if "batch_invariant" in figs:
+        inv = figs["batch_invariant"]
+        for k in ("prefill", "decode"):
+            summary["goals"].append({
+                "goal": f"batch-invariant {k} <= {inv['goals'][k]}x the default's time", "met": inv["met"][k],
+                "note": ", ".join(f"{r['tokens']}: {r[f'{k}_ratio']:.2f}x" for r in inv["rows"])})
     summary["machine"]["loadavg_end"] = os.getloadavg()
     note = load_note(summary["machine"]["loadavg_start"], summary["machine"]["loadavg_end"])
     if note:
@@ -279,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["plots"] = plot(summary, out)
     write_summary(out / "summary.json", summary)
     print_tables(summary)
+    if "batch_invariant" in figs:
+        bench_invariant.print_table(figs["batch_invariant"])
     print(f"wrote {out / 'summary.json'} and {', '.join(summary['plots'])} in {summary['runtime_s']['total']:.0f} s")
     return 0
 

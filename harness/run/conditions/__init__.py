@@ -11,7 +11,8 @@ graft      retrieve a verified library entry, graft its artifact (read from the 
 incontext  the control for graft: the same retrieval (same entry, same exclude_self), but the entry's tokens are
            computed fresh in the same pinned schedule as its deposit (the backend's `prefill`, the same
            determinism.prefill_chunk as `deposit_tokens`), then the query. Its rows must be bit-identical to
-           graft's (harness/compare/pairing.py checks that); it only costs the entry's prefill.
+           graft's (harness/compare/pairing.py checks that); it only costs the entry's prefill. With
+           determinism.batch_invariant=true the whole context is prefilled as one prompt, as a baseline would.
 
 Every model-shaped step (encode, prefill, graft, decode) goes through the backend (kvstore.engine.protocol.Backend):
 a condition is given the backend load_model returns (transformers, llama.cpp, vLLM, the scripted fake of the unit
@@ -226,6 +227,11 @@ class InContext(Graft):
         prompt, match, snapshot = found
         entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
         context = entry_ids + encode_query(self.backend, self.frame, prompt)
+        if self.backend.settings().get("batch_invariant"):
+            # determinism.batch_invariant: no schedule changes a bit, so the control is the fresh computation a
+            # baseline makes: the whole context (entry + query) prefilled as one prompt, in the run's schedule
+            # (one pass when determinism.prefill_chunk covers it)
+            return Context(prompt, context, None, 0, match)
         # the backend's `prefill` from position 0 in its pinned schedule: the deposit's schedule exactly, so the
         # state holds the bits the artifact holds, computed now instead of read.
         return Context(prompt, context, lambda: self.backend.prefill(entry_ids)[0], 0, match, len(entry_ids))

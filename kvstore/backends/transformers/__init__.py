@@ -26,7 +26,7 @@ from typing import Any
 from kvstore.engine.protocol import Registered
 
 REGISTERED = Registered("transformers", settings="kvstore.backends.transformers.settings:TransformersSettings",
-                        loader="kvstore.backends.transformers.backend:load")
+                        loader="kvstore.backends.transformers.backend:load", batch_invariant="")
 
 # the module (in this folder, or the seam) that defines each public name
 _FACE: dict[str, tuple[str, ...]] = {

@@ -27,6 +27,8 @@ from safetensors import SafetensorError
 
 from kvstore.backends.packaged import known_names
 from kvstore.backends.transformers.gguf import BUNDLED, converted_checkpoint
+from kvstore.backends.transformers.invariant import check_invariant_device
+from kvstore.backends.transformers.invariant import install as install_invariant
 from kvstore.backends.transformers.lm_head import block_lm_head
 from kvstore.backends.transformers.tiny import TINY, build_tiny
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
@@ -273,7 +275,11 @@ def load_frozen_model(
     model = model.to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    block_lm_head(model)  # same bits, faster batched decode on CPU (kvstore/backends/transformers/lm_head.py)
+    if det.batch_invariant:  # every forward batch-invariant (kvstore/backends/transformers/invariant.py)
+        check_invariant_device(source, device)
+        install_invariant(model)
+    else:
+        block_lm_head(model)  # same bits, faster batched decode on CPU (kvstore/backends/transformers/lm_head.py)
     fm = FrozenModel(name=source, model=model, tokenizer=tok, determinism=det)
     fm.fingerprint = model_fingerprint(model)
     fm.tokenizer_fingerprint = tokenizer_fingerprint(tok)

@@ -1,0 +1,205 @@
+"""The batch-invariant mode (determinism.batch_invariant=true): every forward gives each row the same bits whatever
+else shares its call, so a one-pass prefill, a chunked one, a token-by-token decode and n rows decoded together all
+agree bit for bit (float32 on CPU).
+
+What depends on the call's shape, measured on PyTorch 2.13 CPU (MKL sgemm, AMD EPYC, 2 threads, float32):
+  - matrix products: a row of `F.linear` takes another kernel path at 1-3, 5-7, 9-11 rows than at 4, 8 and every
+    count from 12 up, where every row's bits are the same (checked to 4,096 rows on the 270M's and the 1.5B's
+    shapes, and for batched products of any batch count). So every product here has a row count that is a whole
+    number of tiles of `TILE` rows: the rows are padded with zero rows to the next multiple (one GEMM call, no
+    per-tile loop: the kernel already computes each tile as it would alone, which the tests check end to end).
+  - attention: a fused kernel's reductions over keys depend on how many queries and keys share the call.
+    `invariant_attention` walks the keys in blocks of `KEY_BLOCK` aligned to absolute positions from 0 (a block
+    missing from a sliding-window cache or past the last key is padded and masked), scores each block with a product
+    of a fixed shape, takes each block's own softmax statistics, and combines the blocks in position order (online
+    softmax). A block that no query of the call can see is skipped; one that some row cannot see adds exactly
+    nothing to that row (its weight is exp(-inf) = 0), so a row's bits depend only on its own position and keys.
+    The visibility mask is transformers' own (causal, sliding windows and chunks by absolute position).
+  - RMSNorm, RoPE, activations, embeddings and residual additions are per row already (the property tests cover
+    them end to end: tests/kvstore/test_invariant.py).
+
+`install(model)` switches a loaded model to the mode: every `torch.nn.Linear` (the LM head included) computes in
+row tiles and the model's attention is `ATTENTION` (registered through transformers' AttentionInterface, with a
+boolean mask function). The weights, the config's recorded fields and so the model fingerprint do not change; the
+mode is recorded in the artifact's determinism (`batch_invariant: true`), so admission never mixes it with the
+default.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+TILE = 4  # rows per tile: MKL's sgemm gives a row the same bits for every multiple of 4 rows (module doc)
+KEY_BLOCK = 64  # keys per attention block, aligned to absolute positions 0, 64, 128, ...
+QUERY_CHUNK = 256  # queries attended together (a chunk skips the key blocks none of its queries sees)
+ATTENTION = "kvgraft_batch_invariant"  # the attention implementation's registered name
+
+
+def _pad_rows(x2: torch.Tensor) -> tuple[torch.Tensor, int]:
+    rows = x2.shape[0]
+    pad = (-rows) % TILE if rows else TILE
+    if pad:
+        x2 = torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
+    return x2, rows
+
+
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` with the rows padded to a whole number of `TILE`-row tiles (one GEMM call): each
+    row's bits are the same whatever other rows share the call. The LM head too, whole: the default mode's
+    vocabulary blocks (lm_head.py) are 128 calls at the 270M's vocabulary, which a busy 2-core machine makes slow."""
+    lead = x.shape[:-1]
+    x2, rows = _pad_rows(x.reshape(-1, x.shape[-1]))
+    return F.linear(x2, weight, bias)[:rows].reshape(*lead, weight.shape[0])
+
+
+def _tiled_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return tiled_linear(x, self.weight, self.bias)
+
+
+def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                        softcap: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention over key blocks aligned to absolute positions (module doc). query (B, H, q, D), key/value
+    (B, KVH, kv, D/Dv): the cache's keys, contiguous and ending at the last query's position. Returns
+    ((B, q, H, Dv), None) like transformers' sdpa_attention_forward."""
+    if dropout:
+        raise ValueError("the batch-invariant attention does not do dropout (kvgraft only infers)")
+    b, h, q, d = query.shape
+    kvh, kv, dv = key.shape[1], key.shape[2], value.shape[-1]
+    groups = h // kvh
+    scaling = d ** -0.5 if scaling is None else scaling
+    pos = kwargs.get("position_ids")
+    last = int(pos[0, -1]) if torch.is_tensor(pos) and pos.numel() else kv - 1  # absolute position of the last query
+    first_key = last + 1 - kv  # absolute position of key 0
+    lead = first_key % KEY_BLOCK  # missing keys before key 0 inside its block
+    blocks = -(-(lead + kv) // KEY_BLOCK)
+    total = blocks * KEY_BLOCK
+
+    # visibility (B, KVH, q, groups, kv): transformers' boolean mask when given, else causal by position
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        vis = attention_mask[..., -kv:]
+    else:
+        qpos = torch.arange(last + 1 - q, last + 1, device=query.device)
+        kpos = torch.arange(first_key, last + 1, device=query.device)
+        vis = (kpos[None, :] <= qpos[:, None])
+        if attention_mask is not None:  # an additive float mask: -inf / dtype min where not visible
+            vis = vis & (attention_mask[..., -kv:] > torch.finfo(attention_mask.dtype).min / 2)
+    vis = vis.expand(b, h, q, kv).reshape(b, kvh, groups, q, kv).transpose(2, 3)
+    # rows in (query, group) order: a chunk of queries is a contiguous run of rows
+    qg = query.reshape(b, kvh, groups, q, d).transpose(2, 3)
+    pad_back = total - lead - kv
+    kp = F.pad(key, (0, 0, lead, pad_back))
+    vp = F.pad(torch.cat([value, value.new_ones(b, kvh, kv, 1)], dim=-1), (0, 0, lead, pad_back))
+    outs = []
+    for q0 in range(0, q, QUERY_CHUNK):
+        rows_q = qg[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, d)
+        rows_vis = F.pad(vis[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, kv), (lead, pad_back), value=False)
+        outs.append(_attend(rows_q, rows_vis, kp, vp, scaling, softcap))
+    out = torch.cat(outs, dim=2).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(qg: torch.Tensor, vis: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, scaling: float,
+            softcap: float | None) -> torch.Tensor:
+    """Rows `qg` (B, KVH, rows, D) against the block-aligned keys `kp` (B, KVH, total, D) and values with a ones
+    column `vp` (B, KVH, total, Dv + 1), `vis` (B, KVH, rows, total) saying which key each row sees."""
+    b, kvh, rows, d = qg.shape
+    dv = vp.shape[-1] - 1
+    pad = (-rows) % TILE
+    if pad:  # whole tiles of rows (module doc); the padded rows see nothing and are dropped
+        qg = torch.cat([qg, qg.new_zeros(b, kvh, pad, d)], dim=2)
+        vis = torch.cat([vis, vis.new_zeros(b, kvh, pad, vis.shape[-1])], dim=2)
+    m_rows = rows + pad
+    blocks = vis.shape[-1] // KEY_BLOCK
+    # skip the blocks no row here can see (they would add exactly nothing)
+    seen = vis.reshape(b, kvh, m_rows, blocks, KEY_BLOCK).any(dim=-1).any(dim=2).any(dim=1).any(dim=0)
+    idx = torch.nonzero(seen).flatten()
+    b0, b1 = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 1)
+    nb = b1 - b0
+    kb = kp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, d)
+    vb = vp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, dv + 1)
+    mb = vis[..., b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, m_rows, nb, KEY_BLOCK).transpose(2, 3)
+
+    # per block, products of a fixed shape: (M, D) x (D, KEY_BLOCK) and (M, KEY_BLOCK) x (KEY_BLOCK, Dv + 1)
+    s = torch.matmul(qg.unsqueeze(2), kb.transpose(-1, -2)) * scaling  # (B, KVH, nb, M, KEY_BLOCK)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    s = s.masked_fill_(~mb, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp_(s.sub_(m_safe))
+    o = torch.matmul(p, vb)  # (B, KVH, nb, M, Dv + 1): the weighted values and, last, the block's sum of weights
+
+    # combine the blocks in position order (online softmax)
+    run_m = torch.full_like(m[:, :, 0], float("-inf"))
+    acc = torch.zeros_like(o[:, :, 0])
+    for i in range(nb):
+        mi = m[:, :, i]
+        new = torch.maximum(run_m, mi)
+        new_safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+        acc = acc * torch.exp(run_m - new_safe) + o[:, :, i] * torch.exp(mi - new_safe)
+        run_m = new
+    return (acc[..., :dv] / acc[..., dv:])[:, :, :rows]
+
+
+def _mask(*args, **kwargs):
+    """transformers' boolean (sdpa) mask, always materialised: the attention needs every row's visibility."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register() -> None:
+    """Register `ATTENTION` and its mask with transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, invariant_attention)
+    AttentionMaskInterface.register(ATTENTION, _mask)
+
+
+def install(model: torch.nn.Module) -> None:
+    """Switch `model` to the batch-invariant mode: tiled linear layers (LM head included) and `ATTENTION`."""
+    refuse_unsupported(model)
+    register()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.forward = types.MethodType(_tiled_forward, module)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(ATTENTION)
+    else:  # pragma: no cover - transformers without set_attn_implementation
+        model.config._attn_implementation = ATTENTION
+
+
+def refuse_unsupported(model: torch.nn.Module) -> None:
+    """A SettingsError, in one line, for a model the mode cannot make batch-invariant: a module that multiplies by
+    weights of its own outside torch.nn.Linear (mixture-of-experts banks, convolutions of state-space layers: their
+    products are grouped by the tokens of the call and are not tiled here), or an attention with sink logits."""
+    from kvstore.errors import SettingsError
+
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            continue
+        own = [(k, p) for k, p in module.named_parameters(recurse=False) if p.dim() >= 2]
+        if own or getattr(module, "sinks", None) is not None:
+            what = (f"weights {own[0][0]} {tuple(own[0][1].shape)} used outside torch.nn.Linear" if own else
+                    "attention sink logits")
+            raise SettingsError(
+                f"determinism.batch_invariant=true: module {name} ({type(module).__name__}) has {what}, which the "
+                "batch-invariant mode does not tile (it covers linear layers, embeddings, norms and attention); "
+                "leave determinism.batch_invariant off for this model")
+
+
+def check_invariant_device(source: str, device: str) -> None:
+    """The mode is measured on the CPU only: another device is a SettingsError naming the setting."""
+    from kvstore.errors import SettingsError
+
+    if torch.device(device).type != "cpu":
+        raise SettingsError(
+            f"model {source!r} on device {device!r} with determinism.batch_invariant=true: the batch-invariant mode "
+            "is built and measured for the CPU (MKL's row-tile property, kvstore/backends/transformers/invariant.py); "
+            "use device=cpu or leave determinism.batch_invariant off")

@@ -1,0 +1,112 @@
+"""The cost of determinism.batch_invariant (kvstore/backends/transformers/invariant.py), measured in one run: one-pass
+prefill tokens/s and greedy decode tokens/s of the same model in the default mode and in the batch-invariant mode, at
+each context size, the two modes alternating within every repeat (so a busy machine slows both alike). Reported as
+invariant/default time ratios (goal: prefill <= 1.5x, decode <= 1.3x).
+
+    .venv/bin/python scripts/bench/invariant.py [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from common import clock, machine_info, token_stream
+
+from harness.experiments.text import DEFAULT_PROBLEMS
+from kvstore import Determinism
+from kvstore.backends.transformers.capture import forward, new_cache
+from kvstore.backends.transformers.gguf import BUNDLED
+from kvstore.backends.transformers.model import load_frozen_model
+
+GOALS = {"prefill": 1.5, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time
+
+
+def _prefill_s(fm, ids: list[int]) -> float:
+    t0 = clock()
+    forward(fm, ids, new_cache(fm), logits_to_keep=1)  # one pass over the whole prompt
+    return clock() - t0
+
+
+def _decode_s(fm, ids: list[int], steps: int) -> float:
+    cache = new_cache(fm)
+    logits = forward(fm, ids, cache, logits_to_keep=1)
+    t0 = clock()
+    for _ in range(steps):  # greedy: each step feeds the argmax back, one row, one token
+        logits = forward(fm, [int(logits[0, -1].argmax())], cache, logits_to_keep=1)
+    return (clock() - t0) / steps
+
+
+def bench_invariant(model: str, stream: list[int], sizes: list[int], repeats: int, decode_steps: int,
+                    threads: int | None = None) -> dict:
+    base = Determinism(threads=threads or Determinism().threads, prefill_chunk=0)
+    fms = {"default": load_frozen_model(model, base),
+           "invariant": load_frozen_model(model, Determinism(**{**base.to_dict(), "batch_invariant": True}))}
+    for fm in fms.values():  # warm up kernels and allocator outside the timed regions
+        _decode_s(fm, stream[:16], 2)
+    rows = []
+    for n in sizes:
+        ids = stream[:n]
+        times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in fms}
+        for _ in range(repeats):
+            for mode, fm in fms.items():
+                times[mode]["prefill"].append(_prefill_s(fm, ids))
+                times[mode]["decode"].append(_decode_s(fm, ids, decode_steps))
+        row = {"tokens": n}
+        for mode in fms:
+            p, d = statistics.median(times[mode]["prefill"]), statistics.median(times[mode]["decode"])
+            row[mode] = {"prefill_s": p, "prefill_tok_s": n / p, "decode_s_per_token": d, "decode_tok_s": 1 / d,
+                         "prefill_all_s": times[mode]["prefill"], "decode_all_s": times[mode]["decode"]}
+        row["prefill_ratio"] = row["invariant"]["prefill_s"] / row["default"]["prefill_s"]
+        row["decode_ratio"] = row["invariant"]["decode_s_per_token"] / row["default"]["decode_s_per_token"]
+        rows.append(row)
+    met = {k: all(r[f"{k}_ratio"] <= g for r in rows) for k, g in GOALS.items()}
+    return {"rows": rows, "goals": GOALS, "met": met, "repeats": repeats, "decode_steps": decode_steps,
+            "dtype": base.dtype, "threads": base.threads,
+            "note": "invariant/default time (median of the repeats; the modes alternate within each repeat)"}
+
+
+def print_table(fig: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"Batch-invariant mode: cost vs the default ({fig['dtype']}, {fig['threads']} threads; "
+                    f"time ratio, goal prefill <= {fig['goals']['prefill']}x, decode <= {fig['goals']['decode']}x)")
+    for c in ("N", "prefill tok/s default", "invariant", "prefill ratio", "decode tok/s default", "invariant",
+              "decode ratio"):
+        t.add_column(c, justify="right")
+    for r in fig["rows"]:
+        d, i = r["default"], r["invariant"]
+        t.add_row(str(r["tokens"]), f"{d['prefill_tok_s']:.0f}", f"{i['prefill_tok_s']:.0f}",
+                  f"{r['prefill_ratio']:.2f}x", f"{d['decode_tok_s']:.2f}", f"{i['decode_tok_s']:.2f}",
+                  f"{r['decode_ratio']:.2f}x")
+    Console(width=150).print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=BUNDLED)
+    ap.add_argument("--sizes", default="512,2048")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--text", type=Path, default=DEFAULT_PROBLEMS)
+    ap.add_argument("--out", type=Path, default=None, help="write the figure as JSON here")
+    args = ap.parse_args(argv)
+    sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
+    fm = load_frozen_model(args.model, Determinism())
+    stream, _ = token_stream(fm, args.text, max(sizes) + 1)
+    del fm
+    fig = bench_invariant(args.model, stream, sizes, args.repeats, args.decode_steps)
+    fig["machine"] = machine_info(Determinism())
+    print_table(fig)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(fig, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
