@@ -381,7 +381,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
             bar.update(len(ids))
-            bar.set_postfix_str(f"entry {plain(p.id)}", refresh=False)  # an ANSI escape in an id is shown, not obeyed
+            bar.set_postfix_str(f"entry {plain(p.id)}")  # an ANSI escape in an id is shown, not obeyed
         fp = problem_fingerprint(p.problem)
         entry = Entry(
             entry_id=sha256_hex(f"{fp}\n{solution}".encode())[:16],

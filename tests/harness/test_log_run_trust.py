@@ -10,7 +10,7 @@ from pathlib import Path
 
 from harness.config.schema import compose_config
 from harness.run.loop import run
-from kvstore.backends.transformers.model import load_frozen_model
+from kvstore import load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_an_edited_summary_is_refused_and_the_intact_folder_logged(tmp_path, sql
 
     cfg = compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=3",
                           "decoding.max_new_tokens=4", "prompt.stop=[]", "tracking=off"])
-    folder, summary = run(cfg, fm=load_frozen_model("tiny-gemma3"), progress=False)
+    folder, summary = run(cfg, fm=load_backend("transformers", source="tiny-gemma3"), progress=False)
     assert summary.scores.accuracy == 0.0
     path = folder.path / "summary.json"
     intact = path.read_text()

@@ -16,14 +16,14 @@ from harness.record.audit import audit
 from harness.record.folder import RunFolder
 from harness.run.loop import run
 from harness.task.answers import score
-from kvstore.backends.transformers.model import load_frozen_model
+from kvstore import load_backend
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def fm():
-    return load_frozen_model("tiny-gemma3")
+    return load_backend("transformers", source="tiny-gemma3")
 
 
 def _cfg(tmp: Path, name: str, *extra: str):
@@ -55,7 +55,7 @@ def _forge(partial: Path, fm, which: list[int]) -> list[dict]:
         r = rows[i]
         text = " " + r["gold_answer"]
         s = score(text, r["gold_answer"])
-        r.update(completion=text, completion_token_ids=fm.tokenizer.encode(text, add_special_tokens=False),
+        r.update(completion=text, completion_token_ids=fm.fm.tokenizer.encode(text, add_special_tokens=False),
                  extracted=s.extracted, answer=s.answer, correct=s.correct, stop_reason="eos")
         r["decode_tokens"] = len(r["completion_token_ids"]) + 1
         assert s.correct
