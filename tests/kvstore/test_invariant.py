@@ -132,3 +132,24 @@ def test_the_architecture_matrix_in_the_mode(name, tmp_path):
         assert "\n" not in str(e.value) and "determinism.batch_invariant" in str(e.value)
     else:
         check_property(load_frozen_model(str(tmp_path / name), det), n=KEY_BLOCK + 20)
+
+
+@pytest.mark.integration
+def test_the_bundled_model_in_the_mode_one_pass_equals_split_token_by_token_and_graft():
+    """The bundled Gemma 3 270M (fp32): a 560-token prompt, past its 512-token sliding window. One pass == prefix
+    (the first 300 tokens, then the rest) == the last 3 tokens fed one by one, and a graft of the first 540 tokens
+    followed by the last 20 equals the one-pass prompt's last 20 positions, bit for bit."""
+    fm = load_frozen_model("gemma3-270m", INVARIANT)
+    text = ("Problem: Find the number of ordered pairs of positive integers (m, n) such that m^2 n = 20^20. "
+            "Solution: write 20^20 = 2^40 5^20; n must be a perfect-square quotient, so count the exponent choices. ")
+    ids = fm.encode(text * 20)[:560]
+    assert len(ids) == 560
+    one = _logits(fm, ids)
+    cache = new_cache(fm)
+    assert torch.equal(torch.cat([_logits(fm, ids[:300], cache), _logits(fm, ids[300:], cache)]), one)
+    cache = new_cache(fm)
+    head = _logits(fm, ids[:-3], cache)
+    tail = torch.cat([_logits(fm, [t], cache) for t in ids[-3:]])
+    assert torch.equal(torch.cat([head, tail]), one), "token by token"
+    grafted = graft_snapshot(deposit_tokens(fm, ids[:540]), fm, token_ids=ids)
+    assert torch.equal(_logits(fm, ids[540:], grafted), one[540:]), "graft at own position vs one pass"
