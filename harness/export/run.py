@@ -7,13 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import RunFolderError
-from harness.export import every_eval_ever, lm_eval
 from harness.export.common import Exported
+from harness.export.every_eval_ever import write as write_every_eval_ever
+from harness.export.lm_eval import write as write_lm_eval
 
 __all__ = ["FORMATS", "export_run"]
 
-WRITERS: dict[str, Callable[[Exported, Path], list[Path]]] = {"lm-eval": lm_eval.write,
-                                                             "every-eval-ever": every_eval_ever.write}
+WRITERS: dict[str, Callable[[Exported, Path], list[Path]]] = {"lm-eval": write_lm_eval,
+                                                             "every-eval-ever": write_every_eval_ever}
 FORMATS = tuple(WRITERS)  # --format's choices
 
 
