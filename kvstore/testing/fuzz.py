@@ -91,7 +91,7 @@ def make_base(model: str) -> Base:
     hlen = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + hlen])
     meta = json.loads(header["__metadata__"]["kvgraft"])
-    return Base(model, fm, data, prefix, suffix, ref, header, meta, data[8 + hlen :])
+    return Base(model, be, data, prefix, suffix, ref, header, meta, data[8 + hlen :])
 
 
 # ------------------------------------------------------------------------------------------ mutations

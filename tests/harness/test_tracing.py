@@ -39,7 +39,7 @@ def test_a_baseline_attempt_without_ttft_has_a_zero_length_prefill_that_says_so(
 
 
 def test_every_row_becomes_a_trace_of_its_run_with_spans_and_the_score_as_feedback(
-    fake_run: Path, sqlite_uri: str
+    fake_run: Path, sqlite_uri: str, reseal
 ) -> None:
     import mlflow
     from mlflow import MlflowClient
@@ -47,6 +47,7 @@ def test_every_row_becomes_a_trace_of_its_run_with_spans_and_the_score_as_feedba
     summary = json.loads((fake_run / "summary.json").read_text())
     summary["started_at"] = "2026-01-02T03:04:05+00:00"
     (fake_run / "summary.json").write_text(json.dumps(summary))
+    reseal(fake_run)  # a start time of our choosing, sealed as the run's own (log_run_dir re-checks the folder)
     uri_before = mlflow.get_tracking_uri()
     run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test")
     client = MlflowClient(tracking_uri=sqlite_uri)
@@ -68,11 +69,12 @@ def test_every_row_becomes_a_trace_of_its_run_with_spans_and_the_score_as_feedba
     assert mlflow.get_tracking_uri() == uri_before  # the global URI the exporter needed is restored
 
 
-def test_tracking_traces_false_leaves_no_trace(fake_run: Path, sqlite_uri: str) -> None:
+def test_tracking_traces_false_leaves_no_trace(fake_run: Path, sqlite_uri: str, reseal) -> None:
     from mlflow import MlflowClient
 
     config = (fake_run / "config.yaml").read_text()
     (fake_run / "config.yaml").write_text(config.replace("tracking:\n", "tracking:\n  traces: false\n"))
+    reseal(fake_run)
     run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test")
     client = MlflowClient(tracking_uri=sqlite_uri)
     experiment_id = client.get_run(run_id).info.experiment_id

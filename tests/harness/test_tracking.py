@@ -149,7 +149,7 @@ def test_parallel_jobs_share_one_sqlite_store(tmp_path: Path, fakerun: ModuleTyp
     assert len(client.search_runs([experiment.experiment_id])) == 3
 
 
-def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: str) -> None:
+def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: str, reseal) -> None:
     """Name with condition/dataset/model, the real start and end from summary.json, a description, the
     problem set as a dataset input whose digest is the manifest's, the per-problem table, the experiment kind."""
     from mlflow import MlflowClient
@@ -159,7 +159,8 @@ def test_a_logged_run_reads_as_a_reviewer_needs_it(fake_run: Path, sqlite_uri: s
 
     summary = json.loads((fake_run / "summary.json").read_text())
     summary["started_at"], summary["finished_at"] = "2026-01-02T03:04:05+00:00", "2026-01-02T03:05:07.500000+00:00"
-    (fake_run / "summary.json").write_text(json.dumps(summary))  # (the manifest hash no longer matches: unused)
+    (fake_run / "summary.json").write_text(json.dumps(summary))
+    reseal(fake_run)  # sealed as the run's own: log_run_dir re-checks the folder
     run_id = log_run_dir(fake_run, tracking_uri=sqlite_uri, experiment="kvgraft-test", traces=False)
     client = MlflowClient(tracking_uri=sqlite_uri)
     run = client.get_run(run_id)

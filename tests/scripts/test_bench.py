@@ -36,7 +36,7 @@ def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
     assert f["tier"]["hits"] > 0 and isinstance(f["tier"]["pays"], bool)
     assert f["peer_llama_cpp"]["available"] is False and f["peer_llama_cpp"]["reason"]
     assert f["harness_overhead"]["same_tokens"] is True
-    assert len(s["goals"]) == 7  # five of bench.py, two of the decode figures (scripts/bench_decode.py)
+    assert len(s["goals"]) == 9  # five of bench.py, two of the decode figures, two of the batch-invariant cost
     g = f["graft_vs_recompute"]
     assert isinstance(g["ceiling_met"], bool) and "64: " in g["ceiling_note"]
     for r in rows:  # read ahead, the graft needs only the rebuild and the forward
