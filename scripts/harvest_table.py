@@ -14,16 +14,14 @@ the run folders (each re-checked by `make rescore`), never the model.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scales_table import read_compare  # noqa: E402  (scripts/: a compare folder's rows in plan order)
+from scales_table import emit_table, read_compare  # noqa: E402  (scripts/: a compare folder's rows in plan order)
 
 from harness.record.folder import RunFolder  # noqa: E402
-from harness.record.hashing import atomic_write_text  # noqa: E402
 from harness.record.metrics import summarize_scores, wilson_interval  # noqa: E402
 from harness.record.rows import Row  # noqa: E402
 
@@ -89,11 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t = loop_table(RunFolder(args.samples).read_rows(), read_compare(args.compare)[0])
     text = markdown(t)
-    print(text, end="")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(t, indent=1) + "\n")
-    if args.markdown:
-        atomic_write_text(args.markdown, text)
+    emit_table(text, t, args.json, args.markdown)
     return 0
 
 

@@ -125,12 +125,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--slice {unknown[0]}=...: no model of that name among {sorted(models)}")
     report = {name: model_report(folder, slices.get(name)) for name, folder in models.items()}
     text = markdown(report)
-    print(text, end="")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")
-    if args.markdown:
-        atomic_write_text(args.markdown, text)
+    emit_table(text, report, args.json, args.markdown)
     return 0
+
+
+def emit_table(text: str, data: object, json_path: Path | None, markdown_path: Path | None) -> None:
+    """Print a table's markdown and write it (--markdown) and its data (--json) where asked; shared by the table
+    scripts (scales, harvest, transfer)."""
+    print(text, end="")
+    if json_path:
+        atomic_write_text(json_path, json.dumps(data, indent=1) + "\n")
+    if markdown_path:
+        atomic_write_text(markdown_path, text)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ decoding); each is re-checked by `make rescore` before it is cited. Reads only t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scales_table import emit_table  # scripts/: print and write a table
+
 from harness.record.folder import RunFolder
-from harness.record.hashing import atomic_write_text
 from harness.record.metrics import wilson_interval
 from harness.record.rows import Row
 
@@ -86,11 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {label: f.read_rows() for label, f in folders.items()}
     t = table(rows.pop("alone"), rows)
     text = markdown(t)
-    print(text, end="")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(t, indent=1) + "\n")
-    if args.markdown:
-        atomic_write_text(args.markdown, text)
+    emit_table(text, t, args.json, args.markdown)
     return 0
 
 
