@@ -31,8 +31,9 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
                             "numerics_differences", "numerics_of_tags", "numerics_tag", "profile_problems"),
     # the backend seam and the registry
-    "kvstore.engine.protocol": ("Backend", "BackendDefaults", "Continuation", "InEngineDecoding", "Registered",
-                                "Repositioning", "Stepwise", "artifact_backend"),
+    "kvstore.engine.protocol": ("Backend", "BackendDefaults", "Continuation", "InEngineBatches", "InEngineDecoding",
+                                "RaggedRows", "Registered", "Repositioning", "RowsRequest", "Stepwise",
+                                "artifact_backend"),
     "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "load_backend",
                          "settings_class"),
     # the artifact and its bytes

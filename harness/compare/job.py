@@ -63,7 +63,7 @@ from harness.record.folder import FinishedRun, RunFolder, claim, stamp
 from harness.record.hashing import backend_record, sha256_json, write_json
 from harness.record.rows import Summary
 from harness.run.conditions import Baseline, condition_class
-from harness.run.loop import comparable_key, console, run_rows
+from harness.run.loop import BATCH_DEPENDENT, comparable_key, console, rows_depend_on_batch, run_rows
 from harness.task.chat import chat_frame
 from harness.tracking.store import default_tracking_uri
 from kvstore import enter_profile
@@ -220,6 +220,12 @@ def main(argv: list[str] | None = None) -> Comparison:
     root = Path(c.project_root)
     runs = root / c.runs_dir
     fm = load_model(c)
+    if plan.pairs and rows_depend_on_batch(fm, c.run.in_flight):
+        raise ConfigError(
+            f"run.in_flight={c.run.in_flight} on the {fm.name} backend: its rows depend on what shares the batch "
+            f"({BATCH_DEPENDENT}), so a graft row and its in-context twin would not be computed under the same "
+            "schedule and the twin check could not be made; use run.in_flight=1, or determinism.batch_invariant=true "
+            "where the backend offers it")
     t_lib, wall_lib = time.perf_counter(), time.time()
     lib = open_library(c.library, fm, root, build_if_missing=True, chat=chat_frame(fm, c.model.chat))
     built = (lib.path / "manifest.json").stat().st_mtime >= wall_lib - 1

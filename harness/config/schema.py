@@ -237,6 +237,10 @@ class RunConfig:
     # a prompt (+ decoding.max_new_tokens) longer than the model's context: refuse (error naming the problem) or
     # truncate the problem text to fit (recorded in problems.jsonl's source and on screen)
     context_overflow: ContextOverflow = ContextOverflow.refuse
+    # problems in flight: the jobs of up to N problems decode together in one engine batch (vLLM: submitted at once;
+    # transformers: rows of different problems left-padded in one batch; llama.cpp decodes one context: 1). Rows are
+    # written in problem order, one wave of N problems at a time. Left out of recorded configs at 1.
+    in_flight: int = bounded(1, at_least=1, hint="how many problems decode together in the engine")
 
 
 @dataclass
@@ -307,6 +311,10 @@ def validate(c: Config) -> None:
     if d.strategy == "sample" and d.temperature <= 0:
         raise ConfigError(f"decoding.temperature={d.temperature}: sampling needs temperature > 0 (0 is greedy "
                           "decoding: use decoding=greedy, whose rows are recorded as greedy)")
+    if c.run.in_flight > 1 and c.execution.name != "local":
+        raise ConfigError(f"run.in_flight={c.run.in_flight} with execution={c.execution.name}: problems in flight "
+                          "share one engine, the workers of execution=ray each decode their own jobs; use one of them "
+                          "(run.in_flight=1 with execution=ray)")
     if c.execution.workers < 1:  # before the model loads (issue 41, finding 7)
         raise ConfigError(f"execution.workers={c.execution.workers}: a run needs at least 1 worker; use "
                           "execution.workers=N with N >= 1")
@@ -345,6 +353,9 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
             if model.get(key, 0) is None:
                 del model[key]
     drop_default_determinism(config.get("determinism") if isinstance(config, dict) else None)
+    run = config.get("run") if isinstance(config, dict) else None
+    if isinstance(run, dict) and run.get("in_flight", 0) == 1:  # one problem at a time: recorded as before it existed
+        del run["in_flight"]
     return config
 
 

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from harness.library.build import open_library
     from harness.record.folder import RunFolder, claim, stamp
     from harness.record.hashing import write_json
-    from harness.run.loop import comparable_key, console, run_rows
+    from harness.run.loop import BATCH_DEPENDENT, comparable_key, console, rows_depend_on_batch, run_rows
     from harness.task.chat import chat_frame
 
     cfg = compose_config([experiment, *overrides])
@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = root / c.runs_dir
     t0, load0 = time.perf_counter(), os.getloadavg()
     be = load_model(c)
+    if with_incontext and rows_depend_on_batch(be, c.run.in_flight):
+        raise ConfigError(f"--incontext with run.in_flight={c.run.in_flight} on the {be.name} backend: "
+                          f"{BATCH_DEPENDENT}, so the twin check could not be made under one schedule; use "
+                          "run.in_flight=1 for it")
     t_lib = time.perf_counter()
     lib = open_library(c.library, be, root, build_if_missing=True, chat=chat_frame(be, c.model.chat))
     lib_s = time.perf_counter() - t_lib

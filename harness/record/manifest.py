@@ -153,6 +153,7 @@ def build_manifest(
     library: dict[str, Any] | None = None,
     artifacts: Iterable[str] = (),
     exactness: str | None = None,
+    in_flight: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the manifest of a run (``kvgraft-manifest/1``, see ``harness/RUN_FORMAT.md``).
 
@@ -190,6 +191,8 @@ def build_manifest(
         inputs["library"] = library
     if exactness is not None:  # e.g. "not guaranteed exact: ..." (determinism.allow_environment_mismatch)
         inputs["exactness"] = exactness
+    if in_flight is not None:  # problems in flight (run.in_flight > 1): N, and whether rows depend on the batch
+        inputs["in_flight"] = in_flight
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "inputs": inputs,

@@ -26,7 +26,16 @@ from typing import Literal
 import torch
 
 from harness.errors import ConfigError, HarnessError
-from kvstore import Backend, InEngineDecoding, SettingsError, Stepwise, logits_sha256
+from kvstore import (
+    Backend,
+    InEngineBatches,
+    InEngineDecoding,
+    RaggedRows,
+    RowsRequest,
+    SettingsError,
+    Stepwise,
+    logits_sha256,
+)
 
 StopReason = Literal["eos", "stop", "length"]
 STOP_REASONS: tuple[str, ...] = ("eos", "stop", "length")
@@ -307,23 +316,190 @@ def _continue_in_engine(
     rows = be.continue_rows(cache, list(prompt_ids), seeds, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
                   strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
                   eos=be.eos_ids() if eos is None else set(eos))
-    out = []
-    for seed, row in zip(seeds, rows, strict=True):
-        if row.stop_reason not in STOP_REASONS:
-            raise HarnessError(f"backend {be.name} ended a row with {row.stop_reason!r}; expected one of "
-                               f"{list(STOP_REASONS)}")
-        text = be.decode(row.token_ids)
+    return [_generation(be, row, len(prompt_ids) - seen, seed, sampling, stop, on_token)
+            for seed, row in zip(seeds, rows, strict=True)]
+
+
+@dataclass
+class Job:
+    """One context of a batch of contexts (`generate_many`): its prompt, one seed per row, the cache that may hold
+    a prefix of it (a graft) and when it was submitted (perf counter; its rows' TTFT runs from there)."""
+
+    prompt_ids: list[int]
+    seeds: list[int]
+    cache: object = None
+    submitted: float = 0.0
+
+
+def in_flight_support(be: Backend) -> str | None:
+    """None when `be` can decode several contexts together (problems in flight), else why not, in one line."""
+    if isinstance(be, InEngineBatches) or (isinstance(be, Stepwise) and isinstance(be, RaggedRows)):
+        return None
+    return (f"the {be.name} backend decodes one context at a time (it has neither kvstore.RaggedRows nor "
+            "kvstore.InEngineBatches)")
+
+
+def generate_many(
+    be: Backend,
+    jobs: Sequence[Job],
+    sampling: Sampling,
+    *,
+    on_token: Callable[[int], None] | None = None,
+    eos: set[int] | None = None,
+) -> list[list[Generation]]:
+    """`generate_batch` for several contexts at once (problems in flight): the rows of every job decode together
+    and the result is each job's generations, in job order.
+
+    An engine with its own scheduler (kvstore.InEngineBatches: vLLM) is given every job's rows at once. A step-wise
+    engine with kvstore.RaggedRows (transformers) prefills (or takes the graft of) each context alone, in its pinned
+    schedule, picks each job's first tokens from its own logits exactly as `generate_batch` does, then joins the
+    caches (left-padded, each row at its own positions) and steps every running row together; a finished row leaves
+    the batch. Each row's bits equal its single-job run's where the engine's forward is batch-invariant
+    (determinism.batch_invariant=true); elsewhere they may differ in the last bits (the batch is another GEMM)."""
+    jobs = list(jobs)
+    if not jobs:
+        return []
+    for job in jobs:
+        if not job.seeds:
+            raise ConfigError("a job with no rows: give each job at least one seed")
+    why = in_flight_support(be)
+    if why is not None:
+        raise ConfigError(f"run.in_flight > 1: {why}; set run.in_flight=1")
+    if isinstance(be, InEngineBatches):
+        return _continue_many(be, jobs, sampling, on_token=on_token, eos=eos)
+    with torch.inference_mode():
+        return _generate_ragged(be, jobs, sampling, on_token=on_token, eos=eos)
+
+
+def _generate_ragged(be, jobs: list[Job], sampling: Sampling, *, on_token: Callable[[int], None] | None,
+                     eos: set[int] | None) -> list[list[Generation]]:
+    max_new_tokens, stop, strategy = sampling.max_new_tokens, [s for s in sampling.stop if s], sampling.strategy
+    eos = be.eos_ids() if eos is None else set(eos)
+    tail = max((len(s) for s in stop), default=0) + 4
+    # one entry per row of every job: (job index, row index in the job)
+    owners = [(j, r) for j, job in enumerate(jobs) for r in range(len(job.seeds))]
+    seeds = [jobs[j].seeds[r] for j, r in owners]
+    gens = ([torch.Generator(device="cpu").manual_seed(s) for s in seeds] if strategy == "sample"
+            else [None] * len(owners))
+    outs: list[list[int]] = [[] for _ in owners]
+    reasons: list[StopReason] = ["length"] * len(owners)
+    ttft = [0.0] * len(owners)
+    shas, prefilled, lengths, caches, running_rows = [], [], [], [], []
+
+    def chosen(i: int, tok: int) -> bool:
+        """Record row i's token; True while the row continues."""
+        if tok in eos:
+            reasons[i] = "eos"
+            return False
+        outs[i].append(tok)
+        if stop and _first_stop(be.decode(outs[i][-tail:]), stop) is not None:
+            reasons[i] = "stop"
+            return False
+        return True
+
+    first_row = 0
+    for job in jobs:  # each context alone, as one problem at a time would compute it
+        n = len(job.seeds)
+        t0 = job.submitted or time.perf_counter()
+        cache = job.cache if job.cache is not None else be.new_state()
+        seen = be.seen(cache)
+        if seen >= len(job.prompt_ids):
+            raise HarnessError(f"the cache already holds {seen} tokens of a {len(job.prompt_ids)}-token prompt; "
+                               "nothing to prefill")
+        cache, logits = be.prefill(job.prompt_ids[seen:], cache)
+        shas.append(logits_sha256(logits))
+        prefilled.append(len(job.prompt_ids) - seen)
+        lengths.append(len(job.prompt_ids))
+        rows = list(range(first_row, first_row + n))
+        picks = _pick_rows(logits.expand(n, -1), strategy, sampling.temperature, sampling.top_p,
+                           [gens[i] for i in rows])
+        going = []
+        for i, tok in zip(rows, picks, strict=True):
+            ttft[i] = time.perf_counter() - t0
+            if chosen(i, tok):
+                going.append(i)
+        if on_token is not None:
+            on_token(n)
+        if going and max_new_tokens > 1:
+            if len(going) > 1:
+                be.repeat_rows(cache, len(going))
+            caches.append(cache)
+            running_rows += going
+        first_row += n
+
+    active = running_rows
+    if active:
+        state = be.join_rows(caches) if len(caches) > 1 else caches[0]
+        joined = len(caches) > 1
+        for step in range(1, max_new_tokens):
+            tokens = [outs[i][-1] for i in active]
+            positions = [lengths[owners[i][0]] + step - 1 for i in active]
+            if joined:
+                logits = be.step_rows(state, tokens, positions)
+            else:  # one context: the single-job step, as generate_batch takes it
+                logits = be.step(state, tokens, positions[0])
+            picks = _pick_rows(logits, strategy, sampling.temperature, sampling.top_p, [gens[i] for i in active])
+            keep = [k for k, (i, tok) in enumerate(zip(active, picks, strict=True)) if chosen(i, tok)]
+            if on_token is not None:
+                on_token(len(active))
+            if not keep or step + 1 == max_new_tokens:
+                break
+            if len(keep) < len(active):
+                be.keep_rows(state, keep)
+            active = [active[k] for k in keep]
+
+    out: list[list[Generation]] = [[] for _ in jobs]
+    for i, (j, _) in enumerate(owners):
+        text = be.decode(outs[i])
         hit = _first_stop(text, stop)
         if hit is not None:
             text = text[:hit]
-        decode_tokens = len(row.token_ids) + (row.stop_reason == "eos")
-        if on_token is not None:
-            on_token(decode_tokens)
-        out.append(Generation(
-            list(row.token_ids), text, len(prompt_ids) - seen, decode_tokens, row.stop_reason,
-            row.first_logits_sha256, row.ttft_s, seed=seed if sampling.strategy == "sample" else None,
+        out[j].append(Generation(
+            outs[i], text, prefilled[j], len(outs[i]) + (reasons[i] == "eos"), reasons[i], shas[j], ttft[i],
+            seed=seeds[i] if strategy == "sample" else None,
         ))
     return out
+
+
+def _continue_many(be: InEngineBatches, jobs: list[Job], sampling: Sampling, *,
+                   on_token: Callable[[int], None] | None, eos: set[int] | None) -> list[list[Generation]]:
+    """`generate_many` on an InEngineBatches backend (vLLM): every job's rows in one submission."""
+    stop = [s for s in sampling.stop if s]
+    requests = []
+    for job in jobs:
+        seen = be.seen(job.cache) if job.cache is not None else 0
+        if seen >= len(job.prompt_ids):
+            raise HarnessError(f"the cache already holds {seen} tokens of a {len(job.prompt_ids)}-token prompt; "
+                               "nothing to prefill")
+        requests.append(RowsRequest(job.cache, list(job.prompt_ids), list(job.seeds)))
+    answers = be.continue_many(requests, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
+                               strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
+                               eos=be.eos_ids() if eos is None else set(eos))
+    if len(answers) != len(jobs):
+        raise HarnessError(f"backend {be.name} answered {len(answers)} of {len(jobs)} jobs in flight")
+    out = []
+    for job, rows in zip(jobs, answers, strict=True):
+        seen = be.seen(job.cache) if job.cache is not None else 0
+        out.append([_generation(be, row, len(job.prompt_ids) - seen, seed, sampling, stop, on_token)
+                    for seed, row in zip(job.seeds, rows, strict=True)])
+    return out
+
+
+def _generation(be: Backend, row, prefilled: int, seed: int, sampling: Sampling, stop: list[str],
+                on_token: Callable[[int], None] | None) -> Generation:
+    """A Generation from an engine's Continuation: the text cut at the first stop string, as the stepping loop."""
+    if row.stop_reason not in STOP_REASONS:
+        raise HarnessError(f"backend {be.name} ended a row with {row.stop_reason!r}; expected one of "
+                           f"{list(STOP_REASONS)}")
+    text = be.decode(row.token_ids)
+    hit = _first_stop(text, stop)
+    if hit is not None:
+        text = text[:hit]
+    decode_tokens = len(row.token_ids) + (row.stop_reason == "eos")
+    if on_token is not None:
+        on_token(decode_tokens)
+    return Generation(list(row.token_ids), text, prefilled, decode_tokens, row.stop_reason, row.first_logits_sha256,
+                      row.ttft_s, seed=seed if sampling.strategy == "sample" else None)
 
 
 def eos_ids(fm: Backend) -> set[int]:

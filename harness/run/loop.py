@@ -49,6 +49,7 @@ from harness.record.folder import FinishedRun, RunFolder
 from harness.record.hashing import backend_record, sha256_json
 from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_group
 from harness.run.conditions import CONDITIONS, build_condition
+from harness.run.decode import in_flight_support
 from harness.run.distributed import completer
 from harness.run.energy import make_meter
 from harness.task.chat import chat_frame, encode_prompt
@@ -60,7 +61,8 @@ from harness.tracking.store import default_tracking_uri
 from kvstore import Backend, check_weights
 
 __all__ = [
-    "check_condition", "comparable_key", "cpu_seconds", "fit_context", "print_summary", "resume_key", "run", "run_rows",
+    "BATCH_DEPENDENT", "check_condition", "comparable_key", "cpu_seconds", "fit_context", "in_flight_record",
+    "job_waves", "print_summary", "resume_key", "rows_depend_on_batch", "run", "run_rows",
 ]
 
 # logs and pipes get full tables (140 columns) unless COLUMNS says how wide the reader is
@@ -89,7 +91,28 @@ def comparable_key(c: Config, fm: Backend) -> str:
         key["context_overflow"] = c["run"]["context_overflow"]
     if c["model"].get("trace") is not None:  # scored after a reasoning trace: other scores for the same completions
         key["trace"] = c["model"]["trace"]
+    if rows_depend_on_batch(fm, c["run"]["in_flight"]):  # other bits than one problem at a time
+        key["in_flight"] = c["run"]["in_flight"]
     return sha256_json(key)
+
+
+BATCH_DEPENDENT = "rows depend on batch composition"
+
+
+def rows_depend_on_batch(be: Backend, in_flight: int) -> bool:
+    """Whether rows decoded with `in_flight` problems together may differ in their bits from the same rows decoded
+    one problem at a time: with more than one in flight, unless the backend's forward is batch-invariant
+    (determinism.batch_invariant=true, where the tests show N problems == 1 bit for bit)."""
+    return in_flight > 1 and not be.settings().get("batch_invariant", False)
+
+
+def in_flight_record(be: Backend, in_flight: int) -> dict[str, Any] | None:
+    """The manifest's `inputs.in_flight` (None at 1: recorded as before the setting existed)."""
+    if in_flight <= 1:
+        return None
+    depends = rows_depend_on_batch(be, in_flight)
+    return {"problems": in_flight, "rows_depend_on_batch_composition": depends,
+            "note": BATCH_DEPENDENT if depends else "rows equal one problem at a time (determinism.batch_invariant)"}
 
 
 def check_condition(name: str) -> None:
@@ -309,6 +332,8 @@ def run_rows(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
     fm = fm if fm is not None else load_model(c)
+    if c.run.in_flight > 1 and in_flight_support(fm) is not None:
+        raise ConfigError(f"run.in_flight={c.run.in_flight}: {in_flight_support(fm)}; set run.in_flight=1")
     problems = fit_context(problems, fm, c)
     frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
     trace = resolve_trace(c.model.trace, fm.chat_template() if c.model.trace == "model" else None)
@@ -387,6 +412,7 @@ def run_rows(
             library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
             else None,
             exactness=exactness,
+            in_flight=in_flight_record(fm, c.run.in_flight),
         )
     finally:
         folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable
@@ -396,6 +422,20 @@ def run_rows(
         run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
     print_summary(summary, folder, c.decoding.max_new_tokens)
     return finished, run_id
+
+
+def job_waves(jobs: list[tuple[Problem, list[int]]], in_flight: int) -> list[list[int]]:
+    """The job indices decoded together, in order: each wave the next jobs of at most `in_flight` problems (1: one
+    job at a time). Fixed by the plan alone, so a resumed run recomputes the same waves (same batch composition)."""
+    waves: list[list[int]] = []
+    seen: set[str] = set()
+    for i, (problem, _) in enumerate(jobs):
+        if not waves or in_flight <= 1 or (problem.id not in seen and len(seen) >= in_flight):
+            waves.append([])
+            seen = set()
+        waves[-1].append(i)
+        seen.add(problem.id)
+    return waves
 
 
 def _decode(
@@ -425,50 +465,59 @@ def _decode(
     done, rows[:] = list(rows), []
     complete = completer_for(jobs) if completer_for is not None else condition.complete_samples
     replaced: list[str] = []
+    in_flight = c.run.in_flight
+    waves = job_waves(jobs, in_flight)
     try:
-        for i in range(len(jobs)):
-            problem, samples = jobs[i]
-            if i + 1 < len(jobs) and jobs[i + 1][0] is not problem:
-                condition.upcoming(jobs[i + 1][0])  # its artifact is read while this problem decodes
+        for w, wave in enumerate(waves):
+            ahead = {jobs[i][0].id: jobs[i][0] for i in (waves[w + 1] if w + 1 < len(waves) else [])}
+            for i in wave:
+                ahead.pop(jobs[i][0].id, None)
+            for problem in ahead.values():
+                condition.upcoming(problem)  # its artifact is read while this wave decodes
             w0, c0 = time.perf_counter(), cpu_seconds()
             meter.start()
-            completions = complete(problem, samples, on_token=tokens.update)
+            if in_flight > 1:  # the wave's problems in flight together (the engine batches every row)
+                results = condition.complete_jobs([jobs[i] for i in wave], on_token=tokens.update)
+            else:
+                results = [complete(jobs[i][0], jobs[i][1], on_token=tokens.update) for i in wave]
             energy = meter.stop()
             if guard is not None:
-                guard()  # the model's files are the ones fingerprinted, or no row of this job is written
-            # a batch's cost is shared evenly by its rows (their sums are the batch's cost)
-            k = len(completions)
+                guard()  # the model's files are the ones fingerprinted, or no row of this wave is written
+            # a batch's cost (a wave's, with problems in flight) is shared evenly by its rows
+            k = sum(len(r) for r in results)
             wall, cpu = (time.perf_counter() - w0) / k, max(0.0, cpu_seconds() - c0) / k
             joules = energy.joules / k if energy.joules is not None else None
-            new = [Row.scored(
-                problem.id, sample, condition.name, condition.group, completion, problem.answer,
-                score_traced(completion.text, problem.answer, completion.stop_reason, close),
-                wall_s=round(wall, 6), cpu_s=round(cpu, 6), energy_j=joules, energy_status=energy.status,
-                trace_close=close,
-            ) for sample, completion in zip(samples, completions, strict=True)]
-            if i < first:  # a job the interrupted attempt finished: its recorded rows against their recomputation
-                old = done[len(rows):len(rows) + k]
-                bad = [o for o, r in zip(old, new, strict=True) if not same_computation(o, r)]
-                if not bad and not replaced:
-                    rows.extend(old)  # reproduced, already on disk as they were (their recorded costs kept)
+            for i, completions in zip(wave, results, strict=True):
+                problem, samples = jobs[i]
+                new = [Row.scored(
+                    problem.id, sample, condition.name, condition.group, completion, problem.answer,
+                    score_traced(completion.text, problem.answer, completion.stop_reason, close),
+                    wall_s=round(wall, 6), cpu_s=round(cpu, 6), energy_j=joules, energy_status=energy.status,
+                    trace_close=close,
+                ) for sample, completion in zip(samples, completions, strict=True)]
+                if i < first:  # a job the interrupted attempt finished: its recorded rows against their recomputation
+                    old = done[len(rows):len(rows) + len(new)]
+                    bad = [o for o, r in zip(old, new, strict=True) if not same_computation(o, r)]
+                    if not bad and not replaced:
+                        rows.extend(old)  # reproduced, already on disk as they were (their recorded costs kept)
+                    else:
+                        if not replaced:
+                            folder.keep_rows(rows)  # the rows up to here were reproduced; the rest are rewritten
+                        replaced += [f"{o.problem_id} sample {o.sample}" for o in bad]
+                        keep = old if not bad else new
+                        for row in keep:
+                            rows.append(row)
+                            folder.append(row)
                 else:
-                    if not replaced:
-                        folder.keep_rows(rows)  # the rows up to here were reproduced; the rest are rewritten
-                    replaced += [f"{o.problem_id} sample {o.sample}" for o in bad]
-                    keep = old if not bad else new
-                    for row in keep:
+                    for row in new:
                         rows.append(row)
-                        folder.append(row)
-            else:
-                for row in new:
-                    rows.append(row)
-                    folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
-            if i + 1 == first and replaced:
-                note = (f"{len(replaced)} of the {len(done)} resumed rows were not reproduced by re-decoding them "
-                        f"({', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''}): the recomputed rows "
-                        f"replace them in {folder.file('outputs.partial.jsonl')}")
-                console.print(f"[yellow]warning:[/] {escape(note)}")
-            bar.update(k)
+                        folder.append(row)  # nothing lost if the run is interrupted: rows so far stay on disk
+                if i + 1 == first and replaced:
+                    note = (f"{len(replaced)} of the {len(done)} resumed rows were not reproduced by re-decoding "
+                            f"them ({', '.join(replaced[:5])}{', ...' if len(replaced) > 5 else ''}): the recomputed "
+                            f"rows replace them in {folder.file('outputs.partial.jsonl')}")
+                    console.print(f"[yellow]warning:[/] {escape(note)}")
+                bar.update(len(new))
             bar.set_postfix(correct=f"{sum(r.correct for r in rows)}/{len(rows)}")
     finally:
         tokens.close()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import BackendDefaults, Continuation, Registered
+from kvstore.engine.protocol import BackendDefaults, Continuation, Registered, RowsRequest
 from kvstore.engine.verify import logits_sha256
 from kvstore.errors import IncompatibleError, KVStoreError
 from kvstore.format.artifact import LayerKV, Snapshot
@@ -174,6 +174,26 @@ class FakeBackend(BackendDefaults):
             out.append(self._logits(row))
         return torch.stack(out)  # (rows, vocab)
 
+    # rows of different contexts in one batch (RaggedRows: problems in flight)
+    def join_rows(self, states: Sequence[FakeState]) -> FakeState:
+        if not states:
+            raise KVStoreError("fake backend: join_rows of no states")
+        self.calls["joins"] = self.calls.get("joins", 0) + 1
+        return FakeState([list(r) for s in states for r in s.rows])
+
+    def step_rows(self, state: FakeState, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        if not len(tokens) == len(positions) == len(state.rows):
+            raise KVStoreError(f"fake backend: {len(tokens)} tokens, {len(positions)} positions for "
+                               f"{len(state.rows)} rows")
+        self.calls["steps"] += 1
+        out = []
+        for row, t, p in zip(state.rows, tokens, positions, strict=True):
+            if len(row) != p:
+                raise KVStoreError(f"fake backend: step_rows at position {p}, the row holds {len(row)} tokens")
+            row.append(int(t))
+            out.append(self._logits(row))
+        return torch.stack(out)
+
     # artifacts
     def capture(self, state: FakeState, token_ids: list[int], extra: dict | None = None) -> Snapshot:
         row = self._one_row(state, None)
@@ -243,6 +263,15 @@ class FakeInEngineBackend(FakeBackend):
             self.calls["continue_rows"] += 1
             out.append(Continuation(ids, reason, sha, ttft))
         return out
+
+    def continue_many(self, requests: Sequence[RowsRequest], *, max_new_tokens: int, stop: Sequence[str] = (),
+                      strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95,
+                      eos: set[int] | None = None) -> list[list[Continuation]]:
+        """Every request's rows (InEngineBatches): the fake's rows do not depend on what else is in flight."""
+        self.calls["continue_many"] = self.calls.get("continue_many", 0) + 1
+        return [self.continue_rows(r.state, r.prompt_ids, r.seeds, max_new_tokens=max_new_tokens, stop=stop,
+                                   strategy=strategy, temperature=temperature, top_p=top_p, eos=eos)
+                for r in requests]
 
     def graft_refusal(self, token_count: int) -> str | None:
         """The fake grafts every artifact it deposits."""

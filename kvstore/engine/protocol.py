@@ -24,6 +24,15 @@ picks its path by, never by the backend's name:
                       would be refused before a longer prompt, naming the setting that makes it work (vLLM grafts
                       whole blocks only); None when it grafts (a library build skips such entries, recorded)
 
+and, for problems in flight (several contexts decoded together, harness run.in_flight), one of:
+
+    RaggedRows        join_rows(states) -> one state holding every row of the given states, whatever their lengths
+                      (left-padded: each row keeps its own positions and sees only its own keys);
+                      step_rows(state, tokens, positions) -> (rows, vocab): one token per row at its own position;
+                      keep_rows(state, rows) works on a joined state too (a Stepwise backend)
+    InEngineBatches   continue_many([RowsRequest], max_new_tokens=, ...) -> [[Continuation]]: every request's rows
+                      submitted to the engine together (its scheduler batches them), answered in request order
+
 `BackendDefaults` gives the policy facts their usual values (no context limit known, no environment mismatch
 allowed, torch threads not part of the bits); a backend subclasses it and overrides what differs.
 
@@ -174,6 +183,33 @@ class InEngineDecoding(Protocol):
                       stop: Sequence[str] = (), strategy: str = "greedy", temperature: float = 0.7,
                       top_p: float = 0.95, eos: set[int] | None = None) -> list[Continuation]: ...
     def graft_refusal(self, token_count: int) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class RowsRequest:
+    """One context of a batch of contexts (`InEngineBatches.continue_many`): the state holding a prefix of
+    `prompt_ids` (a graft; None: nothing held) and one seed per row to decode from it."""
+
+    state: Any
+    prompt_ids: list[int]
+    seeds: Sequence[int]
+
+
+@runtime_checkable
+class RaggedRows(Protocol):
+    """Rows of different contexts (any lengths) decoded in one batch: problems in flight on a step-wise engine."""
+
+    def join_rows(self, states: Sequence[Any]) -> Any: ...
+    def step_rows(self, state: Any, tokens: list[int], positions: list[int]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class InEngineBatches(Protocol):
+    """Several contexts' rows submitted to the engine at once (its scheduler batches them): problems in flight."""
+
+    def continue_many(self, requests: Sequence[RowsRequest], *, max_new_tokens: int, stop: Sequence[str] = (),
+                      strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95,
+                      eos: set[int] | None = None) -> list[list[Continuation]]: ...
 
 
 @runtime_checkable

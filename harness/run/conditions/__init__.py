@@ -24,6 +24,8 @@ prefill) to its first token.
 A condition is built once per run and turns (problem, samples) into `harness.record.rows.Completion`s. With
 `decoding.batch_size` > 1 the samples of a problem decode together (`harness.run.decode.generate_batch`), in
 chunks of batch_size rows: each chunk's context is prefilled (or grafted) once and shared by its rows.
+With run.in_flight = N > 1 the jobs of up to N problems decode together (`complete_jobs`): each context is set
+up and prefilled alone, then the rows of all of them share the engine's batch (harness.run.decode.generate_many).
 Sample s samples with seed `decoding.seed + s` whatever the batch size; the batch size is still part of what a
 run's bits depend on (harness.run.loop.comparable_key), since a batch need not give the bits of n single rows.
 """
@@ -43,7 +45,7 @@ from harness.config.schema import DecodingConfig, LibraryConfig, PromptConfig
 from harness.errors import ConfigError, LibraryError
 from harness.library.build import Library, Match, open_library
 from harness.record.rows import Completion, Group, Retrieval, group_for
-from harness.run.decode import Generation, Sampling, generate_batch
+from harness.run.decode import Generation, Job, Sampling, generate_batch, generate_many
 from harness.task.chat import ChatFrame, encode_prompt, encode_query
 from harness.task.problems import Problem
 from harness.task.prompts import render
@@ -120,6 +122,26 @@ class Baseline:
         gens = generate_batch(self.backend, ctx.context_ids, len(samples), [d.seed + s for s in samples], sampling,
                               cache=cache, on_token=on_token)
         return [_completion(ctx, g, setup_s) for g in gens]
+
+    def complete_jobs(
+        self, jobs: Sequence[tuple[Problem, Sequence[int]]], on_token: Callable[[int], None] | None = None
+    ) -> list[list[Completion]]:
+        """The completions of several (problem, samples) jobs decoded together (problems in flight, run.in_flight):
+        each job's context set up as `complete_samples` does it, then every row of every job in one batch
+        (`harness.run.decode.generate_many`); the TTFT of a row runs from its own job's start."""
+        d = self.decoding
+        sampling = Sampling(d.max_new_tokens, tuple(self.prompt.stop), str(d.strategy), d.temperature, d.top_p)
+        prepared = []
+        for problem, samples in jobs:
+            t0 = time.perf_counter()
+            ctx = self.context(problem)
+            cache = ctx.make_cache() if ctx.make_cache is not None else None
+            setup_s = time.perf_counter() - t0
+            prepared.append((ctx, setup_s, Job(ctx.context_ids, [d.seed + s for s in samples], cache,
+                                               time.perf_counter())))
+        gens = generate_many(self.backend, [job for _, _, job in prepared], sampling, on_token=on_token)
+        return [[_completion(ctx, g, setup_s) for g in gs] for (ctx, setup_s, _), gs in zip(prepared, gens,
+                                                                                           strict=True)]
 
     def complete(self, problem: Problem, sample: int) -> Completion:
         """One sample of `problem` (batch size 1)."""

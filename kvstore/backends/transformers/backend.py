@@ -1,5 +1,5 @@
 """The transformers backend: the one object a loaded transformers model is (it owns its FrozenModel, `.fm`), with a
-transformers DynamicCache as the state. Core, Stepwise and Repositioning (kvstore.engine.protocol).
+transformers DynamicCache as the state. Core, Stepwise, RaggedRows and Repositioning (kvstore.engine.protocol).
 
 Every verb calls the engine's own functions (kvstore.backends.transformers.capture.prefill/forward/capture_snapshot,
 restore.py's layout check and rebuild after the one admission), so the bits are those of the code before the seam
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from kvstore.backends.transformers import ragged
 from kvstore.backends.transformers.capture import capture_snapshot, forward, new_cache, prefill
 from kvstore.backends.transformers.model import FrozenModel, cache_kwargs, environment_fingerprint, load_frozen_model
 from kvstore.backends.transformers.restore import check_layout, rebuild, rotate_keys
@@ -132,8 +133,18 @@ class TransformersBackend(BackendDefaults):
     def repeat_rows(self, state: DynamicCache, n: int) -> None:
         state.batch_repeat_interleave(n)
 
-    def keep_rows(self, state: DynamicCache, rows: list[int]) -> None:
+    def keep_rows(self, state: DynamicCache | ragged.JoinedRows, rows: list[int]) -> None:
+        if isinstance(state, ragged.JoinedRows):
+            ragged.keep(self.fm, state, rows)
+            return
         state.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=self.fm.device))
+
+    # rows of different contexts in one batch (RaggedRows: problems in flight; ragged.py)
+    def join_rows(self, states: list[DynamicCache]) -> ragged.JoinedRows:
+        return ragged.join(self.fm, states)
+
+    def step_rows(self, state: ragged.JoinedRows, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        return ragged.step(self.fm, state, tokens, positions)
 
     def step(self, state: DynamicCache, tokens: list[int], position: int) -> torch.Tensor:
         """One token per running row at `position`: the logits (rows, vocab)."""

@@ -72,7 +72,13 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     groups = h // kvh
     scaling = d ** -0.5 if scaling is None else scaling
     pos = kwargs.get("position_ids")
-    last = int(pos[0, -1]) if torch.is_tensor(pos) and pos.numel() else kv - 1  # absolute position of the last query
+    if torch.is_tensor(pos) and pos.numel():  # absolute position of each row's last query
+        lasts = [int(x) for x in pos[:, -1]] if pos.shape[0] == b else [int(pos[0, -1])] * b
+    else:
+        lasts = [kv - 1] * b
+    if len(set(lasts)) > 1:  # rows of different contexts, end-aligned (ragged.py): each row's own block alignment
+        return _ragged_rows(module, query, key, value, attention_mask, scaling, softcap, lasts, kwargs)
+    last = lasts[0]
     first_key = last + 1 - kv  # absolute position of key 0
     lead = first_key % KEY_BLOCK  # missing keys before key 0 inside its block
     blocks = -(-(lead + kv) // KEY_BLOCK)
@@ -100,6 +106,24 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
         outs.append(_attend(rows_q, rows_vis, kp, vp, scaling, softcap))
     out = torch.cat(outs, dim=2).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _ragged_rows(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, scaling: float, softcap: float | None, lasts: list[int],
+                 kwargs: dict) -> tuple[torch.Tensor, None]:
+    """Rows whose last queries sit at different absolute positions (contexts of different lengths, end-aligned and
+    left-padded: kvstore/backends/transformers/ragged.py): each row attended on its own, with its own block
+    alignment, so its bits are those of the row alone (its padded slots are masked: they add exactly nothing)."""
+    if attention_mask is None or attention_mask.dtype != torch.bool:
+        raise ValueError("the batch-invariant attention needs transformers' boolean mask for rows of different "
+                         "lengths (a padding mask)")
+    outs = []
+    for r, last in enumerate(lasts):
+        row_kwargs = {**kwargs, "position_ids": torch.tensor([[last]], dtype=torch.long)}
+        mask = attention_mask[r : r + 1] if attention_mask.shape[0] > 1 else attention_mask
+        outs.append(invariant_attention(module, query[r : r + 1], key[r : r + 1], value[r : r + 1], mask,
+                                        scaling=scaling, softcap=softcap, **row_kwargs)[0])
+    return torch.cat(outs), None
 
 
 def _attend(qg: torch.Tensor, vis: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, scaling: float,

@@ -1,6 +1,6 @@
-"""The vLLM backend behind kvgraft's seam (kvstore.engine.protocol: the core and InEngineDecoding): an in-process
-`vllm.LLM` on CPU, threads pinned and its KV cache sized explicitly (kvstore.backends.vllm.launch.start_engine), its
-KvgraftConnector doing every deposit and graft. Runs in `.venv-vllm` (`make setup-vllm`).
+"""The vLLM backend behind kvgraft's seam (kvstore.engine.protocol: the core, InEngineDecoding, InEngineBatches): an
+in-process `vllm.LLM` on CPU, threads pinned and its KV cache sized explicitly (kvstore.backends.vllm.launch
+.start_engine), its KvgraftConnector doing every deposit and graft. Runs in `.venv-vllm` (`make setup-vllm`).
 
     be = kvstore.load_backend("vllm")                 # the bundled Gemma 3 270M, bf16, 2 threads
     state, logits = be.prefill(be.encode("Problem: ..."))
@@ -52,7 +52,7 @@ from kvstore.backends.vllm.launch import model_folder, start_engine
 from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
 from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import BackendDefaults, Continuation
+from kvstore.engine.protocol import BackendDefaults, Continuation, RowsRequest
 from kvstore.engine.verify import logits_sha256
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, tokens_sha256
@@ -254,6 +254,62 @@ class VllmBackend(BackendDefaults):
             ids, reason = self._finish(ids, stop, eos, max_new_tokens)
             out.append(Continuation(ids, reason, sha, ttft))
         return out
+
+    def continue_many(self, requests: Sequence[RowsRequest], *, max_new_tokens: int, stop: Sequence[str] = (),
+                      strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95,
+                      eos: set[int] | None = None) -> list[list[Continuation]]:
+        """`continue_rows` for several contexts at once (problems in flight): the first-logits requests of every
+        context in one submission, then every context's rows in a second one, so the engine's scheduler batches
+        them all (its continuous batching fills each step with whatever rows are still running). Answers in request
+        order. A row's bits can depend on what shares its batch (vLLM on CPU is not batch-invariant): the harness
+        records that (harness.run.loop.rows_depend_on_batch)."""
+        t0 = time.perf_counter()
+        if not requests:
+            return []
+        if all(r.state is None for r in requests):
+            self.new_state()  # an empty prefix cache for the wave, as one problem at a time starts from
+        states = [r.state if r.state is not None else VllmState() for r in requests]
+        for r, state in zip(requests, states, strict=True):
+            if list(r.prompt_ids[: len(state.ids)]) != state.ids:
+                raise IncompatibleError("the prompt does not begin with the tokens the state holds; graft or "
+                                        "prefill its prefix first")
+        eos = self.eos_ids() if eos is None else set(eos)
+        stop = [s for s in stop if s]
+        stop_ids = sorted(eos)
+        firsts = self._run([list(r.prompt_ids) for r in requests], [self.first_logits_params(s) for s in states])
+        logits = [self._logits(o) for o in firsts]
+        shas, ttft = [logits_sha256(x) for x in logits], time.perf_counter() - t0
+        prompts, params, owner = [], [], []  # the second submission: every context's rows
+        rows: list[list[list[int]]] = [[] for _ in requests]
+        for j, (r, state, x) in enumerate(zip(requests, states, logits, strict=True)):
+            if strategy == "greedy":
+                t = int(torch.argmax(x[0]))
+                rows[j] = [[t]]
+                if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
+                    prompts.append(list(r.prompt_ids) + [t])
+                    params.append(self.sampling_params(
+                        state, max_tokens=max_new_tokens - 1, temperature=0.0, stop=stop or None,
+                        stop_token_ids=stop_ids, ignore_eos=not eos))
+                    owner.append((j, 0))
+            else:
+                rows[j] = [[] for _ in r.seeds]
+                for k, seed in enumerate(r.seeds):
+                    prompts.append(list(r.prompt_ids))
+                    params.append(self.sampling_params(
+                        state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(seed),
+                        stop=stop or None, stop_token_ids=stop_ids, ignore_eos=not eos))
+                    owner.append((j, k))
+        outs = self._run(prompts, params) if prompts else []
+        for (j, k), o in zip(owner, outs, strict=True):
+            rows[j][k] = rows[j][k] + list(o.outputs[0].token_ids)
+        answers = []
+        for j, job_rows in enumerate(rows):
+            done = []
+            for ids in job_rows:
+                ids, reason = self._finish(ids, stop, eos, max_new_tokens)
+                done.append(Continuation(ids, reason, shas[j], ttft))
+            answers.append(done)
+        return answers
 
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """The number of tokens up to and including the first one whose text completes a stop string (the
