@@ -30,12 +30,14 @@ Ray for determinism.threads CPUs, so Ray's per-task OMP_NUM_THREADS equals the r
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import ipaddress
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -125,20 +127,40 @@ def _start_private_ray(ray, num_cpus: int) -> None:
     # a machine with other load they would crawl (a vLLM worker's engine took over 20 minutes to start). The raylet
     # ray.init starts reads it from the environment.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    keep = signal.getsignal(signal.SIGTERM)  # ray.init installs sys.exit(15), which tears Ray down mid-call
+    # SIGTERM or Ctrl-C while Ray starts its processes: held until they are all up and watched, then Ray is shut down
+    # and the run stops with its one line (issue 41, finding 7). Raised mid-start, it would leave a half-started
+    # cluster (gcs_server, raylet, agents) that nothing stops; ray.init's own SIGTERM handler (sys.exit) is kept out.
+    pending: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    keep = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    if main:
+        for sig in keep:
+            signal.signal(sig, lambda signum, frame: pending.append(signum))
+    utils = importlib.import_module("ray._private.utils")
+    own_handler = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None  # ray.init would install sys.exit(15) for SIGTERM
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+        _watchdog(ray)
     finally:
-        if keep is not None:
-            signal.signal(signal.SIGTERM, keep)
+        utils.set_sigterm_handler = own_handler
+        for sig, handler in keep.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+    if pending:
+        ray.shutdown()  # which leaves SIGTERM at its default (the core worker's handlers go): the run's put back
+        for sig, handler in keep.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        for sig in pending[:1]:
+            signal.raise_signal(sig)  # the run's own handler now: Terminated (SIGTERM) or KeyboardInterrupt
     ip = ray.util.get_node_ip_address()
     if not ipaddress.ip_address(ip).is_loopback:
         ray.shutdown()
         raise HarnessError(f"execution=ray: the private Ray came up on {ip}, not on 127.0.0.1, so other machines "
                            f"could reach it; nothing was run. Start the run in a fresh process ({LOOPBACK_ONLY}=0 "
                            "is read when Ray is imported), or join a cluster you secured with execution.address")
-    _watchdog(ray)
 
 
 def _watchdog(ray) -> None:

@@ -141,7 +141,8 @@ def print_vllm(kind: str, fig: dict, flush: bool = False) -> None:
               f"{r['load'][0]} -> {r['load'][1]}")
     q = fig["ratios"]
     print(f"  {kind}: harness in flight / bare all at once = {q['harness_in_flight_vs_bare_all']:.3f} "
-          f"(goal >= {GOAL}); engine all/one = {q['engine_all_vs_one']:.2f}x, harness N/1 = {q['harness_n_vs_1']:.2f}x, "
+          f"(goal >= {GOAL}); engine all/one = {q['engine_all_vs_one']:.2f}x, "
+          f"harness N/1 = {q['harness_n_vs_1']:.2f}x, "
           f"their ratio {q['harness_gain_vs_engine_gain']:.3f} (goal >= {GOAL})", flush=flush)
 
 

@@ -161,3 +161,12 @@ def test_the_compare_job_says_it_cannot_check_twins_whose_rows_depend_on_the_bat
     err = capsys.readouterr().err
     assert "twin check could not be made" in err and "run.in_flight=1" in err
     assert not (tmp_path / "compare").exists()  # refused before any run
+
+
+def test_llama_cpp_decodes_one_context_at_a_time_and_says_so(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="needs llama-cpp-python: make setup")
+    cfg = compose_config(["model=gemma3_270m_llamacpp", f"project_root={REPO}", f"runs_dir={tmp_path}",
+                          "dataset.limit=2", "tracking=off", "run.in_flight=2"])
+    with pytest.raises(ConfigError, match=r"run.in_flight=2: the llamacpp backend decodes one context at a time"):
+        run(cfg, progress=False)
+    assert not list(tmp_path.glob("baseline/*"))  # refused before any folder or row

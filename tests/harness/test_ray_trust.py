@@ -81,7 +81,7 @@ def test_a_ray_run_listens_only_on_loopback_with_a_token_and_sigterm_stops_it_le
 
     assert driver.returncode == 143, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip() and "%|" not in line and "\r" not in line]
-    assert [line for line in lines if line.startswith("stopped: SIGTERM")], err[-3000:]
+    assert len([line for line in lines if "stopped: SIGTERM" in line]) == 1, err[-3000:]
     assert not [line for line in lines if "***" in line or "@ 0x" in line or "Traceback" in line], err[-3000:]
 
     while still_running(seen) and time.monotonic() - stopped < 20:
@@ -135,3 +135,50 @@ def test_llamacpp_on_ray_is_not_refused_for_torch_threads_it_never_uses(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     (folder,) = (tmp_path / "runs" / "baseline").glob("*")
     assert (folder / "manifest.json").is_file() and len((folder / "outputs.jsonl").read_text().splitlines()) == 1
+
+
+def test_sigterm_while_the_private_ray_starts_stops_with_one_line_and_leaves_no_process(tmp_path, still_running):
+    """Issue 41, finding 7: SIGTERM sent as soon as the private Ray's first server (gcs_server) exists, i.e. inside
+    ray.init: held until every process it starts is up and watched, then Ray shut down and the one `stopped:` line;
+    at a1b00c4 the signal tore ray.init down mid-start and left raylet/agents running."""
+    driver = subprocess.Popen([sys.executable, "-m", "harness", *CONFIG, f"runs_dir={tmp_path}/runs"], cwd=REPO,
+                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    seen: dict[int, tuple[str, float]] = {}
+    try:
+        deadline, sent = time.monotonic() + 300, False
+        while time.monotonic() < deadline and driver.poll() is None and not sent:
+            try:
+                kids = psutil.Process(driver.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            for k in kids:
+                try:
+                    seen[k.pid] = (k.name(), k.create_time())
+                except psutil.NoSuchProcess:
+                    pass
+            if any(name == "gcs_server" for name, _ in seen.values()):
+                os.kill(driver.pid, signal.SIGTERM)
+                sent = True
+            time.sleep(0.02)
+        assert sent, f"the driver exited ({driver.poll()}) before its Ray started"
+        while driver.poll() is None and time.monotonic() < deadline:  # every process it starts, seen until it exits
+            try:
+                for k in psutil.Process(driver.pid).children(recursive=True):
+                    seen.setdefault(k.pid, (k.name(), k.create_time()))
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(0.05)
+        _, err = driver.communicate(timeout=120)
+        stopped = time.monotonic()
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 143, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line and "\r" not in line]
+    assert err.count("stopped: SIGTERM") == 1, err[-3000:]
+    assert not [line for line in lines if "***" in line or "@ 0x" in line or "Traceback" in line], err[-3000:]
+    while still_running(seen) and time.monotonic() - stopped < 20:
+        time.sleep(0.25)
+    assert not still_running(seen), f"outlived the driver by {time.monotonic() - stopped:.1f} s: {still_running(seen)}"
+    assert not list((tmp_path / "runs").glob("baseline/*"))  # no row was written: nothing left to resume

@@ -309,3 +309,21 @@ def test_a_journal_or_store_that_fails_under_the_engine_costs_at_most_its_reques
     assert f["after"] in ("length", "stop"), f
     events = {e["event"] for e in f["store_events"]}
     assert "lookup_failed" in events and "deposit_failed" in events, f["store_events"]
+
+
+@pytest.mark.integration
+def test_problems_in_flight_on_vllm_graft_each_job_its_own_artifact_in_one_submission(backend_cases: dict) -> None:
+    """Issue 42: generate_many (InEngineBatches.continue_many) sends three contexts at once, two of them grafting
+    different artifacts: each job gets its own rows in job order, the connector loads both artifacts, and how many
+    rows equal the same job decoded alone is recorded (vLLM on CPU is not batch-invariant: the harness marks such
+    rows "rows depend on batch composition" and its twin check refuses to run on them)."""
+    f = backend_cases["in_flight"]
+    assert [len(rows) for rows in f["many"]] == [1, 1, 1]
+    grafted = [e for e in f["events"] if e["event"] == "graft"]
+    assert sorted({e["artifact"] for e in grafted}) == sorted(f["artifacts"])  # both loaded, each by its own job
+    assert not [e for e in f["events"] if e["event"] in ("refused", "lookup_failed")], f["events"]
+    # job order kept: each job's prefill is its own prompt less what its graft holds (200, 256, nothing)
+    assert [rows[0]["prefill_tokens"] for rows in f["many"]] == [f["prompts"][0] - 200, f["prompts"][1] - 256,
+                                                                 f["prompts"][2]]
+    assert [rows[0]["prefill_tokens"] for rows in f["many"]] == [rows[0]["prefill_tokens"] for rows in f["alone"]]
+    assert all(r[0]["decode_tokens"] > 0 and r[0]["stop_reason"] in ("eos", "stop", "length") for r in f["many"])

@@ -11,6 +11,8 @@ entry of 200 tokens (one whole block and a partial one) and a short query:
   foreign    the artifact with another model fingerprint offered to graft;
   refusal    `graft_refusal` for entries of 200, 552 and 640 tokens, and a real 552-token artifact offered to graft
              (more than the 511 positions a sliding layer keeps, not on a 128-token block: refused, same words);
+  in_flight  two grafts of different artifacts and a cold prompt submitted together (harness.run.decode.
+             generate_many: InEngineBatches.continue_many, problems in flight), beside each decoded alone;
   overflow   `context_size()` (the engine's max_model_len) and the harness's run.context_overflow=refuse on a
              prompt that does not fit beside decoding.max_new_tokens (harness.run.loop.fit_context).
 OUT.json holds everything the test asserts on.
@@ -27,6 +29,9 @@ from pathlib import Path
 ENTRY = ("Problem: Find the number of ordered pairs of positive integers (a, b) with a * b = 2024. Solution: Write "
          "2024 = 2^3 * 11 * 23; every divisor a of 2024 fixes b, so the count is the number of divisors. ") * 8
 QUERY = "Problem: How many divisors does 2024 have? Solution:"
+ENTRY_B = ("Problem: Find the last two digits of 7^2024. Solution: The powers of 7 modulo 100 repeat with period 4: "
+           "7, 49, 43, 1; since 2024 is a multiple of 4, 7^2024 ends in 01. ") * 8
+QUERY_B = "Problem: What are the last two digits of 7^4? Solution:"
 
 
 def main(out_path: str) -> int:
@@ -76,9 +81,35 @@ def main(out_path: str) -> int:
     except kvstore.IncompatibleError as e:
         result["refusal"]["graft_552"] = str(e)
     result["refusal"]["events"] = [e["event"] for e in journal(be.journal)[before:]]
+    result["in_flight"] = in_flight(be, snap, context)
     result["overflow"] = overflow(be)
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def in_flight(be, snap, context: list[int]) -> dict:  # noqa: ANN001
+    """Jobs of three contexts in one submission (two different grafts, one cold prompt) and each alone."""
+    from harness.run.decode import Job, Sampling, generate_batch, generate_many
+    from kvstore.backends.vllm import journal
+
+    entry_b = be.encode(ENTRY_B)[:256]
+    context_b = entry_b + be.encode(QUERY_B, add_bos=False)
+    snap_b = be.capture(None, entry_b)
+    cold = be.encode(QUERY)
+    sampling = Sampling(8, ("\n\n",), "greedy")
+    ga, gb = be.graft(snap, context), be.graft(snap_b, context_b)
+    before = len(journal(be.journal))
+    many = generate_many(be, [Job(context, [0], ga), Job(context_b, [0], gb), Job(cold, [0], None)], sampling)
+    events = [e for e in journal(be.journal)[before:] if e["event"] != "deposit"]
+    alone = [generate_batch(be, ids, 1, [0], sampling, cache=state())
+             for ids, state in ((context, lambda: be.graft(snap, context)),
+                                (context_b, lambda: be.graft(snap_b, context_b)), (cold, lambda: None))]
+
+    def plain(gs):  # noqa: ANN001, ANN202
+        return [dataclasses.asdict(g) | {"ttft_s": None} for g in gs]
+
+    return {"many": [plain(gs) for gs in many], "alone": [plain(gs) for gs in alone], "events": events,
+            "artifacts": [ga.graft[0], gb.graft[0]], "prompts": [len(context), len(context_b), len(cold)]}
 
 
 def overflow(be) -> dict:  # noqa: ANN001
