@@ -97,8 +97,10 @@ def bench_vllm(args: argparse.Namespace) -> dict:
     warm = [be.encode(f"Problem: {i} + {i} = ?\nSolution:") for i in range(8)]  # the engine's first steps, untimed
     be.llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(max_tokens=32, temperature=0.0),
                     use_tqdm=False)
+    # and the whole-vocabulary first-logits path (its first use costs ~3 s more than later ones, measured here)
+    [be._logits(o) for o in be._run(warm, [be.first_logits_params(None)] * len(warm))]
     out: dict = {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
-    for kind in ("greedy", "sample"):
+    for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
         if kind == "greedy":
             common, limit = base, args.problems
         else:
@@ -120,6 +122,11 @@ def bench_vllm(args: argparse.Namespace) -> dict:
                                          **({"temperature": 0.0} if kind == "greedy" else
                                             {"temperature": 0.7, "top_p": 0.95, "seed": int(r.completion.seed)})))
         b_all = _bare(be, prompts, params, [list(range(len(prompts)))])
+        be.new_state()  # what the harness adds on top: every context's whole-vocabulary first-logits request
+        t0 = time.perf_counter()
+        contexts = [prompts[g[0]] for g in groups.values()]  # one per problem, as the harness asks
+        [be._logits(o) for o in be._run(contexts, [be.first_logits_params(None)] * len(contexts))]
+        first_s = round(time.perf_counter() - t0, 2)
         b_one = _bare(be, prompts, params, list(groups.values()))
         fig = {"harness_in_flight": h_many, "harness_one_at_a_time": h_one, "bare_all_at_once": b_all,
                "bare_one_at_a_time": b_one}
@@ -128,6 +135,7 @@ def bench_vllm(args: argparse.Namespace) -> dict:
         fig["ratios"] = {"harness_in_flight_vs_bare_all": round(h_many["tokens_per_s"] / b_all["tokens_per_s"], 3),
                          "engine_all_vs_one": round(engine_ratio, 3), "harness_n_vs_1": round(harness_ratio, 3),
                          "harness_gain_vs_engine_gain": round(harness_ratio / engine_ratio, 3)}
+        fig["first_logits_requests_s"] = first_s  # the rows' contexts once more, max_tokens=1, every logit back
         out[kind] = fig
         print_vllm(kind, fig, flush=True)
     return out
@@ -144,6 +152,9 @@ def print_vllm(kind: str, fig: dict, flush: bool = False) -> None:
           f"(goal >= {GOAL}); engine all/one = {q['engine_all_vs_one']:.2f}x, "
           f"harness N/1 = {q['harness_n_vs_1']:.2f}x, "
           f"their ratio {q['harness_gain_vs_engine_gain']:.3f} (goal >= {GOAL})", flush=flush)
+    if "first_logits_requests_s" in fig:
+        print(f"  {kind}: the first-logits requests alone (every context, all vocabulary logits back): "
+              f"{fig['first_logits_requests_s']} s", flush=flush)
 
 
 def bench_transformers(args: argparse.Namespace) -> dict:
@@ -179,6 +190,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--sample-problems", type=int, default=5)
+    ap.add_argument("--kinds", default="greedy,sample", help="vLLM's decodings to measure (greedy,sample)")
     ap.add_argument("--dtype", default="bfloat16", help="vLLM's dtype (bfloat16 | float32)")
     ap.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's max_num_seqs for both sides")
     ap.add_argument("--tf-problems", type=int, default=40)

@@ -130,6 +130,38 @@ def test_a_kill_during_an_in_flight_run_resumes_to_the_uninterrupted_rows(tmp_pa
 
 
 @pytest.mark.parametrize("in_engine", [False, True], ids=["ragged-rows", "in-engine-batches"])
+def test_a_kill_during_an_in_flight_run_on_the_fake_backend_resumes_to_the_uninterrupted_rows(
+        tmp_path: Path, in_engine: bool, monkeypatch) -> None:
+    script = "+model.fake.script.answer=': 42 and then some more'"
+    flag = f"model.fake.in_engine={str(in_engine).lower()}"
+    be = load_model(typed(compose_config(["model=fake", script, flag])))
+
+    def cfg(name: str):
+        return compose_config(["model=fake", script, flag, "dataset.limit=7", "tracking=off", "energy=none",
+                               "decoding=sample", "decoding.n_samples=3", "decoding.batch_size=3",
+                               "decoding.max_new_tokens=12", f"project_root={REPO}", f"runs_dir={tmp_path}/{name}",
+                               "run.in_flight=3"])
+
+    whole, _ = run(cfg("whole"), fm=be, progress=False)
+    append, calls = RunFolder.append, []
+
+    def append_then_stop(self, row):  # killed inside the second wave (rows 10 of 21: its first problem's first row)
+        append(self, row)
+        calls.append(row)
+        if len(calls) == 10:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunFolder, "append", append_then_stop)
+    with pytest.raises(RunInterrupted):
+        run(cfg("killed"), fm=be, progress=False)
+    monkeypatch.setattr(RunFolder, "append", append)
+    [partial] = (tmp_path / "killed").glob("*/*/outputs.partial.jsonl")
+    assert len(partial.read_text().splitlines()) == 10
+    resumed, _ = run(cfg("killed"), fm=be, progress=False)
+    assert resumed.path == partial.parent and _rows(resumed) == _rows(whole) and len(_rows(whole)) == 21
+
+
+@pytest.mark.parametrize("in_engine", [False, True], ids=["ragged-rows", "in-engine-batches"])
 def test_the_fake_backends_in_flight_rows_equal_one_at_a_time(tmp_path: Path, in_engine: bool) -> None:
     script = "+model.fake.script.answer=': 42 and then some more'"
     flag = f"model.fake.in_engine={str(in_engine).lower()}"
