@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llamacpp: the bundled GGUF in llama.cpp (n_ctx fits prefix + suffix; offsets > 0 are "
                         "refused by the backend and reported as refused)")
     p.add_argument("--offsets", default="0,1,2,7,100,1000,4096", help="comma-separated positions to move to")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="transformers, determinism.batch_invariant=true (own position still the only exact one?)")
     p.add_argument("--prefix-tokens", type=int, default=64)
     p.add_argument("--suffix-tokens", type=int, default=16)
     p.add_argument("--problems", type=Path, default=DEFAULT_PROBLEMS, help="text source (jsonl, problem field)")
@@ -164,11 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     n, m = args.prefix_tokens, args.suffix_tokens
     if args.backend == "llamacpp":
+        if args.batch_invariant:
+            raise SystemExit("--batch-invariant: llama.cpp has no batch-invariant mode (its CPU kernels split by the "
+                             "batch's token count); use --backend transformers")
         fm, artifact, aid, facts = _llamacpp_artifact(args, err)
         prefix, suffix = facts.pop("prefix"), facts.pop("suffix")
     else:
         err.print(f"loading {args.model} ...")
-        fm = load_backend("transformers", source=args.model)  # the backend; its FrozenModel is fm.fm
+        from kvstore import Determinism
+
+        mode = Determinism(batch_invariant=True) if args.batch_invariant else None
+        fm = load_backend("transformers", source=args.model,  # the backend; its FrozenModel is fm.fm
+                          **({"determinism": mode} if mode else {}))
         prefix, suffix = _cut(fm, source_text(args.problems), n, m)
         window = smallest_window(fm.fm.layer_layout)
         if window and n + m > window:
