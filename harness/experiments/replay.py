@@ -5,6 +5,7 @@ Run from the repository root::
     python scripts/replay.py                          # every profile in the registry (make replay)
     python scripts/replay.py --profile portable       # one profile
     python scripts/replay.py --profile native --register    # (re)compute and write this machine's hashes
+    python scripts/replay.py --profile native+batch_invariant --register   # the same, determinism.batch_invariant
     python scripts/replay.py --speed                  # prefill/decode tokens/s, native vs portable
 
 What is computed, per registration: under one determinism profile, with the model and tokenizer fingerprints,
@@ -122,10 +123,23 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     return out
 
 
-def _load_model(model: str, profile: str):
+# A registry key is a profile, or a profile + this suffix: the same kernel variables with
+# determinism.batch_invariant=true (issue 43: "native+batch_invariant"), registered and replayed like any profile.
+BATCH_INVARIANT = "+batch_invariant"
+
+
+def registry_mode(key: str) -> tuple[str, bool]:
+    """(the kernel profile, whether determinism.batch_invariant is on) of a registry key."""
+    if key.endswith(BATCH_INVARIANT):
+        return key[: -len(BATCH_INVARIANT)], True
+    return key, False
+
+
+def _load_model(model: str, profile: str, batch_invariant: bool = False):
     from kvstore import Determinism, load_backend
 
-    return load_backend("transformers", source=model, determinism=Determinism(profile=profile))
+    mode = {"batch_invariant": True} if batch_invariant else {}  # the default mode's settings exactly as before
+    return load_backend("transformers", source=model, determinism=Determinism(profile=profile, **mode))
 
 
 # ----------------------------------------------------------------------------------------------- speed
@@ -183,7 +197,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
     from kvstore import enter_profile
 
-    enter_profile(args.profile)  # re-executes this command with the profile's variables when they are not set
+    profile, batch_invariant = registry_mode(args.profile)
+    enter_profile(profile)  # re-executes this command with the profile's variables when they are not set
     console = Console(width=None if sys.stdout.isatty() else 130)
     registry_path = Path(args.registry)
     reg = read_registry(registry_path)
@@ -195,7 +210,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if not args.register and not registrations:
         raise SystemExit(f"{registry_path}: no registered hashes for profile {args.profile!r}; "
                          f"register them with `{register_command(args.profile, registry_path)}`")
-    fm = _load_model(params["model"], args.profile)
+    fm = _load_model(params["model"], profile, batch_invariant)
     measured = measure(fm, params)
     if not args.register:
         result = replay_profile(registrations, measured, args.profile, registry_path)
@@ -223,7 +238,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", default=None, help="one profile (default: every profile in the registry)")
+    p.add_argument("--profile", default=None, help="one profile (default: every profile in the registry); "
+                   f"PROFILE{BATCH_INVARIANT} for the same with determinism.batch_invariant=true")
     p.add_argument("--registry", default=str(DEFAULT_REGISTRY))
     p.add_argument("--register", action="store_true",
                    help="compute and write this machine's hashes (replacing this environment's registration of the "

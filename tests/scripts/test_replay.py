@@ -236,3 +236,24 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     assert "profile native: no registration matches this machine's environment" in r.stdout
     assert f"`make replay PROFILE=native ARGS='--register --registry {reg}'` -> FAIL" in r.stdout
     assert "replay: native FAIL" in r.stdout
+
+
+def test_the_batch_invariant_mode_registers_and_replays_under_its_own_key(tmp_path):
+    """Issue 43: `--profile native+batch_invariant` is the native kernel profile with determinism.batch_invariant=true,
+    registered beside the default mode's `native` (never replacing it) and replayed like any profile."""
+    reg = tmp_path / "registry.json"
+    small = ["--registry", str(reg), "--model", "tiny-gemma3", "--samples", "3", "--decode-problems", "2",
+             "--decode-tokens", "3"]
+    for key in ("native", "native+batch_invariant"):
+        r = _run("--profile", key, "--register", *small)
+        assert r.returncode == 0, r.stderr
+        assert f"registered profile {key} " in r.stdout
+    registry = json.loads(reg.read_text())
+    [default], [invariant] = registry["profiles"]["native"], registry["profiles"]["native+batch_invariant"]
+    assert "batch_invariant" not in default["determinism"]  # the default mode's record as before the setting
+    assert invariant["determinism"]["batch_invariant"] is True and invariant["determinism"]["profile"] == "native"
+    assert all(s["graft_equal"] for s in invariant["samples"])
+    r = _run("--registry", str(reg))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "profile native+batch_invariant: 5/5 reproduced; environment matches the registered one -> PASS" in r.stdout
+    assert "replay: native PASS, native+batch_invariant PASS" in r.stdout
