@@ -106,27 +106,37 @@ def test_default_mode_records_that_rows_depend_on_the_batch(tmp_path: Path, defa
     assert keys[1] != keys[3]  # other bits: never compared as if they were one computation
 
 
-def test_a_kill_during_an_in_flight_run_resumes_to_the_uninterrupted_rows(tmp_path: Path, invariant,
-                                                                           monkeypatch) -> None:
-    extra = ("determinism.batch_invariant=true", "run.in_flight=4", "decoding=sample", "decoding.n_samples=2",
-             "decoding.batch_size=2")
-    whole, _ = run(_cfg(tmp_path, "whole", *extra), fm=invariant, progress=False)
+def _kill_then_resume(tmp_path: Path, cfg, fm, stop_after: int, monkeypatch) -> tuple:
+    """An uninterrupted run of `cfg("whole")`; `cfg("killed")` stopped (KeyboardInterrupt) right after writing its
+    `stop_after`-th row, then run again. Returns (whole, the partial file's row count, its folder, resumed)."""
+    whole, _ = run(cfg("whole"), fm=fm, progress=False)
     append, calls = RunFolder.append, []
 
-    def append_then_stop(self, row):  # killed in the middle of writing the second wave's rows
+    def append_then_stop(self, row):
         append(self, row)
         calls.append(row)
-        if len(calls) == 9:
+        if len(calls) == stop_after:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(RunFolder, "append", append_then_stop)
     with pytest.raises(RunInterrupted):
-        run(_cfg(tmp_path, "killed", *extra), fm=invariant, progress=False)
+        run(cfg("killed"), fm=fm, progress=False)
     monkeypatch.setattr(RunFolder, "append", append)
     [partial] = (tmp_path / "killed").glob("*/*/outputs.partial.jsonl")
-    assert len(partial.read_text().splitlines()) == 9
-    resumed, _ = run(_cfg(tmp_path, "killed", *extra), fm=invariant, progress=False)
-    assert resumed.path == partial.parent and _rows(resumed) == _rows(whole)
+    written = len(partial.read_text().splitlines())
+    resumed, _ = run(cfg("killed"), fm=fm, progress=False)
+    return whole, written, partial.parent, resumed
+
+
+def test_a_kill_during_an_in_flight_run_resumes_to_the_uninterrupted_rows(tmp_path: Path, invariant,
+                                                                           monkeypatch) -> None:
+    extra = ("determinism.batch_invariant=true", "run.in_flight=4", "decoding=sample", "decoding.n_samples=2",
+             "decoding.batch_size=2")
+    # killed in the middle of writing the second wave's rows
+    whole, written, folder, resumed = _kill_then_resume(
+        tmp_path, lambda name: _cfg(tmp_path, name, *extra), invariant, 9, monkeypatch)
+    assert written == 9
+    assert resumed.path == folder and _rows(resumed) == _rows(whole)
 
 
 @pytest.mark.parametrize("in_engine", [False, True], ids=["ragged-rows", "in-engine-batches"])
@@ -142,23 +152,10 @@ def test_a_kill_during_an_in_flight_run_on_the_fake_backend_resumes_to_the_unint
                                "decoding.max_new_tokens=12", f"project_root={REPO}", f"runs_dir={tmp_path}/{name}",
                                "run.in_flight=3"])
 
-    whole, _ = run(cfg("whole"), fm=be, progress=False)
-    append, calls = RunFolder.append, []
-
-    def append_then_stop(self, row):  # killed inside the second wave (rows 10 of 21: its first problem's first row)
-        append(self, row)
-        calls.append(row)
-        if len(calls) == 10:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(RunFolder, "append", append_then_stop)
-    with pytest.raises(RunInterrupted):
-        run(cfg("killed"), fm=be, progress=False)
-    monkeypatch.setattr(RunFolder, "append", append)
-    [partial] = (tmp_path / "killed").glob("*/*/outputs.partial.jsonl")
-    assert len(partial.read_text().splitlines()) == 10
-    resumed, _ = run(cfg("killed"), fm=be, progress=False)
-    assert resumed.path == partial.parent and _rows(resumed) == _rows(whole) and len(_rows(whole)) == 21
+    # killed inside the second wave (row 10 of 21: its first problem's first row)
+    whole, written, folder, resumed = _kill_then_resume(tmp_path, cfg, be, 10, monkeypatch)
+    assert written == 10
+    assert resumed.path == folder and _rows(resumed) == _rows(whole) and len(_rows(whole)) == 21
 
 
 @pytest.mark.parametrize("in_engine", [False, True], ids=["ragged-rows", "in-engine-batches"])
