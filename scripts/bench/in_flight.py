@@ -83,6 +83,14 @@ def _bare(be, prompts: list[list[int]], params: list, groups: list[list[int]]) -
             "tokens_per_s": round(tokens / wall, 2), "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
 
 
+def _first_logits(be, contexts: list[list[int]]) -> None:  # noqa: ANN001
+    """The contexts' first-logits requests alone, through the backend's own verb (one token each: no second
+    submission), on an empty prefix cache."""
+    from kvstore import RowsRequest
+
+    be.continue_many([RowsRequest(None, ids, [0]) for ids in contexts], max_new_tokens=1)
+
+
 def bench_vllm(args: argparse.Namespace) -> dict:
     from vllm import SamplingParams
 
@@ -98,7 +106,7 @@ def bench_vllm(args: argparse.Namespace) -> dict:
     be.llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(max_tokens=32, temperature=0.0),
                     use_tqdm=False)
     # and the whole-vocabulary first-logits path (its first use costs ~3 s more than later ones, measured here)
-    [be._logits(o) for o in be._run(warm, [be.first_logits_params(None)] * len(warm))]
+    _first_logits(be, warm)
     out: dict = {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
         if kind == "greedy":
@@ -122,10 +130,9 @@ def bench_vllm(args: argparse.Namespace) -> dict:
                                          **({"temperature": 0.0} if kind == "greedy" else
                                             {"temperature": 0.7, "top_p": 0.95, "seed": int(r.completion.seed)})))
         b_all = _bare(be, prompts, params, [list(range(len(prompts)))])
-        be.new_state()  # what the harness adds on top: every context's whole-vocabulary first-logits request
+        # what the harness adds on top: every context's whole-vocabulary first-logits request (one per problem)
         t0 = time.perf_counter()
-        contexts = [prompts[g[0]] for g in groups.values()]  # one per problem, as the harness asks
-        [be._logits(o) for o in be._run(contexts, [be.first_logits_params(None)] * len(contexts))]
+        _first_logits(be, [prompts[g[0]] for g in groups.values()])
         first_s = round(time.perf_counter() - t0, 2)
         b_one = _bare(be, prompts, params, list(groups.values()))
         fig = {"harness_in_flight": h_many, "harness_one_at_a_time": h_one, "bare_all_at_once": b_all,
