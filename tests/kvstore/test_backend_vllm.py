@@ -327,3 +327,25 @@ def test_problems_in_flight_on_vllm_graft_each_job_its_own_artifact_in_one_submi
                                                                  f["prompts"][2]]
     assert [rows[0]["prefill_tokens"] for rows in f["many"]] == [rows[0]["prefill_tokens"] for rows in f["alone"]]
     assert all(r[0]["decode_tokens"] > 0 and r[0]["stop_reason"] in ("eos", "stop", "length") for r in f["many"])
+
+
+@pytest.mark.integration
+def test_first_logits_digest_hashed_in_the_engine_equals_the_whole_vocabulary_logits_hash(backend_cases: dict) -> None:
+    """Issue 42: the rows' first-logits SHA-256 is hashed inside the engine (kvstore.backends.vllm.digest) instead of
+    the whole vocabulary coming back as logprobs; it must be the same hash of the same bytes, so no recorded row hash
+    moves. One request asks for both (a cold prompt, a graft, three long prompts together past the 8,192-token
+    prefill budget: the processor's last line per key is the sampled position's); a row decoded alone equals
+    prefill's whole-vocabulary hash. (Two separate submissions of several prompts are not compared: vLLM's engine
+    core may start a step before every request of a submission has arrived, so their batches can differ.)"""
+    d = backend_cases["digests"]
+    assert d["cold"]["engine"] == d["cold"]["prefill"] == d["cold"]["both"]["engine"][0]
+    assert d["graft"]["engine"] == d["graft"]["prefill"] == d["graft"]["both"]["engine"][0]
+    for case in (d["cold"]["both"], d["graft"]["both"], d["long"]):
+        assert case["engine"] == case["logprobs"], case
+        assert case["argmax"] == case["logits_argmax"] == [s[0] for s in case["sampled"]], case
+        assert case["lines"] >= len(case["engine"])
+    assert len(set(d["long"]["engine"])) == 3
+    p = d["processor"]
+    assert p["unchanged"] and p["step1"] == {"a": True, "c": True}
+    assert p["step2_c_row0"] and p["step3_c_row1"] and not p["a_after_output"]
+    assert "must be {'key': str, 'file': str}" in p["refused"]

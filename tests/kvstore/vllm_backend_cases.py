@@ -15,6 +15,11 @@ entry of 200 tokens (one whole block and a partial one) and a short query:
              generate_many: InEngineBatches.continue_many, problems in flight), beside each decoded alone;
   overflow   `context_size()` (the engine's max_model_len) and the harness's run.context_overflow=refuse on a
              prompt that does not fit beside decoding.max_new_tokens (harness.run.loop.fit_context).
+  digests    the first-logits SHA-256 the engine hashes itself (kvstore.backends.vllm.digest, what continue_rows and
+             continue_many record) against `logits_sha256` of the whole-vocabulary logits the logprobs path returns
+             for the same request (it asks for both): a cold prompt, a graft, and three long prompts together whose
+             8,700 tokens exceed the engine's 8,192-token prefill budget; the row alone against `prefill`; and the
+             logits processor on vLLM's own BatchUpdate (adds, swaps, moves, removals) without an engine.
 OUT.json holds everything the test asserts on.
 """
 
@@ -83,6 +88,7 @@ def main(out_path: str) -> int:
     result["refusal"]["events"] = [e["event"] for e in journal(be.journal)[before:]]
     result["in_flight"] = in_flight(be, snap, context)
     result["overflow"] = overflow(be)
+    result["digests"] = digests(be, snap, entry, context)
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
 
@@ -110,6 +116,87 @@ def in_flight(be, snap, context: list[int]) -> dict:  # noqa: ANN001
 
     return {"many": [plain(gs) for gs in many], "alone": [plain(gs) for gs in alone], "events": events,
             "artifacts": [ga.graft[0], gb.graft[0]], "prompts": [len(context), len(context_b), len(cold)]}
+
+
+def digests(be, snap, entry: list[int], context: list[int]) -> dict:  # noqa: ANN001
+    """Engine-hashed first-logits digests (kvstore.backends.vllm.digest) beside the logprobs path's whole-vocabulary
+    logits of the same request (a request can ask for both), and beside `prefill` for a row decoded alone."""
+    import uuid
+
+    from kvstore.engine.verify import logits_sha256
+
+    def both(prompts: list[list[int]], state=None) -> dict:  # noqa: ANN001
+        keys = [uuid.uuid4().hex for _ in prompts]
+        n0 = len(Path(be.digests.path).read_text().splitlines())
+        params = [be.sampling_params(state, digest=k, max_tokens=1, temperature=0.0, logprobs=-1, flat_logprobs=True,
+                                     detokenize=False) for k in keys]
+        outs = be.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        lines = Path(be.digests.path).read_text().splitlines()[n0:]
+        got = be.digests.take(keys)
+        logits = [be.logits_of(o) for o in outs]
+        return {"engine": [got[k][0] for k in keys], "logprobs": [logits_sha256(x) for x in logits],
+                "argmax": [got[k][1] for k in keys], "logits_argmax": [int(x[0].argmax()) for x in logits],
+                "sampled": [list(o.outputs[0].token_ids) for o in outs], "lines": len(lines)}
+
+    cold = be.encode(QUERY)
+    be.new_state()
+    out: dict = {"cold": {"engine": be.continue_rows(None, cold, [0], max_new_tokens=1)[0].first_logits_sha256,
+                          "prefill": logits_sha256(be.prefill(cold)[1]), "both": both([cold])}}
+    grafted = be.continue_rows(be.graft(snap, context), context, [0], max_new_tokens=1)[0].first_logits_sha256
+    out["graft"] = {"engine": grafted,
+                    "prefill": logits_sha256(be.prefill(context[len(entry):], be.graft(snap, context))[1]),
+                    "both": both([context], be.graft(snap, context))}
+    be.new_state()
+    out["long"] = both([be.encode(f"Note {i}. " + ENTRY_B * 12)[:2900] for i in range(3)])
+    out["processor"] = digest_processor()
+    return out
+
+
+def digest_processor() -> dict:
+    """The logits processor alone, on vLLM's own BatchUpdate: requests added, moved, swapped, given an output token
+    and removed, and the lines it writes (which rows, which bytes)."""
+    import tempfile
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from kvstore.backends.vllm.digest import DIGEST, DigestReader, FirstLogitsDigest
+    from kvstore.engine.verify import logits_sha256
+
+    path = tempfile.mktemp(suffix=".jsonl")
+    reader = DigestReader(path)
+
+    def ask(key: str) -> SamplingParams:
+        return SamplingParams(max_tokens=1, extra_args={DIGEST: {"key": key, "file": path}})
+
+    proc = FirstLogitsDigest(None, torch.device("cpu"), False)
+    out_a, out_c = [], []
+    proc.update_state(BatchUpdate(3, [], [(0, ask("a"), [1], out_a), (1, SamplingParams(), [1], []),
+                                          (2, ask("c"), [1], out_c)], []))
+    x = torch.randn(3, 50)
+    same = proc.apply(x) is x
+    step1 = reader.take(["a", "c"])
+    out_a.append(7)  # a sampled its token: no more lines for it
+    proc.update_state(BatchUpdate(3, [], [], [(0, 2, MoveDirectionality.SWAP)]))  # a <-> c
+    y = torch.randn(3, 50)
+    proc.apply(y)
+    step2 = reader.take(["c"])
+    proc.update_state(BatchUpdate(2, [1, 2], [], [(0, 1, MoveDirectionality.UNIDIRECTIONAL)]))  # a goes, c to 1
+    z = torch.randn(2, 50)
+    proc.apply(z)
+    step3 = reader.take(["c"])
+    try:
+        FirstLogitsDigest.validate_params(SamplingParams(extra_args={DIGEST: "no dict"}))
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return {"unchanged": same,
+            "step1": {k: v[0] == logits_sha256(x[i][None]) and v[1] == int(x[i].argmax())
+                      for k, v, i in (("a", step1["a"], 0), ("c", step1["c"], 2))},
+            "step2_c_row0": step2["c"][0] == logits_sha256(y[0][None]),
+            "step3_c_row1": step3["c"][0] == logits_sha256(z[1][None]),
+            "a_after_output": "a" in reader.seen, "refused": refused}
 
 
 def overflow(be) -> dict:  # noqa: ANN001

@@ -28,14 +28,17 @@ as its own prefix cache does; the reference is the same prompt after the artifac
 a clean cache (`prefill(entry)` then the whole prompt: a prefix-cache hit on the same blocks). Both go through the same
 requests, so their rows are bit-identical (docs/vllm.md).
 
-The first logits of a continuation come from its own request (max_tokens=1, whole-vocabulary logits); the rest of a
-greedy row continues from that token in a second request (prompt + first token: a prefix-cache hit), so the first
-token is always the argmax of the hashed logits. n sampled rows are one request of n seeded rows after it.
+The first logits of a continuation come from its own request (max_tokens=1), hashed inside the engine by the
+FirstLogitsDigest logits processor (kvstore.backends.vllm.digest: the SHA-256 of the same float32 bytes `prefill`'s
+whole-vocabulary logits hash to, and their argmax, without the vocabulary crossing processes); the rest of a greedy
+row continues from that token in a second request (prompt + first token: a prefix-cache hit), so the first token is
+always the argmax of the hashed logits. n sampled rows are one request of n seeded rows after it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import tempfile
 import time
@@ -47,13 +50,13 @@ from typing import Any
 import torch
 
 from kvstore.backends.vllm.connector import INVALID, REFUSED
+from kvstore.backends.vllm.digest import DIGEST, PROCESSOR, DigestReader
 from kvstore.backends.vllm.identity import NAME, model_fingerprint, tokenizer_fingerprint
 from kvstore.backends.vllm.launch import model_folder, start_engine
 from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
 from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
 from kvstore.engine.admission import admit
 from kvstore.engine.protocol import BackendDefaults, Continuation, RowsRequest
-from kvstore.engine.verify import logits_sha256
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, tokens_sha256
 from kvstore.format.invariants import cached_tokens
@@ -85,9 +88,10 @@ class VllmBackend(BackendDefaults):
             journal=self.journal, max_logprobs=-1, logprobs_mode="raw_logits")
         folder = Path(model_folder(self.engine))
         t0 = time.perf_counter()
-        self.llm = start_engine(self.engine)
+        self.llm = start_engine(self.engine, logits_processors=[PROCESSOR])
         self.start_s = time.perf_counter() - t0
         self.store = open_store(scratch)
+        self.digests, self._asks = DigestReader(str(Path(scratch) / "digests.jsonl")), itertools.count()
         self.tokenizer = self.llm.get_tokenizer()
         self.model_name = settings.model_name
         self.fingerprint = model_fingerprint(folder)
@@ -141,9 +145,11 @@ class VllmBackend(BackendDefaults):
         return self._vocab
 
     # ------------------------------------------------------------------ requests
-    def sampling_params(self, state: VllmState | None = None, deposit: bool = False, **kw: Any) -> Any:
+    def sampling_params(self, state: VllmState | None = None, deposit: bool = False, digest: str | None = None,
+                        **kw: Any) -> Any:
         """vllm.SamplingParams(**kw) for a request of this engine: naming the state's graft (the connector loads it),
-        and with `deposit` marking the prompt to be deposited whole."""
+        with `deposit` marking the prompt to be deposited whole, with `digest` (a key) asking the engine for its
+        first-logits digest (kvstore.backends.vllm.digest)."""
         from vllm import SamplingParams
 
         transfer: dict[str, Any] = {}
@@ -151,8 +157,10 @@ class VllmBackend(BackendDefaults):
             transfer.update({GRAFT_MARK: state.graft[0], GRAFT_TOKENS: state.graft[1]})
         if deposit:
             transfer[MARK] = PROMPT
-        extra = {"extra_args": {"kv_transfer_params": transfer}} if transfer else {}
-        return SamplingParams(**kw, **extra)
+        extra_args: dict[str, Any] = {"kv_transfer_params": transfer} if transfer else {}
+        if digest is not None:
+            extra_args[DIGEST] = {"key": digest, "file": self.digests.path}
+        return SamplingParams(**kw, **({"extra_args": extra_args} if extra_args else {}))
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -166,8 +174,9 @@ class VllmBackend(BackendDefaults):
                     f"({len(o.prompt_token_ids or [])} tokens; journal {self.journal}): {why}")
         return outs
 
-    def _logits(self, output: Any) -> torch.Tensor:
-        """The whole-vocabulary raw logits of the first generated position, (1, vocab) float32.
+    def logits_of(self, output: Any) -> torch.Tensor:
+        """The whole-vocabulary raw logits of the first generated position of a `first_logits_params` request's
+        output, (1, vocab) float32.
 
         The requests ask for them flat (`flat_logprobs=True`: a few lists instead of 262,144 Logprob objects, about
         0.55 s less per request here); a position lists the sampled token first, then every token by rank, so the
@@ -192,6 +201,22 @@ class VllmBackend(BackendDefaults):
         return self.sampling_params(state, max_tokens=1, temperature=0.0, logprobs=-1, flat_logprobs=True,
                                     detokenize=False)
 
+    def _first(self, prompts: list[list[int]], states: list[VllmState]) -> list[tuple[str, int]]:
+        """Each context's first-logits SHA-256 and greedy first token, in one submission: the engine hashes the
+        whole-vocabulary float32 logits itself (kvstore.backends.vllm.digest; the same bytes `logits_sha256` of
+        `logits_of` hashes), so no vocabulary crosses to this process."""
+        keys = [f"r{next(self._asks)}" for _ in prompts]
+        outs = self._run(prompts, [self.sampling_params(s, digest=k, max_tokens=1, temperature=0.0, detokenize=False)
+                                   for s, k in zip(states, keys, strict=True)])
+        got = self.digests.take(keys)
+        for o, k in zip(outs, keys, strict=True):
+            sampled = list(o.outputs[0].token_ids)
+            if sampled and sampled[0] != got[k][1]:
+                raise KVStoreError(f"vLLM request {o.request_id} sampled token {sampled[0]} greedily, but the argmax "
+                                   f"of the logits hashed in the engine is {got[k][1]}; the digest is not of the "
+                                   "sampled position (report this with the engine's settings)")
+        return [got[k] for k in keys]
+
     # ------------------------------------------------------------------ compute
     def new_state(self) -> VllmState:
         """An empty state; the engine's prefix cache is emptied with it (no row reuses another row's blocks)."""
@@ -212,7 +237,7 @@ class VllmBackend(BackendDefaults):
                                 f"{len(state.ids)} tokens only")
         ids = state.ids + list(token_ids)
         out = self._run([ids], [self.first_logits_params(state)])[0]
-        return VllmState(ids), self._logits(out)
+        return VllmState(ids), self.logits_of(out)
 
     # ------------------------------------------------------------------ decode
     def continue_rows(self, state: VllmState | None, prompt_ids: list[int], seeds: Sequence[int], *,
@@ -231,12 +256,10 @@ class VllmBackend(BackendDefaults):
                                     "its prefix first")
         eos = self.eos_ids() if eos is None else set(eos)
         stop = [s for s in stop if s]
-        first = self._run([list(prompt_ids)], [self.first_logits_params(state)])[0]
-        logits = self._logits(first)
-        sha, ttft = logits_sha256(logits), time.perf_counter() - t0
+        (sha, t), = self._first([list(prompt_ids)], [state])
+        ttft = time.perf_counter() - t0
         stop_ids = sorted(eos)
         if strategy == "greedy":
-            t = int(torch.argmax(logits[0]))
             rows = [[t]]
             if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
                 more = self._run([list(prompt_ids) + [t]], [self.sampling_params(
@@ -276,14 +299,12 @@ class VllmBackend(BackendDefaults):
         eos = self.eos_ids() if eos is None else set(eos)
         stop = [s for s in stop if s]
         stop_ids = sorted(eos)
-        firsts = self._run([list(r.prompt_ids) for r in requests], [self.first_logits_params(s) for s in states])
-        logits = [self._logits(o) for o in firsts]
-        shas, ttft = [logits_sha256(x) for x in logits], time.perf_counter() - t0
+        firsts = self._first([list(r.prompt_ids) for r in requests], states)
+        shas, ttft = [sha for sha, _ in firsts], time.perf_counter() - t0
         prompts, params, owner = [], [], []  # the second submission: every context's rows
         rows: list[list[list[int]]] = [[] for _ in requests]
-        for j, (r, state, x) in enumerate(zip(requests, states, logits, strict=True)):
+        for j, (r, state, (_, t)) in enumerate(zip(requests, states, firsts, strict=True)):
             if strategy == "greedy":
-                t = int(torch.argmax(x[0]))
                 rows[j] = [[t]]
                 if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
                     prompts.append(list(r.prompt_ids) + [t])

