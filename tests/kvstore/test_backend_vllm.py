@@ -348,4 +348,4 @@ def test_first_logits_digest_hashed_in_the_engine_equals_the_whole_vocabulary_lo
     p = d["processor"]
     assert p["unchanged"] and p["step1"] == {"a": True, "c": True}
     assert p["step2_c_row0"] and p["step3_c_row1"] and not p["a_after_output"]
-    assert "must be {'key': str, 'file': str}" in p["refused"]
+    assert "must be {'key': str, 'journal': str}" in p["refused"]

@@ -168,7 +168,7 @@ def digest_processor() -> dict:
     reader = DigestReader(path)
 
     def ask(key: str) -> SamplingParams:
-        return SamplingParams(max_tokens=1, extra_args={DIGEST: {"key": key, "file": path}})
+        return SamplingParams(max_tokens=1, extra_args={DIGEST: {"key": key, "journal": path}})
 
     proc = FirstLogitsDigest(None, torch.device("cpu"), False)
     out_a, out_c = [], []

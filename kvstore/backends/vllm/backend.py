@@ -159,7 +159,7 @@ class VllmBackend(BackendDefaults):
             transfer[MARK] = PROMPT
         extra_args: dict[str, Any] = {"kv_transfer_params": transfer} if transfer else {}
         if digest is not None:
-            extra_args[DIGEST] = {"key": digest, "file": self.digests.path}
+            extra_args[DIGEST] = {"key": digest, "journal": self.digests.path}
         return SamplingParams(**kw, **({"extra_args": extra_args} if extra_args else {}))
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:

@@ -2,7 +2,7 @@
 `LLM(logits_processors=[...])`) that hashes a request's raw logits where the engine has them, so that only a SHA-256
 and a token id cross from the engine to the caller instead of the whole vocabulary.
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={DIGEST: {"key": "r1", "file": path}})
+    params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={DIGEST: {"key": "r1", "journal": path}})
     llm.generate(prompts, params)                    # the engine appends {"key", "sha256", "argmax"} lines to path
     DigestReader(path).take(["r1"])                  # -> {"r1": ("<sha256>", <argmax>)}
 
@@ -14,7 +14,7 @@ float32 logits the logprobs path returned (vLLM's raw-logits logprobs are `logit
 on that same tensor, and no built-in processor changes it for these requests: no allowed ids, bad words, bias or
 min_tokens). The test (tests/backends/test_vllm_backend.py) checks the two paths give equal digests.
 
-A request asks for it with `extra_args[DIGEST] = {"key": <str>, "file": <path>}` and max_tokens=1: its digest is
+A request asks for it with `extra_args[DIGEST] = {"key": <str>, "journal": <path>}` and max_tokens=1: its digest is
 written for every step in which it is in the batch without an output token (a chunked prompt's earlier chunks
 included: those steps' logits are discarded by the engine), so the line written last for a key is the one of the
 position that was sampled. The processor changes no logit (it returns the tensor it was given).
@@ -40,9 +40,9 @@ def _request(params: Any) -> tuple[str, str] | None:
     ask = (getattr(params, "extra_args", None) or {}).get(DIGEST)
     if ask is None:
         return None
-    if not isinstance(ask, dict) or not isinstance(ask.get("key"), str) or not isinstance(ask.get("file"), str):
-        raise ValueError(f"extra_args[{DIGEST!r}] must be {{'key': str, 'file': str}}, got {ask!r}")
-    return ask["key"], ask["file"]
+    if not isinstance(ask, dict) or not isinstance(ask.get("key"), str) or not isinstance(ask.get("journal"), str):
+        raise ValueError(f"extra_args[{DIGEST!r}] must be {{'key': str, 'journal': str}}, got {ask!r}")
+    return ask["key"], ask["journal"]
 
 
 try:  # the class exists only where vLLM does (.venv-vllm); importing this module elsewhere is harmless
