@@ -12,7 +12,7 @@ took longer than the whole batched decode of 40 problems (docs/performance.md "P
 hashes the float32 logits row itself: the same bytes kvstore.engine.verify.logits_sha256 hashes of the (1, vocab)
 float32 logits the logprobs path returned (vLLM's raw-logits logprobs are `logits.to(float32)`; the processors run
 on that same tensor, and no built-in processor changes it for these requests: no allowed ids, bad words, bias or
-min_tokens). The test (tests/backends/test_vllm_backend.py) checks the two paths give equal digests.
+min_tokens). The test (tests/kvstore/test_backend_vllm.py) checks the two paths give equal digests.
 
 A request asks for it with `extra_args[DIGEST] = {"key": <str>, "journal": <path>}` and max_tokens=1: its digest is
 written for every step in which it is in the batch without an output token (a chunked prompt's earlier chunks
@@ -22,7 +22,6 @@ position that was sampled. The processor changes no logit (it returns the tensor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kvstore.engine.verify import logits_sha256
 from kvstore.errors import KVStoreError
 
 DIGEST = "kvgraft_digest"  # the SamplingParams.extra_args key a request asks with
@@ -46,17 +46,17 @@ def _request(params: Any) -> tuple[str, str] | None:
 
 
 try:  # the class exists only where vLLM does (.venv-vllm); importing this module elsewhere is harmless
-    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+    from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
 except ImportError:  # pragma: no cover - the transformers venv
     LogitsProcessor = object  # type: ignore[assignment,misc]
-    BatchUpdate = MoveDirectionality = None  # type: ignore[assignment,misc]
+    MoveDirectionality = None  # type: ignore[assignment,misc]
 
 
 class FirstLogitsDigest(LogitsProcessor):  # type: ignore[misc,valid-type]
     """Hashes the float32 logits row of each request that asks (module docstring) while it has no output token."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.rows: dict[int, tuple[str, str, list[int]]] = {}  # batch index -> (key, file, output token ids)
+        self.rows: dict[int, tuple[str, str, list[int]]] = {}  # batch index -> (key, journal, output token ids)
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -85,14 +85,14 @@ class FirstLogitsDigest(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         lines: dict[str, list[str]] = {}
-        for index, (key, file, output) in self.rows.items():
+        for index, (key, journal, output) in self.rows.items():
             if output or index >= logits.shape[0]:
                 continue
-            row = logits[index].detach().to(torch.float32).contiguous().cpu()
-            sha = hashlib.sha256(row.view(torch.uint8).numpy()).hexdigest()
-            lines.setdefault(file, []).append(json.dumps({"key": key, "sha256": sha, "argmax": int(row.argmax())}))
-        for file, text in lines.items():
-            with open(file, "a", encoding="utf-8") as f:  # one write of whole lines, before the step's outputs
+            row = logits[index : index + 1].detach().to(torch.float32)  # (1, vocab), as `prefill` returns them
+            sha = logits_sha256(row)
+            lines.setdefault(journal, []).append(json.dumps({"key": key, "sha256": sha, "argmax": int(row.argmax())}))
+        for journal, text in lines.items():
+            with open(journal, "a", encoding="utf-8") as f:  # one write of whole lines, before the step's outputs
                 f.write("".join(line + "\n" for line in text))
         return logits
 
