@@ -154,6 +154,7 @@ def build_manifest(
     artifacts: Iterable[str] = (),
     exactness: str | None = None,
     in_flight: dict[str, Any] | None = None,
+    row_schedule: str | None = None,
 ) -> dict[str, Any]:
     """Return the manifest of a run (``kvgraft-manifest/1``, see ``harness/RUN_FORMAT.md``).
 
@@ -193,6 +194,8 @@ def build_manifest(
         inputs["exactness"] = exactness
     if in_flight is not None:  # problems in flight (run.in_flight > 1): N, and whether rows depend on the batch
         inputs["in_flight"] = in_flight
+    if row_schedule is not None:  # how the backend computed its rows, where it changed after runs were recorded
+        inputs["row_schedule"] = row_schedule
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "inputs": inputs,

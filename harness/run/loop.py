@@ -93,6 +93,8 @@ def comparable_key(c: Config, fm: Backend) -> str:
         key["trace"] = c["model"]["trace"]
     if rows_depend_on_batch(fm, c["run"]["in_flight"]):  # other bits than one problem at a time
         key["in_flight"] = c["run"]["in_flight"]
+    if fm.row_schedule() is not None:  # rows computed another way than the backend's first runs (vLLM greedy)
+        key["row_schedule"] = fm.row_schedule()
     return sha256_json(key)
 
 
@@ -138,6 +140,8 @@ def resume_key(config: dict[str, Any], problems: list[Problem], fm: Backend,
     backend = backend_record(fm)
     if backend is not None:
         key["backend"] = backend
+    if fm.row_schedule() is not None:  # an interrupted run of another row schedule is not continued by this one
+        key["row_schedule"] = fm.row_schedule()
     return sha256_json(key)
 
 
@@ -413,6 +417,7 @@ def run_rows(
             else None,
             exactness=exactness,
             in_flight=in_flight_record(fm, c.run.in_flight),
+            row_schedule=fm.row_schedule(),
         )
     finally:
         folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable

@@ -148,6 +148,7 @@ class Backend(Protocol):
     def allows_environment_mismatch(self) -> bool: ...
     def torch_threads_matter(self) -> bool: ...
     def numerics(self) -> str | None: ...
+    def row_schedule(self) -> str | None: ...
 
     # text
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]: ...
@@ -231,6 +232,12 @@ class BackendDefaults:
 
     def torch_threads_matter(self) -> bool:
         return False
+
+    def row_schedule(self) -> str | None:
+        """How this backend computes a decoded row, named once it changed after runs were recorded (a run's
+        comparable and resume keys and its manifest record it, so rows of two schedules are never compared or
+        mixed), or None: the schedule every run so far was recorded under, recorded as nothing (keys unchanged)."""
+        return None
 
     def numerics(self) -> str | None:
         """The numerics fingerprint of this backend's kernels (kvstore.environment.numerics_fingerprint), or None for

@@ -53,3 +53,30 @@ def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:
     assert comparable_key(typed(cfg), a) == comparable_key(typed(cfg), FakeBackend(margin=8.0))
     assert resume_key({}, [], a, None) != resume_key({}, [], b, None)
     assert a.context_size() is None  # the fake says no context size: nothing to fit
+
+
+def test_a_named_row_schedule_is_in_the_run_keys_and_none_leaves_them_as_before() -> None:
+    # vLLM's greedy rows became one request (kvstore.backends.vllm.backend.ROW_SCHEDULE): a backend naming its row
+    # schedule gets other comparable and resume keys, one naming none (every other backend) keeps its keys
+    class Scheduled(FakeBackend):
+        def row_schedule(self) -> str | None:
+            return "one request per row"
+
+    cfg = typed(compose_config(["dataset.limit=1"]))
+    plain, scheduled = FakeBackend(margin=8.0), Scheduled(margin=8.0)
+    assert plain.row_schedule() is None and backend_record(plain) == backend_record(scheduled)  # not a library key
+    assert comparable_key(cfg, plain) != comparable_key(cfg, scheduled)
+    assert resume_key({}, [], plain, None) != resume_key({}, [], scheduled, None)
+
+
+def test_the_manifest_records_a_named_row_schedule_and_nothing_otherwise() -> None:
+    from harness.record.hashing import jsonl_bytes
+    from harness.record.manifest import build_manifest
+
+    def manifest(**kw: object) -> dict:
+        return build_manifest(problems=[], prompt_template="", config={}, model_fingerprint="m",
+                              tokenizer_fingerprint="t", determinism={}, environment={}, rows=[],
+                              outputs_bytes=jsonl_bytes([]), summary={}, **kw)
+
+    assert "row_schedule" not in manifest()["inputs"]
+    assert manifest(row_schedule="one request per row")["inputs"]["row_schedule"] == "one request per row"

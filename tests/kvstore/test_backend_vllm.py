@@ -345,6 +345,9 @@ def test_first_logits_digest_hashed_in_the_engine_equals_the_whole_vocabulary_lo
         assert case["argmax"] == case["logits_argmax"] == [s[0] for s in case["sampled"]], case
         assert case["lines"] >= len(case["engine"])
     assert len(set(d["long"]["engine"])) == 3
+    r = d["row"]  # a greedy row is one request (ROW_SCHEDULE): the digest is of its first token's position
+    assert r["engine"] == r["prefill"] and r["first"] == r["argmax"], r
+    assert r["tokens"] > 1 and 0 < r["ttft"] and "one request" in r["schedule"], r
     p = d["processor"]
     assert p["unchanged"] and p["step1"] == {"a": True, "c": True}
     assert p["step2_c_row0"] and p["step3_c_row1"] and not p["a_after_output"]

@@ -19,7 +19,8 @@ entry of 200 tokens (one whole block and a partial one) and a short query:
              continue_many record) against `logits_sha256` of the whole-vocabulary logits the logprobs path returns
              for the same request (it asks for both): a cold prompt, a graft, and three long prompts together whose
              8,700 tokens exceed the engine's 8,192-token prefill budget; the row alone against `prefill`; and the
-             logits processor on vLLM's own BatchUpdate (adds, swaps, moves, removals) without an engine.
+             logits processor on vLLM's own BatchUpdate (adds, swaps, moves, removals) without an engine; a greedy
+             row of 24 tokens (one request) against `prefill` of its prompt.
 OUT.json holds everything the test asserts on.
 """
 
@@ -146,6 +147,12 @@ def digests(be, snap, entry: list[int], context: list[int]) -> dict:  # noqa: AN
     out["graft"] = {"engine": grafted,
                     "prefill": logits_sha256(be.prefill(context[len(entry):], be.graft(snap, context))[1]),
                     "both": both([context], be.graft(snap, context))}
+    be.new_state()  # a greedy row of 24 tokens is one request: its digest is of the position its first token is from
+    row = be.continue_rows(None, cold, [0], max_new_tokens=24, stop=())[0]
+    first = be.prefill(cold)[1]
+    out["row"] = {"engine": row.first_logits_sha256, "prefill": logits_sha256(first), "first": row.token_ids[0],
+                  "argmax": int(first[0].argmax()), "tokens": len(row.token_ids), "reason": row.stop_reason,
+                  "ttft": row.ttft_s, "schedule": be.row_schedule()}
     be.new_state()
     out["long"] = both([be.encode(f"Note {i}. " + ENTRY_B * 12)[:2900] for i in range(3)])
     out["processor"] = digest_processor()

@@ -28,11 +28,15 @@ as its own prefix cache does; the reference is the same prompt after the artifac
 a clean cache (`prefill(entry)` then the whole prompt: a prefix-cache hit on the same blocks). Both go through the same
 requests, so their rows are bit-identical (docs/vllm.md).
 
-The first logits of a continuation come from its own request (max_tokens=1), hashed inside the engine by the
-FirstLogitsDigest logits processor (kvstore.backends.vllm.digest: the SHA-256 of the same float32 bytes `prefill`'s
-whole-vocabulary logits hash to, and their argmax, without the vocabulary crossing processes); the rest of a greedy
-row continues from that token in a second request (prompt + first token: a prefix-cache hit), so the first token is
-always the argmax of the hashed logits. n sampled rows are one request of n seeded rows after it.
+The first logits of a continuation are hashed inside the engine by the FirstLogitsDigest logits processor
+(kvstore.backends.vllm.digest: the SHA-256 of the same float32 bytes `prefill`'s whole-vocabulary logits hash to, and
+their argmax, without the vocabulary crossing processes). A greedy row is one request (ROW_SCHEDULE): the digest is
+taken at the position its first token is sampled from, which must be that argmax, and the engine decodes the rest in
+its own decode steps. n sampled rows are one request of n seeded rows after a first-logits request (max_tokens=1).
+
+Until 2026-12-03 a greedy row was two requests: the first logits (max_tokens=1), then prompt + first token (its
+second token computed in a prefill of the prompt's tail, not a decode step: other bits). Runs recorded then carry no
+`row_schedule` in their comparable and resume keys, so no later run is compared with or resumed into them.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, Sett
 from kvstore.format.artifact import Snapshot, tokens_sha256
 from kvstore.format.invariants import cached_tokens
 from kvstore.store.open import open_store
+
+# How this backend computes a greedy row (recorded in a run's comparable and resume keys: `row_schedule`)
+ROW_SCHEDULE = "vllm greedy row: one request, first-logits digest in the engine (2026-12-03)"
 
 
 @dataclass
@@ -116,6 +123,11 @@ class VllmBackend(BackendDefaults):
 
     def environment(self) -> dict:
         return dict(self._environment)
+
+    def row_schedule(self) -> str | None:
+        """ROW_SCHEDULE: a greedy row is one request (module docstring); runs of the two-request schedule before it
+        recorded none."""
+        return ROW_SCHEDULE
 
     def context_size(self) -> int | None:
         """The engine's max_model_len, as vLLM resolved it: the most positions a prompt and its decoded tokens take."""
@@ -215,7 +227,28 @@ class VllmBackend(BackendDefaults):
                 raise KVStoreError(f"vLLM request {o.request_id} sampled token {sampled[0]} greedily, but the argmax "
                                    f"of the logits hashed in the engine is {got[k][1]}; the digest is not of the "
                                    "sampled position (report this with the engine's settings)")
-        return [got[k] for k in keys]
+        return [got[k][:2] for k in keys]
+
+    def _greedy(self, prompts: list[list[int]], states: list[VllmState], max_new_tokens: int, stop: list[str],
+                eos: set[int]) -> list[tuple[str, list[int], float]]:
+        """Each context's greedy row in one request, all in one submission (ROW_SCHEDULE): (first-logits SHA-256
+        hashed in the engine at the position the first token is sampled from, the row's token ids as vLLM returns
+        them, seconds from submission to those first logits). The first token must be the hashed logits' argmax."""
+        keys = [f"r{next(self._asks)}" for _ in prompts]
+        t0 = time.time()  # wall clock: the engine process stamps its digest lines with the same clock
+        outs = self._run(prompts, [self.sampling_params(
+            s, digest=k, max_tokens=max_new_tokens, temperature=0.0, stop=stop or None, stop_token_ids=sorted(eos),
+            ignore_eos=not eos) for s, k in zip(states, keys, strict=True)])
+        got = self.digests.take(keys)
+        rows = []
+        for o, k in zip(outs, keys, strict=True):
+            ids, (sha, argmax, at) = list(o.outputs[0].token_ids), got[k]
+            if ids and ids[0] != argmax:
+                raise KVStoreError(f"vLLM request {o.request_id} sampled token {ids[0]} greedily, but the argmax of "
+                                   f"the logits hashed in the engine is {argmax}; the digest is not of the sampled "
+                                   "position (report this with the engine's settings)")
+            rows.append((sha, ids, max(0.0, at - t0)))
+        return rows
 
     # ------------------------------------------------------------------ compute
     def new_state(self) -> VllmState:
@@ -256,22 +289,17 @@ class VllmBackend(BackendDefaults):
                                     "its prefix first")
         eos = self.eos_ids() if eos is None else set(eos)
         stop = [s for s in stop if s]
-        (sha, t), = self._first([list(prompt_ids)], [state])
+        if strategy == "greedy":
+            (sha, ids, ttft), = self._greedy([list(prompt_ids)], [state], max_new_tokens, stop, eos)
+            return [Continuation(*self._finish(ids, stop, eos, max_new_tokens), sha, ttft)]
+        (sha, _), = self._first([list(prompt_ids)], [state])
         ttft = time.perf_counter() - t0
         stop_ids = sorted(eos)
-        if strategy == "greedy":
-            rows = [[t]]
-            if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
-                more = self._run([list(prompt_ids) + [t]], [self.sampling_params(
-                    state, max_tokens=max_new_tokens - 1, temperature=0.0, stop=stop or None, stop_token_ids=stop_ids,
-                    ignore_eos=not eos)])[0]
-                rows = [[t] + list(more.outputs[0].token_ids)]
-        else:
-            params = [self.sampling_params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                           seed=int(s), stop=stop or None, stop_token_ids=stop_ids,
-                                           ignore_eos=not eos) for s in seeds]
-            outs = self._run([list(prompt_ids)] * len(seeds), params)
-            rows = [list(o.outputs[0].token_ids) for o in outs]
+        params = [self.sampling_params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       seed=int(s), stop=stop or None, stop_token_ids=stop_ids,
+                                       ignore_eos=not eos) for s in seeds]
+        outs = self._run([list(prompt_ids)] * len(seeds), params)
+        rows = [list(o.outputs[0].token_ids) for o in outs]
         out = []
         for ids in rows:
             ids, reason = self._finish(ids, stop, eos, max_new_tokens)
@@ -299,30 +327,24 @@ class VllmBackend(BackendDefaults):
         eos = self.eos_ids() if eos is None else set(eos)
         stop = [s for s in stop if s]
         stop_ids = sorted(eos)
+        if strategy == "greedy":  # one submission: every context's row is one request
+            done = self._greedy([list(r.prompt_ids) for r in requests], states, max_new_tokens, stop, eos)
+            return [[Continuation(*self._finish(ids, stop, eos, max_new_tokens), sha, ttft)]
+                    for sha, ids, ttft in done]
         firsts = self._first([list(r.prompt_ids) for r in requests], states)
         shas, ttft = [sha for sha, _ in firsts], time.perf_counter() - t0
         prompts, params, owner = [], [], []  # the second submission: every context's rows
-        rows: list[list[list[int]]] = [[] for _ in requests]
-        for j, (r, state, (_, t)) in enumerate(zip(requests, states, firsts, strict=True)):
-            if strategy == "greedy":
-                rows[j] = [[t]]
-                if t not in eos and max_new_tokens > 1 and self._stop_at([t], stop) is None:
-                    prompts.append(list(r.prompt_ids) + [t])
-                    params.append(self.sampling_params(
-                        state, max_tokens=max_new_tokens - 1, temperature=0.0, stop=stop or None,
-                        stop_token_ids=stop_ids, ignore_eos=not eos))
-                    owner.append((j, 0))
-            else:
-                rows[j] = [[] for _ in r.seeds]
-                for k, seed in enumerate(r.seeds):
-                    prompts.append(list(r.prompt_ids))
-                    params.append(self.sampling_params(
-                        state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(seed),
-                        stop=stop or None, stop_token_ids=stop_ids, ignore_eos=not eos))
-                    owner.append((j, k))
+        rows: list[list[list[int]]] = [[[] for _ in r.seeds] for r in requests]
+        for j, (r, state) in enumerate(zip(requests, states, strict=True)):
+            for k, seed in enumerate(r.seeds):
+                prompts.append(list(r.prompt_ids))
+                params.append(self.sampling_params(
+                    state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(seed),
+                    stop=stop or None, stop_token_ids=stop_ids, ignore_eos=not eos))
+                owner.append((j, k))
         outs = self._run(prompts, params) if prompts else []
         for (j, k), o in zip(owner, outs, strict=True):
-            rows[j][k] = rows[j][k] + list(o.outputs[0].token_ids)
+            rows[j][k] = list(o.outputs[0].token_ids)
         answers = []
         for j, job_rows in enumerate(rows):
             done = []

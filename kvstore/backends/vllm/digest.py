@@ -4,7 +4,7 @@ and a token id cross from the engine to the caller instead of the whole vocabula
 
     params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={DIGEST: {"key": "r1", "journal": path}})
     llm.generate(prompts, params)                    # the engine appends {"key", "sha256", "argmax"} lines to path
-    DigestReader(path).take(["r1"])                  # -> {"r1": ("<sha256>", <argmax>)}
+    DigestReader(path).take(["r1"])                  # -> {"r1": ("<sha256>", <argmax>, <time.time()>)}
 
 Why: a row's first-logits SHA-256 (the graft-vs-twin check's evidence) used to come back as vLLM logprobs over the
 whole 262,144-word vocabulary (logprobs=-1, raw logits); vLLM's frontend copies those entry by entry in Python, which
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -90,7 +91,8 @@ class FirstLogitsDigest(LogitsProcessor):  # type: ignore[misc,valid-type]
                 continue
             row = logits[index : index + 1].detach().to(torch.float32)  # (1, vocab), as `prefill` returns them
             sha = logits_sha256(row)
-            lines.setdefault(journal, []).append(json.dumps({"key": key, "sha256": sha, "argmax": int(row.argmax())}))
+            lines.setdefault(journal, []).append(json.dumps({"key": key, "sha256": sha, "argmax": int(row.argmax()),
+                                                             "at": time.time()}))
         for journal, text in lines.items():
             with open(journal, "a", encoding="utf-8") as f:  # one write of whole lines, before the step's outputs
                 f.write("".join(line + "\n" for line in text))
@@ -102,11 +104,12 @@ class DigestReader:
 
     def __init__(self, path: str) -> None:
         self.path, self.offset = path, 0
-        self.seen: dict[str, tuple[str, int]] = {}
+        self.seen: dict[str, tuple[str, int, float]] = {}
         open(path, "a", encoding="utf-8").close()
 
-    def take(self, keys: Iterable[str]) -> dict[str, tuple[str, int]]:
-        """{key: (sha256, argmax)} for `keys`, each removed once taken; a key the engine wrote no line for is an
+    def take(self, keys: Iterable[str]) -> dict[str, tuple[str, int, float]]:
+        """{key: (sha256, argmax, at)} for `keys` (`at`: the engine's time.time() when it hashed them), each removed
+        once taken; a key the engine wrote no line for is an
         error (the engine was started without the processor, or the request did not ask)."""
         size = os.path.getsize(self.path)
         if size > self.offset:
@@ -116,7 +119,7 @@ class DigestReader:
             end = data.rfind(b"\n") + 1
             for line in data[:end].splitlines():
                 d = json.loads(line)
-                self.seen[d["key"]] = (d["sha256"], int(d["argmax"]))
+                self.seen[d["key"]] = (d["sha256"], int(d["argmax"]), float(d["at"]))
             self.offset += end
         keys = list(keys)
         missing = [k for k in keys if k not in self.seen]
