@@ -278,8 +278,8 @@ class VllmBackend(BackendDefaults):
                       temperature: float = 0.7, top_p: float = 0.95,
                       eos: set[int] | None = None) -> list[Continuation]:
         """Continue `prompt_ids` (the state holds a prefix of them: a graft, or blocks cached by `prefill`) once
-        per seed, inside the engine. Greedy: the first token is the argmax of the first request's logits, the rest
-        a second request from there; sample: the first request gives the logits, then one request of n seeded
+        per seed, inside the engine. Greedy: one request, its first-logits digest taken in the engine where its first
+        token is sampled (ROW_SCHEDULE); sample: a first request gives the logits, then one request of n seeded
         rows. Stop strings are checked on each row's tokens as the harness's decode does (the first token whose
         text completes one), eos ends a row (not counted in its token_ids)."""
         t0 = time.perf_counter()
@@ -309,11 +309,11 @@ class VllmBackend(BackendDefaults):
     def continue_many(self, requests: Sequence[RowsRequest], *, max_new_tokens: int, stop: Sequence[str] = (),
                       strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95,
                       eos: set[int] | None = None) -> list[list[Continuation]]:
-        """`continue_rows` for several contexts at once (problems in flight): the first-logits requests of every
-        context in one submission, then every context's rows in a second one, so the engine's scheduler batches
-        them all (its continuous batching fills each step with whatever rows are still running). Answers in request
-        order. A row's bits can depend on what shares its batch (vLLM on CPU is not batch-invariant): the harness
-        records that (harness.run.loop.rows_depend_on_batch)."""
+        """`continue_rows` for several contexts at once (problems in flight): greedy, every context's row in one
+        submission; sampled, the first-logits requests of every context in one submission, then every context's rows
+        in a second one. The engine's scheduler batches them all (its continuous batching fills each step with
+        whatever rows are still running). Answers in request order. A row's bits can depend on what shares its batch
+        (vLLM on CPU is not batch-invariant): the harness records that (harness.run.loop.rows_depend_on_batch)."""
         t0 = time.perf_counter()
         if not requests:
             return []
