@@ -1,6 +1,8 @@
 """The chain-of-thought transfer table (configs/experiment/transfer_cot*.yaml, docs/models.md): per run, accuracy with
 its Wilson 95% interval, the problems it turns wrong -> right and right -> wrong against the model alone, the rows
-stopped at the budget (stop reason "length") and cut inside a reasoning trace (overlong), and decode tokens per row.
+stopped at the budget (stop reason "length") and cut inside a reasoning trace (overlong), and decode tokens per row;
+against the model alone, the exact McNemar p-value of the paired changes (two-sided binomial on the problems that
+changed: are wrong -> right and right -> wrong more different than chance on the same problems?).
 
     python scripts/transfer_table.py --alone runs/baseline/<stamp> --run "held-out=runs/graft/<stamp>" \
         --run "random-entry=runs/graft/<stamp>" --run "recurring=runs/graft/<stamp>" [--json t.json] [--markdown t.md]
@@ -12,6 +14,7 @@ decoding); each is re-checked by `make rescore` before it is cited. Reads only t
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +28,15 @@ from harness.record.rows import Row
 
 def _first_samples(rows: Sequence[Row]) -> dict[str, Row]:
     return {r.problem_id: r for r in rows if r.sample == 0}
+
+
+def mcnemar_exact_p(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value: P(a split of the gained + lost changed problems at least this uneven) when
+    each change is equally likely either way (binomial, p=1/2); 1.0 when nothing changed."""
+    n, k = gained + lost, min(gained, lost)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None) -> dict:
@@ -42,6 +54,7 @@ def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None) -> dict:
                              "must answer the same problems")
         out["wrong_to_right"] = sorted(p for p, r in one.items() if r.correct and not alone[p].correct)
         out["right_to_wrong"] = sorted(p for p, r in one.items() if not r.correct and alone[p].correct)
+        out["mcnemar_p"] = round(mcnemar_exact_p(len(out["wrong_to_right"]), len(out["right_to_wrong"])), 4)
     return out
 
 
@@ -57,13 +70,14 @@ def _fmt(r: Mapping) -> str:
 
 
 def markdown(t: Mapping) -> str:
-    lines = ["| | accuracy [95% CI] | wrong -> right | right -> wrong | stopped at the budget | overlong | "
-             "decode tokens / row |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| | accuracy [95% CI] | wrong -> right | right -> wrong | paired p (McNemar exact) | "
+             "stopped at the budget | overlong | decode tokens / row |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label, r in [("alone", t["alone"]), *t["runs"].items()]:
         w2r = ", ".join(r["wrong_to_right"]) or "0" if "wrong_to_right" in r else ""
         r2w = ", ".join(r["right_to_wrong"]) or "0" if "right_to_wrong" in r else ""
-        lines.append(f"| {label} | {_fmt(r)} | {w2r} | {r2w} | {r['length']}/{r['n']} | {r['overlong']}/{r['n']} | "
-                     f"{r['decode_tokens_per_row']:.1f} |")
+        p = f"{r['mcnemar_p']:.3f}" if "mcnemar_p" in r else ""
+        lines.append(f"| {label} | {_fmt(r)} | {w2r} | {r2w} | {p} | {r['length']}/{r['n']} | "
+                     f"{r['overlong']}/{r['n']} | {r['decode_tokens_per_row']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

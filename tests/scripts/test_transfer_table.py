@@ -37,7 +37,15 @@ def test_changes_against_the_model_alone_with_intervals_and_budget_stops():
     r = t["runs"]["random-entry"]
     assert (r["wrong_to_right"], r["right_to_wrong"], r["overlong"]) == ([], [], 4)
     text = transfer_table.markdown(t)
-    assert "| held-out | 2/4 = 0.500 [" in text and "| b, c | a |" in text and "| alone | 1/4" in text
+    assert "| held-out | 2/4 = 0.500 [" in text and "| b, c | a | 1.000 |" in text and "| alone | 1/4" in text
+    assert h["mcnemar_p"] == 1.0 and r["mcnemar_p"] == 1.0  # 2 vs 1 changes, and none: no evidence either way
+
+
+def test_mcnemar_exact_p_is_the_two_sided_binomial_on_the_changed_problems():
+    assert transfer_table.mcnemar_exact_p(6, 0) == 2 / 2**6  # all six changes one way: 0.031
+    assert transfer_table.mcnemar_exact_p(3, 0) == 0.25 and transfer_table.mcnemar_exact_p(0, 3) == 0.25
+    assert transfer_table.mcnemar_exact_p(3, 1) == 2 * (1 + 4) / 16  # 0.625
+    assert transfer_table.mcnemar_exact_p(0, 0) == 1.0 and transfer_table.mcnemar_exact_p(5, 5) == 1.0
 
 
 def test_runs_over_other_problems_are_refused():
