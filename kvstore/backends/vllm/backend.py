@@ -222,11 +222,7 @@ class VllmBackend(BackendDefaults):
                                    for s, k in zip(states, keys, strict=True)])
         got = self.digests.take(keys)
         for o, k in zip(outs, keys, strict=True):
-            sampled = list(o.outputs[0].token_ids)
-            if sampled and sampled[0] != got[k][1]:
-                raise KVStoreError(f"vLLM request {o.request_id} sampled token {sampled[0]} greedily, but the argmax "
-                                   f"of the logits hashed in the engine is {got[k][1]}; the digest is not of the "
-                                   "sampled position (report this with the engine's settings)")
+            _check_first(o, got[k][1])
         return [got[k][:2] for k in keys]
 
     def _greedy(self, prompts: list[list[int]], states: list[VllmState], max_new_tokens: int, stop: list[str],
@@ -243,10 +239,7 @@ class VllmBackend(BackendDefaults):
         rows = []
         for o, k in zip(outs, keys, strict=True):
             ids, (sha, argmax, at) = list(o.outputs[0].token_ids), got[k]
-            if ids and ids[0] != argmax:
-                raise KVStoreError(f"vLLM request {o.request_id} sampled token {ids[0]} greedily, but the argmax of "
-                                   f"the logits hashed in the engine is {argmax}; the digest is not of the sampled "
-                                   "position (report this with the engine's settings)")
+            _check_first(o, argmax)
             rows.append((sha, ids, max(0.0, at - t0)))
         return rows
 
@@ -425,6 +418,15 @@ class VllmBackend(BackendDefaults):
         self.new_state()
         aid = str(self.store.put(snapshot))
         return VllmState(list(snapshot.token_ids), (aid, snapshot.token_count))
+
+
+def _check_first(output: Any, argmax: int) -> None:
+    """A greedy request's first token must be the argmax of the logits the engine hashed for it."""
+    ids = output.outputs[0].token_ids
+    if ids and ids[0] != argmax:
+        raise KVStoreError(f"vLLM request {output.request_id} sampled token {ids[0]} greedily, but the argmax of the "
+                           f"logits hashed in the engine is {argmax}; the digest is not of the sampled position "
+                           "(report this with the engine's settings)")
 
 
 def _json(path: Path) -> dict:
