@@ -275,7 +275,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)  # execution=ray: harness/run/distributed.py
     compare: CompareConfig = field(default_factory=CompareConfig)  # the compare job's runs (configs/compare/)
-    runs_dir: str = "runs"
+    runs_dir: str = "runs"  # relative: under project_root (run folders, resume, MLflow's default store)
     project_root: str = "."  # relative paths in the config resolve against this
 
 
@@ -391,6 +391,16 @@ def _job_name(overrides: str) -> str:
 
 
 OmegaConf.register_new_resolver("kvgraft.job_name", _job_name, replace=True)
+
+
+def _under(root: str, path: str) -> str:
+    """`${kvgraft.under:${project_root},${runs_dir}}`: where a run's folder goes, resolved as the run loop resolves
+    runs_dir (`Path(project_root) / runs_dir`): under project_root when relative, as given when absolute. With the
+    default project_root `.` it is runs_dir itself, so Hydra's folder and the folder a resume looks in agree."""
+    return str(Path(root) / path)
+
+
+OmegaConf.register_new_resolver("kvgraft.under", _under, replace=True)
 
 
 def _keys(cls: type, prefix: str = "") -> tuple[set[str], set[str]]:

@@ -160,3 +160,23 @@ def test_every_entry_point_refuses_a_misspelt_key_in_one_line_with_the_near_miss
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert "decoding.max_new_token" in lines[0] and "did you mean decoding.max_new_tokens?" in lines[0]
     assert not any(tmp_path.iterdir())  # refused before any folder was made
+
+
+def test_project_root_holds_the_run_folder_and_the_resume_finds_it_from_another_directory(tmp_path):
+    """`project_root=` moves Hydra's run folder with it (configs/config.yaml: `kvgraft.under`), so a run started
+    from another working directory lands under project_root/runs_dir, where its resume looks, not under the cwd."""
+    root, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    cmd = [sys.executable, "-m", "harness", *SAMPLED, f"project_root={root}",
+           f"dataset.path={REPO / 'problems' / 'kvgraft_original.jsonl'}"]
+    proc = subprocess.Popen(cmd, cwd=elsewhere, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (first,) = _wait_for_folder(root / "runs", proc)
+    wait_for_rows(first / PARTIAL, 3, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    again = subprocess.run(cmd, cwd=elsewhere, env=ENV, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming the interrupted run in {first}" in " ".join(again.stdout.split())
+    assert folders(root / "runs") == [first] and audit(RunFolder(first)).ok
+    assert list(elsewhere.iterdir()) == []  # nothing written under the working directory
