@@ -274,30 +274,10 @@ class VllmBackend(BackendDefaults):
         per seed, inside the engine. Greedy: one request, its first-logits digest taken in the engine where its first
         token is sampled (ROW_SCHEDULE); sample: a first request gives the logits, then one request of n seeded
         rows. Stop strings are checked on each row's tokens as the harness's decode does (the first token whose
-        text completes one), eos ends a row (not counted in its token_ids)."""
-        t0 = time.perf_counter()
-        state = self.new_state() if state is None else state
-        if list(prompt_ids[: len(state.ids)]) != state.ids:
-            raise IncompatibleError("the prompt does not begin with the tokens the state holds; graft or prefill "
-                                    "its prefix first")
-        eos = self.eos_ids() if eos is None else set(eos)
-        stop = [s for s in stop if s]
-        if strategy == "greedy":
-            (sha, ids, ttft), = self._greedy([list(prompt_ids)], [state], max_new_tokens, stop, eos)
-            return [Continuation(*self._finish(ids, stop, eos, max_new_tokens), sha, ttft)]
-        (sha, _), = self._first([list(prompt_ids)], [state])
-        ttft = time.perf_counter() - t0
-        stop_ids = sorted(eos)
-        params = [self.sampling_params(state, max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                       seed=int(s), stop=stop or None, stop_token_ids=stop_ids,
-                                       ignore_eos=not eos) for s in seeds]
-        outs = self._run([list(prompt_ids)] * len(seeds), params)
-        rows = [list(o.outputs[0].token_ids) for o in outs]
-        out = []
-        for ids in rows:
-            ids, reason = self._finish(ids, stop, eos, max_new_tokens)
-            out.append(Continuation(ids, reason, sha, ttft))
-        return out
+        text completes one), eos ends a row (not counted in its token_ids). The one-context case of `continue_many`
+        (the same requests, the same bits)."""
+        return self.continue_many([RowsRequest(state, list(prompt_ids), seeds)], max_new_tokens=max_new_tokens,
+                                  stop=stop, strategy=strategy, temperature=temperature, top_p=top_p, eos=eos)[0]
 
     def continue_many(self, requests: Sequence[RowsRequest], *, max_new_tokens: int, stop: Sequence[str] = (),
                       strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95,
