@@ -125,3 +125,18 @@ def test_a_harness_error_at_an_entry_point_is_one_line_without_traceback(tmp_pat
     debug = subprocess.run(cmd, cwd=CONFIG_DIR.parent, env={**env, "KVGRAFT_DEBUG": "1", "HYDRA_FULL_ERROR": "1"},
                            capture_output=True, text=True, timeout=300)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ProblemError" in debug.stderr
+
+
+@pytest.mark.parametrize("experiment,model,chat,in_flight", [
+    ("transfer_cot", "qwen2.5-coder-1.5b-instruct-vllm", "model", 25),
+    ("transfer_cot_270m", "gemma3-270m", None, 16),
+])
+def test_the_cot_transfer_design_is_the_one_its_table_reports(experiment, model, chat, in_flight):
+    """docs/models.md "Chain-of-thought transfer": the design was fixed before the runs; these configs must keep
+    giving it (the first 100 problems, the same 100 in the library, the cot prompt, greedy, 1,024 tokens, the
+    in-flight setting the rows depend on)."""
+    c = compose_config([f"+experiment={experiment}"])
+    assert (c.dataset.name, c.dataset.limit, c.library.dataset.limit) == ("aime_1983_2023", 100, 100)
+    assert (c.prompt.name, c.decoding.strategy, c.decoding.max_new_tokens) == ("cot", "greedy", 1024)
+    assert (c.model.name, c.model.chat, c.model.trace, c.run.in_flight) == (model, chat, None, in_flight)
+    assert (c.model.vllm.max_num_seqs if c.model.vllm else None) == (25 if chat else None)
