@@ -2,10 +2,13 @@
 its Wilson 95% interval, the problems it turns wrong -> right and right -> wrong against the model alone, the rows
 stopped at the budget (stop reason "length") and cut inside a reasoning trace (overlong), and decode tokens per row;
 against the model alone, the exact McNemar p-value of the paired changes (two-sided binomial on the problems that
-changed: are wrong -> right and right -> wrong more different than chance on the same problems?).
+changed: are wrong -> right and right -> wrong more different than chance on the same problems?). With `--library`
+(the runs' library folder, runs/library/<name>-v<version>-...), one more column: the rows whose answer is the grafted
+entry's own answer while the problem's is another (the model copied its neighbour's answer).
 
     python scripts/transfer_table.py --alone runs/baseline/<stamp> --run "held-out=runs/graft/<stamp>" \
-        --run "random-entry=runs/graft/<stamp>" --run "recurring=runs/graft/<stamp>" [--json t.json] [--markdown t.md]
+        --run "random-entry=runs/graft/<stamp>" --run "recurring=runs/graft/<stamp>" [--library runs/library/<lib>] \
+        [--json t.json] [--markdown t.md]
 
 Every folder must be a finished run over the same problems with the same comparable key (same model, data, prompt,
 decoding); each is re-checked by `make rescore` before it is cited. Reads only the run folders, never the model.
@@ -14,6 +17,7 @@ decoding); each is re-checked by `make rescore` before it is cited. Reads only t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,6 +28,7 @@ from scales_table import emit_table  # scripts/: print and write a table
 from harness.record.folder import RunFolder
 from harness.record.metrics import wilson_interval
 from harness.record.rows import Row
+from harness.task.answers import parse_gold
 
 
 def _first_samples(rows: Sequence[Row]) -> dict[str, Row]:
@@ -39,8 +44,35 @@ def mcnemar_exact_p(gained: int, lost: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
-def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None) -> dict:
-    """One run's figures (its first sample per problem); `alone` (the baseline's) gives the per-problem changes."""
+def copied_entry_answer(row: Row, entry_answers: Mapping[str, str]) -> bool:
+    """Whether a graft row answered its grafted entry's answer where the problem's own answer is another: the model
+    took its neighbour's answer (never true of a recurring row, whose entry is its own problem's)."""
+    got = row.completion.retrieval
+    if got is None or got.entry_id not in entry_answers:
+        return False
+    theirs = parse_gold(entry_answers[got.entry_id])
+    return theirs != parse_gold(row.gold) and row.answer == theirs
+
+
+def library_answers(folder: Path, manifest_sha256: str | None) -> dict[str, str]:
+    """entry_id -> the entry's verified answer, from a library folder's index.jsonl; the folder must be the library
+    the runs grafted from (its manifest_sha256 is the one their manifests record)."""
+    try:
+        got = json.loads((folder / "manifest.json").read_text())["manifest_sha256"]
+        index = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"transfer_table: --library {folder}: not a library folder ({exc}); give the folder "
+                         "runs/library/<name>-v<version>-... that holds manifest.json and index.jsonl") from None
+    if got != manifest_sha256:
+        raise SystemExit(f"transfer_table: --library {folder}: manifest_sha256 {got[:12]}... is not the library the "
+                         f"runs grafted from ({str(manifest_sha256)[:12]}..., their manifests' inputs.library)")
+    return {e["entry_id"]: str(e["answer"]) for e in index}
+
+
+def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None,
+                entry_answers: Mapping[str, str] | None = None) -> dict:
+    """One run's figures (its first sample per problem); `alone` (the baseline's) gives the per-problem changes,
+    `entry_answers` (entry_id -> answer) the rows that answered their grafted entry's answer."""
     one = _first_samples(rows)
     n, k = len(one), sum(r.correct for r in one.values())
     lo, hi = wilson_interval(k, n)
@@ -55,13 +87,16 @@ def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None) -> dict:
         out["wrong_to_right"] = sorted(p for p, r in one.items() if r.correct and not alone[p].correct)
         out["right_to_wrong"] = sorted(p for p, r in one.items() if not r.correct and alone[p].correct)
         out["mcnemar_p"] = round(mcnemar_exact_p(len(out["wrong_to_right"]), len(out["right_to_wrong"])), 4)
+    if entry_answers is not None:
+        out["entry_answer"] = sorted(p for p, r in one.items() if copied_entry_answer(r, entry_answers))
     return out
 
 
-def table(alone: Sequence[Row], runs: Mapping[str, Sequence[Row]]) -> dict:
+def table(alone: Sequence[Row], runs: Mapping[str, Sequence[Row]],
+          entry_answers: Mapping[str, str] | None = None) -> dict:
     base = _first_samples(alone)
     return {"problems": len(base), "alone": run_figures(alone, None),
-            "runs": {label: run_figures(rows, base) for label, rows in runs.items()}}
+            "runs": {label: run_figures(rows, base, entry_answers) for label, rows in runs.items()}}
 
 
 def _fmt(r: Mapping) -> str:
@@ -70,14 +105,19 @@ def _fmt(r: Mapping) -> str:
 
 
 def markdown(t: Mapping) -> str:
+    copies = any("entry_answer" in r for r in t["runs"].values())
     lines = ["| | accuracy [95% CI] | wrong -> right | right -> wrong | paired p (McNemar exact) | "
-             "stopped at the budget | overlong | decode tokens / row |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "stopped at the budget | overlong | decode tokens / row |"
+             + (" answered the grafted entry's answer |" if copies else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if copies else "")]
     for label, r in [("alone", t["alone"]), *t["runs"].items()]:
         w2r = ", ".join(r["wrong_to_right"]) or "0" if "wrong_to_right" in r else ""
         r2w = ", ".join(r["right_to_wrong"]) or "0" if "right_to_wrong" in r else ""
         p = f"{r['mcnemar_p']:.3f}" if "mcnemar_p" in r else ""
+        copied = (f" {len(r['entry_answer'])}/{r['n']}" + (f" ({', '.join(r['entry_answer'])})"
+                  if 0 < len(r["entry_answer"]) <= 8 else "") + " |") if "entry_answer" in r else " |"
         lines.append(f"| {label} | {_fmt(r)} | {w2r} | {r2w} | {p} | {r['length']}/{r['n']} | "
-                     f"{r['overlong']}/{r['n']} | {r['decode_tokens_per_row']:.1f} |")
+                     f"{r['overlong']}/{r['n']} | {r['decode_tokens_per_row']:.1f} |" + (copied if copies else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -85,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--alone", type=Path, required=True, help="the model-alone run folder (condition=baseline)")
     ap.add_argument("--run", action="append", default=[], metavar="LABEL=FOLDER", help="a graft run, by label")
+    ap.add_argument("--library", type=Path, default=None,
+                    help="the runs' library folder: adds the rows that answered their grafted entry's answer")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -97,8 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     keys = {label: f.read_summary().comparable_key for label, f in folders.items()}
     if len(set(keys.values())) != 1:
         raise SystemExit(f"transfer_table: the runs differ in comparable key (model, data, prompt or decoding): {keys}")
+    entry_answers = None
+    if args.library is not None:
+        libs = {label: (f.read_manifest().get("inputs", {}).get("library") or {}).get("manifest_sha256")
+                for label, f in folders.items() if label != "alone"}
+        if len(set(libs.values())) != 1:
+            raise SystemExit(f"transfer_table: the graft runs grafted from different libraries: {libs}")
+        entry_answers = library_answers(args.library, next(iter(libs.values())))
     rows = {label: f.read_rows() for label, f in folders.items()}
-    t = table(rows.pop("alone"), rows)
+    t = table(rows.pop("alone"), rows, entry_answers)
     text = markdown(t)
     emit_table(text, t, args.json, args.markdown)
     return 0

@@ -51,3 +51,36 @@ def test_mcnemar_exact_p_is_the_two_sided_binomial_on_the_changed_problems():
 def test_runs_over_other_problems_are_refused():
     with pytest.raises(SystemExit, match="same problems"):
         transfer_table.table(_rows({"a": True}, "baseline"), {"x": _rows({"b": True}, "graft")})
+
+
+def _graft_row(problem: str, gold: str, answer: int | None, entry: str) -> object:
+    from harness.record.rows import Retrieval
+
+    base = fakerun.make_rows("graft")[0]
+    got = Retrieval(entry, "0" * 64, 1.0, "bm25")
+    return dataclasses.replace(base, problem_id=problem, sample=0, gold=gold, answer=answer,
+                               correct=answer == int(gold), completion=dataclasses.replace(base.completion,
+                                                                                           retrieval=got))
+
+
+def test_rows_that_answer_their_grafted_entrys_answer_are_counted_only_when_it_is_not_the_problems():
+    entries = {"e-a": "401", "e-b": "60", "e-own": "15"}
+    alone = _rows({"p": False, "q": False, "r": False, "s": False}, "baseline")
+    run = [_graft_row("p", "15", 401, "e-a"),   # took its neighbour's answer
+           _graft_row("q", "60", 60, "e-b"),    # the entry's answer is the problem's too: right, not a copy
+           _graft_row("r", "15", 15, "e-own"),  # its own entry (recurring): right, not a copy
+           _graft_row("s", "7", None, "e-a")]   # no answer
+    t = transfer_table.table(alone, {"held-out": run}, entries)
+    assert t["runs"]["held-out"]["entry_answer"] == ["p"]
+    assert "| 1/4 (p) |" in transfer_table.markdown(t)
+    assert "entry_answer" not in transfer_table.table(alone, {"held-out": run})["runs"]["held-out"]
+
+
+def test_a_library_folder_other_than_the_runs_is_refused(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"manifest_sha256": "aaaa"}')
+    (tmp_path / "index.jsonl").write_text('{"entry_id": "e", "answer": "1"}\n')
+    assert transfer_table.library_answers(tmp_path, "aaaa") == {"e": "1"}
+    with pytest.raises(SystemExit, match="not the library the runs grafted from"):
+        transfer_table.library_answers(tmp_path, "bbbb")
+    with pytest.raises(SystemExit, match="not a library folder"):
+        transfer_table.library_answers(tmp_path / "missing", "aaaa")
