@@ -270,6 +270,17 @@ def run_group(summary: Summary, config: dict[str, Any] | None = None) -> Group |
     return group_for(bool(library.get("exclude_self")) if isinstance(library, dict) else False)
 
 
+def run_label(summary: Summary, config: dict[str, Any] | None = None) -> str:
+    """A run's name in titles and the runs table: the condition, its group, and the retrieval when it is not the
+    related entry's (library.retrieval=random: the control of docs/models.md, "graft held-out random entry"), so two
+    held-out runs that graft different entries are told apart."""
+    group = run_group(summary, config)
+    library = (config or {}).get("library")
+    retrieval = library.get("retrieval") if isinstance(library, dict) and group is not None else None
+    return " ".join([summary.condition, *([group.label] if group else []),
+                     *(["random entry"] if retrieval == "random" else [])])
+
+
 def group_note(summary: Summary) -> str | None:
     """A line saying how many rows of a recurring run had no entry of their own in the library (None when all
     did, or the run is held-out or has no library): those rows' figures are held-out-like."""

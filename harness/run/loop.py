@@ -47,7 +47,7 @@ from harness.config.schema import Config, drop_default_determinism, recorded, ty
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.record.folder import FinishedRun, RunFolder
 from harness.record.hashing import backend_record, sha256_json
-from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_group
+from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_label
 from harness.run.conditions import CONDITIONS, build_condition
 from harness.run.decode import in_flight_support
 from harness.run.distributed import completer
@@ -425,7 +425,7 @@ def run_rows(
     if c.tracking.enabled:
         uri = c.tracking.uri or default_tracking_uri((root / c.runs_dir).resolve())
         run_id = _track(finished, uri, c.tracking.experiment, None)  # named by condition, group, data, model
-    print_summary(summary, folder, c.decoding.max_new_tokens)
+    print_summary(summary, folder, c.decoding.max_new_tokens, config)
     return finished, run_id
 
 
@@ -551,11 +551,12 @@ def stops_text(stop_reasons: dict[str, int] | None) -> str:
     return "/".join(str(stop_reasons.get(k, 0)) for k in STOP_REASONS)
 
 
-def print_summary(summary: Summary, folder: RunFolder, budget: int | None = None) -> None:
-    """The run's figures in one terminal table, titled with the condition, data, model and token budget."""
+def print_summary(summary: Summary, folder: RunFolder, budget: int | None = None,
+                  config: dict[str, Any] | None = None) -> None:
+    """The run's figures in one terminal table, titled with the condition (its group, a random-entry control:
+    `run_label`), data, model and token budget."""
     s, t, e = summary.scores, summary.tokens, summary.energy
-    group = run_group(summary)
-    name = f"{summary.condition} {group.label}" if group else summary.condition
+    name = run_label(summary, config)
     maj = s.maj()
     cells = {
         "problems": str(s.n_problems),

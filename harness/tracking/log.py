@@ -118,7 +118,7 @@ def log_run(
     group = run_view.run_group(summary, config)
     tags = run_view.run_tags(folder, summary, manifest, group, config)
     tags.update({k: scalar_text(v) for k, v in (extra_tags or {}).items() if v is not None})
-    name = run_name or run_view.run_name(summary, group, folder, budget_of(config))
+    name = run_name or run_view.run_name(summary, group, folder, budget_of(config), config)
     files = [(p, None if p.parent == folder.path else p.parent.relative_to(folder.path).as_posix())
              for p in _artifact_files(folder.path)]
     times = run_view.run_times_ms(folder, summary)

@@ -50,15 +50,19 @@ def run_group(summary: Summary, config: dict[str, Any]) -> str | None:
     return None if group is None else group.label
 
 
-def run_name(summary: Summary, group: str | None, folder: RunFolder, budget: int | None = None) -> str:
+def run_name(summary: Summary, group: str | None, folder: RunFolder, budget: int | None = None,
+             config: dict[str, Any] | None = None) -> str:
     """What the runs table shows: what differs between runs, condition and group first so names differ in their
     first characters, then the problem set, its size, the model and the token budget (decoding.max_new_tokens: a
     score means little without it): ``graft recurring | aime n=40 | gemma-3-1b | 16 tokens``,
-    ``baseline | aime n=40 | gemma-3-1b | 16 tokens``; a sweep job adds its job name after the condition (it carries
-    the swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``): ``baseline #1 decoding.max_new_tokens=5 | ...``.
+    ``baseline | aime n=40 | gemma-3-1b | 16 tokens``; with the run's `config`, a random-entry control says so
+    (``graft held-out random entry | ...``, `harness.record.rows.run_label`); a sweep job adds its job name after
+    the condition (it carries the swept values, ``configs/config.yaml`` ``hydra.sweep.subdir``):
+    ``baseline #1 decoding.max_new_tokens=5 | ...``.
     The accuracy with its 95% interval ends the name, so the first column answers even where the metric columns are
     scrolled out of view: ``... | accuracy 0.875 [0.70, 0.96]``."""
-    name = summary.condition + (f" {group}" if group else "")
+    name = (record.run_label(summary, config) if config is not None
+            else summary.condition + (f" {group}" if group else ""))
     job = _sweep_job(folder, summary.condition)
     sc = summary.scores
     parts = [f"{name} {job}" if job else name, f"{summary.dataset} n={sc.n_problems}", str(summary.model),
