@@ -31,6 +31,12 @@ from harness.record.rows import Row
 from harness.task.answers import parse_gold
 
 
+def _id_order(problem_id: str) -> tuple:
+    """AIME ids in year-number order (1983-2 before 1983-10); other ids as text."""
+    head, _, tail = problem_id.rpartition("-")
+    return (0, int(head), int(tail), "") if head.isdigit() and tail.isdigit() else (1, 0, 0, problem_id)
+
+
 def _first_samples(rows: Sequence[Row]) -> dict[str, Row]:
     return {r.problem_id: r for r in rows if r.sample == 0}
 
@@ -84,11 +90,12 @@ def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None,
         if set(alone) != set(one):
             raise SystemExit(f"transfer_table: the runs cover other problems ({len(one)} vs {len(alone)}); every run "
                              "must answer the same problems")
-        out["wrong_to_right"] = sorted(p for p, r in one.items() if r.correct and not alone[p].correct)
-        out["right_to_wrong"] = sorted(p for p, r in one.items() if not r.correct and alone[p].correct)
+        out["wrong_to_right"] = sorted((p for p, r in one.items() if r.correct and not alone[p].correct), key=_id_order)
+        out["right_to_wrong"] = sorted((p for p, r in one.items() if not r.correct and alone[p].correct), key=_id_order)
         out["mcnemar_p"] = round(mcnemar_exact_p(len(out["wrong_to_right"]), len(out["right_to_wrong"])), 4)
     if entry_answers is not None:
-        out["entry_answer"] = sorted(p for p, r in one.items() if copied_entry_answer(r, entry_answers))
+        copied = (p for p, r in one.items() if copied_entry_answer(r, entry_answers))
+        out["entry_answer"] = sorted(copied, key=_id_order)
     return out
 
 
@@ -100,8 +107,16 @@ def table(alone: Sequence[Row], runs: Mapping[str, Sequence[Row]],
 
 
 def _fmt(r: Mapping) -> str:
-    lo, hi = r["ci95"]
+    lo, hi = wilson_interval(r["correct"], r["n"])  # not the JSON's 4-place rounding, rounded again
     return f"{r['correct']}/{r['n']} = {r['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _problems(ids: Sequence[str], most: int = 12) -> str:
+    """Problem ids in a cell: all of them up to `most`, else their count (the JSON keeps every id)."""
+    if not ids:
+        return "0"
+    return ", ".join(ids) if len(ids) <= most else f"{len(ids)} problems"
+
 
 
 def markdown(t: Mapping) -> str:
@@ -111,8 +126,8 @@ def markdown(t: Mapping) -> str:
              + (" answered the grafted entry's answer |" if copies else ""),
              "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if copies else "")]
     for label, r in [("alone", t["alone"]), *t["runs"].items()]:
-        w2r = ", ".join(r["wrong_to_right"]) or "0" if "wrong_to_right" in r else ""
-        r2w = ", ".join(r["right_to_wrong"]) or "0" if "right_to_wrong" in r else ""
+        w2r = _problems(r["wrong_to_right"]) if "wrong_to_right" in r else ""
+        r2w = _problems(r["right_to_wrong"]) if "right_to_wrong" in r else ""
         p = f"{r['mcnemar_p']:.3f}" if "mcnemar_p" in r else ""
         copied = (f" {len(r['entry_answer'])}/{r['n']}" + (f" ({', '.join(r['entry_answer'])})"
                   if 0 < len(r["entry_answer"]) <= 8 else "") + " |") if "entry_answer" in r else " |"

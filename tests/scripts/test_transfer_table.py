@@ -84,3 +84,15 @@ def test_a_library_folder_other_than_the_runs_is_refused(tmp_path):
         transfer_table.library_answers(tmp_path, "bbbb")
     with pytest.raises(SystemExit, match="not a library folder"):
         transfer_table.library_answers(tmp_path / "missing", "aaaa")
+
+
+def test_problem_ids_in_year_number_order_and_a_long_list_as_a_count():
+    ids = ["1983-10", "1983-2", "1984-1", "x"]
+    alone = _rows(dict.fromkeys(ids, False), "baseline")
+    t = transfer_table.table(alone, {"recurring": _rows(dict.fromkeys(ids, True), "graft")})
+    assert t["runs"]["recurring"]["wrong_to_right"] == ["1983-2", "1983-10", "1984-1", "x"]
+    many = [f"1990-{i}" for i in range(1, 16)]
+    t = transfer_table.table(_rows(dict.fromkeys(many, False), "baseline"),
+                             {"recurring": _rows(dict.fromkeys(many, True), "graft")})
+    assert "| 15 problems | 0 |" in transfer_table.markdown(t) and len(t["runs"]["recurring"]["wrong_to_right"]) == 15
+    assert "15/15 = 1.000 [0.796, 1.000]" in transfer_table.markdown(t)  # Wilson, rounded once
