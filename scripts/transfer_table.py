@@ -128,7 +128,7 @@ def markdown(t: Mapping) -> str:
     for label, r in [("alone", t["alone"]), *t["runs"].items()]:
         w2r = _problems(r["wrong_to_right"]) if "wrong_to_right" in r else ""
         r2w = _problems(r["right_to_wrong"]) if "right_to_wrong" in r else ""
-        p = f"{r['mcnemar_p']:.3f}" if "mcnemar_p" in r else ""
+        p = ("< 0.001" if r["mcnemar_p"] < 0.001 else f"{r['mcnemar_p']:.3f}") if "mcnemar_p" in r else ""
         copied = (f" {len(r['entry_answer'])}/{r['n']}" + (f" ({', '.join(r['entry_answer'])})"
                   if 0 < len(r["entry_answer"]) <= 8 else "") + " |") if "entry_answer" in r else " |"
         lines.append(f"| {label} | {_fmt(r)} | {w2r} | {r2w} | {p} | {r['length']}/{r['n']} | "
