@@ -157,7 +157,8 @@ def test_a_new_folder_name_follows_the_one_stamp_format(tmp_path: Path) -> None:
     stamp, label = folder.name.rsplit("-", 1)
     assert label == "held_out"
     datetime.strptime(stamp, STAMP_FORMAT)
-    hydra_dir = re.search(r"dir: \$\{kvgraft.claim_dir:\$\{runs_dir\}/\$\{condition.name\},\$\{now:(.+)\}\}",
+    hydra_dir = re.search(r"dir: \$\{kvgraft.claim_dir:\$\{kvgraft.under:\$\{project_root\},\$\{runs_dir\}\}/"
+                          r"\$\{condition.name\},\$\{now:(.+)\}\}",
                           (CONFIG_DIR / "config.yaml").read_text())
     assert hydra_dir and hydra_dir.group(1) == STAMP_FORMAT
 
