@@ -17,7 +17,6 @@ decoding); each is re-checked by `make rescore` before it is cited. Reads only t
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -25,6 +24,8 @@ from pathlib import Path
 
 from scales_table import emit_table  # scripts/: print and write a table
 
+from harness.errors import LibraryError
+from harness.library.build import Library
 from harness.record.folder import RunFolder
 from harness.record.metrics import wilson_interval
 from harness.record.rows import Row
@@ -61,18 +62,19 @@ def copied_entry_answer(row: Row, entry_answers: Mapping[str, str]) -> bool:
 
 
 def library_answers(folder: Path, manifest_sha256: str | None) -> dict[str, str]:
-    """entry_id -> the entry's verified answer, from a library folder's index.jsonl; the folder must be the library
-    the runs grafted from (its manifest_sha256 is the one their manifests record)."""
+    """entry_id -> the entry's verified answer, read by `harness.library.build.Library` (its manifest, every index
+    row and the index checked against their hashes); the folder must be the library the runs grafted from (its
+    manifest_sha256 is the one their manifests record)."""
     try:
-        got = json.loads((folder / "manifest.json").read_text())["manifest_sha256"]
-        index = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines() if line.strip()]
-    except (OSError, ValueError, KeyError) as exc:
+        lib = Library(folder, store=None)  # only the index is read: no artifact is opened
+    except LibraryError as exc:
         raise SystemExit(f"transfer_table: --library {folder}: not a library folder ({exc}); give the folder "
                          "runs/library/<name>-v<version>-... that holds manifest.json and index.jsonl") from None
+    got = lib.manifest["manifest_sha256"]
     if got != manifest_sha256:
         raise SystemExit(f"transfer_table: --library {folder}: manifest_sha256 {got[:12]}... is not the library the "
                          f"runs grafted from ({str(manifest_sha256)[:12]}..., their manifests' inputs.library)")
-    return {e["entry_id"]: str(e["answer"]) for e in index}
+    return {e.entry_id: str(e.answer) for e in lib.entries}
 
 
 def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None,
@@ -116,7 +118,6 @@ def _problems(ids: Sequence[str], most: int = 12) -> str:
     if not ids:
         return "0"
     return ", ".join(ids) if len(ids) <= most else f"{len(ids)} problems"
-
 
 
 def markdown(t: Mapping) -> str:

@@ -4,6 +4,7 @@ the model alone, rows stopped at the budget and overlong, decode tokens. Rows ma
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -76,14 +77,36 @@ def test_rows_that_answer_their_grafted_entrys_answer_are_counted_only_when_it_i
     assert "entry_answer" not in transfer_table.table(alone, {"held-out": run})["runs"]["held-out"]
 
 
+def _library(folder: Path, answer: str = "1") -> str:
+    """A sealed one-entry library folder (index row and manifest hashed as harness.library.build writes them)."""
+    from harness.record.hashing import sha256_json
+
+    row = {"entry_id": "e", "problem_id": "p", "problem_fingerprint": "fp", "problem": "x", "answer": answer,
+           "artifact_id": "0" * 64, "tokens": 3, "origin": "test", "verification": {}}
+    body = {"entries": {"e": sha256_json(row)}}
+    folder.mkdir()
+    (folder / "index.jsonl").write_text(json.dumps(row) + "\n")
+    (folder / "manifest.json").write_text(json.dumps({**body, "manifest_sha256": sha256_json(body)}))
+    return sha256_json(body)
+
+
 def test_a_library_folder_other_than_the_runs_is_refused(tmp_path):
-    (tmp_path / "manifest.json").write_text('{"manifest_sha256": "aaaa"}')
-    (tmp_path / "index.jsonl").write_text('{"entry_id": "e", "answer": "1"}\n')
-    assert transfer_table.library_answers(tmp_path, "aaaa") == {"e": "1"}
+    lib = tmp_path / "lib"
+    aaaa = _library(lib)
+    assert transfer_table.library_answers(lib, aaaa) == {"e": "1"}
     with pytest.raises(SystemExit, match="not the library the runs grafted from"):
-        transfer_table.library_answers(tmp_path, "bbbb")
+        transfer_table.library_answers(lib, "bbbb")
     with pytest.raises(SystemExit, match="not a library folder"):
-        transfer_table.library_answers(tmp_path / "missing", "aaaa")
+        transfer_table.library_answers(tmp_path / "missing", aaaa)
+
+
+def test_a_library_whose_answers_were_edited_is_refused(tmp_path):
+    """The variant: the index's answer changed, manifest.json kept (its recorded hash still the runs')."""
+    lib = tmp_path / "lib"
+    sha = _library(lib)
+    (lib / "index.jsonl").write_text((lib / "index.jsonl").read_text().replace('"answer": "1"', '"answer": "2"'))
+    with pytest.raises(SystemExit, match="not a library folder.*does not match the hash"):
+        transfer_table.library_answers(lib, sha)
 
 
 def test_problem_ids_in_year_number_order_and_a_long_list_as_a_count():
