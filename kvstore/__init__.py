@@ -7,7 +7,7 @@ per concept (docs/extending.md):
     format/    the artifact's bytes: Snapshot, to_bytes/from_bytes, ids, canonical JSON  (kvstore/FORMAT.md)
     store/     content-addressed stores (local folder, S3, memory), their index, the host-memory tier, prefetch
     bundle/    artifacts (+ opaque attachments) between stores as one file
-    engine/    the Backend protocol (a core and its capabilities), the one graft admission, check_graft
+    engine/    the Backend base class (a core and its capabilities), its Tokenizer, the one graft admission, check_graft
     backends/  the registry (load_backend) and one folder per engine: transformers/, llamacpp/, vllm/, fake
                (each engine's own functions are its folder's face: kvstore.backends.transformers.prefill, ...)
     testing/   fuzzing, a local S3 server, random-weight models
@@ -31,11 +31,12 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
                             "numerics_differences", "numerics_of_tags", "numerics_tag", "profile_problems"),
     # the backend seam and the registry
-    "kvstore.engine.protocol": ("Backend", "BackendDefaults", "Continuation", "InEngineBatches", "InEngineDecoding",
+    "kvstore.engine.protocol": ("Backend", "BatchedRows", "Continuation", "InEngineBatches", "InEngineDecoding",
                                 "RaggedRows", "Registered", "Repositioning", "RowsRequest", "Stepwise",
-                                "artifact_backend"),
-    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "load_backend",
-                         "settings_class"),
+                                "artifact_backend", "supports_batched_rows", "supports_in_flight"),
+    "kvstore.engine.text": ("HFTokenizer", "Tokenizer"),
+    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "in_flight_refusal",
+                         "load_backend", "settings_class"),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256"),
     "kvstore.format.canonical": ("canonical_json",),

@@ -54,16 +54,17 @@ from harness.compare.comparison import Comparison, JobLoad, LibraryRecord, RunLo
 from harness.compare.mlflow_runs import log_comparison
 from harness.compare.pairing import pair
 from harness.compare.plan import Plan
+from harness.config.identity import BATCH_DEPENDENT, RunIdentity
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import ConfigError, HarnessError, PairingError, RunFolderError, exit_on_error
 from harness.library.build import open_library
 from harness.record.audit import audit
 from harness.record.folder import FinishedRun, RunFolder, claim, stamp
-from harness.record.hashing import backend_record, sha256_json, write_json
+from harness.record.hashing import sha256_json, write_json
 from harness.record.rows import Summary
 from harness.run.conditions import Baseline, condition_class
-from harness.run.loop import BATCH_DEPENDENT, comparable_key, console, rows_depend_on_batch, run_rows
+from harness.run.loop import comparable_key, console, rows_depend_on_batch, run_rows
 from harness.task.chat import chat_frame
 from harness.tracking.store import default_tracking_uri
 from kvstore import enter_profile
@@ -166,7 +167,8 @@ def _job_params(c: Any, model: str, lib: Any, be: Any = None) -> dict[str, Any]:
               "library": f"{lib.manifest.get('name')}-v{lib.manifest.get('version')}",
               "library_entries": len(lib.entries), "dtype": c.determinism.dtype,
               "backend": be.name if be is not None else c.model.backend}
-    recorded = backend_record(be) if be is not None else None  # None for transformers, as in the run's keys
+    # None for transformers, as in the run's keys
+    recorded = RunIdentity(be).backend_record() if be is not None else None
     if recorded is not None:
         params["dtype"] = be.dtype
         params.update({f"backend.{k}": v for k, v in recorded["settings"].items() if k != "backend"})

@@ -14,9 +14,10 @@ ranges (`bounded`) and model.device's form are declared on the fields too, and `
 field in one walk over the schema (`check_fields`); only the rules between fields are written out in `validate`.
 
 A leaf of the harness: it imports no harness module but the exception family (harness.errors), the execution
-schema (harness.config.execution) and the field declarations with their checking walk (harness.config.fields), each
-itself a leaf; the `kvgraft.claim_dir` resolver, which creates Hydra's run or sweep folder exclusively
-(harness.record.folder.claim), lives with the Hydra app in harness/__main__.py. `typed` is `OmegaConf.to_object`
+schema (harness.config.execution), the field declarations with their checking walk (harness.config.fields) and the
+run identity's recorded-config rules (harness.config.identity), each itself a leaf; the `kvgraft.claim_dir` resolver,
+which creates Hydra's run or sweep folder exclusively (harness.record.folder.claim), lives with the Hydra app in
+harness/__main__.py. `typed` is `OmegaConf.to_object`
 over the schema (no hand-written conversion).
 
 Over 400 lines for a reason: it is the whole schema (one dataclass per config group, the closed choices as enums,
@@ -41,8 +42,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
+from harness.config.identity import recorded_config
 from harness.errors import ConfigError
-from kvstore import Determinism, KVStoreError, backend_missing, backend_names, batch_invariant_refusal, settings_class
+from kvstore import (
+    Determinism,
+    KVStoreError,
+    backend_missing,
+    backend_names,
+    batch_invariant_refusal,
+    in_flight_refusal,
+    settings_class,
+)
 
 DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
 
@@ -304,7 +314,7 @@ def validate(c: Config) -> None:
     the
     model loads."""
     check_fields(c)
-    check_backend(c.model, c.determinism.batch_invariant)
+    check_backend(c.model, c.determinism.batch_invariant, c.run.in_flight)
     d = c.decoding
     if d.strategy == "greedy" and d.n_samples > 1:
         raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
@@ -324,11 +334,13 @@ def validate(c: Config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_backend(m: ModelConfig, batch_invariant: bool = False) -> None:
+def check_backend(m: ModelConfig, batch_invariant: bool = False, in_flight: int = 1) -> None:
     """A backend whose settings take no `device` (llama.cpp, vLLM's CPU build, the fake) runs on the CPU here:
     model.device=cpu, a ConfigError naming model.device otherwise, before anything loads. Read off the backend's
-    Settings dataclass, no backend named. (model.backend's values and each section's ranges and choices are the
-    schema's: `check_fields`, and OmegaConf at composition.)"""
+    Settings dataclass, no backend named. run.in_flight > 1 on a backend whose class decodes one context at a time
+    (llama.cpp) is refused here too, read off its class's capabilities (the registry), before anything loads.
+    (model.backend's values and each section's ranges and choices are the schema's: `check_fields`, and OmegaConf at
+    composition.)"""
     name = str(m.backend)
     refusal = batch_invariant_refusal(name) if batch_invariant else None
     if refusal:  # the backend's own word on why it cannot (its registry entry), before anything loads
@@ -338,32 +350,18 @@ def check_backend(m: ModelConfig, batch_invariant: bool = False) -> None:
     missing = backend_missing(name)  # an engine this Python lacks (vLLM outside .venv-vllm): one line, no load
     if missing:
         raise ConfigError(f"model.backend={name}: {missing}")
+    refused = in_flight_refusal(name, in_flight)  # its class's capabilities, nothing loaded
+    if refused:
+        raise ConfigError(f"run.in_flight={in_flight}: {refused}; set run.in_flight=1")
 
 
 def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
-    """The resolved config as a run records and hashes it (config.yaml, the resume key): a backend section that
-    no config gave (None) is left out, so a newly registered backend changes no earlier run's hashes."""
+    """The resolved config as a run records and hashes it (config.yaml, the resume key): each setting at the value
+    runs had before it existed left out, and a backend section no config gave (None), so a newly registered backend
+    changes no earlier run's hashes (the rules: harness.config.identity.RECORDED_ABSENT)."""
     config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(cfg)
-    model = config.get("model") if isinstance(config, dict) else None
-    if isinstance(model, dict):
-        for name in backend_names():
-            if name not in _OWN_SECTIONS and model.get(name, 0) is None:
-                del model[name]
-        for key in ("chat", "trace"):  # no chat template, no trace: recorded as before the settings existed
-            if model.get(key, 0) is None:
-                del model[key]
-    drop_default_determinism(config.get("determinism") if isinstance(config, dict) else None)
-    run = config.get("run") if isinstance(config, dict) else None
-    if isinstance(run, dict) and run.get("in_flight", 0) == 1:  # one problem at a time: recorded as before it existed
-        del run["in_flight"]
-    return config
-
-
-def drop_default_determinism(det: dict[str, Any] | None) -> None:
-    """determinism.batch_invariant at its default (false) is left out of a recorded config and of every key, so the
-    default mode's hashes are those from before the setting existed (kvstore.Determinism.to_dict does the same)."""
-    if isinstance(det, dict) and det.get("batch_invariant", True) is False:
-        del det["batch_invariant"]
+    sections = tuple(name for name in backend_names() if name not in _OWN_SECTIONS)
+    return recorded_config(config, sections)
 
 
 def register() -> None:

@@ -133,12 +133,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from harness.compare.job import find_baseline, with_changes
     from harness.compare.pairing import pair
+    from harness.config.identity import BATCH_DEPENDENT
     from harness.config.model import load_model
     from harness.config.schema import compose_config, typed
     from harness.library.build import open_library
     from harness.record.folder import RunFolder, claim, stamp
     from harness.record.hashing import write_json
-    from harness.run.loop import BATCH_DEPENDENT, comparable_key, console, rows_depend_on_batch, run_rows
+    from harness.run.loop import comparable_key, console, rows_depend_on_batch, run_rows
     from harness.task.chat import chat_frame
 
     cfg = compose_config([experiment, *overrides])

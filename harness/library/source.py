@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.config.identity import RunIdentity
 from harness.errors import HarnessError, LibraryError
 from harness.record.folder import RunFolder
-from harness.record.hashing import backend_record, sha256_hex, sha256_json
+from harness.record.hashing import sha256_hex, sha256_json
 from harness.task.chat import ChatFrame
 from harness.task.problems import Problem, load_problems
 
@@ -109,12 +110,9 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
         "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
     }
-    backend = backend_record(fm)  # None for transformers: every library built before the seam keeps its folder
-    if backend is not None:
-        identity["backend"] = backend["backend"]
-        identity["backend_settings"] = backend["settings"]  # llama.cpp: n_ctx, n_batch, ... and its build
-    if fm.settings().get("batch_invariant"):  # its own artifacts (absent in the default mode: folders stay)
-        identity["batch_invariant"] = True
+    # the backend (absent for transformers) and the batch-invariant mode (absent when off): every library built before
+    # either existed keeps its folder (harness.config.identity)
+    identity.update(RunIdentity(fm).library_fields())
     if chat is not None:  # entries open the model's chat template (absent without one: earlier folders stay)
         identity["chat_frame_sha256"] = chat.sha256
     return identity

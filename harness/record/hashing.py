@@ -80,17 +80,3 @@ def jsonl_bytes(rows: Iterable[Any]) -> bytes:
 def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> None:
     """Write ``rows`` as canonical JSON lines (each followed by ``\\n``), atomically."""
     atomic_write_bytes(path, jsonl_bytes(rows))
-
-
-#: The backend whose runs and libraries record no backend in their keys: everything made before the seam was on it.
-UNRECORDED_BACKEND = "transformers"
-
-
-def backend_record(be: Any) -> dict[str, Any] | None:
-    """What a recorded key (a run's comparable and resume keys, a library's identity) holds of its backend: None for
-    transformers (its determinism settings are in the keys already, and everything made before the seam keeps its
-    keys), else {"backend": name, "settings": settings()} (llama.cpp: every context setting and build fact).
-
-    The one place the harness compares a backend's name with a string (docs/extending.md): a recorded key is a
-    promise, and the keys of every run and library made before backends existed hold no backend."""
-    return None if be.name == UNRECORDED_BACKEND else {"backend": be.name, "settings": be.settings()}

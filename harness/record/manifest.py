@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.config.identity import MANIFEST, drop_absent
 from harness.errors import ManifestError
 from harness.record.hashing import canonical_json, jsonl_bytes, sha256_hex, sha256_json
 
@@ -192,10 +193,9 @@ def build_manifest(
         inputs["library"] = library
     if exactness is not None:  # e.g. "not guaranteed exact: ..." (determinism.allow_environment_mismatch)
         inputs["exactness"] = exactness
-    if in_flight is not None:  # problems in flight (run.in_flight > 1): N, and whether rows depend on the batch
-        inputs["in_flight"] = in_flight
-    if row_schedule is not None:  # how the backend computed its rows, where it changed after runs were recorded
-        inputs["row_schedule"] = row_schedule
+    # problems in flight (run.in_flight > 1: N, and whether rows depend on the batch) and how the backend computed its
+    # rows (where it changed after runs were recorded): each left out at its absent value (harness.config.identity)
+    inputs.update(drop_absent({"in_flight": in_flight, "row_schedule": row_schedule}, MANIFEST))
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "inputs": inputs,

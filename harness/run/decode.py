@@ -13,7 +13,8 @@ The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` c
 `fm` is a kvstore backend (kvstore.Backend: transformers, llama.cpp, vLLM, the scripted fake); every model-shaped
 step goes through the backend's verbs, and the path is chosen by what the backend can do: an engine that decodes
 whole rows itself (kvstore.InEngineDecoding: vLLM) is handed the continuation; a step-wise one (kvstore.Stepwise)
-is driven token by token here.
+is driven token by token here, several rows together only when it has kvstore.BatchedRows. What a run asks of its
+backend (rows of a problem together, problems in flight) is checked once, before decoding (`check_capabilities`).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ import torch
 from harness.errors import ConfigError, HarnessError
 from kvstore import (
     Backend,
+    BatchedRows,
     InEngineBatches,
     InEngineDecoding,
-    RaggedRows,
     RowsRequest,
-    SettingsError,
     Stepwise,
     logits_sha256,
+    supports_batched_rows,
+    supports_in_flight,
 )
 
 StopReason = Literal["eos", "stop", "length"]
@@ -230,6 +232,8 @@ def _generate_batch(
     if not isinstance(be, Stepwise):
         raise HarnessError(f"the {be.name} backend neither decodes in its engine (kvstore.InEngineDecoding) nor step "
                            "by step (kvstore.Stepwise); a backend declares one of them (docs/extending.md)")
+    if n > 1 and not isinstance(be, BatchedRows):
+        raise ConfigError(f"decoding.batch_size={n}: {batched_rows_refusal(be)}; set decoding.batch_size=1")
     cache = cache if cache is not None else be.new_state()
     seen = be.seen(cache)
     if seen >= len(prompt_ids):
@@ -272,10 +276,7 @@ def _generate_batch(
             break
         if step == 0:
             if len(running) > 1:
-                try:
-                    be.repeat_rows(cache, len(running))  # every row starts from the same context
-                except SettingsError as exc:  # the backend decodes one row at a time: name the harness's key
-                    raise ConfigError(f"decoding.batch_size={len(running)}: {exc}; set decoding.batch_size=1") from None
+                be.repeat_rows(cache, len(running))  # every row starts from the same context (BatchedRows)
         elif len(running) < len(active):
             be.keep_rows(cache, running)
         active = [active[j] for j in running]
@@ -332,11 +333,30 @@ class Job:
 
 
 def in_flight_support(be: Backend) -> str | None:
-    """None when `be` can decode several contexts together (problems in flight), else why not, in one line."""
-    if isinstance(be, InEngineBatches) or (isinstance(be, Stepwise) and isinstance(be, RaggedRows)):
+    """None when `be` can decode several contexts together (problems in flight: kvstore.RaggedRows or
+    kvstore.InEngineBatches), else why not, in one line."""
+    if supports_in_flight(type(be)):
         return None
     return (f"the {be.name} backend decodes one context at a time (it has neither kvstore.RaggedRows nor "
             "kvstore.InEngineBatches)")
+
+
+def batched_rows_refusal(be: Backend) -> str | None:
+    """None when `be` decodes several rows of one context together (kvstore.BatchedRows or InEngineDecoding), else
+    why not, in one line."""
+    if supports_batched_rows(type(be)):
+        return None
+    return f"the {be.name} backend decodes one row at a time (it has no kvstore.BatchedRows)"
+
+
+def check_capabilities(be: Backend, batch_size: int, in_flight: int) -> None:
+    """What a run asks of its backend, asked once before it decodes: several rows of a problem together
+    (decoding.batch_size > 1) and several problems in flight (run.in_flight > 1); a ConfigError naming the key
+    otherwise."""
+    if batch_size > 1 and batched_rows_refusal(be) is not None:
+        raise ConfigError(f"decoding.batch_size={batch_size}: {batched_rows_refusal(be)}; set decoding.batch_size=1")
+    if in_flight > 1 and in_flight_support(be) is not None:
+        raise ConfigError(f"run.in_flight={in_flight}: {in_flight_support(be)}; set run.in_flight=1")
 
 
 def generate_many(

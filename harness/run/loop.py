@@ -23,7 +23,6 @@ the pieces that stand alone already live elsewhere (decode, run_folder, manifest
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import os
@@ -42,14 +41,14 @@ from rich.markup import escape
 from rich.table import Table
 from tqdm import tqdm
 
+from harness.config.identity import RunIdentity
 from harness.config.model import load_model
-from harness.config.schema import Config, drop_default_determinism, recorded, typed
+from harness.config.schema import Config, recorded, typed
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.record.folder import FinishedRun, RunFolder
-from harness.record.hashing import backend_record, sha256_json
 from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_label
 from harness.run.conditions import CONDITIONS, build_condition
-from harness.run.decode import in_flight_support
+from harness.run.decode import check_capabilities
 from harness.run.distributed import completer
 from harness.run.energy import make_meter
 from harness.task.chat import chat_frame, encode_prompt
@@ -61,7 +60,7 @@ from harness.tracking.store import default_tracking_uri
 from kvstore import Backend, check_weights
 
 __all__ = [
-    "BATCH_DEPENDENT", "check_condition", "comparable_key", "cpu_seconds", "fit_context", "in_flight_record",
+    "check_condition", "comparable_key", "cpu_seconds", "fit_context", "in_flight_record",
     "job_waves", "print_summary", "resume_key", "rows_depend_on_batch", "run", "run_rows",
 ]
 
@@ -72,49 +71,20 @@ NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true 
 
 
 def comparable_key(c: Config, fm: Backend) -> str:
-    """Runs with the same key differ only in condition/library: same model, data, prompt, decoding (batch size
-    included: a batch need not give the bits of single rows), settings, backend. batch_size 1 is left out of the
-    key, and so is the transformers backend, so runs from before they existed keep theirs."""
-    c = dataclasses.asdict(c)
-    if c["decoding"].get("batch_size") == 1:
-        del c["decoding"]["batch_size"]
-    drop_default_determinism(c["determinism"])
-    key = {
-        "model": fm.fingerprint,
-        "tokenizer": fm.tokenizer_fingerprint,
-        **{k: c[k] for k in ("dataset", "prompt", "decoding", "determinism")},
-    }
-    backend = backend_record(fm)
-    if backend is not None:
-        key["backend"] = backend
-    if c["run"]["context_overflow"] != "refuse":  # truncated prompts are other inputs; refuse changes nothing
-        key["context_overflow"] = c["run"]["context_overflow"]
-    if c["model"].get("trace") is not None:  # scored after a reasoning trace: other scores for the same completions
-        key["trace"] = c["model"]["trace"]
-    if rows_depend_on_batch(fm, c["run"]["in_flight"]):  # other bits than one problem at a time
-        key["in_flight"] = c["run"]["in_flight"]
-    if fm.row_schedule() is not None:  # rows computed another way than the backend's first runs (vLLM greedy)
-        key["row_schedule"] = fm.row_schedule()
-    return sha256_json(key)
-
-
-BATCH_DEPENDENT = "rows depend on batch composition"
+    """Runs with the same key differ only in condition/library (harness.config.identity.RunIdentity owns it, with
+    every setting's "absent in runs made before it existed" rule)."""
+    return RunIdentity(fm, c.run.in_flight).comparable_key(c)
 
 
 def rows_depend_on_batch(be: Backend, in_flight: int) -> bool:
     """Whether rows decoded with `in_flight` problems together may differ in their bits from the same rows decoded
-    one problem at a time: with more than one in flight, unless the backend's forward is batch-invariant
-    (determinism.batch_invariant=true, where the tests show N problems == 1 bit for bit)."""
-    return in_flight > 1 and not be.settings().get("batch_invariant", False)
+    one problem at a time (the backend's fact, `Backend.rows_depend_on_batch`)."""
+    return RunIdentity(be, in_flight).rows_depend_on_batch()
 
 
 def in_flight_record(be: Backend, in_flight: int) -> dict[str, Any] | None:
-    """The manifest's `inputs.in_flight` (None at 1: recorded as before the setting existed)."""
-    if in_flight <= 1:
-        return None
-    depends = rows_depend_on_batch(be, in_flight)
-    return {"problems": in_flight, "rows_depend_on_batch_composition": depends,
-            "note": BATCH_DEPENDENT if depends else "rows equal one problem at a time (determinism.batch_invariant)"}
+    """The manifest's `inputs.in_flight` (None at 1: recorded as before the setting existed; RunIdentity)."""
+    return RunIdentity(be, in_flight).in_flight_record()
 
 
 def check_condition(name: str) -> None:
@@ -128,21 +98,10 @@ def check_condition(name: str) -> None:
 
 def resume_key(config: dict[str, Any], problems: list[Problem], fm: Backend,
                library: str | None) -> str:
-    """What an interrupted run must share with this one to be resumed by it: the resolved config (run.fresh left
-    out), the problem rows, the model and tokenizer fingerprints, the backend (not transformers: see
-    `backend_record`) and the library manifest."""
-    config = copy.deepcopy(config)
-    config.get("run", {}).pop("fresh", None)
-    key = {
-        "config": config, "problems": [p.to_row() for p in problems], "model": fm.fingerprint,
-        "tokenizer": fm.tokenizer_fingerprint, "library": library,
-    }
-    backend = backend_record(fm)
-    if backend is not None:
-        key["backend"] = backend
-    if fm.row_schedule() is not None:  # an interrupted run of another row schedule is not continued by this one
-        key["row_schedule"] = fm.row_schedule()
-    return sha256_json(key)
+    """What an interrupted run must share with this one to be resumed by it (RunIdentity.resume_key): the recorded
+    config (run.fresh left out), the problem rows, the model and tokenizer fingerprints, the backend and the library
+    manifest."""
+    return RunIdentity(fm).resume_key(config, problems, library)
 
 
 def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem]:
@@ -336,8 +295,8 @@ def run_rows(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
     fm = fm if fm is not None else load_model(c)
-    if c.run.in_flight > 1 and in_flight_support(fm) is not None:
-        raise ConfigError(f"run.in_flight={c.run.in_flight}: {in_flight_support(fm)}; set run.in_flight=1")
+    check_capabilities(fm, c.decoding.batch_size, c.run.in_flight)  # what the run asks of the backend, asked once
+    identity = RunIdentity(fm, c.run.in_flight)
     problems = fit_context(problems, fm, c)
     frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
     trace = resolve_trace(c.model.trace, fm.chat_template() if c.model.trace == "model" else None)
@@ -347,7 +306,7 @@ def run_rows(
     )
     desc = condition.describe()
     config = recorded(cfg)
-    key = resume_key(config, problems, fm, desc.get("library", {}).get("manifest_sha256"))
+    key = identity.resume_key(config, problems, desc.get("library", {}).get("manifest_sha256"))
     search = Path(resume_from) if resume_from is not None else (runs / c.condition.name if folder is None else None)
     n, bs = c.decoding.n_samples, c.decoding.batch_size
     jobs = [(p, list(range(s, min(s + bs, n)))) for p in problems for s in range(0, n, bs)]
@@ -395,7 +354,7 @@ def run_rows(
 
     summary = Summary.of(
         rows, condition=condition.name, model=fm.model_name, dataset=d.name, run_dir=str(folder.path),
-        comparable_key=comparable_key(c, fm), run_wall_s=time.perf_counter() - t_run,
+        comparable_key=identity.comparable_key(c), run_wall_s=time.perf_counter() - t_run,
         energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )
@@ -416,8 +375,7 @@ def run_rows(
             library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
             else None,
             exactness=exactness,
-            in_flight=in_flight_record(fm, c.run.in_flight),
-            row_schedule=fm.row_schedule(),
+            **identity.manifest_inputs(),  # in_flight, row_schedule
         )
     finally:
         folder.release()  # a finish that failed (disk full) leaves the rows in outputs.partial.jsonl: resumable

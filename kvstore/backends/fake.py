@@ -13,11 +13,12 @@ addressed and verified by the store like any other, recording `determinism["back
     be = FakeBackend({"Final answer:": " 42\\n\\n"})
     generate(be, be.encode("...Final answer:"), max_new_tokens=8, stop=["\\n\\n"]).text == " 42"
 
-Its capabilities (kvstore.engine.protocol) are declared here and nowhere else: it is Stepwise (the harness's decode
-loop drives it token by token); with the setting `in_engine=True` (`model.fake.in_engine=true`) the loader gives a
-FakeInEngineBackend, which also decodes whole rows itself (InEngineDecoding: `continue_rows`, `graft_refusal`), and
-the harness hands it the continuation instead, as it does vLLM. That one flag, in this module, is what a new
-engine's capability costs (docs/extending.md); tests/harness/test_capabilities.py shows the harness picking the path.
+Its capabilities (kvstore.engine.protocol) are declared here, by inheriting them, and nowhere else: it is RaggedRows
+(so BatchedRows and Stepwise: the harness's decode loop drives it token by token, several rows and contexts at once);
+with the setting `in_engine=True` (`model.fake.in_engine=true`) the loader gives a FakeInEngineBackend, which also
+decodes whole rows itself (InEngineBatches, so InEngineDecoding: `continue_rows`, `continue_many`), and the harness
+hands it the continuation instead, as it does vLLM. That one flag, in this module, is what a new engine's capability
+costs (docs/extending.md); tests/harness/test_capabilities.py shows the harness picking the path.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import BackendDefaults, Continuation, Registered, RowsRequest
+from kvstore.engine.protocol import Backend, Continuation, InEngineBatches, RaggedRows, Registered, RowsRequest
+from kvstore.engine.text import Tokenizer
 from kvstore.engine.verify import logits_sha256
 from kvstore.errors import IncompatibleError, KVStoreError
 from kvstore.format.artifact import LayerKV, Snapshot
@@ -51,7 +53,8 @@ class FakeSettings:
     in_engine: bool = False  # True: the backend also decodes whole rows itself (InEngineDecoding)
 
 
-REGISTERED = Registered("fake", settings="kvstore.backends.fake:FakeSettings", loader="kvstore.backends.fake:load")
+REGISTERED = Registered("fake", settings="kvstore.backends.fake:FakeSettings", loader="kvstore.backends.fake:load",
+                        backend="kvstore.backends.fake:FakeBackend")
 
 
 @dataclass
@@ -61,7 +64,23 @@ class FakeState:
     rows: list[list[int]] = field(default_factory=lambda: [[]])
 
 
-class FakeBackend(BackendDefaults):
+class ByteTokenizer(Tokenizer):
+    """The fake's text: UTF-8 bytes + 3 (0 pad, 1 BOS, 2 EOS); nothing is special."""
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return ([BOS] if add_bos else []) + [b + OFFSET for b in text.encode()]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")
+
+    def eos_ids(self) -> set[int]:
+        return {EOS}
+
+    def vocab_size(self) -> int:
+        return VOCAB
+
+
+class FakeBackend(Backend, RaggedRows):
     """kvstore.engine.protocol.Backend with scripted continuations (see the module docstring)."""
 
     name = "fake"
@@ -86,20 +105,8 @@ class FakeBackend(BackendDefaults):
         return {"backend": self.name}
 
     # text
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        return ([BOS] if add_bos else []) + [b + OFFSET for b in text.encode()]  # bytes: nothing is special
-
-    def chat_template(self) -> str | None:
-        return None
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i - OFFSET for i in ids if i >= OFFSET).decode(errors="replace")
-
-    def eos_ids(self) -> set[int]:
-        return {EOS}
-
-    def vocab_size(self) -> int:
-        return VOCAB
+    def tokenizer(self) -> ByteTokenizer:
+        return ByteTokenizer()
 
     # the "model"
     def next_token(self, history: list[int]) -> int:
@@ -218,7 +225,7 @@ class FakeBackend(BackendDefaults):
         return FakeState([held])
 
 
-class FakeInEngineBackend(FakeBackend):
+class FakeInEngineBackend(FakeBackend, InEngineBatches):
     """The fake with the InEngineDecoding capability: it continues whole rows itself, as an engine with its own
     batching and sampler does (`calls["continue_rows"]` counts the rows; no `step` is taken)."""
 

@@ -1,40 +1,51 @@
-"""The backend seam: everything model-shaped the engine and the harness need, as a small core protocol plus typed
-optional capabilities (the shape of vLLM's KVConnectorBase: a required core, optional verbs a caller asks for).
+"""The backend seam: one abstract base class, `Backend`, holding the core contract every backend has and its
+defaults, and optional capabilities a backend opts into by inheriting them (the shape of vLLM's KVConnectorBase_V1:
+the required members abstract, the rest concrete with documented defaults; optional abilities as nominal mixins, as
+its `SupportsHMA`). A caller asks `isinstance(be, Stepwise)`, never the backend's name and never by catching an
+error.
 
 A backend is one generation engine with a frozen model loaded in it (transformers, llama.cpp, vLLM, a scripted
-fake for tests). The core, `Backend`, every backend has:
+fake for tests). `Backend`'s abstract members, which a new backend writes (ABSTRACT, checked by
+tests/kvstore/test_backend_base.py and stated in docs/extending.md):
 
-    facts     name (the backend), model_name, fingerprint, tokenizer_fingerprint, dtype, settings(), environment(),
-              context_size() (the most positions a context may hold; None when the engine does not say)
-    policy    allows_environment_mismatch() (admission may let an artifact of another compute environment through,
-              marked not guaranteed exact), torch_threads_matter() (torch's thread count is part of its bits)
-    text      encode(text, add_bos) / decode(ids) / eos_ids() / vocab_size() / chat_template()
+    facts     settings() (the recorded settings), environment() (the compute environment an artifact records)
+    text      tokenizer() -> Tokenizer (kvstore.engine.text): encode / decode / eos_ids / vocab_size / chat_template
+              are derived from it (HFTokenizer wraps a Hugging Face tokenizer)
     compute   seen(state) / prefill(ids, state, position) -> (state, last logits (1, vocab))
     artifacts capture(state, ids, extra) -> Snapshot / graft(snapshot, ids) -> a fresh state holding it
 
-and one or both decoding capabilities, each a runtime-checkable protocol (`isinstance(be, Stepwise)`) the harness
-picks its path by, never by the backend's name:
+and the attributes name (a class attribute: the backend), model_name, fingerprint, tokenizer_fingerprint, dtype (set
+in `__init__` or as properties). Every other member is concrete, a fact asked as a method in one place each:
 
-    Stepwise          new_state() / forward(ids, state, position) -> logits (1, len, vocab) (the state advances)
-                      repeat_rows(state, n) / keep_rows(state, rows) / step(state, tokens, position) -> (rows, vocab)
-                      the harness's decode loop (harness/run/decode.py) and check_graft's reference drive these
+    context_size()                None: the engine names no limit
+    allows_environment_mismatch() False: admission lets no artifact of another compute environment through
+    torch_threads_matter()        False: torch's thread count is not part of this engine's bits
+    numerics()                    None: no measured numerics fingerprint (artifacts compared on the environment)
+    row_schedule()                None: rows computed as every run so far recorded them
+    batch_invariant()             False: kvgraft's tested batch-invariant mode (determinism.batch_invariant) is off;
+                                  an engine's own determinism switch is another fact with another name
+    rows_depend_on_batch(n)       n > 1 and not batch_invariant(): rows of n contexts decoded together may differ
+                                  in their bits from one context at a time
+    pinned_weights()              None: no weight files pinned (kvstore.engine.weights.PinnedWeights otherwise)
+
+Capabilities (each an abstract mixin; a backend inherits the ones it does and writes their members):
+
+    Stepwise          new_state() / forward(ids, state, position) -> logits (1, len, vocab) (the state advances) /
+                      step(state, [token], position) -> (1, vocab): the caller drives decoding one token at a time
+                      (the harness's decode loop, check_graft's reference)
+    BatchedRows       (a Stepwise) repeat_rows(state, n) / keep_rows(state, rows) and `step` of one token per row:
+                      several rows of one context decoded together (decoding.batch_size > 1)
+    RaggedRows        (a BatchedRows) join_rows(states) -> one state holding every row of the given states, whatever
+                      their lengths (left-padded: each row keeps its own positions and sees only its own keys);
+                      step_rows(state, tokens, positions) -> (rows, vocab); keep_rows works on a joined state too:
+                      problems in flight on a step-wise engine
     InEngineDecoding  continue_rows(state, prompt_ids, seeds, max_new_tokens=, stop=, strategy=, temperature=,
-                      top_p=, eos=) -> [Continuation] (one per seed): the engine decodes whole rows itself (vLLM)
+                      top_p=, eos=) -> [Continuation] (one per seed): the engine decodes whole rows itself (vLLM);
                       graft_refusal(token_count) -> str | None: why an artifact of that many tokens from position 0
-                      would be refused before a longer prompt, naming the setting that makes it work (vLLM grafts
-                      whole blocks only); None when it grafts (a library build skips such entries, recorded)
-
-and, for problems in flight (several contexts decoded together, harness run.in_flight), one of:
-
-    RaggedRows        join_rows(states) -> one state holding every row of the given states, whatever their lengths
-                      (left-padded: each row keeps its own positions and sees only its own keys);
-                      step_rows(state, tokens, positions) -> (rows, vocab): one token per row at its own position;
-                      keep_rows(state, rows) works on a joined state too (a Stepwise backend)
-    InEngineBatches   continue_many([RowsRequest], max_new_tokens=, ...) -> [[Continuation]]: every request's rows
-                      submitted to the engine together (its scheduler batches them), answered in request order
-
-`BackendDefaults` gives the policy facts their usual values (no context limit known, no environment mismatch
-allowed, torch threads not part of the bits); a backend subclasses it and overrides what differs.
+                      would be refused before a longer prompt (None when it grafts)
+    InEngineBatches   (an InEngineDecoding) continue_many([RowsRequest], max_new_tokens=, ...) -> [[Continuation]]:
+                      every request's rows submitted to the engine together: problems in flight
+    Repositioning     graft_repositioned(snapshot, offset): an artifact's keys re-rotated (the position experiment)
 
 `prefill` is the pinned schedule of that backend (a deposit and a fresh reference run the same one).
 `graft` first calls the one admission (kvstore.engine.admission.admit: every recorded fact compared with this
@@ -51,14 +62,18 @@ Implementations, one folder or module each under kvstore/backends/ (each declare
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
+from kvstore.engine.text import Tokenizer
 from kvstore.format.artifact import Snapshot
 
 if TYPE_CHECKING:  # annotations only: importing the seam (and the registry) loads no torch
     import torch
+
+    from kvstore.engine.weights import PinnedWeights
 
 #: The backend an artifact that records none was made by (every artifact written before the seam existed).
 TRANSFORMERS = "transformers"
@@ -95,7 +110,9 @@ class Registered:
     requires: a module the engine needs that may be absent from this Python ("" = none), and `install`, how to
               get a Python that has it (said when it is missing, before anything loads);
     batch_invariant: "" when the backend offers determinism.batch_invariant (kvstore/determinism.py), else why it
-              cannot (said in the one-line refusal before anything loads)."""
+              cannot (said in the one-line refusal before anything loads);
+    backend:  "module:Class", the Backend class the loader returns (its capabilities are read off the class before
+              anything loads: `in_flight_refusal`); a module that imports no engine at import time."""
 
     name: str
     settings: str
@@ -103,6 +120,20 @@ class Registered:
     requires: str = ""
     install: str = ""
     batch_invariant: str = "it does not implement a batch-invariant computation"
+    backend: str = ""
+
+    def backend_class(self) -> type:
+        """The Backend class this entry loads (imported, nothing loaded)."""
+        module, _, attr = self.backend.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def in_flight_refusal(self, in_flight: int) -> str | None:
+        """The one-line refusal of `in_flight` > 1 contexts decoded together on this backend, read off its class's
+        capabilities (RaggedRows or InEngineBatches) before anything loads; None when it offers them."""
+        if in_flight <= 1 or supports_in_flight(self.backend_class()):
+            return None
+        return (f"the {self.name} backend decodes one context at a time (it has neither RaggedRows nor "
+                f"InEngineBatches), so {in_flight} problems cannot be in flight together; decode one at a time")
 
     def batch_invariant_refusal(self) -> str | None:
         """The one-line refusal of determinism.batch_invariant=true on this backend, or None when it offers it."""
@@ -131,59 +162,166 @@ class Registered:
         return getattr(importlib.import_module(module), attr)(settings)
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """The core every backend has: a generation engine with one frozen model loaded (module docstring)."""
+class Backend(ABC):
+    """The core every backend has: a generation engine with one frozen model loaded (module docstring). A subclass
+    writes the abstract members and inherits the documented default of every other one (overriding what differs)."""
 
-    name: str  # the backend: "transformers", "llamacpp", "vllm", "fake"
+    name: str  # the backend, a class attribute: "transformers", "llamacpp", "vllm", "fake"
     model_name: str
     fingerprint: str
     tokenizer_fingerprint: str
     dtype: str  # the dtype of the state an artifact holds
 
-    # facts and admission policy
-    def settings(self) -> dict: ...
-    def environment(self) -> dict: ...
-    def context_size(self) -> int | None: ...
-    def allows_environment_mismatch(self) -> bool: ...
-    def torch_threads_matter(self) -> bool: ...
-    def numerics(self) -> str | None: ...
-    def row_schedule(self) -> str | None: ...
+    # ------------------------------------------------------------------ facts (abstract)
+    @abstractmethod
+    def settings(self) -> dict:
+        """The settings an artifact and a run record (the format's five pinned settings first, FORMAT.md 6): read by
+        admission and recorded; a caller asks a fact by its method, never by reading this dict."""
 
-    # text
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]: ...
-    def chat_template(self) -> str | None: ...
-    def decode(self, ids: list[int]) -> str: ...
-    def eos_ids(self) -> set[int]: ...
-    def vocab_size(self) -> int: ...
+    @abstractmethod
+    def environment(self) -> dict:
+        """The compute environment an artifact records (kvstore.environment)."""
 
-    # compute and artifacts
-    def seen(self, state: Any) -> int: ...
+    # ------------------------------------------------------------------ facts with defaults
+    def context_size(self) -> int | None:
+        """The most positions a context may hold; None when the engine does not say."""
+        return None
+
+    def allows_environment_mismatch(self) -> bool:
+        """Whether admission lets an artifact of another compute environment through (marked not guaranteed exact):
+        a policy the caller chose, not a recorded setting. Default False."""
+        return False
+
+    def torch_threads_matter(self) -> bool:
+        """Whether torch's thread count is part of this engine's bits (an artifact then records it). Default False."""
+        return False
+
+    def numerics(self) -> str | None:
+        """The numerics fingerprint of this backend's kernels (kvstore.environment.numerics_fingerprint), or None for
+        a backend that measures none: its artifacts are then compared on the environment record only."""
+        return None
+
+    def row_schedule(self) -> str | None:
+        """How this backend computes a decoded row, named once it changed after runs were recorded (a run's
+        comparable and resume keys and its manifest record it, so rows of two schedules are never compared or
+        mixed), or None: the schedule every run so far was recorded under, recorded as nothing (keys unchanged)."""
+        return None
+
+    def batch_invariant(self) -> bool:
+        """Whether this backend runs kvgraft's tested batch-invariant mode (determinism.batch_invariant: a row's bits
+        do not depend on what shares its batch or how its context was chunked; tested on transformers). An engine's
+        own determinism switch (vLLM's VLLM_BATCH_INVARIANT) is not this fact. Default False."""
+        return False
+
+    def rows_depend_on_batch(self, in_flight: int) -> bool:
+        """Whether rows decoded with `in_flight` contexts together may differ in their bits from the same rows decoded
+        one context at a time: with more than one, unless `batch_invariant()`."""
+        return in_flight > 1 and not self.batch_invariant()
+
+    def pinned_weights(self) -> PinnedWeights | None:
+        """The weight files this model was loaded from, pinned at load (kvstore.engine.weights), or None when there
+        are none to watch (a scripted model, an engine that owns its files)."""
+        return None
+
+    # ------------------------------------------------------------------ text, derived from the tokenizer
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer:
+        """The text side of the model (kvstore.engine.text.Tokenizer); the text verbs below are derived from it."""
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.tokenizer().encode(text, add_bos=add_bos, special=special)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer().decode(ids)
+
+    def eos_ids(self) -> set[int]:
+        return self.tokenizer().eos_ids()
+
+    def vocab_size(self) -> int:
+        return self.tokenizer().vocab_size()
+
+    def chat_template(self) -> str | None:
+        return self.tokenizer().chat_template()
+
+    # ------------------------------------------------------------------ compute and artifacts (abstract)
+    @abstractmethod
+    def seen(self, state: Any) -> int:
+        """How many tokens `state` holds."""
+
+    @abstractmethod
     def prefill(self, token_ids: list[int], state: Any = None,
-                position: int | None = None) -> tuple[Any, torch.Tensor]: ...
-    def capture(self, state: Any, token_ids: list[int], extra: dict | None = None) -> Snapshot: ...
-    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> Any: ...
+                position: int | None = None) -> tuple[Any, torch.Tensor]:
+        """`token_ids` after `state` (a fresh one by default) in this backend's pinned schedule: (state, the last
+        position's logits (1, vocab))."""
+
+    @abstractmethod
+    def capture(self, state: Any, token_ids: list[int], extra: dict | None = None) -> Snapshot:
+        """The artifact of exactly `token_ids` (computed from position 0) that `state` holds."""
+
+    @abstractmethod
+    def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> Any:
+        """A fresh state holding `snapshot` at its own positions, after the one admission (kvstore.engine.admission
+        .admit) and this engine's layout check."""
 
 
-@runtime_checkable
-class Stepwise(Protocol):
-    """The step-wise capability: the caller drives decoding one position (and a batch of rows) at a time."""
-
-    def new_state(self) -> Any: ...
-    def forward(self, token_ids: list[int], state: Any, position: int | None = None) -> torch.Tensor: ...
-    def repeat_rows(self, state: Any, n: int) -> None: ...
-    def keep_rows(self, state: Any, rows: list[int]) -> None: ...
-    def step(self, state: Any, tokens: list[int], position: int) -> torch.Tensor: ...
+#: The members a new backend writes (the abstract ones of `Backend`; docs/extending.md states the count).
+ABSTRACT: tuple[str, ...] = tuple(sorted(Backend.__abstractmethods__))
 
 
-@runtime_checkable
-class InEngineDecoding(Protocol):
+class Stepwise(ABC):
+    """The step-wise capability: the caller drives decoding one token at a time (one row; BatchedRows for more)."""
+
+    @abstractmethod
+    def new_state(self) -> Any:
+        """An empty state."""
+
+    @abstractmethod
+    def forward(self, token_ids: list[int], state: Any, position: int | None = None) -> torch.Tensor:
+        """`token_ids` after `state` (which advances): every position's logits (1, len, vocab)."""
+
+    @abstractmethod
+    def step(self, state: Any, tokens: list[int], position: int) -> torch.Tensor:
+        """One token per row of `state` at `position`: the logits (rows, vocab). Without BatchedRows, one row."""
+
+
+class BatchedRows(Stepwise):
+    """Several rows of one context decoded together: `repeat_rows` after the shared prefill, `step` with one token per
+    row, `keep_rows` as rows finish (decoding.batch_size > 1 on a step-wise engine)."""
+
+    @abstractmethod
+    def repeat_rows(self, state: Any, n: int) -> None:
+        """Every row of `state` repeated to `n` rows."""
+
+    @abstractmethod
+    def keep_rows(self, state: Any, rows: list[int]) -> None:
+        """Keep only the given rows of `state`, in that order."""
+
+
+class RaggedRows(BatchedRows):
+    """Rows of different contexts (any lengths) decoded in one batch: problems in flight on a step-wise engine."""
+
+    @abstractmethod
+    def join_rows(self, states: Sequence[Any]) -> Any:
+        """One state holding every row of `states`, left-padded, each row at its own positions."""
+
+    @abstractmethod
+    def step_rows(self, state: Any, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One token per row, each at its own position: the logits (rows, vocab)."""
+
+
+class InEngineDecoding(ABC):
     """The in-engine decoding capability: the engine continues whole rows itself (its own batching and sampler)."""
 
+    @abstractmethod
     def continue_rows(self, state: Any, prompt_ids: list[int], seeds: Sequence[int], *, max_new_tokens: int,
                       stop: Sequence[str] = (), strategy: str = "greedy", temperature: float = 0.7,
-                      top_p: float = 0.95, eos: set[int] | None = None) -> list[Continuation]: ...
-    def graft_refusal(self, token_count: int) -> str | None: ...
+                      top_p: float = 0.95, eos: set[int] | None = None) -> list[Continuation]:
+        """One Continuation per seed of `prompt_ids` (`state` holds a prefix of it, or None)."""
+
+    def graft_refusal(self, token_count: int) -> str | None:
+        """Why an artifact of `token_count` tokens deposited here (from position 0) would be refused before a longer
+        prompt, naming the setting that makes it work; None (the default) when it grafts."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -196,50 +334,30 @@ class RowsRequest:
     seeds: Sequence[int]
 
 
-@runtime_checkable
-class RaggedRows(Protocol):
-    """Rows of different contexts (any lengths) decoded in one batch: problems in flight on a step-wise engine."""
-
-    def join_rows(self, states: Sequence[Any]) -> Any: ...
-    def step_rows(self, state: Any, tokens: list[int], positions: list[int]) -> torch.Tensor: ...
-
-
-@runtime_checkable
-class InEngineBatches(Protocol):
+class InEngineBatches(InEngineDecoding):
     """Several contexts' rows submitted to the engine at once (its scheduler batches them): problems in flight."""
 
+    @abstractmethod
     def continue_many(self, requests: Sequence[RowsRequest], *, max_new_tokens: int, stop: Sequence[str] = (),
                       strategy: str = "greedy", temperature: float = 0.7, top_p: float = 0.95,
-                      eos: set[int] | None = None) -> list[list[Continuation]]: ...
+                      eos: set[int] | None = None) -> list[list[Continuation]]:
+        """Every request's Continuations, in request order."""
 
 
-@runtime_checkable
-class Repositioning(Protocol):
+class Repositioning(ABC):
     """The position experiment's capability (transformers): an artifact's keys re-rotated to start at `offset`."""
 
-    def graft_repositioned(self, snapshot: Snapshot, offset: int) -> Any: ...
+    @abstractmethod
+    def graft_repositioned(self, snapshot: Snapshot, offset: int) -> Any:
+        """A fresh state holding `snapshot` re-rotated to start at `offset` (not exact)."""
 
 
-class BackendDefaults:
-    """The policy facts' usual values, for a backend to subclass (and override what differs): no context limit it
-    can name, no artifact of another compute environment admitted, torch's thread count not part of its bits."""
+def supports_in_flight(cls: type) -> bool:
+    """Whether a backend class decodes several contexts together (problems in flight): RaggedRows or
+    InEngineBatches."""
+    return issubclass(cls, (RaggedRows, InEngineBatches))
 
-    def context_size(self) -> int | None:
-        return None
 
-    def allows_environment_mismatch(self) -> bool:
-        return False
-
-    def torch_threads_matter(self) -> bool:
-        return False
-
-    def row_schedule(self) -> str | None:
-        """How this backend computes a decoded row, named once it changed after runs were recorded (a run's
-        comparable and resume keys and its manifest record it, so rows of two schedules are never compared or
-        mixed), or None: the schedule every run so far was recorded under, recorded as nothing (keys unchanged)."""
-        return None
-
-    def numerics(self) -> str | None:
-        """The numerics fingerprint of this backend's kernels (kvstore.environment.numerics_fingerprint), or None for
-        a backend that measures none: its artifacts are then compared on the environment record only."""
-        return None
+def supports_batched_rows(cls: type) -> bool:
+    """Whether a backend class decodes several rows of one context together: BatchedRows or InEngineDecoding."""
+    return issubclass(cls, (BatchedRows, InEngineDecoding))

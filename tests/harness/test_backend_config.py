@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.config.identity import RunIdentity
 from harness.config.model import backend_settings, load_model
 from harness.config.schema import Config, ModelConfig, compose_config, typed
 from harness.errors import ConfigError
-from harness.record.hashing import backend_record
 from harness.run.loop import comparable_key, resume_key
 from kvstore.backends.fake import FakeBackend
 
@@ -48,7 +48,7 @@ def test_the_llamacpp_model_config_maps_onto_llamacpp_settings() -> None:
 def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:
     cfg = compose_config(["dataset.limit=1"])
     a, b = FakeBackend(margin=8.0), FakeBackend(margin=4.0)
-    assert backend_record(a) == {"backend": "fake", "settings": a.settings()}
+    assert RunIdentity(a).backend_record() == {"backend": "fake", "settings": a.settings()}
     assert comparable_key(typed(cfg), a) != comparable_key(typed(cfg), b)  # another setting: not comparable
     assert comparable_key(typed(cfg), a) == comparable_key(typed(cfg), FakeBackend(margin=8.0))
     assert resume_key({}, [], a, None) != resume_key({}, [], b, None)
@@ -64,7 +64,8 @@ def test_a_named_row_schedule_is_in_the_run_keys_and_none_leaves_them_as_before(
 
     cfg = typed(compose_config(["dataset.limit=1"]))
     plain, scheduled = FakeBackend(margin=8.0), Scheduled(margin=8.0)
-    assert plain.row_schedule() is None and backend_record(plain) == backend_record(scheduled)  # not a library key
+    assert plain.row_schedule() is None  # and a row schedule is not a library key:
+    assert RunIdentity(plain).backend_record() == RunIdentity(scheduled).backend_record()
     assert comparable_key(cfg, plain) != comparable_key(cfg, scheduled)
     assert resume_key({}, [], plain, None) != resume_key({}, [], scheduled, None)
 

@@ -209,7 +209,7 @@ class Graft(Baseline):
                 tags = ()  # no index row: nothing recorded beside the artifact (its bytes were verified on read)
             check_numerics(tags, self.backend,
                            f"library entry {match.entry.entry_id}",
-                           allow_environment_mismatch=_allows_mismatch(self.backend))
+                           allow_environment_mismatch=self.backend.allows_environment_mismatch())
         except EnvironmentMismatchError as exc:
             raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
                                "here") from None
@@ -218,12 +218,6 @@ class Graft(Baseline):
         # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
         return Context(prompt, context, lambda: graft_entry(self.backend, snapshot, context), snapshot.token_count,
                        match)
-
-
-def _allows_mismatch(backend: Backend) -> bool:
-    """determinism.allow_environment_mismatch of a transformers backend (not recorded in its settings)."""
-    det = getattr(getattr(backend, "fm", None), "determinism", None)
-    return bool(getattr(det, "allow_environment_mismatch", False))
 
 
 def graft_entry(backend: Backend, snapshot, context: list[int]):
@@ -249,7 +243,7 @@ class InContext(Graft):
         prompt, match, snapshot = found
         entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
         context = entry_ids + encode_query(self.backend, self.frame, prompt)
-        if self.backend.settings().get("batch_invariant"):
+        if self.backend.batch_invariant():
             # determinism.batch_invariant: no schedule changes a bit, so the control is the fresh computation a
             # baseline makes: the whole context (entry + query) prefilled as one prompt, in the run's schedule
             # (one pass when determinism.prefill_chunk covers it)

@@ -20,7 +20,9 @@ layout, token prefix); a restore llama.cpp rejects clears the cache and raises (
 leave a half-written KV, llama.cpp #27068).
 
 One context holds one state: `new_state` and `graft` clear the cache and return a handle; using an older
-handle raises. Batches of more than one row are not supported (decoding.batch_size=1).
+handle raises. It is Stepwise and nothing more (kvstore.engine.protocol): one row of one context at a time, so it
+claims neither BatchedRows (several rows of a context) nor RaggedRows (several contexts in flight), and a caller asks
+that with isinstance before it decodes.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from kvstore.backends.llamacpp.settings import LlamaCppSettings
 from kvstore.backends.llamacpp.state import GGML_TYPE_OF, parse_state, serialize_state, state_layers
 from kvstore.backends.packaged import BUNDLED, file_sha256, gguf_path, known_names
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import BackendDefaults
+from kvstore.engine.protocol import Backend, Stepwise
+from kvstore.engine.text import Tokenizer
 from kvstore.engine.weights import PinnedWeights
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
@@ -91,7 +94,32 @@ class LlamaState:
     tokens: list[int]
 
 
-class LlamaCppBackend(BackendDefaults):
+class LlamaTokenizer(Tokenizer):
+    """llama.cpp's own tokenizer (the GGUF's): tokenize / detokenize, its EOS and EOT tokens, its chat template."""
+
+    def __init__(self, llm, ll, vocab, n_vocab: int) -> None:  # noqa: ANN001  (llama_cpp's objects)
+        self.llm, self.ll, self.vocab, self.n_vocab = llm, ll, vocab, n_vocab
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text`; `special`: control tokens written in it (`<|im_start|>`) are parsed as such."""
+        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=special))
+
+    def chat_template(self) -> str | None:
+        """The GGUF's `tokenizer.chat_template` (None when it has none)."""
+        return self.llm.metadata.get("tokenizer.chat_template") or None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.llm.detokenize(list(ids)).decode(errors="replace")
+
+    def eos_ids(self) -> set[int]:
+        ids = {int(self.ll.llama_vocab_eos(self.vocab)), int(self.ll.llama_vocab_eot(self.vocab))}
+        return {i for i in ids if i >= 0}
+
+    def vocab_size(self) -> int:
+        return self.n_vocab
+
+
+class LlamaCppBackend(Backend, Stepwise):
     """kvstore.engine.protocol.Backend over llama-cpp-python (see the module docstring)."""
 
     name = NAME
@@ -144,6 +172,7 @@ class LlamaCppBackend(BackendDefaults):
         self.model = self.llm.model
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self._text = LlamaTokenizer(self.llm, llama_cpp, self.vocab, self._n_vocab)
         self.kv_heads = int(llama_cpp.llama_model_n_head_kv(self.model))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))
         self.fingerprint = file_sha256(Path(s.gguf))  # SHA-256 of the GGUF file: the model fingerprint
@@ -193,24 +222,13 @@ class LlamaCppBackend(BackendDefaults):
     def environment(self) -> dict:
         return current_environment(torch.device("cpu")).to_dict()
 
+    def pinned_weights(self) -> PinnedWeights:
+        """The GGUF file, pinned before llama.cpp read it."""
+        return self.weights
+
     # text
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text`; `special`: control tokens written in it (`<|im_start|>`) are parsed as such."""
-        return list(self.llm.tokenize(text.encode(), add_bos=add_bos, special=special))
-
-    def chat_template(self) -> str | None:
-        """The GGUF's `tokenizer.chat_template` (None when it has none)."""
-        return self.llm.metadata.get("tokenizer.chat_template") or None
-
-    def decode(self, ids: list[int]) -> str:
-        return self.llm.detokenize(list(ids)).decode(errors="replace")
-
-    def eos_ids(self) -> set[int]:
-        ids = {int(self.ll.llama_vocab_eos(self.vocab)), int(self.ll.llama_vocab_eot(self.vocab))}
-        return {i for i in ids if i >= 0}
-
-    def vocab_size(self) -> int:
-        return self._n_vocab
+    def tokenizer(self) -> LlamaTokenizer:
+        return self._text
 
     # state handles
     def _clear(self) -> LlamaState:
@@ -277,16 +295,11 @@ class LlamaCppBackend(BackendDefaults):
                for i in range(0, len(token_ids), self.cfg.n_batch)]
         return torch.cat(out)[None]
 
-    def repeat_rows(self, state: LlamaState, n: int) -> None:
-        raise SettingsError(f"llamacpp: a batch of {n} rows is not supported; decode one row at a time")
-
-    def keep_rows(self, state: LlamaState, rows: list[int]) -> None:
-        if rows != [0]:
-            raise SettingsError("llamacpp: batches are not supported; decode one row at a time")
-
     def step(self, state: LlamaState, tokens: list[int], position: int) -> torch.Tensor:
+        """One token of the one row at `position` (Stepwise without BatchedRows)."""
         if len(tokens) != 1:
-            raise SettingsError("llamacpp: batches are not supported; decode one row at a time")
+            raise KVStoreError(f"llamacpp: step of {len(tokens)} tokens; it decodes one row (no BatchedRows), one "
+                               "token at a time")
         self._positioned(state, position)
         return self._decode(state, tokens, all_logits=False)
 

@@ -26,7 +26,8 @@ from typing import Any
 from kvstore.engine.protocol import Registered
 
 REGISTERED = Registered("transformers", settings="kvstore.backends.transformers.settings:TransformersSettings",
-                        loader="kvstore.backends.transformers.backend:load", batch_invariant="")
+                        loader="kvstore.backends.transformers.backend:load", batch_invariant="",
+                        backend="kvstore.backends.transformers.backend:TransformersBackend")
 
 # the module (in this folder, or the seam) that defines each public name
 _FACE: dict[str, tuple[str, ...]] = {

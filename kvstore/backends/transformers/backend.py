@@ -18,19 +18,23 @@ from kvstore.backends.transformers.model import FrozenModel, cache_kwargs, envir
 from kvstore.backends.transformers.restore import check_layout, rebuild, rotate_keys
 from kvstore.backends.transformers.settings import TransformersSettings
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import TRANSFORMERS, BackendDefaults
+from kvstore.engine.protocol import TRANSFORMERS, Backend, RaggedRows, Repositioning
+from kvstore.engine.text import HFTokenizer, eos_of
+from kvstore.engine.weights import PinnedWeights
 from kvstore.errors import IncompatibleError
 from kvstore.format.artifact import Snapshot, guard
 
 
-class TransformersBackend(BackendDefaults):
-    """kvstore.engine.protocol.Backend (and Stepwise, Repositioning) owning a FrozenModel: `load` (the registry's
-    loader) makes one; `TransformersBackend.of(fm)` gives a FrozenModel's one backend."""
+class TransformersBackend(Backend, RaggedRows, Repositioning):
+    """kvstore.engine.protocol.Backend (and RaggedRows, so BatchedRows and Stepwise; Repositioning) owning a
+    FrozenModel: `load` (the registry's loader) makes one; `TransformersBackend.of(fm)` gives a FrozenModel's one
+    backend."""
 
     name = TRANSFORMERS
 
     def __init__(self, fm: FrozenModel) -> None:
         self.fm = fm
+        self._text: HFTokenizer | None = None
 
     @classmethod
     def of(cls, model: TransformersBackend | FrozenModel) -> TransformersBackend:
@@ -90,30 +94,23 @@ class TransformersBackend(BackendDefaults):
         numerics_fingerprint; measured once per model, on first use)."""
         return self.fm.numerics_sha256
 
-    # text
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        return self.fm.encode(text, add_bos=add_bos, special=special)
+    def batch_invariant(self) -> bool:
+        """determinism.batch_invariant: every forward batch-invariant (invariant.py), the mode the tests show."""
+        return bool(self.fm.determinism.batch_invariant)
 
-    def chat_template(self) -> str | None:
-        """The tokenizer's chat template (from the GGUF for a packaged model; None when it has none)."""
-        template = getattr(self.fm.tokenizer, "chat_template", None)
-        return template if isinstance(template, str) and template else None
+    def pinned_weights(self) -> PinnedWeights | None:
+        """The checkpoint's weight files pinned at load (None for a tiny random model)."""
+        return self.fm.weights
 
-    def decode(self, ids: list[int]) -> str:
-        return self.fm.decode(ids)
-
-    def eos_ids(self) -> set[int]:
-        """The config's eos_token_id (int or list) and the tokenizer's."""
-        ids: set[int] = set()
-        for v in (getattr(self.fm.config, "eos_token_id", None), self.fm.tokenizer.eos_token_id):
-            if isinstance(v, int):
-                ids.add(v)
-            elif isinstance(v, (list, tuple)):
-                ids.update(int(x) for x in v)
-        return ids
-
-    def vocab_size(self) -> int:
-        return int(self.fm.config.get_text_config(decoder=True).vocab_size)
+    # text: the model's tokenizer (the config's eos_token_id, int or list, and the tokenizer's; the text config's
+    # vocabulary; the chat template from the GGUF for a packaged model)
+    def tokenizer(self) -> HFTokenizer:
+        if self._text is None:
+            fm = self.fm
+            self._text = HFTokenizer(fm.tokenizer, eos_of(getattr(fm.config, "eos_token_id", None),
+                                                          fm.tokenizer.eos_token_id),
+                                     int(fm.config.get_text_config(decoder=True).vocab_size))
+        return self._text
 
     # compute
     def new_state(self) -> DynamicCache:

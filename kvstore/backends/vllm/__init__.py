@@ -22,6 +22,7 @@ from kvstore.engine.protocol import Registered
 
 REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBackendSettings",
                         loader="kvstore.backends.vllm.backend:load", requires="vllm",
+                        backend="kvstore.backends.vllm.backend:VllmBackend",
                         install="it lives in .venv-vllm (`make setup-vllm`): run `.venv-vllm/bin/python -m ...`, "
                                 "or the make target, which picks .venv-vllm for a vLLM model",
                         batch_invariant="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) runs only on a GPU and "

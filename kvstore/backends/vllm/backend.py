@@ -60,7 +60,8 @@ from kvstore.backends.vllm.launch import model_folder, start_engine
 from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
 from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
 from kvstore.engine.admission import admit
-from kvstore.engine.protocol import BackendDefaults, Continuation, RowsRequest
+from kvstore.engine.protocol import Backend, Continuation, InEngineBatches, RowsRequest
+from kvstore.engine.text import HFTokenizer, eos_of
 from kvstore.errors import IncompatibleError, KVStoreError, ModelLoadError, SettingsError
 from kvstore.format.artifact import Snapshot, tokens_sha256
 from kvstore.format.invariants import cached_tokens
@@ -79,8 +80,9 @@ class VllmState:
     graft: tuple[str, int] | None = None
 
 
-class VllmBackend(BackendDefaults):
-    """kvstore.engine.protocol.Backend and InEngineDecoding on an in-process vllm.LLM (module docstring)."""
+class VllmBackend(Backend, InEngineBatches):
+    """kvstore.engine.protocol.Backend and InEngineBatches (so InEngineDecoding) on an in-process vllm.LLM (module
+    docstring)."""
 
     name = NAME
 
@@ -99,18 +101,23 @@ class VllmBackend(BackendDefaults):
         self.start_s = time.perf_counter() - t0
         self.store = open_store(scratch)
         self.digests, self._asks = DigestReader(str(Path(scratch) / "digests.jsonl")), itertools.count()
-        self.tokenizer = self.llm.get_tokenizer()
+        hf = self.llm.get_tokenizer()
         self.model_name = settings.model_name
         self.fingerprint = model_fingerprint(folder)
         self.tokenizer_fingerprint = tokenizer_fingerprint(folder)
         config = _json(folder / "config.json")
         text = config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
-        self._vocab = int(text.get("vocab_size") or len(self.tokenizer))
-        self._eos = _eos_ids(config, _json(folder / "generation_config.json"), self.tokenizer.eos_token_id)
+        # config.json's and generation_config.json's eos_token_id (int or list) and the tokenizer's: the tokens vLLM
+        # stops at, given to every request as stop_token_ids
+        textcfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        eos = eos_of(config.get("eos_token_id"), textcfg.get("eos_token_id"),
+                     _json(folder / "generation_config.json").get("eos_token_id"), hf.eos_token_id)
+        self._text = HFTokenizer(hf, eos, int(text.get("vocab_size") or len(hf)))
+        self._vocab = self._text.vocab_size()
         # The engine's binding settings and environment, as its connector records them: read from a probe deposit
         # (one block), so what admission compares here is exactly what the worker compares.
-        space = self.tokenizer.encode(" ", add_special_tokens=False)[-1]  # Gemma 3: 236743
-        probe_ids = [int(self.tokenizer.bos_token_id or 0)] + [int(space)] * (settings.block_size - 1)
+        space = hf.encode(" ", add_special_tokens=False)[-1]  # Gemma 3: 236743
+        probe_ids = [int(hf.bos_token_id or 0)] + [int(space)] * (settings.block_size - 1)
         probe = self.capture(VllmState(), probe_ids)
         self._settings, self._environment, self.dtype = dict(probe.determinism), dict(probe.environment), probe.dtype
         self.layout = probe.layout
@@ -124,6 +131,12 @@ class VllmBackend(BackendDefaults):
     def environment(self) -> dict:
         return dict(self._environment)
 
+    def engine_batch_invariant(self) -> bool:
+        """vLLM's own batch-invariant switch (VLLM_BATCH_INVARIANT, GPU only), as its settings record it under
+        "batch_invariant" (the recorded key stays: artifacts and run keys hold it). Not kvgraft's tested mode:
+        `batch_invariant()` stays False here, so no run claims rows equal to one problem at a time on vLLM."""
+        return bool(self._settings.get("batch_invariant", False))
+
     def row_schedule(self) -> str | None:
         """ROW_SCHEDULE: a greedy row is one request (module docstring); runs of the two-request schedule before it
         recorded none."""
@@ -134,27 +147,10 @@ class VllmBackend(BackendDefaults):
         return int(self.llm.llm_engine.model_config.max_model_len)
 
     # ------------------------------------------------------------------ text
-    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text` (the tokenizer parses control tokens written in it either way, as the transformers
-        backend's does), with BOS first when `add_bos`."""
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        bos = self.tokenizer.bos_token_id
-        return ([int(bos)] if add_bos and bos is not None else []) + ids
-
-    def chat_template(self) -> str | None:
-        template = getattr(self.tokenizer, "chat_template", None)
-        return template if isinstance(template, str) and template else None
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def eos_ids(self) -> set[int]:
-        """config.json's and generation_config.json's eos_token_id (int or list) and the tokenizer's: the tokens vLLM
-        stops at, given to every request as stop_token_ids."""
-        return set(self._eos)
-
-    def vocab_size(self) -> int:
-        return self._vocab
+    def tokenizer(self) -> HFTokenizer:
+        """The engine's tokenizer: BOS first when asked (control tokens written in the text are parsed either way, as
+        the transformers backend's are), decoded without special tokens, config.json's vocabulary."""
+        return self._text
 
     # ------------------------------------------------------------------ requests
     def sampling_params(self, state: VllmState | None = None, deposit: bool = False, digest: str | None = None,
@@ -417,17 +413,6 @@ def _json(path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path}: unreadable ({e}); convert the model folder again") from e
     return data if isinstance(data, dict) else {}
-
-
-def _eos_ids(config: dict, generation: dict, tokenizer_eos: Any) -> set[int]:
-    out: set[int] = set()
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    for v in (config.get("eos_token_id"), text.get("eos_token_id"), generation.get("eos_token_id"), tokenizer_eos):
-        if isinstance(v, int):
-            out.add(v)
-        elif isinstance(v, (list, tuple)):
-            out.update(int(x) for x in v)
-    return out
 
 
 def load(settings: VllmBackendSettings) -> VllmBackend:
