@@ -214,3 +214,38 @@ def test_a_dataset_is_one_config_file():
     found = sorted(f"{p.relative_to(REPO)}: {s}" for p in _files("kvstore", "harness") for s in _code_strings(p)
                    if s in names)
     assert len(names) >= 4 and not found, found
+
+
+BACKEND_NAMES = {"be", "fm", "backend", "model"}  # how the harness names a backend it holds
+
+
+def _is_backend(node: ast.AST) -> bool:
+    """`be`, `fm`, `backend`, `self.backend`, `self.fm`, `cond.backend`: an expression the harness holds a backend in."""
+    if isinstance(node, ast.Name):
+        return node.id in BACKEND_NAMES
+    return isinstance(node, ast.Attribute) and node.attr in {"backend", "fm"}
+
+
+def test_the_harness_reads_no_backend_setting_as_a_dict_and_never_getattrs_a_backend():
+    """Facts are methods (`be.batch_invariant()`, `be.allows_environment_mismatch()`, ...), asked by name: no
+    `settings().get(` / `settings()[` in harness/, no getattr/hasattr on a backend (docs/extending.md)."""
+    found = []
+    for p in _files("harness"):
+        text = p.read_text(encoding="utf-8")
+        found += [f"{p.relative_to(REPO)}:{text[:m.start()].count(chr(10)) + 1} settings() read as a dict"
+                  for m in re.finditer(r"settings\(\)\s*(\.get\(|\[)", text)]
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                    and node.args and (_is_backend(node.args[0])
+                                       or any(_is_backend(n) for n in ast.walk(node.args[0])))):
+                found.append(f"{p.relative_to(REPO)}:{node.lineno} {node.func.id} on a backend")
+    assert not found, found
+
+
+def test_the_layout_check_of_backend_facts_can_fail(tmp_path):
+    """The check above finds what it looks for (a module written the old way)."""
+    bad = "def f(be, backend):\n    return be.settings().get('batch_invariant') or getattr(getattr(backend, 'fm'), 'x')\n"
+    tree = ast.parse(bad)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == "getattr" and any(_is_backend(x) for x in ast.walk(n.args[0]))]
+    assert re.search(r"settings\(\)\s*(\.get\(|\[)", bad) and len(calls) == 2

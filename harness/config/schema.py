@@ -50,6 +50,7 @@ from kvstore import (
     backend_missing,
     backend_names,
     batch_invariant_refusal,
+    batched_rows_refusal,
     in_flight_refusal,
     settings_class,
 )
@@ -314,7 +315,7 @@ def validate(c: Config) -> None:
     the
     model loads."""
     check_fields(c)
-    check_backend(c.model, c.determinism.batch_invariant, c.run.in_flight)
+    check_backend(c.model, c.determinism.batch_invariant, c.run.in_flight, c.decoding.batch_size)
     d = c.decoding
     if d.strategy == "greedy" and d.n_samples > 1:
         raise ConfigError("greedy decoding with n_samples > 1 repeats one answer; use decoding=sample")
@@ -334,11 +335,12 @@ def validate(c: Config) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def check_backend(m: ModelConfig, batch_invariant: bool = False, in_flight: int = 1) -> None:
+def check_backend(m: ModelConfig, batch_invariant: bool = False, in_flight: int = 1, batch_size: int = 1) -> None:
     """A backend whose settings take no `device` (llama.cpp, vLLM's CPU build, the fake) runs on the CPU here:
     model.device=cpu, a ConfigError naming model.device otherwise, before anything loads. Read off the backend's
-    Settings dataclass, no backend named. run.in_flight > 1 on a backend whose class decodes one context at a time
-    (llama.cpp) is refused here too, read off its class's capabilities (the registry), before anything loads.
+    Settings dataclass, no backend named. run.in_flight > 1 and decoding.batch_size > 1 on a backend whose class
+    decodes one context, one row at a time (llama.cpp) are refused here too, read off its class's capabilities (the
+    registry), before anything loads.
     (model.backend's values and each section's ranges and choices are the schema's: `check_fields`, and OmegaConf at
     composition.)"""
     name = str(m.backend)
@@ -353,6 +355,9 @@ def check_backend(m: ModelConfig, batch_invariant: bool = False, in_flight: int 
     refused = in_flight_refusal(name, in_flight)  # its class's capabilities, nothing loaded
     if refused:
         raise ConfigError(f"run.in_flight={in_flight}: {refused}; set run.in_flight=1")
+    refused = batched_rows_refusal(name, batch_size)
+    if refused:
+        raise ConfigError(f"decoding.batch_size={batch_size}: {refused}; set decoding.batch_size=1")
 
 
 def recorded(cfg: DictConfig | Config) -> dict[str, Any]:

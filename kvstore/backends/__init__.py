@@ -24,8 +24,8 @@ from typing import Any
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "in_flight_refusal", "load_backend",
-           "registered", "settings_class"]
+__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batched_rows_refusal", "in_flight_refusal",
+           "load_backend", "registered", "settings_class"]
 
 DEFAULT = "transformers"
 
@@ -73,6 +73,12 @@ def in_flight_refusal(name: str, in_flight: int) -> str | None:
     """The one-line refusal of `in_flight` > 1 contexts decoded together on backend `name`, read off its Backend
     class's capabilities (nothing loads), or None when it offers them."""
     return registered(name).in_flight_refusal(in_flight)
+
+
+def batched_rows_refusal(name: str, rows: int) -> str | None:
+    """The one-line refusal of `rows` > 1 rows of one context decoded together on backend `name`, read off its Backend
+    class's capabilities (nothing loads), or None when it offers them."""
+    return registered(name).batched_rows_refusal(rows)
 
 
 def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:

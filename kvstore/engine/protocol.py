@@ -133,7 +133,15 @@ class Registered:
         if in_flight <= 1 or supports_in_flight(self.backend_class()):
             return None
         return (f"the {self.name} backend decodes one context at a time (it has neither RaggedRows nor "
-                f"InEngineBatches), so {in_flight} problems cannot be in flight together; decode one at a time")
+                f"InEngineBatches: {in_flight} contexts cannot decode together in it)")
+
+    def batched_rows_refusal(self, rows: int) -> str | None:
+        """The one-line refusal of `rows` > 1 rows of one context decoded together on this backend, read off its
+        class's capabilities (BatchedRows or InEngineDecoding) before anything loads; None when it offers them."""
+        if rows <= 1 or supports_batched_rows(self.backend_class()):
+            return None
+        return (f"the {self.name} backend decodes one row at a time (it has no BatchedRows: {rows} rows of a context "
+                "cannot decode together in it)")
 
     def batch_invariant_refusal(self) -> str | None:
         """The one-line refusal of determinism.batch_invariant=true on this backend, or None when it offers it."""
