@@ -82,7 +82,7 @@ def smallest_window(layout: list[dict]) -> int | None:
 
 def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """The registered computations on this process's model (the transformers backend `_load_model` gives; its
-    layer layout read off its FrozenModel, `.fm`): graft samples and greedy decodes, through the backend's verbs
+    layer layout read off a one-token artifact): graft samples and greedy decodes, through the backend's verbs
     (the engine's own prefill and forward, so the bits are those registered)."""
     import torch
 
@@ -91,7 +91,8 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     from kvstore import check_graft, logits_sha256
 
     problems_path = REPO / params["problems"]
-    window = smallest_window(fm.fm.layer_layout)
+    one = fm.encode("", add_bos=True) or [0]
+    window = smallest_window(fm.capture(fm.prefill(one)[0], one).layout)  # the layers' kinds and windows
     scale = window or 512
     lo, hi = max(4, scale // 32), max(60, scale * 7 // 4)
     lengths = prefix_lengths(params["samples"], params["seed"], lo, hi, window)

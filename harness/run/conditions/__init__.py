@@ -88,7 +88,7 @@ class Baseline:
     Settings: ClassVar[type | None] = None  # a dataclass of the condition's own settings (condition.settings)
 
     def __init__(self, fm: Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
-        self.fm, self.prompt, self.decoding = fm, prompt, decoding
+        self.prompt, self.decoding = prompt, decoding
         self.backend: Backend = fm
         self.settings: Any = None  # an instance of Settings, set by build_condition
         self.frame: ChatFrame | None = None  # the model's chat template around the prompt (model.chat), if any

@@ -282,7 +282,7 @@ class VllmBackend(Backend, InEngineBatches):
         submission; sampled, the first-logits requests of every context in one submission, then every context's rows
         in a second one. The engine's scheduler batches them all (its continuous batching fills each step with
         whatever rows are still running). Answers in request order. A row's bits can depend on what shares its batch
-        (vLLM on CPU is not batch-invariant): the harness records that (harness.run.loop.rows_depend_on_batch)."""
+        (vLLM on CPU is not batch-invariant): `rows_depend_on_batch` says so, and the harness records it."""
         t0 = time.perf_counter()
         if not requests:
             return []
