@@ -112,7 +112,8 @@ class Registered:
     batch_invariant: "" when the backend offers determinism.batch_invariant (kvstore/determinism.py), else why it
               cannot (said in the one-line refusal before anything loads);
     backend:  "module:Class", the Backend class the loader returns (its capabilities are read off the class before
-              anything loads: `in_flight_refusal`); a module that imports no engine at import time."""
+              anything loads: `in_flight_refusal`, `batched_rows_refusal`; "" = not declared, asked of the loaded
+              backend instead); a module that imports no engine at import time."""
 
     name: str
     settings: str
@@ -130,7 +131,7 @@ class Registered:
     def in_flight_refusal(self, in_flight: int) -> str | None:
         """The one-line refusal of `in_flight` > 1 contexts decoded together on this backend, read off its class's
         capabilities (RaggedRows or InEngineBatches) before anything loads; None when it offers them."""
-        if in_flight <= 1 or supports_in_flight(self.backend_class()):
+        if in_flight <= 1 or not self.backend or supports_in_flight(self.backend_class()):
             return None
         return (f"the {self.name} backend decodes one context at a time (it has neither RaggedRows nor "
                 f"InEngineBatches: {in_flight} contexts cannot decode together in it)")
@@ -138,7 +139,7 @@ class Registered:
     def batched_rows_refusal(self, rows: int) -> str | None:
         """The one-line refusal of `rows` > 1 rows of one context decoded together on this backend, read off its
         class's capabilities (BatchedRows or InEngineDecoding) before anything loads; None when it offers them."""
-        if rows <= 1 or supports_batched_rows(self.backend_class()):
+        if rows <= 1 or not self.backend or supports_batched_rows(self.backend_class()):
             return None
         return (f"the {self.name} backend decodes one row at a time (it has no BatchedRows: {rows} rows of a context "
                 "cannot decode together in it)")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvstore
 from harness.errors import ConfigError
 from harness.run.decode import Sampling, generate_batch
 from kvstore import Backend, BatchedRows, InEngineBatches, InEngineDecoding, RaggedRows, Repositioning, Stepwise
@@ -157,3 +158,12 @@ def test_vllm_reports_its_own_determinism_switch_as_another_fact() -> None:
     defined = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
     assert "engine_batch_invariant" in defined and "batch_invariant" not in defined
     assert Backend.batch_invariant(FakeBackend()) is False
+
+
+def test_every_registered_backend_declares_its_class_and_loads_one_of_it() -> None:
+    from kvstore.backends import registered
+
+    assert all(registered(n).backend for n in kvstore.backend_names())  # read before anything loads
+    for in_engine in (False, True):
+        be = kvstore.load_backend("fake", in_engine=in_engine)
+        assert isinstance(be, registered("fake").backend_class())
