@@ -10,24 +10,25 @@ from pathlib import Path
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.library.build import open_library
+from kvstore import InEngineDecoding
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class RefusesLong:
-    """The tiny model's backend, refusing to graft artifacts of more than `limit` tokens."""
+def refusing_long(be, limit: int):  # noqa: ANN001, ANN201
+    """The tiny model's backend, declaring InEngineDecoding (graft_refusal's home) and refusing to graft artifacts of
+    more than `limit` tokens: a subclass of its class (capabilities are nominal), holding the same loaded model."""
 
-    def __init__(self, be, limit: int) -> None:  # noqa: ANN001
-        self._be, self._limit = be, limit
+    class RefusesLong(type(be), InEngineDecoding):
+        def graft_refusal(self, token_count: int) -> str | None:
+            return f"entries of at most {limit} tokens graft here" if token_count > limit else None
 
-    def __getattr__(self, name: str):  # noqa: ANN204
-        return getattr(self._be, name)
+        def continue_rows(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+            raise NotImplementedError("a library build never decodes")
 
-    def graft_refusal(self, token_count: int) -> str | None:
-        return f"entries of at most {self._limit} tokens graft here" if token_count > self._limit else None
-
-    def continue_rows(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201  (InEngineDecoding: graft_refusal's home)
-        raise NotImplementedError("a library build never decodes")
+    out = RefusesLong.__new__(RefusesLong)
+    out.__dict__.update(vars(be))
+    return out
 
 
 def test_entries_the_backend_cannot_graft_are_skipped_with_its_reason(tmp_path: Path) -> None:
@@ -38,7 +39,7 @@ def test_entries_the_backend_cannot_graft_are_skipped_with_its_reason(tmp_path: 
     sizes = sorted(e.tokens for e in whole.entries)
     assert len(sizes) == 3 and sizes[0] < sizes[-1]
     limit = sizes[0]  # only the shortest entry grafts
-    refusing = RefusesLong(be, limit)
+    refusing = refusing_long(be, limit)
     lib = open_library(typed(compose_config(["model=tiny_gemma3", f"project_root={REPO}",
                                              f"library.root={tmp_path / 'lib2'}", f"library.store={tmp_path / 'store'}",
                                              "library.dataset.limit=3"])).library, refusing, REPO,
