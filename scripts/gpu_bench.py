@@ -3,8 +3,8 @@ restore GB/s vs a raw read, and energy per graft and per recompute, for random-w
 published configurations (no download).
 
     bash scripts/gpu_machine.sh                          # on the GPU machine (docs/performance.md, "On a GPU")
-    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json    # CUDA: the full run
-    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json   # CPU dry run
+    .venv/bin/python -m scripts.gpu_bench --out runs/gpu_bench.json    # CUDA: the full run
+    .venv/bin/python -m scripts.gpu_bench --device cpu --small --out /tmp/g.json   # CPU dry run
 
 Models (--models; default the five of issue 33, smallest first): kvstore.testing.random_models.CONFIGS, hard-coded
 from the public config.json of each family: Gemma 3 1B, 4B and 12B text configs (sliding window + full attention),

@@ -2,7 +2,7 @@
 serve lookups + grafts, recording time and peak RSS, to show a library is served without holding its
 artifacts in memory.
 
-    python scripts/library_scale.py --problems ../shared/data/aime_1983_2023.jsonl --model tiny-gemma3 \
+    python -m scripts.library_scale --problems ../shared/data/aime_1983_2023.jsonl --model tiny-gemma3 \
         --out runs/library_scale
 
 Writes OUT/library_scale.json. With --model gemma3-270m it deposits the real KV (~300k tokens for the AIME
@@ -130,7 +130,8 @@ def main() -> None:
     result = {"model": args.model, "problems": str(args.problems), **build(args)}
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        "scripts.library_scale",
         "--serve-only",
         "--problems",
         args.problems,
@@ -142,7 +143,7 @@ def main() -> None:
         str(args.lookups),
     ]
     result["serve"] = json.loads(
-        subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1]
     )
     store = Path(args.out) / "store" / "objects"
     result["store_bytes"] = sum(p.stat().st_size for p in store.glob("*/*"))

@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python scripts/position_sweep.py --out runs/position_sweep                      # or: make position-sweep
-    python scripts/position_sweep.py --out /tmp/sweep --model tiny-gemma3 --prefix-tokens 8 --suffix-tokens 4
+    python -m scripts.position_sweep --out runs/position_sweep                      # or: make position-sweep
+    python -m scripts.position_sweep --out /tmp/sweep --model tiny-gemma3 --prefix-tokens 8 --suffix-tokens 4
 
 Options: --model (gemma3-270m), --offsets 0,1,2,7,100,1000,4096 (0 is always included: it is the control),
 --prefix-tokens 64, --suffix-tokens 16, --problems (problems/kvgraft_original.jsonl; the text the tokens are cut

@@ -2,10 +2,10 @@
 
 Run from the repository root (one procedure, `--backend transformers | llamacpp | vllm`)::
 
-    python scripts/verify_graft.py --samples 50 --out runs/verify_graft.json       # or: make verify-graft
-    python scripts/verify_graft.py --samples 6 --model tiny-gemma3 --out /tmp/vg.json --problems P.jsonl
-    python scripts/verify_graft.py --backend llamacpp --samples 50 --out runs/verify_llamacpp.json
-    .venv-vllm/bin/python scripts/verify_graft.py --backend vllm --samples 50 --out runs/verify_vllm.json
+    python -m scripts.verify_graft --samples 50 --out runs/verify_graft.json       # or: make verify-graft
+    python -m scripts.verify_graft --samples 6 --model tiny-gemma3 --out /tmp/vg.json --problems P.jsonl
+    python -m scripts.verify_graft --backend llamacpp --samples 50 --out runs/verify_llamacpp.json
+    .venv-vllm/bin/python -m scripts.verify_graft --backend vllm --samples 50 --out runs/verify_vllm.json
     (make verify-llamacpp, make verify-vllm)
 
 Options: --backend (transformers), --model (transformers: gemma3-270m, a tiny name or a checkpoint folder;
@@ -518,7 +518,8 @@ def verify_in_engine(a: argparse.Namespace) -> int:
     runs = {}
     for ph in ("a", "b"):
         jfile, lfile = str(tmp / f"journal-{ph}.jsonl"), str(tmp / f"logits-{ph}.safetensors")
-        cmd = [sys.executable, __file__, "--backend", "vllm", "--phase", ph, "--samples-file", str(sfile),
+        cmd = [sys.executable, "-m", "scripts.verify_graft", "--backend", "vllm", "--phase", ph,
+               "--samples-file", str(sfile),
                "--logits-out", lfile, "--journal", jfile, "--store", store, "--threads", str(threads), "--dtype", dtype]
         t = time.perf_counter()
         rc = subprocess.run(cmd, env=env, cwd=REPO).returncode

@@ -7,7 +7,7 @@ ours holds the model's own dtype. Here the same tokens are deposited by the same
 comparison can also be made at equal bytes per token. bf16 prefill is slow on a CPU without bf16 arithmetic,
 so only prefixes up to `max_tokens` are deposited.
 
-    .venv/bin/python scripts/bench/bf16_restore.py --model tiny-gemma3 --sizes 16,32 --work /tmp/bf16 --out r.json
+    .venv/bin/python -m scripts.bench.bf16_restore --model tiny-gemma3 --sizes 16,32 --work /tmp/bf16 --out r.json
 
 (alone: the token stream is the bundled problems' text, as `make bench` cuts it; prints and writes the JSON).
 """
@@ -22,11 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import stats, token_stream, write_summary
-
 from harness.experiments.text import DEFAULT_PROBLEMS
 from kvstore import Determinism, LocalStore, load_backend
 from kvstore.backends.transformers import deposit_tokens, graft_snapshot
+from scripts.bench.common import stats, token_stream, write_summary
 
 
 def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workdir: Path,

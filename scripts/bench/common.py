@@ -1,7 +1,6 @@
 """What the benchmarks share (scripts/bench/): the goals, timing with repeats and
 their summary, the machine (CPU name, cores, load average at start and end), the token stream cut from real text,
-and writing a summary JSON. Imported as a sibling module: `python scripts/bench/X.py` puts scripts/bench/ first
-on sys.path."""
+and writing a summary JSON (`from scripts.bench.common import ...`)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,12 @@ from pathlib import Path
 import psutil
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from harness.experiments.text import problem_texts
+from harness.record.manifest import code_state
+from kvstore import Determinism, atomic_write
+from kvstore.backends.transformers import environment_fingerprint
 
-from harness.experiments.text import problem_texts  # noqa: E402
-from harness.record.manifest import code_state  # noqa: E402
-from kvstore import Determinism, atomic_write  # noqa: E402
-from kvstore.backends.transformers import environment_fingerprint  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.8, "overhead": 0.05,
          "ceiling_fraction": 0.9, "ceiling_from": 512}

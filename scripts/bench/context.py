@@ -1,6 +1,6 @@
 """make bench-context: the store holds far more KV than any context window, at a flat cost per lookup.
 
-    .venv/bin/python scripts/bench/context.py --out runs/bench [--model tiny-gemma3] [--artifacts 100000]
+    .venv/bin/python -m scripts.bench.context --out runs/bench [--model tiny-gemma3] [--artifacts 100000]
         [--total-tokens 3000000] [--checkpoints 10,100,1000,10000,100000] [--samples 200] [--threads 1]
 
 Fills a LocalStore under <out>/context_store with real deposits (prefill + capture of distinct random token
@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-from common import stats
 from tqdm import tqdm
 
 from kvstore import Determinism, LocalStore, atomic_write, load_backend, to_bytes, tokens_sha256
 from kvstore.backends.transformers import deposit_tokens, graft_snapshot
 from kvstore.backends.transformers.model import layout_string
 from kvstore.determinism import add_arguments, from_arguments
+from scripts.bench.common import stats
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many

@@ -1,6 +1,6 @@
 """Decode-side benchmark: batched sampling vs batch size 1, fp32 vs bf16, the harness vs llama.cpp.
 
-    .venv/bin/python scripts/bench/decode.py [--model gemma3-270m] [--problems 8] [--n 8] [--max-new-tokens 64]
+    .venv/bin/python -m scripts.bench.decode [--model gemma3-270m] [--problems 8] [--n 8] [--max-new-tokens 64]
         [--dtypes float32,bfloat16] [--prefill-tokens 256] [--decode-tokens 64] [--long-tokens 0] [--out FILE]
 
 Prints one JSON object (and writes it to --out when given):
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import psutil
 import torch
-from common import REPO as ROOT  # noqa: E402
 
-from harness.run.decode import Sampling, generate, generate_batch  # noqa: E402
-from kvstore import Determinism, atomic_write, load_backend  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, new_cache, prefill  # noqa: E402
+from harness.run.decode import Sampling, generate, generate_batch
+from kvstore import Determinism, atomic_write, load_backend
+from kvstore.backends.transformers import TransformersBackend, new_cache, prefill
 from kvstore.environment import cpu_name
+from scripts.bench.common import REPO as ROOT
 
 PROBLEMS = ROOT / "problems" / "kvgraft_original.jsonl"
 GOALS = {"batched_speedup": 4.0, "harness_vs_llama_cpp": 0.5}

@@ -18,7 +18,7 @@ run.in_flight=N (default 8) and with 1, rows compared (token ids and first-logit
 
 llama.cpp decodes one context at a time (run.in_flight=1; a larger value is refused in one line): nothing to measure.
 
-    python scripts/bench/in_flight.py --out runs/bench [--engines vllm,transformers] [--problems 40] \
+    python -m scripts.bench.in_flight --out runs/bench [--engines vllm,transformers] [--problems 40] \
         [--max-new-tokens 256] [--n 8] [--sample-problems 5] [--dtype bfloat16] [--tf-problems 40] [--tf-in-flight 8]
 """
 
@@ -221,7 +221,8 @@ def main() -> None:
             raise SystemExit(f"vllm: {VLLM_PYTHON} does not exist; build it with make setup-vllm")
         part = args.out / "in_flight_vllm.json"
         argv = list(sys.argv[1:])
-        done = subprocess.run([str(VLLM_PYTHON), __file__, *argv, "--vllm-json", str(part)], cwd=REPO,
+        done = subprocess.run([str(VLLM_PYTHON), "-m", "scripts.bench.in_flight", *argv, "--vllm-json", str(part)],
+                              cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
         if done.returncode != 0:
             raise SystemExit(f"vllm: the in-flight bench exited {done.returncode} (its lines are above)")

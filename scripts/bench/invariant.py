@@ -3,7 +3,7 @@ prefill tokens/s and greedy decode tokens/s of the same model in the default mod
 each context size, the two modes alternating within every repeat (so a busy machine slows both alike). Reported as
 invariant/default time ratios (goal: prefill <= 1.5x, decode <= 1.3x).
 
-    .venv/bin/python scripts/bench/invariant.py [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
+    .venv/bin/python -m scripts.bench.invariant [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import clock, machine_info, token_stream
-
 from harness.experiments.text import DEFAULT_PROBLEMS
 from kvstore import Determinism
 from kvstore.backends.transformers.capture import forward, new_cache
 from kvstore.backends.transformers.gguf import BUNDLED
 from kvstore.backends.transformers.model import load_frozen_model
+from scripts.bench.common import clock, machine_info, token_stream
 
 GOALS = {"prefill": 1.5, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time
 

@@ -8,11 +8,11 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import GOALS, clock, stats
-from peer import llama_clear, llama_logits_argmax
 
 from harness.experiments.text import read_problems
 from kvstore.backends.transformers import TransformersBackend, forward, prefill
+from scripts.bench.common import GOALS, clock, stats
+from scripts.bench.peer import llama_clear, llama_logits_argmax
 
 # ---------------------------------------------------------------- 4. harness overhead
 

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import GOALS, clock, goal_row, stats
-
 from kvstore.backends.transformers.gguf import BUNDLED
+from scripts.bench.common import GOALS, clock, goal_row, stats
 
 # ---------------------------------------------------------------- 3. peer: llama.cpp state save/restore
 

@@ -12,11 +12,10 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from common import GOALS, clock, goal_row, stats, timed
-
 from kvstore import CachedStore, LocalStore, from_bytes
 from kvstore.backends.transformers import graft_snapshot
 from kvstore.format.artifact import FORMAT, content_id, hash_threads
+from scripts.bench.common import GOALS, clock, goal_row, stats, timed
 
 # ---------------------------------------------------------------- 2. restore vs raw read (+ tier)
 

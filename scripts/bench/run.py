@@ -1,6 +1,6 @@
 """make bench: four side-by-side measurements of kvgraft, each a ratio of two things timed in the same run.
 
-    .venv/bin/python scripts/bench/run.py --out runs/bench [--model gemma3-270m] [--sizes 128,512,2048,8192]
+    .venv/bin/python -m scripts.bench.run --out runs/bench [--model gemma3-270m] [--sizes 128,512,2048,8192]
                                       [--repeats 3] [--quick] [--text PATH] [--no-peer]
 
 1. graft vs recompute: time to the first new token after restoring an N-token artifact from a LocalStore
@@ -25,21 +25,20 @@ import shutil
 import sys
 from pathlib import Path
 
-import bf16_restore
-import decode as bench_decode
-import invariant as bench_invariant
-from common import clock, load_note, machine_info, token_stream, write_summary
-from overhead import bench_overhead
-from peer import bench_peer, open_llama
-from restore import bench_restore
-from ttft import bench_ttft
-
 from harness.experiments.text import DEFAULT_PROBLEMS
 from kvstore import LocalStore, load_backend
 from kvstore.backends.transformers import forward, prefill
 from kvstore.backends.transformers.gguf import BUNDLED
 from kvstore.backends.transformers.model import layout_string
 from kvstore.determinism import add_arguments, from_arguments
+from scripts.bench import bf16_restore
+from scripts.bench import decode as bench_decode
+from scripts.bench import invariant as bench_invariant
+from scripts.bench.common import clock, load_note, machine_info, token_stream, write_summary
+from scripts.bench.overhead import bench_overhead
+from scripts.bench.peer import bench_peer, open_llama
+from scripts.bench.restore import bench_restore
+from scripts.bench.ttft import bench_ttft
 
 # ---------------------------------------------------------------- output
 

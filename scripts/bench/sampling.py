@@ -8,7 +8,7 @@ batching: vLLM samples the n rows in one request, transformers decodes them as o
 time, the only way it decodes here). The engines run one after another; the load average before and after each is
 printed, since a shared machine moves these figures.
 
-    python scripts/bench/sampling.py --out runs/bench [--problems 1] [--n 8] [--max-new-tokens 1024] \
+    python -m scripts.bench.sampling --out runs/bench [--problems 1] [--n 8] [--max-new-tokens 1024] \
         [--engines vllm,llamacpp,transformers]
 """
 

@@ -3,9 +3,9 @@ Ray's per-call overhead (an actor round trip) vs an in-process call, and Ray's p
 problems run by the harness in this process (execution=local) and on one Ray actor (execution=ray
 execution.workers=1), per-problem wall (the rows' wall_s: what the run loop waited for each problem) compared.
 
-    python scripts/bench/scaleout.py --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
-    python scripts/bench/scaleout.py --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
-    python scripts/bench/scaleout.py --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
+    python -m scripts.bench.scaleout --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
+    python -m scripts.bench.scaleout --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
+    python -m scripts.bench.scaleout --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
 
 Restore = `store.get(id)` (read, every byte hashed to the id, parsed) + `graft_snapshot` into a fresh cache,
 timed `--repeats` times, median reported, for a LocalStore folder and an S3Store on a SeaweedFS server started
@@ -26,14 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_summary
-
-from kvstore import LocalStore, load_backend, logits_sha256  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens, graft_snapshot  # noqa: E402
-from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
+from kvstore import LocalStore, load_backend, logits_sha256
+from kvstore.backends.transformers import TransformersBackend, deposit_tokens, graft_snapshot
+from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.environment import cpu_name
-from kvstore.store.s3 import S3Store  # noqa: E402
-from kvstore.testing.local_s3 import LocalS3  # noqa: E402
+from kvstore.store.s3 import S3Store
+from kvstore.testing.local_s3 import LocalS3
+from scripts.bench.common import write_summary
 
 
 def time_restore(fm, store, aid: str, prefix: list[int], repeats: int) -> dict:
@@ -88,7 +87,7 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
     from harness.config.schema import compose_config, typed
     from harness.run.loop import run
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     os.environ["PYTHONPATH"] = str(repo)  # the actor imports this checkout's harness
     # the run's private local Ray: on 127.0.0.1, with a token of its own (harness/run/distributed.py)
     result: dict = {"problems": problems, "max_new_tokens": tokens, "threads": 1}

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import statistics
 
-from common import GOALS, MAX_REPEAT_TOKENS, argmax, clock, goal_row, stats
-
 from kvstore import (
     LocalStore,
     check_graft,
 )
 from kvstore.backends.transformers import TransformersBackend
 from kvstore.engine.verify import graft_logits, reference_logits
+from scripts.bench.common import GOALS, MAX_REPEAT_TOKENS, argmax, clock, goal_row, stats
 
 # ---------------------------------------------------------------- 1. graft vs recompute
 
