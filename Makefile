@@ -136,7 +136,7 @@ bench-scaleout: setup-s3
 verify-graft: setup
 	$(PY) -m scripts.verify_graft --samples 50 --out runs/verify_graft.json $(ARGS)
 
-# The same exactness driver on llama.cpp and on vLLM (scripts/verify_graft.py --backend NAME; vLLM in .venv-vllm)
+# The same exactness driver on llama.cpp (scripts/verify_graft.py --backend llamacpp)
 verify-llamacpp: setup
 	$(PY) -m scripts.verify_graft --backend llamacpp --samples 50 --out runs/verify_llamacpp.json $(ARGS)
 
@@ -189,7 +189,7 @@ serve: setup-vllm
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm
-	$(VLLM_PY) -m scripts.verify_graft --backend vllm --samples 50 --out runs/verify_vllm.json $(ARGS)
+	$(VLLM_PY) -m scripts.verify_vllm --samples 50 --out runs/verify_vllm.json $(ARGS)
 
 clean:
 	rm -rf .venv .venv-vllm .pytest_cache .ruff_cache

@@ -68,17 +68,17 @@ class _Worker:
         from harness.run.conditions import build_condition
 
         c = typed(OmegaConf.create(cfg))
-        self.fm = load_model(c)
+        self.backend = load_model(c)
         if torch_threads is not None:  # a backend that computes without torch: torch's threads as the driver's,
             import torch  # which its artifacts' environment records (Ray set OMP_NUM_THREADS to this actor's CPUs)
 
             torch.set_num_threads(torch_threads)
-        self.condition = build_condition(c.condition.name, self.fm, c.prompt, c.decoding, c.library,
+        self.condition = build_condition(c.condition.name, self.backend, c.prompt, c.decoding, c.library,
                                          Path(c.project_root), build_library_if_missing=build_library_if_missing,
                                          settings=c.condition.settings)
 
     def describe(self) -> dict:
-        return {**identity(self.fm), "pid": os.getpid()}
+        return {**identity(self.backend), "pid": os.getpid()}
 
     def complete(self, problem: dict, samples: list[int]) -> list[dict]:
         from harness.task.problems import Problem

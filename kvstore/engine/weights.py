@@ -89,10 +89,8 @@ def weight_files(folder: str | Path) -> list[Path]:
 
 
 def check_weights(model: Any) -> None:
-    """ModelChangedError when a weight file of `model` (a backend: its `weights`, or its FrozenModel's, `.fm`) changed
-    since it was loaded; nothing for a model that has no files (a tiny random model, the fake backend)."""
-    for obj in (model, getattr(model, "fm", None)):
-        pinned = getattr(obj, "weights", None)
-        if isinstance(pinned, PinnedWeights):
-            pinned.check()
-            return
+    """ModelChangedError when a weight file of `model` (a backend: its `weights`) changed since it was loaded; nothing
+    for a model that has no files (a tiny random model, the fake backend)."""
+    pinned = getattr(model, "weights", None)
+    if isinstance(pinned, PinnedWeights):
+        pinned.check()

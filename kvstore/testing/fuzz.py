@@ -44,9 +44,8 @@ from pathlib import Path
 
 import torch
 
-from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, load_backend, to_bytes
+from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, deposit, load_backend, to_bytes
 from kvstore.atomic import atomic_write
-from kvstore.backends.transformers.capture import deposit_tokens, forward
 from kvstore.engine.verify import graft_logits, logits_sha256, reference_logits
 from kvstore.environment import cpu_name
 from kvstore.format.artifact import from_bytes
@@ -62,7 +61,7 @@ class Base:
     """One original artifact and what its graft must reproduce."""
 
     model: str
-    be: object  # the transformers backend (its FrozenModel: be.fm)
+    be: object  # the transformers backend (kvstore.load_backend)
     data: bytes
     prefix: list[int]
     suffix: list[int]
@@ -76,11 +75,10 @@ def make_base(model: str) -> Base:
     # One thread: tiny matrices gain nothing from two, and a shared machine makes two-thread barriers slow.
     # Deposit, reference and every graft run under the same settings, as the exactness claim requires.
     be = load_backend("transformers", source=model, determinism=Determinism(threads=1))
-    fm = be.fm
     n = PREFIX[model]
     prefix = [2] + [4 + (37 * i + 11) % 250 for i in range(n - 1)]
     suffix = [4 + (53 * i + 7) % 250 for i in range(SUFFIX)]
-    snap = deposit_tokens(fm, prefix, extra={"fuzz": model})
+    snap = deposit(be, prefix, extra={"fuzz": model})
     data = to_bytes(snap)
     ref = logits_sha256(reference_logits(be, prefix, suffix))
     got = logits_sha256(graft_logits(be, prefix, suffix, from_bytes(data)).logits)
@@ -330,7 +328,7 @@ def graft_and_continue(b: Base, snap) -> torch.Tensor:
     """Graft as the harness does and run the suffix from where the cache says it is (cache.get_seq_length(),
     which a sliding layer derives from its cumulative_length): the suffix logits (1, SUFFIX, vocab)."""
     cache = b.be.graft(snap, token_ids=b.prefix + b.suffix)
-    return forward(b.be.fm, b.suffix, cache)
+    return b.be.forward(b.suffix, cache)
 
 
 def run_one(b: Base, mutant: bytes, store, local: LocalStore | None) -> str:

@@ -98,7 +98,7 @@ def kv_bytes(cfg, tokens: int, itemsize: int = 2) -> int:
 
 def build_random_model(name: str, small: bool = False, determinism: Determinism | None = None, device: str = "cpu",
                        seed: int = 0) -> TransformersBackend:
-    """The transformers backend of a frozen random-weight model of config `name` (its FrozenModel: `.fm`),
+    """The transformers backend of a frozen random-weight model of config `name`,
     initialised on `device` from `seed`, fingerprinted (the loader a kvstore.engine.restore_worker.ModelSpec names
     to build the same model in a second process)."""
     from transformers import AutoModelForCausalLM

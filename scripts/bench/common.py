@@ -17,7 +17,7 @@ import torch
 
 from harness.experiments.text import problem_texts
 from harness.record.manifest import code_state
-from kvstore import Determinism, atomic_write
+from kvstore import Backend, Determinism, atomic_write
 from kvstore.backends.transformers import environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,12 +56,12 @@ def machine_info(det: Determinism) -> dict:
     }
 
 
-def token_stream(fm, text_path: Path, need: int) -> tuple[list[int], dict]:
+def token_stream(be: Backend, text_path: Path, need: int) -> tuple[list[int], dict]:
     """`need` token ids of real text: problem + solution of every row, concatenated, repeated as needed."""
     rows = problem_texts(text_path)
     text = "\n\n".join(t for _, t in rows)
-    ids = fm.encode(text)
-    body = fm.encode("\n\n" + text, add_bos=False)
+    ids = be.encode(text)
+    body = be.encode("\n\n" + text, add_bos=False)
     while len(ids) < need:
         ids += body
     info = {"source": str(text_path.relative_to(REPO) if text_path.is_relative_to(REPO) else text_path),
