@@ -186,14 +186,18 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
 
 
 def backend_settings(args) -> dict:
-    """The keyword settings of `kvstore.load_backend(args.backend, ...)`: for transformers --model and the
-    determinism flags; for another backend each --setting KEY=VALUE (VALUE as JSON when it parses, else a string)."""
+    """The keyword settings of `kvstore.load_backend(args.backend, ...)`: for a backend whose settings are a checkpoint
+    `source` and a `determinism` (transformers) --model and the determinism flags; for another backend each --setting
+    KEY=VALUE (VALUE as JSON when it parses, else a string)."""
+    import dataclasses
+
+    from kvstore.backends import settings_class
     from kvstore.determinism import Determinism
 
-    if args.backend == "transformers":
+    if {"source", "determinism"} <= {f.name for f in dataclasses.fields(settings_class(args.backend))}:
         if args.setting:
-            raise KVStoreError("--setting is for backends other than transformers; give --model and the determinism "
-                               "flags (--dtype, --threads, ...) instead")
+            raise KVStoreError(f"--setting is for backends other than {args.backend}; give --model and the "
+                               "determinism flags (--dtype, --threads, ...) instead")
         return {"source": args.model, "determinism": Determinism(**determinism_options(args))}
     out: dict = {}
     for item in args.setting:
