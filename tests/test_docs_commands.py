@@ -586,7 +586,7 @@ def test_a_command_nothing_checks_fails_with_its_place() -> None:
     with pytest.raises(AssertionError, match="no checker for 'frobnicate'"):
         check(Command("docs/x.md", 3, "frobnicate --all"))
     with pytest.raises(AssertionError, match="no option --no-such-flag"):
-        check(Command("docs/x.md", 4, "python scripts/rescore.py --no-such-flag runs/x"))
+        check(Command("docs/x.md", 4, "python -m scripts.rescore --no-such-flag runs/x"))
     with pytest.raises(AssertionError, match="does not compose"):
         check(Command("docs/x.md", 5, "make aime-graft ARGS=decoding.max_new_token=8", ("error: something else",)))
     with pytest.raises(AssertionError, match="make -n"):
