@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 from harness.run.energy import make_meter  # noqa: E402
 from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, layout_string, smallest_window  # noqa: E402
+from kvstore.backends.transformers import TransformersBackend, layout_string  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import current_environment  # noqa: E402
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> dict:
                 "layers": layout_string(be.layer_layout()), "parameters": sum(p.numel() for p in model.parameters()),
                 "kv_bytes_per_token_full": kv_bytes(model.config, 1), "build_s": time.perf_counter() - t0, "ttft": []}
             del model
-            window = smallest_window(be.layer_layout())
+            window = be.sliding_window()
             max_prefix = 2 * window if window else min(sizes)
             m["exactness"] = {}
             if args.dtype in exact_dtypes:

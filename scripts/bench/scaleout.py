@@ -94,10 +94,10 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
         base = [f"model={MODEL_CONFIGS.get(model, model)}", "condition=baseline", f"dataset.limit={problems}",
                 f"decoding.max_new_tokens={tokens}", "determinism.threads=1", "tracking=off", f"project_root={repo}",
                 f"runs_dir={tmp}/runs"]
-        fm = load_model(typed(compose_config(base)))
+        be = load_model(typed(compose_config(base)))
         rows = {}
         for name, extra in (("in_process", []), ("ray", ["execution=ray", "execution.workers=1"])):
-            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=fm, progress=False)
+            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=be, progress=False)
             rows[name] = folder.read_rows()
             walls = [r.wall_s for r in rows[name]]
             result[name] = {"per_problem_wall_s_median": statistics.median(walls), "per_problem_wall_s": walls,
