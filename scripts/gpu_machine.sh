@@ -24,5 +24,5 @@ PY
 "$PY" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 # shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of flags
-PYTHONPATH="$PWD:$SITE" "$PY" scripts/gpu_bench.py --budget-s "${BUDGET_S:-400}" --out "$OUT/gpu_bench.json" \
+PYTHONPATH="$PWD:$SITE" "$PY" -m scripts.gpu_bench --budget-s "${BUDGET_S:-400}" --out "$OUT/gpu_bench.json" \
   ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/gpu_bench.txt"

@@ -2,7 +2,7 @@
 graft from the library of the model's own verified solutions: recurring), the ceiling (pass@n: a problem counts when
 any sample was verified) and the same library on problems it does not hold (held-out), each with a 95% interval.
 
-    python scripts/harvest_table.py runs/baseline/<sampling run> runs/compare/<harvest_graft compare> \
+    python -m scripts.harvest_table runs/baseline/<sampling run> runs/compare/<harvest_graft compare> \
         [--json runs/harvest/table.json] [--markdown runs/harvest/table.md]
 
 The first folder is step 1 of configs/experiment/harvest_loop_vllm.yaml (n samples per problem), the second the
@@ -19,11 +19,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scales_table import emit_table, read_compare  # noqa: E402  (scripts/: a compare folder's rows in plan order)
-
-from harness.record.folder import RunFolder  # noqa: E402
-from harness.record.metrics import summarize_scores, wilson_interval  # noqa: E402
-from harness.record.rows import Row  # noqa: E402
+from harness.record.folder import RunFolder
+from harness.record.metrics import summarize_scores, wilson_interval
+from harness.record.rows import Row
+from scripts.scales_table import emit_table, read_compare
 
 
 def _share(k: int, n: int) -> dict:

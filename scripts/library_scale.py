@@ -2,7 +2,7 @@
 serve lookups + grafts, recording time and peak RSS, to show a library is served without holding its
 artifacts in memory.
 
-    python scripts/library_scale.py --problems ../shared/data/aime_1983_2023.jsonl --model tiny-gemma3 \
+    python -m scripts.library_scale --problems ../shared/data/aime_1983_2023.jsonl --model tiny-gemma3 \
         --out runs/library_scale
 
 Writes OUT/library_scale.json. With --model gemma3-270m it deposits the real KV (~300k tokens for the AIME
@@ -53,9 +53,9 @@ def build(args) -> dict:
     from harness.library.build import Library, build_library
 
     cfg = _cfg(args)
-    fm = load_model(typed(cfg))
+    be = load_model(typed(cfg))
     t = time.perf_counter()
-    path = build_library(cfg.library, fm, REPO)
+    path = build_library(cfg.library, be, REPO)
     m = Library(path, None).manifest  # type: ignore[arg-type]  (read through the library's owner, re-checked)
     return {
         "library": str(path),
@@ -73,11 +73,9 @@ def serve(args) -> dict:
     from harness.config.schema import typed
     from harness.library.build import Library, open_library
     from harness.task.problems import load_problems
-    from kvstore.backends.transformers import forward, graft_snapshot
 
     cfg = _cfg(args)
-    be = load_model(typed(cfg))  # the transformers backend; its FrozenModel (graft_snapshot / forward below): be.fm
-    fm = be.fm
+    be = load_model(typed(cfg))  # the model's backend: retrieval, then its graft and forward
     rss_model = _rss_mb()
     t = time.perf_counter()
     lib = open_library(cfg.library, be, REPO)
@@ -97,8 +95,8 @@ def serve(args) -> dict:
         if m is not None:
             t = time.perf_counter()
             snap = lib.store.get(m.entry.artifact_id)
-            cache = graft_snapshot(snap, fm, token_ids=snap.token_ids)
-            forward(fm, fm.encode("\n", add_bos=False), cache)
+            cache = be.graft(snap, snap.token_ids)
+            be.forward(be.encode("\n", add_bos=False), cache)
             restore.append(time.perf_counter() - t)
 
     def med(x):
@@ -130,7 +128,8 @@ def main() -> None:
     result = {"model": args.model, "problems": str(args.problems), **build(args)}
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        "scripts.library_scale",
         "--serve-only",
         "--problems",
         args.problems,
@@ -142,7 +141,7 @@ def main() -> None:
         str(args.lookups),
     ]
     result["serve"] = json.loads(
-        subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout.splitlines()[-1]
     )
     store = Path(args.out) / "store" / "objects"
     result["store_bytes"] = sum(p.stat().st_size for p in store.glob("*/*"))

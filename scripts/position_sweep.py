@@ -2,18 +2,18 @@
 
 Run from the repository root::
 
-    python scripts/position_sweep.py --out runs/position_sweep                      # or: make position-sweep
-    python scripts/position_sweep.py --out /tmp/sweep --model tiny-gemma3 --prefix-tokens 8 --suffix-tokens 4
+    python -m scripts.position_sweep --out runs/position_sweep                      # or: make position-sweep
+    python -m scripts.position_sweep --out /tmp/sweep --model tiny-gemma3 --prefix-tokens 8 --suffix-tokens 4
 
 Options: --model (gemma3-270m), --offsets 0,1,2,7,100,1000,4096 (0 is always included: it is the control),
 --prefix-tokens 64, --suffix-tokens 16, --problems (problems/kvgraft_original.jsonl; the text the tokens are cut
 from, a built-in sentence when the file is missing).
 
-One artifact of the prefix is computed at position 0 (``deposit_tokens``, through a store and back). For each
-offset the engine's check (``kvstore.check_graft(fm, prefix, suffix, snapshot=artifact, offset=off)``) compares
+One artifact of the prefix is computed at position 0 (the backend's prefill and capture, through a store and back).
+For each offset the engine's check (``kvstore.check_graft(be, prefix, suffix, snapshot=artifact, offset=off)``) compares
 it against computing the prefix fresh at the shifted positions:
   fresh:  ``prefill(prefix, position=off)``; ``forward(suffix, position=off + n)``
-  graft:  at offset 0 ``graft_snapshot`` (own position); otherwise ``graft_repositioned(artifact, fm, off)``
+  graft:  at offset 0 ``be.graft`` (own position); otherwise ``be.graft_repositioned(artifact, off)``
           (keys re-rotated by RoPE composition); then ``forward(suffix, position=off + n)``
 Per offset: max |delta logit|, KL max, argmax agreement, SHA-256 equality. Also, for scale: how far the fresh
 logits at that offset are from the fresh logits at offset 0 (RoPE is relative only in exact arithmetic).
@@ -96,25 +96,21 @@ def _cut(be, text: str, n: int, m: int) -> tuple[list[int], list[int]]:
     return ids[:n], ids[n : n + m]
 
 
-def _llamacpp_artifact(args: argparse.Namespace, err: Console):
-    """The llama.cpp backend (bundled GGUF, n_ctx fitting prefix + suffix), its artifact of the prefix through a
-    MemoryStore, and the report's facts (prefix and suffix included)."""
-    from kvstore import MemoryStore, load_backend
+def backend_settings(args: argparse.Namespace) -> dict:
+    """The keywords of `kvstore.load_backend(args.backend, ...)` the flags give, those of the backend's own settings
+    (kvstore.settings_class): a checkpoint `source` (and the batch-invariant mode), or llama.cpp's context sized to
+    fit prefix + suffix (the bundled GGUF)."""
+    import dataclasses
+
+    from kvstore import Determinism, settings_class
 
     n, m = args.prefix_tokens, args.suffix_tokens
-    err.print("loading the bundled GGUF in llama.cpp ...")
-    be = load_backend("llamacpp", n_ctx=max(1024, -(-(n + m + 1) // 256) * 256), n_batch=512, n_ubatch=512)
-    prefix, suffix = _cut(be, source_text(args.problems), n, m)
-    state, _ = be.prefill(prefix)
-    store = MemoryStore()
-    aid = store.put(be.capture(state, prefix, extra={"script": "position_sweep"}))
-    artifact = store.get(aid)
-    kinds = [lyr.kind for lyr in artifact.layers]
-    facts = {"model": be.model_name, "backend": be.name, "model_fingerprint": be.fingerprint,
-             "tokenizer_fingerprint": be.tokenizer_fingerprint, "determinism": be.settings(),
-             "environment": be.environment(), "layer_layout": kinds, "sliding_window": be.n_swa,
-             "prefix": prefix, "suffix": suffix}
-    return be, artifact, aid, facts
+    given: dict = {"source": args.model, "n_ctx": max(1024, -(-(n + m + 1) // 256) * 256), "n_batch": 512,
+                   "n_ubatch": 512}
+    if args.batch_invariant:
+        given["determinism"] = Determinism(batch_invariant=True)
+    fields = {f.name for f in dataclasses.fields(settings_class(args.backend))}
+    return {k: v for k, v in given.items() if k in fields}
 
 
 def _g(x: float) -> str:
@@ -157,39 +153,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     offsets = parse_offsets(args.offsets)
 
-    from kvstore import MemoryStore, atomic_write, check_graft, compare_logits, load_backend
-    from kvstore.backends.transformers import smallest_window
+    from kvstore import MemoryStore, atomic_write, batch_invariant_refusal, check_graft, compare_logits, load_backend
     from kvstore.errors import KVStoreError
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     err = Console(stderr=True)
     t_start = time.perf_counter()
     n, m = args.prefix_tokens, args.suffix_tokens
-    if args.backend == "llamacpp":
-        if args.batch_invariant:
-            raise SystemExit("--batch-invariant: llama.cpp has no batch-invariant mode (its CPU kernels split by the "
-                             "batch's token count); use --backend transformers")
-        fm, artifact, aid, facts = _llamacpp_artifact(args, err)
-        prefix, suffix = facts.pop("prefix"), facts.pop("suffix")
-    else:
-        err.print(f"loading {args.model} ...")
-        from kvstore import Determinism
-
-        mode = Determinism(batch_invariant=True) if args.batch_invariant else None
-        fm = load_backend("transformers", source=args.model,  # the backend; its FrozenModel is fm.fm
-                          **({"determinism": mode} if mode else {}))
-        prefix, suffix = _cut(fm, source_text(args.problems), n, m)
-        window = smallest_window(fm.fm.layer_layout)
-        if window and n + m > window:
-            err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
-                      "graft_repositioned documents sequences shorter than the window")
-        store = MemoryStore()  # the artifact goes through the byte format and back, as a deposit would
-        aid = store.put(fm.capture(fm.prefill(prefix)[0], prefix, extra={"script": "position_sweep"}))
-        artifact = store.get(aid)
-        facts = {"model": args.model, "backend": "transformers", "model_fingerprint": fm.fingerprint,
-                 "tokenizer_fingerprint": fm.tokenizer_fingerprint, "determinism": fm.settings(),
-                 "environment": fm.environment(), "layer_layout": fm.fm.layer_layout,
-                 "sliding_window": window}
+    if args.batch_invariant and (refusal := batch_invariant_refusal(args.backend)):
+        raise SystemExit(f"--batch-invariant: {refusal}")
+    err.print(f"loading {args.model} ({args.backend}) ...")
+    be = load_backend(args.backend, **backend_settings(args))
+    prefix, suffix = _cut(be, source_text(args.problems), n, m)
+    window = be.sliding_window()
+    if window and n + m > window:
+        err.print(f"[yellow]note: prefix + suffix ({n + m}) exceeds the sliding window ({window}); "
+                  "graft_repositioned documents sequences shorter than the window")
+    store = MemoryStore()  # the artifact goes through the byte format and back, as a deposit would
+    aid = store.put(be.capture(be.prefill(prefix)[0], prefix, extra={"script": "position_sweep"}))
+    artifact = store.get(aid)
+    facts = {"model": be.model_name, "backend": be.name, "model_fingerprint": be.fingerprint,
+             "tokenizer_fingerprint": be.tokenizer_fingerprint, "determinism": be.settings(),
+             "environment": be.environment(),
+             "layer_layout": [{"kind": x.kind, "window": x.window} for x in artifact.layers],
+             "sliding_window": window}
 
     results, fresh0 = [], None
     with err.status("sweeping offsets ...") as status:
@@ -197,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             status.update(f"offset {off}")
             t0 = time.perf_counter()
             try:
-                check = check_graft(fm, prefix, suffix, snapshot=artifact, offset=off, keep_logits=True)
+                check = check_graft(be, prefix, suffix, snapshot=artifact, offset=off, keep_logits=True)
             except KVStoreError as e:  # the backend does not graft at other positions: that is the result
                 results.append({"offset": off, "refused": str(e), "sha256_equal": False,
                                 "seconds": time.perf_counter() - t0})

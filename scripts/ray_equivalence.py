@@ -1,7 +1,7 @@
 """One config run twice, in one process and over Ray actors (`execution=ray`), then compared row by row.
 
-    python scripts/ray_equivalence.py --out runs/ray_equivalence                 # the public-set graft below
-    python scripts/ray_equivalence.py --workers 2 --out /tmp/eq -- model=tiny_gemma3 condition=baseline dataset.limit=4
+    python -m scripts.ray_equivalence --out runs/ray_equivalence                 # the public-set graft below
+    python -m scripts.ray_equivalence --workers 2 --out /tmp/eq -- model=tiny_gemma3 condition=baseline dataset.limit=4
 
 Default config (after `--`, any harness overrides replace it): the first 60 problems of the public AIME
 1983-2023 set, grafted from a library of those same 60 solutions (so every problem is recurring), the bundled
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.record.hashing import sha256_json  # noqa: E402
+from harness.record.hashing import sha256_json
 from kvstore.environment import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def rows_of(folder: Path) -> list[dict]:
 
 
 def rescore(folder: Path, env: dict[str, str]) -> bool:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "rescore.py"), str(folder)], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "scripts.rescore", str(folder)], cwd=REPO, env=env,
                           capture_output=True, text=True)
     print(f"rescore {folder}: exit {done.returncode}; {(done.stdout.strip().splitlines() or [''])[-1]}")
     return done.returncode == 0

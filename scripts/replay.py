@@ -1,4 +1,4 @@
-"""Pre-registered replay as a command (`make replay`): `python scripts/replay.py [--profile P] [--register]
+"""Pre-registered replay as a command (`make replay`): `python -m scripts.replay [--profile P] [--register]
 [--speed]`. What it recomputes and how it judges is harness/experiments/replay.py; the registry is
 scripts/replay_registry.json."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.experiments.replay import main  # noqa: E402
+from harness.experiments.replay import main
 
 if __name__ == "__main__":
     sys.exit(main())

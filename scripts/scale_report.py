@@ -1,9 +1,9 @@
 """What a compare job's graft rows did, problem by problem: the decode-token distribution, the misses (with the
 answer the grafted entry held), and for the held-out group whether the model copied its neighbour's answer.
 
-    python scripts/scale_report.py runs/compare/<stamp>            # after make aime-graft
-    python scripts/scale_report.py runs/compare/<stamp> --show 8 --json runs/scale/report.json
-    python scripts/scale_report.py --graft recurring=runs/graft/<run> --graft held_out=runs/graft/<run> \
+    python -m scripts.scale_report runs/compare/<stamp>            # after make aime-graft
+    python -m scripts.scale_report runs/compare/<stamp> --show 8 --json runs/scale/report.json
+    python -m scripts.scale_report --graft recurring=runs/graft/<run> --graft held_out=runs/graft/<run> \
         --baseline runs/baseline/<run> [--incontext recurring=runs/incontext/<run>]   # separate runs
 
 Reads only the run folders and the library (through harness.library.build: entry id -> problem and verified answer),
@@ -20,14 +20,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from harness.compare.comparison import COMPARISON, Comparison
+from harness.compare.pairing import pair_folders
+from harness.errors import LibraryError
+from harness.library.build import Library
+from harness.record.folder import RunFolder
+from harness.record.hashing import atomic_write_text
 
-from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
-from harness.compare.pairing import pair_folders  # noqa: E402
-from harness.errors import LibraryError  # noqa: E402
-from harness.library.build import Library  # noqa: E402
-from harness.record.folder import RunFolder  # noqa: E402
-from harness.record.hashing import atomic_write_text  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def find_library(manifest: dict, root: Path) -> Library:

@@ -2,7 +2,7 @@
 with Wilson 95% intervals, and the per-problem view against the model alone: which problems a grafted entry turned
 from wrong to right, and which from right to wrong.
 
-    python scripts/scales_table.py 270M=runs/compare/<stamp> 1.5B=runs/compare/<stamp> \
+    python -m scripts.scales_table 270M=runs/compare/<stamp> 1.5B=runs/compare/<stamp> \
         [--slice 270M=runs/compare/<stamp>] [--json runs/scales/table.json] [--markdown runs/scales/table.md]
 
 Each MODEL=FOLDER is a compare folder (`python -m harness.compare +experiment=scales model=...`); --slice adds a
@@ -17,13 +17,13 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from harness.compare.comparison import COMPARISON, Comparison
+from harness.record.folder import RunFolder
+from harness.record.hashing import atomic_write_text
+from harness.record.metrics import wilson_interval
+from harness.record.rows import Row
 
-from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
-from harness.record.folder import RunFolder  # noqa: E402
-from harness.record.hashing import atomic_write_text  # noqa: E402
-from harness.record.metrics import wilson_interval  # noqa: E402
-from harness.record.rows import Row  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _pairs(args: list[str], flag: str) -> dict[str, Path]:

@@ -1,7 +1,7 @@
 """Re-print a finished comparison (the compare job's terminal output) from its folder: no model, no torch.
 
-    python scripts/show_comparison.py runs/compare/2026-12-01_11-00-00-000000
-    python scripts/show_comparison.py runs/compare/<stamp> --width 80     # as an 80-column terminal shows it
+    python -m scripts.show_comparison runs/compare/2026-12-01_11-00-00-000000
+    python -m scripts.show_comparison runs/compare/<stamp> --width 80     # as an 80-column terminal shows it
 
 Reads ``comparison.json`` and ``per_problem.json`` (the misses list) and prints them as the job did
 (harness/compare/views.py). Exit status 2 when the folder holds no readable comparison.json.
@@ -13,17 +13,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
+from harness.compare import per_problem
+from harness.compare.audit import locate_runs
+from harness.compare.comparison import COMPARISON, Comparison
+from harness.compare.views import print_comparison
+from harness.errors import HarnessError
+from harness.record.folder import RunFolder
+from harness.record.rows import budget_label, budget_of
+
 REPO = Path(__file__).resolve().parents[1]
-
-from rich.console import Console  # noqa: E402
-
-from harness.compare import per_problem  # noqa: E402
-from harness.compare.audit import locate_runs  # noqa: E402
-from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
-from harness.compare.views import print_comparison  # noqa: E402
-from harness.errors import HarnessError  # noqa: E402
-from harness.record.folder import RunFolder  # noqa: E402
-from harness.record.rows import budget_label, budget_of  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except (HarnessError, KeyError, TypeError):
         pass
     print_comparison(title, result, misses=per_problem.misses(table, result.plan), console=Console(width=args.width),
-                     reprint=f"python scripts/show_comparison.py {args.compare_dir}")
+                     reprint=f"python -m scripts.show_comparison {args.compare_dir}")
     return 0
 
 

@@ -6,7 +6,7 @@ changed: are wrong -> right and right -> wrong more different than chance on the
 (the runs' library folder, runs/library/<name>-v<version>-...), one more column: the rows whose answer is the grafted
 entry's own answer while the problem's is another (the model copied its neighbour's answer).
 
-    python scripts/transfer_table.py --alone runs/baseline/<stamp> --run "held-out=runs/graft/<stamp>" \
+    python -m scripts.transfer_table --alone runs/baseline/<stamp> --run "held-out=runs/graft/<stamp>" \
         --run "random-entry=runs/graft/<stamp>" --run "recurring=runs/graft/<stamp>" [--library runs/library/<lib>] \
         [--json t.json] [--markdown t.md]
 
@@ -22,14 +22,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scales_table import emit_table  # scripts/: print and write a table
-
 from harness.errors import LibraryError
 from harness.library.build import Library
 from harness.record.folder import RunFolder
 from harness.record.metrics import wilson_interval
 from harness.record.rows import Row
 from harness.task.answers import parse_gold
+from scripts.scales_table import emit_table  # scripts/: print and write a table
 
 
 def _id_order(problem_id: str) -> tuple:

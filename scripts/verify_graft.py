@@ -1,12 +1,12 @@
 """Prove the exactness claim on any backend: a grafted prefix gives byte-identical suffix logits to computing it fresh.
 
-Run from the repository root (one procedure, `--backend transformers | llamacpp | vllm`)::
+Run from the repository root (`--backend transformers | llamacpp`; vLLM, which decodes inside its engine, has its own
+procedure: scripts/verify_vllm.py)::
 
-    python scripts/verify_graft.py --samples 50 --out runs/verify_graft.json       # or: make verify-graft
-    python scripts/verify_graft.py --samples 6 --model tiny-gemma3 --out /tmp/vg.json --problems P.jsonl
-    python scripts/verify_graft.py --backend llamacpp --samples 50 --out runs/verify_llamacpp.json
-    .venv-vllm/bin/python scripts/verify_graft.py --backend vllm --samples 50 --out runs/verify_vllm.json
-    (make verify-llamacpp, make verify-vllm)
+    python -m scripts.verify_graft --samples 50 --out runs/verify_graft.json       # or: make verify-graft
+    python -m scripts.verify_graft --samples 6 --model tiny-gemma3 --out /tmp/vg.json --problems P.jsonl
+    python -m scripts.verify_graft --backend llamacpp --samples 50 --out runs/verify_llamacpp.json
+    (make verify-llamacpp)
 
 Options: --backend (transformers), --model (transformers: gemma3-270m, a tiny name or a checkpoint folder;
 llamacpp: a packaged model name or a GGUF file, also as --gguf), the determinism flags (--dtype,
@@ -31,10 +31,6 @@ long prefix needs them), the engine's exactness procedure
   (c) one-shot: ``forward(prefix+suffix)`` in one pass on a fresh state, sliced to the suffix positions and
       compared with the reference. A different computation (other GEMM/attention shapes): information only.
 
-The one branch, vLLM (kvstore.InEngineDecoding: no step-wise forward; run inside .venv-vllm): a prefix grafted by
-KvgraftConnector in another engine gives the same next-token logits, byte for byte, as vLLM's own prefix-cache hit
-on the same blocks (`verify_in_engine`, below).
-
 With --batch-invariant (determinism.batch_invariant=true; the word `determinism.batch_invariant=true` is accepted
 too) every forward is batch-invariant, and the reference becomes (d) the COLD ONE-PASS prefill of the whole prompt:
 ``forward(prefix+suffix)`` on a fresh cache in this process, the graft in the worker process; each graft must be
@@ -45,9 +41,9 @@ SHA-256-equal to its reference, 1 otherwise (or when the worker fails), 2 when t
 refused (a model kvgraft cannot capture exactly, docs/exactness.md): one line `verify_graft: error: ...`, the full
 traceback only with KVGRAFT_DEBUG=1.
 
-OMP_WAIT_POLICY defaults to passive on llama.cpp (its OpenMP threads sleep instead of spinning between decodes): the
-wait policy moves no bits, and with the reference process and the restore worker taking turns on a shared 2-core
-machine the spinning side starved the working one (measured: 1,431 s with the default policy, 668 s with passive,
+OMP_WAIT_POLICY defaults to passive (OpenMP threads sleep instead of spinning between decodes): the wait policy moves
+no bits, and with the reference process and the restore worker taking turns on a shared 2-core machine the spinning
+side starved the working one (llama.cpp (measured: 1,431 s with the default policy, 668 s with passive,
 the same 50 samples, load average 9-13).
 """
 
@@ -57,13 +53,12 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch or llama_cpp loads libgomp (module docstring)
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -85,7 +80,7 @@ from rich.table import Table  # noqa: E402
 from harness.experiments.text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
 from kvstore.determinism import add_arguments, from_arguments  # noqa: E402
 
-BACKENDS = ("transformers", "llamacpp", "vllm")
+BACKENDS = ("transformers", "llamacpp")  # the step-wise backends this procedure runs on (vLLM: verify_vllm.py)
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -132,35 +127,29 @@ def _g(x: float | None) -> str:
 
 
 def backend_settings(args: argparse.Namespace) -> dict:
-    """The keywords of `kvstore.load_backend(args.backend, ...)` the flags give (JSON values: the restore worker
-    loads the same backend from them)."""
-    if args.backend == "llamacpp":
+    """The keywords of `kvstore.load_backend(args.backend, ...)` the flags give, those of the backend's own settings
+    (kvstore.settings_class: a checkpoint `source` and `determinism`, or a `gguf` file and llama.cpp's n_ctx ...);
+    JSON values: the restore worker loads the same backend from them."""
+    import dataclasses
+
+    from kvstore import settings_class
+
+    fields = {f.name for f in dataclasses.fields(settings_class(args.backend))}
+    given: dict = {"source": args.model or "gemma3-270m", "determinism": from_arguments(args).to_dict(),
+                   "n_ctx": args.n_ctx, "n_batch": args.n_batch, "n_ubatch": args.n_batch,
+                   "threads": args.threads or 2, "swa_full": not args.no_swa_full}
+    if "gguf" in fields:  # a GGUF file: a packaged model's name resolved to its file (assembled once)
         from kvstore.backends.packaged import gguf_path, known_names
 
         name = args.gguf or args.model or "gemma3-270m"
         known = name in known_names()
-        return {"gguf": str(gguf_path(name)) if known else name, "n_ctx": args.n_ctx, "n_batch": args.n_batch,
-                "n_ubatch": args.n_batch, "threads": args.threads or 2, "swa_full": not args.no_swa_full,
-                "model_name": f"{name}-gguf" if known else Path(name).stem}
-    return {"source": args.model or "gemma3-270m", "determinism": from_arguments(args).to_dict()}
-
-
-def sliding_window(be) -> int | None:  # noqa: ANN001
-    """The window the prefix lengths are scaled to: the smallest sliding window of the model's layers."""
-    if hasattr(be, "n_swa"):  # llama.cpp: the positions its sliding cache keeps (the artifact's window - 1)
-        return be.n_swa or None
-    from kvstore.backends.transformers import smallest_window
-
-    return smallest_window(be.fm.layer_layout)
+        given |= {"gguf": str(gguf_path(name)) if known else name,
+                  "model_name": f"{name}-gguf" if known else Path(name).stem}
+    return {k: v for k, v in given.items() if k in fields}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.backend == "vllm":  # the one branch: the engine grafts inside itself, no step-wise forward
-        return verify_in_engine(args)
-    if args.backend == "llamacpp":
-        os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before llama_cpp loads libgomp (module docstring)
-    return verify_stepwise(args)
+    return verify_stepwise(parse_args(argv))
 
 
 def verify_stepwise(args: argparse.Namespace) -> int:
@@ -200,7 +189,7 @@ def verify_stepwise(args: argparse.Namespace) -> int:
         if worker is None:
             worker = start_worker()
 
-        window = sliding_window(be)
+        window = be.sliding_window()  # the prefix lengths are scaled to the model's smallest sliding window
         scale = window or 512
         lo = args.min_prefix_tokens or max(4, scale // 32)
         hi = args.max_prefix_tokens or max(60, scale * 7 // 4)
@@ -213,6 +202,7 @@ def verify_stepwise(args: argparse.Namespace) -> int:
         worker.check_model(be.fingerprint)
 
         per_sample, total_pos, agree_pos, oneshot_agree_pos = [], 0, 0, 0
+        layers: list[dict] | None = None
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn())
         # A live bar on a terminal; one plain line per sample when stderr is a file or pipe (rich stays silent).
@@ -260,6 +250,8 @@ def verify_stepwise(args: argparse.Namespace) -> int:
                     oneshot_agree_pos += round(o.argmax_agreement * m)
                 total_pos += m
                 per_sample.append(row)
+                if layers is None:  # the model's layer layout as its artifacts record it, on every backend
+                    layers = [{"kind": x.kind, "window": x.window} for x in store.get(aid).layers]
                 if temporary_store:
                     store.remove(aid)
                 progress.advance(task)
@@ -306,7 +298,7 @@ def verify_stepwise(args: argparse.Namespace) -> int:
         "settings": be.settings(),
         "environment": be.environment(),
         "cpu": cpu_name(),
-        "layer_layout": getattr(getattr(be, "fm", None), "layer_layout", None),  # transformers' layer layout
+        "layer_layout": layers,  # as the artifacts record it (kind and window per layer)
         "sliding_window": window,
         "past_window": len(past), "past_window_equal": sum(r["equal"] for r in past),
         "argmax_agreement_min": min((r["argmax_agreement"] for r in per_sample), default=None),
@@ -361,7 +353,7 @@ def verify_stepwise(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------ batch-invariant mode
-def batch_invariant_check(fm, prefix: list[int], suffix: list[int], c):
+def batch_invariant_check(be, prefix: list[int], suffix: list[int], c):
     """(d) determinism.batch_invariant: the cold one-pass prefill of prefix+suffix on a fresh cache, in this process
     (the graft ran in the worker). Returns the check with its `oneshot` comparison (reference vs one-pass) filled,
     and the row fields of the graft vs the one-pass ("onepass_*")."""
@@ -370,7 +362,7 @@ def batch_invariant_check(fm, prefix: list[int], suffix: list[int], c):
     from kvstore.engine.verify import compare_logits, oneshot_logits
 
     t0 = time.perf_counter()
-    cold = oneshot_logits(fm, prefix, suffix)
+    cold = oneshot_logits(be, prefix, suffix)
     seconds = time.perf_counter() - t0
     g = compare_logits(cold, c.graft_logits)
     c = dataclasses.replace(c, oneshot=compare_logits(c.reference_logits, cold),
@@ -391,191 +383,6 @@ def batch_invariant_summary(per_sample: list[dict], total_pos: int) -> dict:
         "kl_max": max((r["onepass_kl"] for r in ok), default=None) if len(ok) == len(per_sample) else None,
         "argmax_agreement": agree / total_pos,
     }}
-
-
-# ----------------------------------------------------------------------------------------------- vLLM
-def _logits(output) -> list[float]:  # noqa: ANN001  (a vllm RequestOutput)
-    """The whole-vocabulary raw logits of the first generated position (logprobs=-1, logprobs_mode raw_logits)."""
-    table = output.outputs[0].logprobs[0]
-    out = [0.0] * len(table)
-    for token, lp in table.items():
-        out[token] = lp.logprob
-    return out
-
-
-def phase(a: argparse.Namespace) -> int:
-    """One vLLM engine (a or b): run the samples, write logits (safetensors) and timings."""
-    import torch
-    from safetensors.torch import save_file
-    from vllm import SamplingParams
-
-    from kvstore.backends.vllm import VllmSettings, start_engine
-
-    samples = json.loads(Path(a.samples_file).read_text())
-    role = "kv_producer" if a.phase == "a" else "kv_consumer"  # A never grafts: its cache is its own
-    settings = VllmSettings(store=str(a.store), role=role, deposit="marked", journal=a.journal,
-                            threads=a.threads or 2, max_logprobs=-1, logprobs_mode="raw_logits",
-                            dtype=a.dtype or "bfloat16")
-    t0 = time.perf_counter()
-    llm = start_engine(settings)
-    started = time.perf_counter() - t0
-    last = SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1)
-    deposit = SamplingParams(max_tokens=1, temperature=0.0,
-                             extra_args={"kv_transfer_params": {"kvgraft_deposit": True}})
-    logits, seconds = {}, []
-    oneshot = {}
-    for s in samples:
-        if a.phase == "a":  # the one-shot control first (cold cache), then the split schedule from a clean cache
-            out = llm.generate([{"prompt_token_ids": s["prefix"] + s["suffix"]}], last, use_tqdm=False)[0]
-            oneshot[str(s["index"])] = torch.tensor(_logits(out), dtype=torch.float32)
-            llm.reset_prefix_cache()
-            llm.generate([{"prompt_token_ids": s["prefix"]}], deposit, use_tqdm=False)
-        t = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": s["prefix"] + s["suffix"]}], last, use_tqdm=False)[0]
-        seconds.append(time.perf_counter() - t)
-        if out.outputs[0].finish_reason == "error":
-            print(f"sample {s['index']}: the request failed (see the connector's log line)", file=sys.stderr)
-            continue
-        logits[str(s["index"])] = torch.tensor(_logits(out), dtype=torch.float32)
-    save_file(logits, a.logits_out)
-    if oneshot:
-        save_file(oneshot, a.logits_out + ".oneshot")
-    Path(a.logits_out + ".json").write_text(json.dumps({"engine_start_s": started, "request_s": seconds}))
-    return 0
-
-
-def distinct_samples(enc, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int,  # noqa: ANN001
-                     seed: int) -> list:
-    """harness.experiments.text.build_samples, with each sample's text opened by "Worked example N." so that no two
-    samples share a first block. With 40 problems, samples i and i + 40 start at the same problem; sharing
-    leading blocks, one sample's P + S would hit another's blocks (B's prefix cache, or a longer artifact in the
-    store), computed under another sample's schedule: measured 3 of 50 SHA-256 different that way, each grafting
-    or hitting blocks of the wrong sample (the journal showed it), none with its own artifact."""
-    from harness.experiments.text import Sample
-
-    rng = random.Random(seed + 1)
-    order = list(range(len(texts)))
-    rng.shuffle(order)
-    samples = []
-    for i, length in enumerate(lengths):
-        start, parts, ids = order[i % len(order)], [], []
-        while len(ids) < length + suffix_tokens:
-            parts.append(texts[(start + len(parts)) % len(texts)])
-            ids = enc.encode(f"Worked example {i + 1}.\n\n" + "\n\n".join(t for _, t in parts))
-        samples.append(Sample(i, ids[:length], ids[length : length + suffix_tokens], tuple(p for p, _ in parts)))
-    return samples
-
-
-def verify_in_engine(a: argparse.Namespace) -> int:
-    """The vLLM branch (run inside .venv-vllm): a prefix grafted by KvgraftConnector in another engine gives the same
-    next-token logits, byte for byte, as vLLM's own prefix-cache hit on the same blocks.
-
-    Samples: (prefix P, suffix S) pairs cut from real problem text, as for the step-wise backends, prefix lengths
-    from one block (128) to ~2.7 x the 512-token window, each opened by "Worked example N." (`distinct_samples`);
-    vLLM caches and loads whole blocks only, so what is deposited and grafted is P's first len(P) // 128 * 128
-    tokens, and the engine computes the rest of P and S in both halves.
-      (a) reference, engine A (its own process, connector role kv_producer: it deposits, never grafts; deposit
-          "marked"): P alone with the deposit mark (the connector puts P's whole blocks into the store), then
-          P + S, which hits A's own prefix cache on those blocks: the logits of S's last position (vLLM's raw
-          logits over the whole vocabulary, float32);
-      (b) graft, engine B (another process, a fresh engine, role kv_consumer): P + S; the connector finds the
-          artifact by its tokens, re-hashes its bytes, checks it (the one admission: fingerprints, every binding
-          setting, layout, environment) and writes it into B's blocks; the same logits.
-      (c) information only, in engine A before (a), from a clean cache: P + S in one pass (no cache hit; samples
-          that start at the same problem share leading blocks, and those still hit), another computation
-          (DESIGN.md: a prefix-cache hit differs from the cold one-shot run).
-    Compared with kvstore.engine.verify.compare_logits (SHA-256, KL, argmax). The connector's journal must show one
-    graft per sample in B, of the expected token count, else the sample counts as not grafted. Exit status 0 when
-    every sample is grafted and SHA-256 equal."""
-    if a.phase:
-        return phase(a)
-
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer
-
-    from harness.experiments.text import DEFAULT_PROBLEMS, prefix_lengths, problem_texts
-    from kvstore.backends.vllm import VllmSettings, model_folder
-    from kvstore.backends.vllm.connector import journal
-    from kvstore.engine.verify import compare_logits
-    from kvstore.environment import cpu_name
-
-    tmp = Path(tempfile.mkdtemp(prefix="verify_vllm-"))
-    store = str(a.store) if a.store else str(tmp / "store")
-    threads, dtype = a.threads or 2, a.dtype or "bfloat16"
-    lo, hi = a.min_prefix_tokens or 128, a.max_prefix_tokens or 1400
-    folder = model_folder(VllmSettings())
-    tok = AutoTokenizer.from_pretrained(folder)
-
-    class Enc:
-        def encode(self, text: str) -> list[int]:
-            return tok(text)["input_ids"]
-
-    lengths = prefix_lengths(a.samples, a.seed, lo, hi, 512)
-    samples = distinct_samples(Enc(), problem_texts(DEFAULT_PROBLEMS), lengths, a.suffix_tokens, a.seed)
-    sfile = tmp / "samples.json"
-    sfile.write_text(json.dumps([{"index": s.index, "prefix": s.prefix, "suffix": s.suffix} for s in samples]))
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    runs = {}
-    for ph in ("a", "b"):
-        jfile, lfile = str(tmp / f"journal-{ph}.jsonl"), str(tmp / f"logits-{ph}.safetensors")
-        cmd = [sys.executable, __file__, "--backend", "vllm", "--phase", ph, "--samples-file", str(sfile),
-               "--logits-out", lfile, "--journal", jfile, "--store", store, "--threads", str(threads), "--dtype", dtype]
-        t = time.perf_counter()
-        rc = subprocess.run(cmd, env=env, cwd=REPO).returncode
-        if rc:
-            print(f"verify_vllm: error: engine {ph} exited with status {rc}", file=sys.stderr)
-            return 2
-        runs[ph] = {"logits": load_file(lfile), "oneshot": load_file(lfile + ".oneshot") if ph == "a" else {},
-                    "journal": journal(jfile), "wall_s": time.perf_counter() - t,
-                    **json.loads(Path(lfile + ".json").read_text())}
-    grafts = {e["request"]: e for e in runs["b"]["journal"] if e["event"] == "graft"}
-    graft_tokens = sorted(e["tokens"] for e in grafts.values())
-    rows, equal, grafted = [], 0, 0
-    for s in samples:
-        key = str(s.index)
-        ref, got = runs["a"]["logits"].get(key), runs["b"]["logits"].get(key)
-        want = len(s.prefix) // 128 * 128
-        row = {"index": s.index, "prefix_tokens": len(s.prefix), "grafted_tokens": want, "sources": s.source_ids}
-        if ref is None or got is None:
-            row["error"] = "a request failed"
-        else:
-            c = compare_logits(ref[None], got[None])
-            row.update(sha256_equal=c.sha256_equal, kl=c.kl_max, max_abs_diff=c.max_abs_diff,
-                       argmax_agree=c.argmax_agreement == 1.0, sha256=c.sha256_a[:16])
-            equal += c.sha256_equal
-            one = runs["a"]["oneshot"].get(key)
-            if one is not None:  # information: a different computation (no cache hit, other shapes)
-                o = compare_logits(ref[None], one[None])
-                row.update(oneshot_sha256_equal=o.sha256_equal, oneshot_max_abs_diff=o.max_abs_diff)
-        rows.append(row)
-    expected = sorted(len(s.prefix) // 128 * 128 for s in samples)
-    grafted = sum(1 for t in graft_tokens if t > 0)
-    grafts_ok = graft_tokens == expected
-    report = {
-        "backend": "vllm", "cpu": cpu_name(), "dtype": dtype, "threads": threads, "samples": len(samples),
-        "sha256_equal": equal, "grafted": grafted, "grafts_match_expected_tokens": grafts_ok,
-        "past_window": sum(1 for s in samples if len(s.prefix) // 128 * 128 > 512),
-        "past_window_equal": sum(1 for r in rows if r["grafted_tokens"] > 512 and r.get("sha256_equal")),
-        "oneshot_equal": sum(1 for r in rows if r.get("oneshot_sha256_equal")),
-        "kl_max": max((r.get("kl", 0.0) for r in rows), default=0.0),
-        "argmax_agreement": sum(1 for r in rows if r.get("argmax_agree")) / max(1, len(rows)),
-        "engine_start_s": {ph: round(runs[ph]["engine_start_s"], 1) for ph in runs},
-        "wall_s": {ph: round(runs[ph]["wall_s"], 1) for ph in runs},
-        "rows": rows,
-    }
-    for r in rows:
-        print(f"  #{r['index']:>2} prefix {r['prefix_tokens']:>5}  grafted {r['grafted_tokens']:>5}  "
-              f"{'SHA equal' if r.get('sha256_equal') else 'DIFFERENT ' + str(r.get('max_abs_diff', r.get('error')))}")
-    how = "as expected" if grafts_ok else f"NOT as expected: {graft_tokens} vs {expected}"
-    print(f"verify_vllm: {equal}/{len(samples)} SHA-256 equal ({report['past_window_equal']}/{report['past_window']}"
-          f" past the 512 window), {grafted} grafted in another engine ({how}), KL max {report['kl_max']:.3g}, "
-          f"argmax {report['argmax_agreement']:.0%} (one-shot P+S on a cold cache, a different computation: "
-          f"{report['oneshot_equal']}/{len(samples)} equal); {dtype}, {threads} threads, {report['cpu']}; "
-          f"engine start {report['engine_start_s']} s")
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(report, indent=1))
-    return 0 if equal == len(samples) and grafts_ok else 1
 
 
 def _one_line(text: str) -> str:

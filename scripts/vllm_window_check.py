@@ -1,7 +1,7 @@
 """Do Gemma 3's global layers see past the 512-token window on vLLM's CPU backend (the bug vllm PR #51756 fixed)?
 Run inside .venv-vllm:
 
-    .venv-vllm/bin/python scripts/vllm_window_check.py
+    .venv-vllm/bin/python -m scripts.vllm_window_check
 
 One prompt of ~1,060 tokens whose first sentence holds a number, then ~1,000 tokens of filler, then a question:
   (1) transformers, fp32: the last position's logits with the number 7391 vs 2468: how much a token outside

@@ -24,7 +24,8 @@ How each is checked (``check``), by what it runs:
   each value of a sweep in turn); a ``hydra/launcher`` that needs an extra must be named in pyproject.toml's
   extras. An override that does not compose passes only if the doc shows, as the next line, exactly the
   ``error:`` line the entry point prints for it;
-- ``python scripts/X.py`` / ``python -m harness.compare.report|harness.tracking.server|pytest``: the script exists and every
+- ``python -m scripts.X`` (or ``python scripts/X.py``) / ``python -m harness.compare.report|harness.tracking.server|pytest``:
+  the script exists and every
   ``--flag`` is listed by its ``--help`` (all ``--help`` pages are read in one subprocess); a run-folder path
   has the shape of one (``runs/<condition>/<stamp>[-label]``, ``runs/compare/<stamp>`` ...);
 - ``kvstore [--store S] [--model M] COMMAND ...``: a command of ``kvstore --help``, flags of its own ``--help``;
@@ -76,7 +77,7 @@ RAN_BY = {
         "tests/harness/test_lifecycle.py::test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder",
     "python -m harness <same overrides>":
         "tests/harness/test_lifecycle.py::test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder",
-    ".venv-audit/bin/python scripts/rescore.py runs/compare/<stamp>":
+    ".venv-audit/bin/python -m scripts.rescore runs/compare/<stamp>":
         "tests/harness/test_rescore_fresh_venv.py::test_a_fresh_venv_with_only_the_audit_extra_rescores_a_run",
 }
 
@@ -230,6 +231,11 @@ def _is_python(word: str) -> bool:
     return PYTHON.fullmatch(word) is not None
 
 
+def _script_module(name: str) -> Path | None:
+    """The file of an entry point run as `python -m scripts.X[.Y]` (scripts/X/Y.py), None for any other module."""
+    return ROOT.joinpath(*name.split(".")).with_suffix(".py") if name.split(".")[0] == "scripts" else None
+
+
 def _help_specs() -> set[tuple[str, ...]]:
     """Every --help page the commands need (scripts, argparse modules, kvstore and its subcommands)."""
     specs: set[tuple[str, ...]] = {("kvstore", "kvstore")}
@@ -237,13 +243,15 @@ def _help_specs() -> set[tuple[str, ...]]:
         for argv in _entry_points(cmd):
             if _is_python(argv[0]) and len(argv) > 1 and argv[1].endswith(".py"):
                 specs.add(("script", argv[1]))
-            elif _is_python(argv[0]) and argv[1:2] == ["-m"] and argv[2] in ARGPARSE_MODULES:
+            elif _is_python(argv[0]) and argv[1:2] == ["-m"] and (
+                    argv[2] in ARGPARSE_MODULES or _script_module(argv[2]) is not None):
                 specs.add(("module", argv[2]))
             elif Path(argv[0]).name == "kvstore":
                 sub = _kvstore_split(argv)[1]
                 if sub:
                     specs.add(("kvstore", "kvstore", sub[0]))
-    return {s for s in specs if s[0] != "script" or (ROOT / s[1]).is_file()}
+    return {s for s in specs if (s[0] != "script" or (ROOT / s[1]).is_file())
+            and (s[0] != "module" or _script_module(s[1]) is None or _script_module(s[1]).is_file())}
 
 
 @cache
@@ -319,7 +327,7 @@ def _entry_points(cmd: Command) -> list[list[str]]:
         for line in recipe:
             argv = shlex.split(line)
             if argv and _is_python(argv[0]) and len(argv) > 1 and (argv[1].startswith("scripts/") or (
-                    argv[1] == "-m" and argv[2].split(".")[0] in {"harness", "kvstore"})):
+                    argv[1] == "-m" and argv[2].split(".")[0] in {"harness", "kvstore", "scripts"})):
                 lines.append(argv)
         return lines
     return [first]
@@ -394,7 +402,9 @@ def _check_python(cmd: Command, argv: list[str]) -> str:
                 if not a.startswith("-"):
                     assert (ROOT / a.split("::")[0]).exists(), f"pytest {a}: no such test file"
             return "pytest paths exist"
-        assert module in ARGPARSE_MODULES, f"python -m {module}: no checker for this module"
+        script = _script_module(module)
+        assert script is None or script.is_file(), f"python -m {module}: no such script ({script})"
+        assert module in ARGPARSE_MODULES or script is not None, f"python -m {module}: no checker for this module"
         _flags_listed([a for a in argv[3:] if a.startswith("-")], help_pages()[module], f"python -m {module}")
         _check_run_paths(argv[3:])
         return "flags in --help"
@@ -576,7 +586,7 @@ def test_a_command_nothing_checks_fails_with_its_place() -> None:
     with pytest.raises(AssertionError, match="no checker for 'frobnicate'"):
         check(Command("docs/x.md", 3, "frobnicate --all"))
     with pytest.raises(AssertionError, match="no option --no-such-flag"):
-        check(Command("docs/x.md", 4, "python scripts/rescore.py --no-such-flag runs/x"))
+        check(Command("docs/x.md", 4, "python -m scripts.rescore --no-such-flag runs/x"))
     with pytest.raises(AssertionError, match="does not compose"):
         check(Command("docs/x.md", 5, "make aime-graft ARGS=decoding.max_new_token=8", ("error: something else",)))
     with pytest.raises(AssertionError, match="make -n"):

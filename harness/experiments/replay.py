@@ -81,9 +81,9 @@ def smallest_window(layout: list[dict]) -> int | None:
 
 
 def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """The registered computations on this process's model (the transformers backend `_load_model` gives; its
-    layer layout read off a one-token artifact): graft samples and greedy decodes, through the backend's verbs
-    (the engine's own prefill and forward, so the bits are those registered)."""
+    """The registered computations on this process's model (the transformers backend `_load_model` gives, its layer
+    layout one of its facts): graft samples and greedy decodes, through the backend's verbs (the engine's own prefill
+    and forward, so the bits are those registered)."""
     import torch
 
     from harness.experiments.text import build_samples, prefix_lengths, problem_texts, read_problems
@@ -91,8 +91,7 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     from kvstore import check_graft, logits_sha256
 
     problems_path = REPO / params["problems"]
-    one = fm.encode("", add_bos=True) or [0]
-    window = smallest_window(fm.capture(fm.prefill(one)[0], one).layout)  # the layers' kinds and windows
+    window = smallest_window(fm.layer_layout())
     scale = window or 512
     lo, hi = max(4, scale // 32), max(60, scale * 7 // 4)
     lengths = prefix_lengths(params["samples"], params["seed"], lo, hi, window)

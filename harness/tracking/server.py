@@ -21,7 +21,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from harness.config.schema import DEFAULT_EXPERIMENT
 from harness.errors import TrackingError
 from harness.tracking.store import default_tracking_uri
 from harness.tracking.views import view_url
-from kvstore import die_with_parent, stop_process_group
+from kvstore import LocalServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,34 +59,37 @@ class MlflowServer:
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen | None = None
         self.log_path = self.runs / "mlflow-server.log"
-        self.started_in_s: float | None = None
+        self.server: LocalServer | None = None
 
     def start(self) -> MlflowServer:
         self.runs.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(server_command(self.runs, self.port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=server_env(), start_new_session=True,
-                                         preexec_fn=die_with_parent)
-        while time.monotonic() - t0 < self.start_timeout_s:
-            if self.proc.poll() is not None:
-                raise TrackingError(f"mlflow server exited with {self.proc.returncode} at start; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.started_in_s = time.monotonic() - t0
-                        return self
-            except OSError:
-                time.sleep(0.25)
-        self.stop()
-        raise TrackingError(f"mlflow server {self.uri} not ready within {self.start_timeout_s:.0f} s; see "
-                            f"{self.log_path}")
+        self.server = LocalServer(server_command(self.runs, self.port), self.log_path, ready=self.answers,
+                                  what=f"mlflow server {self.uri}", error=TrackingError,
+                                  timeout_s=self.start_timeout_s, grace_s=15, env=server_env())
+        self.server.start()
+        return self
+
+    def answers(self) -> bool:
+        """Whether the server answers its health check."""
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.server.proc if self.server is not None else None
+
+    @property
+    def started_in_s(self) -> float | None:
+        return self.server.started_s if self.server is not None else None
 
     def stop(self) -> None:
         """SIGTERM the server's process group (uvicorn and its workers), SIGKILL after 15 s. Idempotent."""
-        stop_process_group(self.proc, 15)
+        if self.server is not None:
+            self.server.stop()
 
     def __enter__(self) -> MlflowServer:
         return self.start()

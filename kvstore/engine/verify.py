@@ -20,7 +20,7 @@ Every model-shaped step goes through the backend (kvstore.engine.protocol.Backen
 suffix is one `forward` on each side): `fm` is the backend load_backend returns (transformers, llama.cpp, the fake).
 The procedure is the same on every such backend: its own pinned prefill schedule on both sides, its own capture and
 graft. An engine that decodes only in itself (vLLM, InEngineDecoding) is checked through its requests instead
-(scripts/verify_graft.py --backend vllm).
+(scripts/verify_vllm.py).
 
 `offset` > 0 is the position experiment (scripts/position_sweep.py): the reference is computed at positions
 offset.., the graft re-rotates the keys (a backend with the Repositioning capability: transformers); only offset 0

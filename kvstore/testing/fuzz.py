@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, load_backend, to_bytes
+from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, deposit, load_backend, to_bytes
 from kvstore.atomic import atomic_write
 from kvstore.engine.verify import graft_logits, logits_sha256, reference_logits
 from kvstore.environment import cpu_name
@@ -78,7 +78,7 @@ def make_base(model: str) -> Base:
     n = PREFIX[model]
     prefix = [2] + [4 + (37 * i + 11) % 250 for i in range(n - 1)]
     suffix = [4 + (53 * i + 7) % 250 for i in range(SUFFIX)]
-    snap = be.capture(be.prefill(prefix)[0], prefix, extra={"fuzz": model})  # deposit_tokens, through the Backend
+    snap = deposit(be, prefix, extra={"fuzz": model})
     data = to_bytes(snap)
     ref = logits_sha256(reference_logits(be, prefix, suffix))
     got = logits_sha256(graft_logits(be, prefix, suffix, from_bytes(data)).logits)

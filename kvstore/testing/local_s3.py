@@ -16,11 +16,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvstore.errors import StoreUnavailableError
-from kvstore.processes import die_with_parent, stop_process_group
+from kvstore.processes import LocalServer
 
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
               "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port", "debug.port",
@@ -65,7 +65,7 @@ class LocalS3:
         self.env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                     "AWS_DEFAULT_REGION": "us-east-1"}
         self._pick_ports()
-        self.proc: subprocess.Popen | None = None
+        self.server: LocalServer | None = None
         self.log_path = self.data_dir / "weed.log"
 
     def start(self, attempts: int = 2) -> LocalS3:
@@ -96,26 +96,24 @@ class LocalS3:
                 "-admin.ui=false", *(f"-{flag}={port}" for flag, port in self.ports.items())]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env["S3_BUCKET"] = ",".join(self.buckets)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, cwd=self.data_dir, start_new_session=True,
-                                         preexec_fn=die_with_parent)
-        self._wait_ready()
+        ready, last = self._stores_an_object()
+        self.server = LocalServer(args, self.log_path, ready=ready, what=f"weed mini at {self.endpoint}",
+                                  error=StoreUnavailableError, timeout_s=self.start_timeout_s, poll_s=0.2,
+                                  grace_s=10, env=env, cwd=self.data_dir, not_ready=lambda: str(last[0]))
+        self.server.start()
         return self
 
-    def _wait_ready(self) -> None:
+    def _stores_an_object(self) -> tuple[Callable[[], bool], list[Exception | None]]:
+        """The readiness check (the buckets exist, an object goes in and out) and the last error it met."""
         import boto3
         from botocore.config import Config
 
         client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
                               aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
                               config=Config(connect_timeout=1, read_timeout=5, retries={"max_attempts": 1}))
-        deadline = time.monotonic() + self.start_timeout_s
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise StoreUnavailableError(f"weed mini exited with {self.proc.returncode} at start; the end of "
-                                            f"{self.log_path}:\n{self.log_tail()}")
+        last: list[Exception | None] = [None]
+
+        def ready() -> bool:
             self._refuse_taken_ports()
             try:
                 for b in self.buckets:
@@ -125,19 +123,17 @@ class LocalS3:
                         client.create_bucket(Bucket=b)
                 client.put_object(Bucket=self.buckets[0], Key=".ready", Body=b"1")
                 client.delete_object(Bucket=self.buckets[0], Key=".ready")
-                return
+                return True
             except Exception as e:  # noqa: BLE001 - not up yet
-                last = e
+                last[0] = e
                 self._refuse_taken_ports()
-                time.sleep(0.2)
-        self.stop()
-        raise StoreUnavailableError(f"weed mini at {self.endpoint} not ready within {self.start_timeout_s:.0f} s "
-                                    f"({last}); the end of {self.log_path}:\n{self.log_tail()}")
+                return False
+
+        return ready, last
 
     def _refuse_taken_ports(self) -> None:
         # weed may linger after logging that a port it was given is in use, while that port's holder answers nothing
         if PORT_TAKEN in self.log_tail():
-            self.stop()
             raise StoreUnavailableError(f"weed mini could not bind its ports at start; the end of {self.log_path}:\n"
                                         f"{self.log_tail()}")
 
@@ -148,9 +144,15 @@ class LocalS3:
         except OSError as e:
             return f"(no log: {e})"
 
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """The `weed mini` process (None before a start)."""
+        return self.server.proc if self.server is not None else None
+
     def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL after 10 s. Idempotent."""
-        stop_process_group(self.proc, 10)
+        if self.server is not None:
+            self.server.stop()
 
     def __enter__(self) -> LocalS3:
         return self.start()

@@ -7,7 +7,7 @@ ours holds the model's own dtype. Here the same tokens are deposited by the same
 comparison can also be made at equal bytes per token. bf16 prefill is slow on a CPU without bf16 arithmetic,
 so only prefixes up to `max_tokens` are deposited.
 
-    .venv/bin/python scripts/bench/bf16_restore.py --model tiny-gemma3 --sizes 16,32 --work /tmp/bf16 --out r.json
+    .venv/bin/python -m scripts.bench.bf16_restore --model tiny-gemma3 --sizes 16,32 --work /tmp/bf16 --out r.json
 
 (alone: the token stream is the bundled problems' text, as `make bench` cuts it; prints and writes the JSON).
 """
@@ -22,11 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import stats, token_stream, write_summary
-
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, LocalStore, load_backend
-from kvstore.backends.transformers import deposit_tokens, graft_snapshot
+from kvstore import Determinism, LocalStore, deposit, load_backend
+from scripts.bench.common import stats, token_stream, write_summary
 
 
 def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workdir: Path,
@@ -34,25 +32,25 @@ def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workd
     """{"dtype", "rows": [{tokens, artifact_bytes, bytes_per_token, restore_s, deposit_s}], "skipped_sizes"}."""
     base = Determinism()
     det = Determinism(threads=threads or base.threads, dtype="bfloat16")
-    fm = load_backend("transformers", source=model, determinism=det).fm
+    be = load_backend("transformers", source=model, determinism=det)
     store = LocalStore(workdir)
     rows = []
     try:
         for n in [n for n in sizes if n <= max_tokens]:
             t0 = time.perf_counter()
-            aid = store.put(deposit_tokens(fm, stream[:n]))
+            aid = store.put(deposit(be, stream[:n]))
             deposit_s = time.perf_counter() - t0
-            graft_snapshot(store.get(aid), fm)  # warm: page cache, layout memo
+            be.graft(store.get(aid))  # warm: page cache, layout memo
             times = []
             for _ in range(max(repeats, 5)):
                 t0 = time.perf_counter()
-                graft_snapshot(store.get(aid), fm)
+                be.graft(store.get(aid))
                 times.append(time.perf_counter() - t0)
             size = store.info(aid).size
             rows.append({"tokens": n, "artifact_id": aid, "artifact_bytes": size, "bytes_per_token": size / n,
                          "restore_s": stats(times), "deposit_s": deposit_s})
     finally:
-        del fm
+        del be
         gc.collect()
     return {"dtype": "bfloat16", "rows": rows, "skipped_sizes": [n for n in sizes if n > max_tokens],
             "note": f"deposited by the same model loaded in bfloat16; sizes above {max_tokens} tokens skipped "
@@ -69,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the JSON to write")
     args = ap.parse_args(argv)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    stream, _ = token_stream(load_backend("transformers", source=args.model).fm, DEFAULT_PROBLEMS, max(sizes))
+    stream, _ = token_stream(load_backend("transformers", source=args.model), DEFAULT_PROBLEMS, max(sizes))
     try:
         result = measure(args.model, stream, sizes, args.repeats, args.work, max_tokens=args.max_tokens)
     finally:

@@ -1,7 +1,6 @@
 """What the benchmarks share (scripts/bench/): the goals, timing with repeats and
 their summary, the machine (CPU name, cores, load average at start and end), the token stream cut from real text,
-and writing a summary JSON. Imported as a sibling module: `python scripts/bench/X.py` puts scripts/bench/ first
-on sys.path."""
+and writing a summary JSON (`from scripts.bench.common import ...`)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,12 @@ from pathlib import Path
 import psutil
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from harness.experiments.text import problem_texts
+from harness.record.manifest import code_state
+from kvstore import Backend, Determinism, atomic_write
+from kvstore.backends.transformers import environment_fingerprint
 
-from harness.experiments.text import problem_texts  # noqa: E402
-from harness.record.manifest import code_state  # noqa: E402
-from kvstore import Determinism, atomic_write  # noqa: E402
-from kvstore.backends.transformers import environment_fingerprint  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 GOALS = {"ttft_ratio": 100.0, "ttft_at": 2048, "restore_fraction": 0.8, "overhead": 0.05,
          "ceiling_fraction": 0.9, "ceiling_from": 512}
@@ -57,12 +56,12 @@ def machine_info(det: Determinism) -> dict:
     }
 
 
-def token_stream(fm, text_path: Path, need: int) -> tuple[list[int], dict]:
+def token_stream(be: Backend, text_path: Path, need: int) -> tuple[list[int], dict]:
     """`need` token ids of real text: problem + solution of every row, concatenated, repeated as needed."""
     rows = problem_texts(text_path)
     text = "\n\n".join(t for _, t in rows)
-    ids = fm.encode(text)
-    body = fm.encode("\n\n" + text, add_bos=False)
+    ids = be.encode(text)
+    body = be.encode("\n\n" + text, add_bos=False)
     while len(ids) < need:
         ids += body
     info = {"source": str(text_path.relative_to(REPO) if text_path.is_relative_to(REPO) else text_path),

@@ -1,6 +1,6 @@
 """make bench-context: the store holds far more KV than any context window, at a flat cost per lookup.
 
-    .venv/bin/python scripts/bench/context.py --out runs/bench [--model tiny-gemma3] [--artifacts 100000]
+    .venv/bin/python -m scripts.bench.context --out runs/bench [--model tiny-gemma3] [--artifacts 100000]
         [--total-tokens 3000000] [--checkpoints 10,100,1000,10000,100000] [--samples 200] [--threads 1]
 
 Fills a LocalStore under <out>/context_store with real deposits (prefill + capture of distinct random token
@@ -32,13 +32,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-from common import stats
 from tqdm import tqdm
 
-from kvstore import Determinism, LocalStore, atomic_write, load_backend, to_bytes, tokens_sha256
-from kvstore.backends.transformers import deposit_tokens, graft_snapshot
-from kvstore.backends.transformers.model import layout_string
+from kvstore import Backend, Determinism, LocalStore, atomic_write, deposit, load_backend, to_bytes, tokens_sha256
+from kvstore.backends.transformers import layout_string
 from kvstore.determinism import add_arguments, from_arguments
+from scripts.bench.common import stats
 
 SEED = 20240611
 BATCH = 256  # artifacts per put_many
@@ -79,22 +78,28 @@ def peak_rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def deposit_batch(fm, indices: list[int], lengths: list[int]) -> list[bytes]:
+def vocab_and_bos(be: Backend) -> tuple[int, int | None]:
+    """The vocabulary size and the BOS id (what `encode` of empty text gives; None where the tokenizer adds none)."""
+    head = be.encode("")
+    return be.vocab_size(), (head[0] if head else None)
+
+
+def deposit_batch(be: Backend, indices: list[int], lengths: list[int]) -> list[bytes]:
     """Artifact bytes of the given plan entries: prefill + capture + serialize, one sequence at a time."""
-    vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
-    return [to_bytes(deposit_tokens(fm, sequence(i, n, vocab, bos))) for i, n in zip(indices, lengths, strict=True)]
+    vocab, bos = vocab_and_bos(be)
+    return [to_bytes(deposit(be, sequence(i, n, vocab, bos))) for i, n in zip(indices, lengths, strict=True)]
 
 
-_WORKER_FM = None
+_WORKER_BACKEND = None
 
 
 def _worker_init(model: str, determinism: dict) -> None:
-    global _WORKER_FM
-    _WORKER_FM = load_backend("transformers", source=model, determinism=Determinism.from_dict(determinism)).fm
+    global _WORKER_BACKEND
+    _WORKER_BACKEND = load_backend("transformers", source=model, determinism=Determinism.from_dict(determinism))
 
 
 def _worker_batch(job: tuple[list[int], list[int]]) -> tuple[str, list[bytes]]:
-    return _WORKER_FM.fingerprint, deposit_batch(_WORKER_FM, *job)
+    return _WORKER_BACKEND.fingerprint, deposit_batch(_WORKER_BACKEND, *job)
 
 
 class Filler:
@@ -104,8 +109,8 @@ class Filler:
 
     POOL_MIN = 5000  # below this many missing artifacts, starting worker processes costs more than it saves
 
-    def __init__(self, fm, store: LocalStore, lengths: np.ndarray, workers: int) -> None:
-        self.fm, self.store, self.lengths, self.workers = fm, store, lengths, workers
+    def __init__(self, be: Backend, store: LocalStore, lengths: np.ndarray, workers: int) -> None:
+        self.backend, self.store, self.lengths, self.workers = be, store, lengths, workers
         self.pool = None
         self.fill_s = 0.0
         self.deposited = 0
@@ -116,14 +121,14 @@ class Filler:
         if self.workers > 1 and (self.pool is not None or len(indices) >= self.POOL_MIN):
             if self.pool is None:
                 ctx = multiprocessing.get_context("spawn")
-                self.pool = ctx.Pool(self.workers, _worker_init, (self.fm.name, self.fm.determinism.to_dict()))
+                self.pool = ctx.Pool(self.workers, _worker_init, (self.backend.model_name, self.backend.settings()))
             for fingerprint, batch in self.pool.imap(_worker_batch, jobs):
-                if fingerprint != self.fm.fingerprint:
+                if fingerprint != self.backend.fingerprint:
                     raise RuntimeError("a worker built a different model (fingerprints differ); use --workers 1")
                 yield batch
         else:
             for job in jobs:
-                yield deposit_batch(self.fm, *job)
+                yield deposit_batch(self.backend, *job)
 
     def fill(self, indices: list[int], bar: tqdm) -> None:
         q: queue.Queue = queue.Queue(maxsize=2)
@@ -159,15 +164,15 @@ class Filler:
             self.pool.join()
 
 
-def measure(fm, store: LocalStore, picks: list[int], lengths: np.ndarray, into: dict) -> None:
+def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarray, into: dict) -> None:
     """Time lookup (find_tokens + info) and restore (get + graft) of the plan entries `picks`; append the latencies
     to `into` and raise its peak-memory marks."""
-    vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
+    vocab, bos = vocab_and_bos(be)
     seqs = [sequence(i, int(lengths[i]), vocab, bos) for i in picks]
     shas = [tokens_sha256(s) for s in seqs]
-    on_gpu = fm.device.type == "cuda"
+    on_gpu = be.device.type == "cuda"
     if on_gpu:
-        torch.cuda.reset_peak_memory_stats(fm.device)
+        torch.cuda.reset_peak_memory_stats(be.device)
     reset = peak_reset()  # the peak mark now equals the current RSS
     rss_before = psutil.Process().memory_info().rss
     sample_peak = rss_before
@@ -176,7 +181,7 @@ def measure(fm, store: LocalStore, picks: list[int], lengths: np.ndarray, into: 
         ids = store.find_tokens(sha)
         store.info(ids[0])
         t1 = time.perf_counter()
-        cache = graft_snapshot(store.get(ids[0]), fm, token_ids=seq)
+        cache = be.graft(store.get(ids[0]), seq)
         t2 = time.perf_counter()
         into["lookup"].append(t1 - t0)
         into["restore"].append(t2 - t1)
@@ -189,7 +194,7 @@ def measure(fm, store: LocalStore, picks: list[int], lengths: np.ndarray, into: 
     into["rss_before"] = max(into.get("rss_before", 0), rss_before)
     into["peak_method"] = "VmHWM after clear_refs reset" if reset else "psutil RSS sampled after each restore"
     if on_gpu:
-        into["device_peak"] = max(into.get("device_peak", 0), torch.cuda.max_memory_allocated(fm.device))
+        into["device_peak"] = max(into.get("device_peak", 0), torch.cuda.max_memory_allocated(be.device))
 
 
 def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
@@ -201,11 +206,11 @@ def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
     return dst
 
 
-def put_cost(fm, root: Path, n: int = 200) -> dict:
+def put_cost(be: Backend, root: Path, n: int = 200) -> dict:
     """ms per artifact: deposit + serialize, then a loop of put_bytes vs one put_many of the same bytes."""
-    vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
+    vocab, bos = vocab_and_bos(be)
     t0 = time.perf_counter()
-    data = [to_bytes(deposit_tokens(fm, sequence(10**9 + i, 31, vocab, bos))) for i in range(n)]
+    data = [to_bytes(deposit(be, sequence(10**9 + i, 31, vocab, bos))) for i in range(n)]
     out = {"deposit_and_to_bytes_ms_per_artifact": (time.perf_counter() - t0) / n * 1e3, "artifacts": n,
            "artifact_bytes": len(data[0])}
     for name in ("put_bytes_loop", "put_many"):
@@ -278,19 +283,19 @@ def main(argv: list[str] | None = None) -> int:
     if checkpoints[-1] != args.artifacts:
         checkpoints.append(args.artifacts)
     det = from_arguments(args)
-    fm = load_backend("transformers", source=args.model, determinism=det, device=args.device).fm
+    be = load_backend("transformers", source=args.model, determinism=det, device=args.device)
     lengths = plan_lengths(args.artifacts, args.total_tokens)
-    vocab, bos = fm.config.vocab_size, fm.tokenizer.bos_token_id
+    vocab, bos = vocab_and_bos(be)
     store = LocalStore(out / "context_store")
-    held = {i.tokens_sha256 for i in store.list() if i.model_fingerprint == fm.fingerprint}
+    held = {i.tokens_sha256 for i in store.list() if i.model_fingerprint == be.fingerprint}
     print(f"store {store.root}: {len(held):,} artifacts of this model already", flush=True)
 
     def have(i: int) -> bool:
         return tokens_sha256(sequence(i, int(lengths[i]), vocab, bos)) in held
 
     reused = sum(1 for i in range(args.artifacts) if have(i)) if held else 0
-    put = put_cost(fm, out, n=min(200, max(20, args.artifacts // 10)))
-    filler = Filler(fm, store, lengths, args.workers if args.device == "cpu" else 1)
+    put = put_cost(be, out, n=min(200, max(20, args.artifacts // 10)))
+    filler = Filler(be, store, lengths, args.workers if args.device == "cpu" else 1)
     with tqdm(total=args.artifacts, initial=reused, desc="depositing", unit="artifact", smoothing=0.05) as bar:
         filler.fill([i for i in range(args.artifacts) if not held or not have(i)], bar)
     filler.close()
@@ -317,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     per_round = -(-args.samples // ROUNDS)
     for _ in range(ROUNDS):
         for c in rng.sample(checkpoints, len(checkpoints)):
-            measure(fm, stores[c][0], [rng.randrange(c) for _ in range(per_round)], lengths, raw[c])
+            measure(be, stores[c][0], [rng.randrange(c) for _ in range(per_round)], lengths, raw[c])
     points = []
     for c in checkpoints:
         r, (st, kind) = raw[c], stores[c]
@@ -332,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{point['restore_s']['median'] * 1e3:.2f} ms, peak RSS {point['peak_rss_bytes'] / 2**20:.0f} MiB")
     shutil.rmtree(scratch, ignore_errors=True)
 
-    infos = [i for i in store.list() if i.model_fingerprint == fm.fingerprint]
+    infos = [i for i in store.list() if i.model_fingerprint == be.fingerprint]
     fill = {"deposited": filler.deposited, "fill_s": filler.fill_s,
             "artifacts_per_s": filler.deposited / filler.fill_s if filler.deposited else None,
             "workers": filler.workers if filler.pool is not None else 1, "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -350,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
               for k in ("lookup_s", "restore_s")}
     spread["peak_rss"] = max(q["peak_rss_bytes"] for q in points) / min(q["peak_rss_bytes"] for q in points)
     result = {
-        "model": {"name": fm.name, "fingerprint": fm.fingerprint, "random_weights": fm.name.startswith("tiny-"),
-                  "layers": layout_string(fm.layer_layout),
-                  "determinism": det.to_dict(), "device": str(fm.device)},
+        "model": {"name": be.model_name, "fingerprint": be.fingerprint,
+                  "random_weights": be.model_name.startswith("tiny-"), "layers": layout_string(be.layer_layout()),
+                  "determinism": det.to_dict(), "device": str(be.device)},
         "store": {"root": str(store.root), "artifacts": len(infos), "tokens": sum(i.token_count for i in infos),
                   "bytes": sum(i.size for i in infos), "index_bytes": store.index_path.stat().st_size,
                   "reused_at_start": reused, "deposited_this_run": filler.deposited,

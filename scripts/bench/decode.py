@@ -1,6 +1,6 @@
 """Decode-side benchmark: batched sampling vs batch size 1, fp32 vs bf16, the harness vs llama.cpp.
 
-    .venv/bin/python scripts/bench/decode.py [--model gemma3-270m] [--problems 8] [--n 8] [--max-new-tokens 64]
+    .venv/bin/python -m scripts.bench.decode [--model gemma3-270m] [--problems 8] [--n 8] [--max-new-tokens 64]
         [--dtypes float32,bfloat16] [--prefill-tokens 256] [--decode-tokens 64] [--long-tokens 0] [--out FILE]
 
 Prints one JSON object (and writes it to --out when given):
@@ -26,12 +26,11 @@ from pathlib import Path
 
 import psutil
 import torch
-from common import REPO as ROOT  # noqa: E402
 
-from harness.run.decode import Sampling, generate, generate_batch  # noqa: E402
-from kvstore import Determinism, atomic_write, load_backend  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, new_cache, prefill  # noqa: E402
+from harness.run.decode import Sampling, generate, generate_batch
+from kvstore import Backend, Determinism, atomic_write, load_backend
 from kvstore.environment import cpu_name
+from scripts.bench.common import REPO as ROOT
 
 PROBLEMS = ROOT / "problems" / "kvgraft_original.jsonl"
 GOALS = {"batched_speedup": 4.0, "harness_vs_llama_cpp": 0.5}
@@ -46,21 +45,20 @@ def _prompts(count: int) -> list[str]:
     return [f"Problem: {r['problem']}\n\nSolution:" for r in rows[:count]]
 
 
-def _long_text(fm, tokens: int) -> list[int]:
+def _long_text(be: Backend, tokens: int) -> list[int]:
     text = " ".join(json.loads(line)["solution"] for line in PROBLEMS.read_text().splitlines() if line.strip())
-    ids = fm.encode(text)
+    ids = be.encode(text)
     while len(ids) < tokens:
         ids += ids[1:]
     return ids[:tokens]
 
 
-def batched_sampling(fm, problems: int, n: int, max_new_tokens: int) -> dict:
+def batched_sampling(be: Backend, problems: int, n: int, max_new_tokens: int) -> dict:
     """avg@n sampling: n bs-1 generations per problem vs one batch of n; same seeds, same budget."""
-    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
     bs1_tokens = batch_tokens = 0
     bs1_s = batch_s = 0.0
     for p, prompt in enumerate(_prompts(problems)):
-        ids = fm.encode(prompt)
+        ids = be.encode(prompt)
         seeds = [1000 * p + s for s in range(n)]
         # alternate which side runs first so both see the same machine state on average
         for side in (("bs1", "batch") if p % 2 == 0 else ("batch", "bs1")):
@@ -85,15 +83,14 @@ def batched_sampling(fm, problems: int, n: int, max_new_tokens: int) -> dict:
     }
 
 
-def dtype_speed(fm, prefill_tokens: int, decode_tokens: int) -> dict:
+def dtype_speed(be: Backend, prefill_tokens: int, decode_tokens: int) -> dict:
     """Prefill tokens/s (fresh cache, pinned chunking) and greedy decode tokens/s, one model in one dtype."""
-    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
-    ids = _long_text(fm, prefill_tokens)
-    prefill(fm, ids[:16], new_cache(fm))  # warm-up
+    ids = _long_text(be, prefill_tokens)
+    be.prefill(ids[:16])  # warm-up
     t0 = time.perf_counter()
-    prefill(fm, ids, new_cache(fm))
+    be.prefill(ids)
     prefill_s = time.perf_counter() - t0
-    prompt = fm.encode(_prompts(1)[0])
+    prompt = be.encode(_prompts(1)[0])
     t0 = time.perf_counter()
     g = generate(be, prompt, max_new_tokens=decode_tokens, eos=set())  # a fixed length, as llama-bench does
     wall = time.perf_counter() - t0
@@ -129,9 +126,8 @@ def llama_cpp_speed(model: str, decode_tokens: int, threads: int) -> dict | str:
             "version": getattr(llama_cpp, "__version__", "?")}
 
 
-def long_budget(fm, tokens: int) -> dict:
+def long_budget(be: Backend, tokens: int) -> dict:
     """Peak RSS during one greedy generation of `tokens` tokens (stop only at the budget), sampled per step."""
-    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
     proc = psutil.Process()
     rss: list[int] = []
     gen_tokens = [0]
@@ -142,9 +138,9 @@ def long_budget(fm, tokens: int) -> dict:
             rss.append(proc.memory_info().rss)
 
     t0 = time.perf_counter()
-    g = generate(be, fm.encode(_prompts(1)[0]), max_new_tokens=tokens, on_token=on_token, eos=set())
+    g = generate(be, be.encode(_prompts(1)[0]), max_new_tokens=tokens, on_token=on_token, eos=set())
     wall = time.perf_counter() - t0
-    window = next((layer["window"] for layer in fm.layer_layout if layer["kind"] == "sliding"), None)
+    window = next((layer["window"] for layer in be.layer_layout() if layer["kind"] == "sliding"), None)
     mb = [round(r / 2**20, 1) for r in rss]
     return {"tokens": len(g.token_ids), "stop_reason": g.stop_reason, "sliding_window": window,
             "tokens_per_s": round(g.decode_tokens / wall, 2), "rss_mb_every_64_tokens": mb,
@@ -165,16 +161,16 @@ def measure(
     }
     for i, dtype in enumerate(dtypes):
         _say(f"{model} {dtype}: loading")
-        fm = load_backend("transformers", source=model, determinism=Determinism(threads=threads, dtype=dtype)).fm
-        out["dtype"][dtype] = dtype_speed(fm, prefill_tokens, decode_tokens)
+        be = load_backend("transformers", source=model, determinism=Determinism(threads=threads, dtype=dtype))
+        out["dtype"][dtype] = dtype_speed(be, prefill_tokens, decode_tokens)
         _say(f"{dtype}: {out['dtype'][dtype]}")
         if i == 0:  # the first dtype is the one the other figures use
-            out["batched_sampling"] = {"dtype": dtype, **batched_sampling(fm, problems, n, max_new_tokens)}
+            out["batched_sampling"] = {"dtype": dtype, **batched_sampling(be, problems, n, max_new_tokens)}
             _say(f"batched sampling: {out['batched_sampling']}")
             if long_tokens:
-                out["long_budget"] = {"dtype": dtype, **long_budget(fm, long_tokens)}
+                out["long_budget"] = {"dtype": dtype, **long_budget(be, long_tokens)}
                 _say(f"long budget: {out['long_budget']}")
-        del fm
+        del be
     out["llama_cpp"] = llama_cpp_speed(model, decode_tokens, threads)
     best = max((d["decode_tokens_per_s"] or 0.0 for d in out["dtype"].values()), default=0.0)
     if isinstance(out["llama_cpp"], dict):

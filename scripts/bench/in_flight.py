@@ -18,7 +18,7 @@ run.in_flight=N (default 8) and with 1, rows compared (token ids and first-logit
 
 llama.cpp decodes one context at a time (run.in_flight=1; a larger value is refused in one line): nothing to measure.
 
-    python scripts/bench/in_flight.py --out runs/bench [--engines vllm,transformers] [--problems 40] \
+    python -m scripts.bench.in_flight --out runs/bench [--engines vllm,transformers] [--problems 40] \
         [--max-new-tokens 256] [--n 8] [--sample-problems 5] [--dtype bfloat16] [--tf-problems 40] [--tf-in-flight 8]
 """
 
@@ -191,6 +191,21 @@ def bench_transformers(args: argparse.Namespace) -> dict:
     return fig
 
 
+def vllm_half(args: argparse.Namespace) -> dict:
+    """The vLLM half: this module again inside .venv-vllm (`--vllm-json`, which runs `bench_vllm` there)."""
+    if not VLLM_PYTHON.exists():
+        raise SystemExit(f"vllm: {VLLM_PYTHON} does not exist; build it with make setup-vllm")
+    part = args.out / "in_flight_vllm.json"
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "scripts.bench.in_flight", *sys.argv[1:], "--vllm-json", str(part)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        raise SystemExit(f"vllm: the in-flight bench exited {done.returncode} (its lines are above)")
+    return json.loads(part.read_text())
+
+
+HALVES = {"vllm": vllm_half, "transformers": bench_transformers}  # --engines: each engine's half of the bench
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for in_flight.json")
@@ -211,23 +226,16 @@ def main() -> None:
         Path(args.vllm_json).write_text(json.dumps(bench_vllm(args), indent=1))
         return
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in HALVES]
+    if unknown:
+        raise SystemExit(f"--engines: {unknown} unknown; choose from {sorted(HALVES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"cpu": cpu_line(), "problems": args.problems, "max_new_tokens": args.max_new_tokens,
                     "n": args.n, "sample_problems": args.sample_problems}
     print(f"problems in flight: {result['cpu']}", flush=True)
     t0 = time.perf_counter()
-    if "vllm" in engines:
-        if not VLLM_PYTHON.exists():
-            raise SystemExit(f"vllm: {VLLM_PYTHON} does not exist; build it with make setup-vllm")
-        part = args.out / "in_flight_vllm.json"
-        argv = list(sys.argv[1:])
-        done = subprocess.run([str(VLLM_PYTHON), __file__, *argv, "--vllm-json", str(part)], cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-        if done.returncode != 0:
-            raise SystemExit(f"vllm: the in-flight bench exited {done.returncode} (its lines are above)")
-        result["vllm"] = json.loads(part.read_text())
-    if "transformers" in engines:
-        result["transformers"] = bench_transformers(args)
+    for engine in engines:
+        result[engine] = HALVES[engine](args)
     result["llamacpp"] = "decodes one context at a time: run.in_flight=1 (a larger value is refused in one line)"
     result["runtime_s"] = round(time.perf_counter() - t0, 1)
     out = args.out / "in_flight.json"

@@ -3,7 +3,7 @@ prefill tokens/s and greedy decode tokens/s of the same model in the default mod
 each context size, the two modes alternating within every repeat (so a busy machine slows both alike). Reported as
 invariant/default time ratios (goal: prefill <= 1.5x, decode <= 1.3x).
 
-    .venv/bin/python scripts/bench/invariant.py [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
+    .venv/bin/python -m scripts.bench.invariant [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -14,49 +14,46 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import clock, machine_info, token_stream
-
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism
-from kvstore.backends.transformers.capture import forward, new_cache
+from kvstore import Determinism, load_backend
 from kvstore.backends.transformers.gguf import BUNDLED
-from kvstore.backends.transformers.model import load_frozen_model
+from scripts.bench.common import clock, machine_info, token_stream
 
 GOALS = {"prefill": 1.5, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time
 
 
-def _prefill_s(fm, ids: list[int]) -> float:
+def _prefill_s(be, ids: list[int]) -> float:
     t0 = clock()
-    forward(fm, ids, new_cache(fm), logits_to_keep=1)  # one pass over the whole prompt
+    be.prefill(ids)  # one pass over the whole prompt (prefill_chunk=0), the last position's logits
     return clock() - t0
 
 
-def _decode_s(fm, ids: list[int], steps: int) -> float:
-    cache = new_cache(fm)
-    logits = forward(fm, ids, cache, logits_to_keep=1)
+def _decode_s(be, ids: list[int], steps: int) -> float:
+    state, logits = be.prefill(ids)  # logits (1, vocab)
     t0 = clock()
     for _ in range(steps):  # greedy: each step feeds the argmax back, one row, one token
-        logits = forward(fm, [int(logits[0, -1].argmax())], cache, logits_to_keep=1)
+        logits = be.forward([int(logits[0].argmax())], state)[:, -1, :]
     return (clock() - t0) / steps
 
 
 def bench_invariant(model: str, stream: list[int], sizes: list[int], repeats: int, decode_steps: int,
                     threads: int | None = None) -> dict:
     base = Determinism(threads=threads or Determinism().threads, prefill_chunk=0)
-    fms = {"default": load_frozen_model(model, base),
-           "invariant": load_frozen_model(model, Determinism(**{**base.to_dict(), "batch_invariant": True}))}
-    for fm in fms.values():  # warm up kernels and allocator outside the timed regions
-        _decode_s(fm, stream[:16], 2)
+    invariant = Determinism(**{**base.to_dict(), "batch_invariant": True})
+    bes = {"default": load_backend("transformers", source=model, determinism=base),
+           "invariant": load_backend("transformers", source=model, determinism=invariant)}
+    for be in bes.values():  # warm up kernels and allocator outside the timed regions
+        _decode_s(be, stream[:16], 2)
     rows = []
     for n in sizes:
         ids = stream[:n]
-        times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in fms}
+        times: dict[str, dict[str, list[float]]] = {m: {"prefill": [], "decode": []} for m in bes}
         for _ in range(repeats):
-            for mode, fm in fms.items():
-                times[mode]["prefill"].append(_prefill_s(fm, ids))
-                times[mode]["decode"].append(_decode_s(fm, ids, decode_steps))
+            for mode, be in bes.items():
+                times[mode]["prefill"].append(_prefill_s(be, ids))
+                times[mode]["decode"].append(_decode_s(be, ids, decode_steps))
         row = {"tokens": n}
-        for mode in fms:
+        for mode in bes:
             p, d = statistics.median(times[mode]["prefill"]), statistics.median(times[mode]["decode"])
             row[mode] = {"prefill_s": p, "prefill_tok_s": n / p, "decode_s_per_token": d, "decode_tok_s": 1 / d,
                          "prefill_all_s": times[mode]["prefill"], "decode_all_s": times[mode]["decode"]}
@@ -96,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the figure as JSON here")
     args = ap.parse_args(argv)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    fm = load_frozen_model(args.model, Determinism())
-    stream, _ = token_stream(fm, args.text, max(sizes) + 1)
-    del fm
+    be = load_backend("transformers", source=args.model, determinism=Determinism())
+    stream, _ = token_stream(be, args.text, max(sizes) + 1)
+    del be
     fig = bench_invariant(args.model, stream, sizes, args.repeats, args.decode_steps)
     fig["machine"] = machine_info(Determinism())
     print_table(fig)

@@ -10,7 +10,7 @@
    whether llama.cpp's own restore gives the fresh logits (past the sliding window it restores the window's
    cells from cell 0, another layout than a fresh prefill's: see kvstore/backends/llamacpp/state.py).
 
-    python scripts/bench/llamacpp.py --out runs/bench_llamacpp [--sizes 512,2048,8192] [--new-tokens 64]
+    python -m scripts.bench.llamacpp --out runs/bench_llamacpp [--sizes 512,2048,8192] [--new-tokens 64]
 
 OMP_WAIT_POLICY defaults to passive (set it to active to measure the default): on the shared 2-core machine
 llama.cpp's and torch's OpenMP threads spinning between tokens made the harness 0.65-0.95x bare; passive:

@@ -8,16 +8,16 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import GOALS, clock, stats
-from peer import llama_clear, llama_logits_argmax
 
 from harness.experiments.text import read_problems
-from kvstore.backends.transformers import TransformersBackend, forward, prefill
+from kvstore import Backend
+from scripts.bench.common import GOALS, clock, stats
+from scripts.bench.peer import llama_clear, llama_logits_argmax
 
 # ---------------------------------------------------------------- 4. harness overhead
 
-def bench_overhead(fm, text_path: Path, prompts: int, new_tokens: int, repeats: int, llm) -> dict:
-    ids_list = [fm.encode(p.problem) for p in read_problems(text_path)[:prompts]]
+def bench_overhead(be: Backend, text_path: Path, prompts: int, new_tokens: int, repeats: int, llm) -> dict:
+    ids_list = [be.encode(p.problem) for p in read_problems(text_path)[:prompts]]
     try:
         from harness.run.decode import generate as harness_generate
 
@@ -27,23 +27,23 @@ def bench_overhead(fm, text_path: Path, prompts: int, new_tokens: int, repeats: 
         label = "kvstore-level greedy loop (prefill + forward; harness.run.decode not importable)"
 
     def through_harness(ids):
-        be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
         if harness_generate is not None:
             g = harness_generate(be, ids, max_new_tokens=new_tokens)
             return g.token_ids, g.decode_tokens
-        cache, logits = prefill(fm, ids)
+        cache, logits = be.prefill(ids)
         out = []
         for _ in range(new_tokens):
             out.append(int(torch.argmax(logits[0])))
-            logits = forward(fm, [out[-1]], cache)[:, -1, :]
+            logits = be.forward([out[-1]], cache)[:, -1, :]
         return out, len(out)
 
     def bare(ids):
-        x = torch.tensor([ids], device=fm.device)
+        x = torch.tensor([ids], device=be.device)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = fm.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
-                                    do_sample=False, pad_token_id=fm.tokenizer.pad_token_id)
+            warnings.simplefilter("ignore")  # one row is never padded: the pad id only silences generate's warning
+            out = be.torch_model().generate(input_ids=x, attention_mask=torch.ones_like(x),
+                                            max_new_tokens=new_tokens, do_sample=False,
+                                            pad_token_id=min(be.eos_ids()))
         new = out[0, len(ids):].tolist()
         return new, len(new)
 

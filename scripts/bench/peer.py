@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import GOALS, clock, goal_row, stats
-
+from kvstore import Backend
 from kvstore.backends.transformers.gguf import BUNDLED
+from scripts.bench.common import GOALS, clock, goal_row, stats
 
 # ---------------------------------------------------------------- 3. peer: llama.cpp state save/restore
 
@@ -23,11 +23,11 @@ llm.eval([2, 818, 5279, 563])
 """
 
 
-def open_llama(fm, n_ctx: int, threads: int) -> tuple[object | None, str | None, dict]:
+def open_llama(be: Backend, n_ctx: int, threads: int) -> tuple[object | None, str | None, dict]:
     """(Llama, None, settings) or (None, reason, {}). llama.cpp's extra weight buffer types (AMX / repacked
     weights) are probed in a subprocess first: a CPU can advertise AMX yet fault on it (SIGILL) in a VM."""
-    if fm.name != BUNDLED:
-        return None, f"the peer runs on the bundled GGUF ({BUNDLED}); this run used {fm.name}", {}
+    if be.model_name != BUNDLED:
+        return None, f"the peer runs on the bundled GGUF ({BUNDLED}); this run used {be.model_name}", {}
     try:
         import llama_cpp
 
@@ -65,13 +65,13 @@ def llama_clear(llm) -> None:
 
 
 def bench_peer(llm, reason, stream: list[int], sizes: list[int], repeats: int, ours: dict, workdir: Path,
-               fm) -> dict:
+               be: Backend) -> dict:
     if llm is None:
         return {"available": False, "reason": reason}
     import llama_cpp
 
     text = "Find the remainder when 7^2024 is divided by 1000."
-    same_tok = llm.tokenize(text.encode(), add_bos=True) == fm.encode(text)
+    same_tok = llm.tokenize(text.encode(), add_bos=True) == be.encode(text)
     rows = []
     for n in sizes:
         prefix, new = stream[:n], stream[n]

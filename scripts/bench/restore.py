@@ -12,11 +12,9 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from common import GOALS, clock, goal_row, stats, timed
-
-from kvstore import CachedStore, LocalStore, from_bytes
-from kvstore.backends.transformers import graft_snapshot
+from kvstore import Backend, CachedStore, LocalStore, from_bytes
 from kvstore.format.artifact import FORMAT, content_id, hash_threads
+from scripts.bench.common import GOALS, clock, goal_row, stats, timed
 
 # ---------------------------------------------------------------- 2. restore vs raw read (+ tier)
 
@@ -51,7 +49,8 @@ def raw_read(path: Path) -> bytes:
         return f.read()
 
 
-def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, quick: bool) -> tuple[dict, dict]:
+def bench_restore(be: Backend, store: LocalStore, ttft_rows: list[dict], repeats: int,
+                  quick: bool) -> tuple[dict, dict]:
     reps = max(repeats, 5)
     tier = CachedStore(store, max_bytes=2 << 30)
     rows, tier_rows = [], []
@@ -60,7 +59,7 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         path, size = store.path(aid), row["artifact_bytes"]
 
         def restore(s=store, aid=aid):
-            return graft_snapshot(s.get(aid), fm)
+            return be.graft(s.get(aid))
 
         data = raw_read(path)
         restore()
@@ -80,7 +79,7 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         sha_t, _ = timed(lambda d=data: hashlib.sha256(d).digest(), reps)  # the kvgraft-kv/1 id, for comparison
         buf = bytearray(data)  # writable, like the private mapping store.get parses
         parse_t, snap = timed(lambda b=buf: from_bytes(b), reps)
-        graft_t, _ = timed(lambda s=snap: graft_snapshot(s, fm), reps)
+        graft_t, _ = timed(lambda s=snap: be.graft(s), reps)
         cold = {"attempted": not quick}
         if not quick:
             cr, cg, dropped = [], [], []
@@ -109,9 +108,9 @@ def bench_restore(fm, store: LocalStore, ttft_rows: list[dict], repeats: int, qu
         })
         # host-memory tier: a miss reads through the disk store, then hits come from memory
         t0 = clock()
-        graft_snapshot(tier.get(aid), fm)
+        be.graft(tier.get(aid))
         miss = clock() - t0
-        hit_t, _ = timed(lambda t=tier, aid=aid: graft_snapshot(t.get(aid), fm), reps)
+        hit_t, _ = timed(lambda t=tier, aid=aid: be.graft(t.get(aid)), reps)
         tier_rows.append({"tokens": n, "artifact_bytes": size, "disk_warm_s": stats(rest_t), "tier_hit_s": stats(hit_t),
                           "tier_miss_s": miss, "speedup": statistics.median(rest_t) / statistics.median(hit_t)})
     at = goal_row(rows, GOALS["ttft_at"])

@@ -1,6 +1,6 @@
 """make bench: four side-by-side measurements of kvgraft, each a ratio of two things timed in the same run.
 
-    .venv/bin/python scripts/bench/run.py --out runs/bench [--model gemma3-270m] [--sizes 128,512,2048,8192]
+    .venv/bin/python -m scripts.bench.run --out runs/bench [--model gemma3-270m] [--sizes 128,512,2048,8192]
                                       [--repeats 3] [--quick] [--text PATH] [--no-peer]
 
 1. graft vs recompute: time to the first new token after restoring an N-token artifact from a LocalStore
@@ -25,21 +25,19 @@ import shutil
 import sys
 from pathlib import Path
 
-import bf16_restore
-import decode as bench_decode
-import invariant as bench_invariant
-from common import clock, load_note, machine_info, token_stream, write_summary
-from overhead import bench_overhead
-from peer import bench_peer, open_llama
-from restore import bench_restore
-from ttft import bench_ttft
-
 from harness.experiments.text import DEFAULT_PROBLEMS
 from kvstore import LocalStore, load_backend
-from kvstore.backends.transformers import forward, prefill
+from kvstore.backends.transformers import layout_string
 from kvstore.backends.transformers.gguf import BUNDLED
-from kvstore.backends.transformers.model import layout_string
 from kvstore.determinism import add_arguments, from_arguments
+from scripts.bench import bf16_restore
+from scripts.bench import decode as bench_decode
+from scripts.bench import invariant as bench_invariant
+from scripts.bench.common import clock, load_note, machine_info, token_stream, write_summary
+from scripts.bench.overhead import bench_overhead
+from scripts.bench.peer import bench_peer, open_llama
+from scripts.bench.restore import bench_restore
+from scripts.bench.ttft import bench_ttft
 
 # ---------------------------------------------------------------- output
 
@@ -195,32 +193,32 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
     det = from_arguments(args)
-    fm = load_backend("transformers", source=args.model, determinism=det).fm
-    stream, text_info = token_stream(fm, args.text, max(sizes) + 1)
+    be = load_backend("transformers", source=args.model, determinism=det)
+    stream, text_info = token_stream(be, args.text, max(sizes) + 1)
     work = out / "_bench_store"
     shutil.rmtree(work, ignore_errors=True)
     store = LocalStore(work)
     # warm up kernels and allocator once, outside every timed region
-    cache, _ = prefill(fm, stream[:16])
-    forward(fm, [stream[16]], cache)
+    cache, _ = be.prefill(stream[:16])
+    be.forward([stream[16]], cache)
 
     summary = {"machine": machine_info(det),
-               "model": {"name": fm.name, "fingerprint": fm.fingerprint, "dtype": det.dtype,
+               "model": {"name": be.model_name, "fingerprint": be.fingerprint, "dtype": det.dtype,
                          "determinism": det.to_dict(),
-                         "layers": layout_string(fm.layer_layout)},
+                         "layers": layout_string(be.layer_layout())},
                "tokens": text_info, "settings": {"sizes": sizes, "repeats": args.repeats, "quick": args.quick},
                "figures": {}, "runtime_s": {}}
     figs = summary["figures"]
     t0 = clock()
-    figs["graft_vs_recompute"] = bench_ttft(fm, store, stream, sizes, args.repeats)
+    figs["graft_vs_recompute"] = bench_ttft(be, store, stream, sizes, args.repeats)
     summary["runtime_s"]["graft_vs_recompute"] = clock() - t0
     t0 = clock()
-    figs["restore_vs_read"], figs["tier"] = bench_restore(fm, store, figs["graft_vs_recompute"]["rows"],
+    figs["restore_vs_read"], figs["tier"] = bench_restore(be, store, figs["graft_vs_recompute"]["rows"],
                                                           args.repeats, args.quick)
     summary["runtime_s"]["restore_vs_read"] = clock() - t0
     t0 = clock()
     llm, reason, llama_settings = (None, "skipped (--quick / --no-peer)", {}) if (args.quick or args.no_peer) \
-        else open_llama(fm, max(sizes) + 64, det.threads)
+        else open_llama(be, max(sizes) + 64, det.threads)
     ours = {"rows": figs["restore_vs_read"]["rows"],
             "ttft": {r["tokens"]: r["graft_s"] for r in figs["graft_vs_recompute"]["rows"]}}
     if llm is not None and det.dtype == "float32":  # the peer's f16 state has half our fp32 bytes per token
@@ -229,13 +227,13 @@ def main(argv: list[str] | None = None) -> int:
                                                           work / "bf16", threads=det.threads)
         summary["runtime_s"]["restore_bf16"] = clock() - t1
         ours["bf16"] = {r["tokens"]: r for r in figs["restore_bf16"]["rows"]}
-    figs["peer_llama_cpp"] = bench_peer(llm, reason, stream, sizes, args.repeats, ours, work, fm)
+    figs["peer_llama_cpp"] = bench_peer(llm, reason, stream, sizes, args.repeats, ours, work, be)
     if llama_settings:
         figs["peer_llama_cpp"]["settings"] = llama_settings
     summary["runtime_s"]["peer_llama_cpp"] = clock() - t0
     t0 = clock()
     figs["harness_overhead"] = bench_overhead(
-        fm, args.text, prompts=1 if args.quick else 3, new_tokens=args.new_tokens or (4 if args.quick else 32),
+        be, args.text, prompts=1 if args.quick else 3, new_tokens=args.new_tokens or (4 if args.quick else 32),
         repeats=args.repeats, llm=llm)
     summary["runtime_s"]["harness_overhead"] = clock() - t0
     decode = None
@@ -255,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_invariant:  # determinism.batch_invariant vs the default: prefill and decode time ratios
         t0 = clock()
         figs["batch_invariant"] = bench_invariant.bench_invariant(
-            args.model, stream if len(stream) > 2048 else token_stream(fm, args.text, 2049)[0],
+            args.model, stream if len(stream) > 2048 else token_stream(be, args.text, 2049)[0],
             [128] if args.quick else [512, 2048], 1 if args.quick else args.repeats, 4 if args.quick else 16,
             threads=det.threads)
         summary["runtime_s"]["batch_invariant"] = clock() - t0

@@ -8,7 +8,7 @@ batching: vLLM samples the n rows in one request, transformers decodes them as o
 time, the only way it decodes here). The engines run one after another; the load average before and after each is
 printed, since a shared machine moves these figures.
 
-    python scripts/bench/sampling.py --out runs/bench [--problems 1] [--n 8] [--max-new-tokens 1024] \
+    python -m scripts.bench.sampling --out runs/bench [--problems 1] [--n 8] [--max-new-tokens 1024] \
         [--engines vllm,llamacpp,transformers]
 """
 
@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="seeded samples per problem (avg@n, pass@n)")
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="the token budget of each sample")
     ap.add_argument("--engines", default="vllm,llamacpp,transformers", help="comma-separated, in run order")
+    ap.add_argument("--base", default="llamacpp", help="the engine the tokens/s ratios are against (default: the "
+                    "first engine run when it is not among --engines)")
     args = ap.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
@@ -87,7 +89,7 @@ def main() -> None:
         r = results[-1]
         print(f"  {r['decode_tokens']} tokens in {r['run_wall_s']} s = {r['tokens_per_s']} tokens/s "
               f"(load {r['load_before']} -> {r['load_after']})", flush=True)
-    base = next((r for r in results if r["engine"] == "llamacpp"), results[0])
+    base = next((r for r in results if r["engine"] == args.base), results[0])
     print(f"\navg@{args.n} x {args.max_new_tokens}-token sampling, the first {args.problems} bundled problem(s), "
           f"prompt=cot, {cpu_name()}, {os.cpu_count()} cores")
     print(f"{'engine':<13} {'batch':>5} {'rows':>5} {'tokens':>7} {'wall s':>8} {'tok/s':>7} "

@@ -3,11 +3,11 @@ Ray's per-call overhead (an actor round trip) vs an in-process call, and Ray's p
 problems run by the harness in this process (execution=local) and on one Ray actor (execution=ray
 execution.workers=1), per-problem wall (the rows' wall_s: what the run loop waited for each problem) compared.
 
-    python scripts/bench/scaleout.py --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
-    python scripts/bench/scaleout.py --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
-    python scripts/bench/scaleout.py --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
+    python -m scripts.bench.scaleout --out runs/bench                  # bundled Gemma 3 270M, 512-token artifact
+    python -m scripts.bench.scaleout --model tiny-gemma3 --tokens 64 --repeats 3 --no-ray --out /tmp/b
+    python -m scripts.bench.scaleout --only-problems --problems 8 --problem-tokens 8 --out /tmp/b   # Ray per problem
 
-Restore = `store.get(id)` (read, every byte hashed to the id, parsed) + `graft_snapshot` into a fresh cache,
+Restore = `store.get(id)` (read, every byte hashed to the id, parsed) + the backend's `graft` into a fresh cache,
 timed `--repeats` times, median reported, for a LocalStore folder and an S3Store on a SeaweedFS server started
 on 127.0.0.1 for the run (`kvstore.testing.local_s3.LocalS3`; a real S3 API over loopback: no network latency, so the
 ratio is the protocol + copy cost, a floor for a remote bucket). The graft after each is checked exact against
@@ -26,23 +26,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_summary
-
-from kvstore import LocalStore, load_backend, logits_sha256  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens, graft_snapshot  # noqa: E402
-from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
+from kvstore import Backend, LocalStore, deposit, load_backend, logits_sha256
+from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.environment import cpu_name
-from kvstore.store.s3 import S3Store  # noqa: E402
-from kvstore.testing.local_s3 import LocalS3  # noqa: E402
+from kvstore.store.s3 import S3Store
+from kvstore.testing.local_s3 import LocalS3
+from scripts.bench.common import write_summary
 
 
-def time_restore(fm, store, aid: str, prefix: list[int], repeats: int) -> dict:
+def time_restore(be: Backend, store, aid: str, prefix: list[int], repeats: int) -> dict:
     times, gets = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         snap = store.get(aid)
         t1 = time.perf_counter()
-        graft_snapshot(snap, fm, token_ids=prefix)
+        be.graft(snap, prefix)
         times.append(time.perf_counter() - t0)
         gets.append(t1 - t0)
     return {"restore_s_median": statistics.median(times), "get_s_median": statistics.median(gets),
@@ -88,7 +86,7 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
     from harness.config.schema import compose_config, typed
     from harness.run.loop import run
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     os.environ["PYTHONPATH"] = str(repo)  # the actor imports this checkout's harness
     # the run's private local Ray: on 127.0.0.1, with a token of its own (harness/run/distributed.py)
     result: dict = {"problems": problems, "max_new_tokens": tokens, "threads": 1}
@@ -96,10 +94,10 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
         base = [f"model={MODEL_CONFIGS.get(model, model)}", "condition=baseline", f"dataset.limit={problems}",
                 f"decoding.max_new_tokens={tokens}", "determinism.threads=1", "tracking=off", f"project_root={repo}",
                 f"runs_dir={tmp}/runs"]
-        fm = load_model(typed(compose_config(base)))
+        be = load_model(typed(compose_config(base)))
         rows = {}
         for name, extra in (("in_process", []), ("ray", ["execution=ray", "execution.workers=1"])):
-            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=fm, progress=False)
+            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=be, progress=False)
             rows[name] = folder.read_rows()
             walls = [r.wall_s for r in rows[name]]
             result[name] = {"per_problem_wall_s_median": statistics.median(walls), "per_problem_wall_s": walls,
@@ -134,14 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         return _write(out / "scaleout_problems.json", result, f"{result['loadavg_before'][0]:.1f} before, "
                       f"{result['loadavg_after'][0]:.1f} after")
 
-    fm = load_backend("transformers", source=a.model).fm
-    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
-    vocab = fm.model.config.vocab_size
+    be = load_backend("transformers", source=a.model)
+    vocab = be.vocab_size()
     prefix = [2] + [(7919 * i) % (vocab - 10) + 5 for i in range(a.tokens - 1)]
     suffix = [prefix[5], prefix[9]]
-    snap = deposit_tokens(fm, prefix)
+    snap = deposit(be, prefix)
     reference = logits_sha256(reference_logits(be, prefix, suffix))
-    result: dict = {"cpu": cpu_name(), "cores": os.cpu_count(), "model": fm.name, "tokens": a.tokens,
+    result: dict = {"cpu": cpu_name(), "cores": os.cpu_count(), "model": be.model_name, "tokens": a.tokens,
                     "repeats": a.repeats}
     with tempfile.TemporaryDirectory(prefix="kvgraft-scaleout-") as tmp:
         local = LocalStore(Path(tmp) / "store")
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             result["artifact"] = {"id": aid, "bytes": local.info(aid).size}
             for name, store in (("local", local), ("s3", remote)):
                 exact = logits_sha256(graft_logits(be, prefix, suffix, store=store, artifact_id=aid).logits)
-                result[name] = {**time_restore(fm, store, aid, prefix, a.repeats), "exact": exact == reference}
+                result[name] = {**time_restore(be, store, aid, prefix, a.repeats), "exact": exact == reference}
                 print(f"{name:5s}: restore {result[name]['restore_s_median'] * 1e3:8.2f} ms (get "
                       f"{result[name]['get_s_median'] * 1e3:.2f} ms), exact={result[name]['exact']}", flush=True)
     result["s3_over_local"] = result["s3"]["restore_s_median"] / result["local"]["restore_s_median"]

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import statistics
 
-from common import GOALS, MAX_REPEAT_TOKENS, argmax, clock, goal_row, stats
-
-from kvstore import (
-    LocalStore,
-    check_graft,
-)
-from kvstore.backends.transformers import TransformersBackend
+from kvstore import Backend, LocalStore, check_graft
 from kvstore.engine.verify import graft_logits, reference_logits
+from scripts.bench.common import GOALS, MAX_REPEAT_TOKENS, argmax, clock, goal_row, stats
 
 # ---------------------------------------------------------------- 1. graft vs recompute
 
-def bench_ttft(fm, store: LocalStore, stream: list[int], sizes: list[int], repeats: int) -> dict:
-    be = TransformersBackend.of(fm)  # the model's one backend: what the harness and check_graft take
+def bench_ttft(be: Backend, store: LocalStore, stream: list[int], sizes: list[int], repeats: int) -> dict:
     rows = []
     for n in sizes:
         prefix, new = stream[:n], stream[n : n + 1]

@@ -9,10 +9,9 @@
    prompt from a clean prefix cache); and whether the graft's logits equal vLLM's own split schedule (the prefix
    alone, then the prompt: a prefix-cache hit), SHA-256.
 
-Run inside .venv-vllm (the file is not named vllm.py: run as a script, its folder comes first on sys.path and
-that name would shadow the vllm package):
+Run inside .venv-vllm:
 
-    .venv-vllm/bin/python scripts/bench/vllm_backend.py --out runs/bench_vllm [--sizes 512,2048,8192] [--new-tokens 128]
+    .venv-vllm/bin/python -m scripts.bench.vllm_backend --out runs/bench_vllm [--sizes 512,2048,8192] [--new-tokens 128]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ for POST /reset_prefix_cache), one after the other:
 P and Q are ~2,000-token prompts with different first blocks (nothing of Q is in the store); S a short suffix. TTFT
 is the time to the first streamed chunk of a max_tokens=1 request, client side.
 
-    .venv-vllm/bin/python scripts/bench/vllm_serve.py --out runs/bench_serve [--tokens 2000] [--repeats 2]
+    .venv-vllm/bin/python -m scripts.bench.vllm_serve --out runs/bench_serve [--tokens 2000] [--repeats 2]
 """
 
 from __future__ import annotations

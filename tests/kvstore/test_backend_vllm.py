@@ -6,7 +6,7 @@ line, nothing grafted, the prompt computed and the refusal named in the request'
 backend (kvstore.load_backend("vllm"), tests/kvstore/vllm_backend_cases.py, one more engine start): the harness's
 decode after a graft gives the rows of its in-context twin bit for bit (greedy and seeded samples), a foreign
 artifact is refused before the engine sees it. The engine tests skip (one line, why) where .venv-vllm does not
-exist; `make setup-vllm` builds it. The exactness figures across engines: scripts/verify_graft.py --backend vllm.
+exist; `make setup-vllm` builds it. The exactness figures across engines: scripts/verify_vllm.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_decode_reports_every_figure_and_writes_json(tmp_path):
     out = tmp_path / "decode.json"
     proc = subprocess.run([
-        sys.executable, str(ROOT / "scripts" / "bench" / "decode.py"),
+        sys.executable, "-m", "scripts.bench.decode",
         "--model", "tiny-gemma3", "--problems", "2", "--n", "3", "--max-new-tokens", "6",
         "--prefill-tokens", "40", "--decode-tokens", "6", "--long-tokens", "128", "--out", str(out),
     ], capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), check=False)

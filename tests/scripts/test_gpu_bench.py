@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(tmp_path):
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--device", "cpu", "--small",
+    proc = subprocess.run([sys.executable, "-m", "scripts.gpu_bench", "--device", "cpu", "--small",
                            "--models", "gemma3-1b-class", "--samples", "2", "--sizes", "24", "--repeats", "1",
                            "--threads", "1", "--energy-window-s", "0.01", "--work", str(tmp_path), "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,

@@ -13,10 +13,10 @@ import pytest
 from harness.record.metrics import wilson_interval
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests" / "harness"))
 import fakerun  # noqa: E402
-import harvest_table  # noqa: E402
+
+from scripts import harvest_table  # noqa: E402
 
 
 def _rows(outcomes: dict[str, list[bool]], condition: str) -> list:

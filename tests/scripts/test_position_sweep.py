@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "position_sweep.py"
+SCRIPT = "scripts.position_sweep"  # run as `python -m scripts.position_sweep` from the checkout
 
 
 @pytest.mark.parametrize("mode", [[], ["--batch-invariant"]], ids=["default", "batch-invariant"])
@@ -23,7 +23,7 @@ def test_position_sweep_offset_zero_is_exact_and_plot_is_written(tmp_path, mode)
     out = tmp_path / "sweep"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "tiny-gemma3", "--out", str(out), "--offsets", "1,7,100,4096",
+        [sys.executable, "-m", SCRIPT, "--model", "tiny-gemma3", "--out", str(out), "--offsets", "1,7,100,4096",
          "--prefix-tokens", "8", "--suffix-tokens", "4", "--problems", str(problems), *mode],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )

@@ -18,7 +18,7 @@ from kvstore import Determinism
 from kvstore.backends.transformers import environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "replay.py"
+SCRIPT = "scripts.replay"  # run as `python -m scripts.replay` from the checkout
 
 
 
@@ -172,7 +172,7 @@ def test_register_replaces_this_environments_registration_and_appends_another():
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", SCRIPT, *args], capture_output=True, text=True, cwd=REPO, env=env,
                           timeout=600)
 
 

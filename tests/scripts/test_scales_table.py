@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,9 @@ import pytest
 from harness.compare import job as compare
 from harness.record.folder import RunFolder
 from harness.record.metrics import wilson_interval
+from scripts import scales_table
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-import scales_table  # noqa: E402
 
 
 @pytest.fixture(scope="module")

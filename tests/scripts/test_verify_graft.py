@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "verify_graft.py"
+SCRIPT = "scripts.verify_graft"  # run as `python -m scripts.verify_graft` from the checkout
 
 PROBLEMS = [
     {"id": "t-1", "problem": "What is $2 + 3$?", "solution": "Adding gives $2 + 3 = 5$, so \\boxed{5}.", "answer": "5"},
@@ -29,7 +29,7 @@ def _run(tmp_path: Path, model: str, samples: int, *extra: str) -> tuple[subproc
     out = tmp_path / f"{model}.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", model, "--samples", str(samples), "--problems",
+        [sys.executable, "-m", SCRIPT, "--model", model, "--samples", str(samples), "--problems",
          str(_problems(tmp_path)), "--out", str(out), *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -80,7 +80,7 @@ def _run_any(tmp_path: Path, model: str, *extra: str) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k != "KVGRAFT_DEBUG"}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", model, "--samples", "2", "--problems", str(_problems(tmp_path)),
+        [sys.executable, "-m", SCRIPT, "--model", model, "--samples", "2", "--problems", str(_problems(tmp_path)),
          "--out", str(tmp_path / "report.json"), "--max-prefix-tokens", "30", "--suffix-tokens", "16", *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 def test_grafts_on_the_1_5b_model_are_byte_identical_when_restored_in_another_process(tmp_path):
     out = tmp_path / "v.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "verify_graft.py"), "--backend", "llamacpp", "--gguf", MODEL,
+        [sys.executable, "-m", "scripts.verify_graft", "--backend", "llamacpp", "--gguf", MODEL,
          "--samples", "3",
          "--n-ctx", "1024", "--out", str(out)],  # seed 0: prefixes of 86, 318 and 589 tokens
         capture_output=True, text=True, timeout=900, cwd=ROOT, check=False,

@@ -368,6 +368,11 @@ class LlamaCppBackend(Backend, Stepwise):
         state.tokens = list(snapshot.token_ids)
         return state
 
+    def sliding_window(self) -> int | None:
+        """The positions a sliding-window layer attends to (llama.cpp's n_swa; its artifact records the window as
+        n_swa + 1, FORMAT.md's cached = window - 1); None for a model without sliding layers."""
+        return self.n_swa or None
+
 
 def settings_json(settings: LlamaCppSettings) -> str:
     return json.dumps(asdict(settings), sort_keys=True)

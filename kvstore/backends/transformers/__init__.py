@@ -10,9 +10,12 @@
 
 The names below are this engine's own vocabulary (kvstore's face holds only the backend-generic ones):
 
-    from kvstore.backends.transformers import load_frozen_model, prefill, forward, deposit_tokens, graft_snapshot
-    be = kvstore.load_backend("transformers", source="tiny-gemma3")    # the one object; its FrozenModel is be.fm
-    cache, logits = prefill(be.fm, ids)
+    be = kvstore.load_backend("transformers", source="tiny-gemma3")    # the one object: its verbs and facts
+    cache, logits = be.prefill(ids)                                    # (kvstore.engine.protocol.Backend)
+    smallest_window(be.layer_layout()), layout_string(be.layer_layout())
+
+The harness and scripts use the backend; FrozenModel and the functions below taking one (prefill, forward,
+deposit_tokens, graft_snapshot ...) are this folder's own, for its modules and its tests.
 
 Importing this package imports neither torch nor transformers (the registry reads REGISTERED here): each name
 loads its module on first use (PEP 562), as kvstore's face does.
@@ -31,7 +34,7 @@ REGISTERED = Registered("transformers", settings="kvstore.backends.transformers.
 
 # the module (in this folder, or the seam) that defines each public name
 _FACE: dict[str, tuple[str, ...]] = {
-    "model": ("FrozenModel", "environment_fingerprint", "load_frozen_model", "smallest_window"),
+    "model": ("FrozenModel", "environment_fingerprint", "layout_string", "load_frozen_model", "smallest_window"),
     "capture": ("capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill"),
     "graft": ("check_compatible", "graft_repositioned", "graft_snapshot"),
     "backend": ("TransformersBackend",),

@@ -14,7 +14,13 @@ from transformers import DynamicCache
 
 from kvstore.backends.transformers import ragged
 from kvstore.backends.transformers.capture import capture_snapshot, forward, new_cache, prefill
-from kvstore.backends.transformers.model import FrozenModel, cache_kwargs, environment_fingerprint, load_frozen_model
+from kvstore.backends.transformers.model import (
+    FrozenModel,
+    cache_kwargs,
+    environment_fingerprint,
+    load_frozen_model,
+    smallest_window,
+)
 from kvstore.backends.transformers.restore import check_layout, rebuild, rotate_keys
 from kvstore.backends.transformers.settings import TransformersSettings
 from kvstore.engine.admission import admit
@@ -179,6 +185,26 @@ class TransformersBackend(Backend, RaggedRows, Repositioning):
         """The position experiment (Repositioning): the snapshot's keys re-rotated to start at `offset` (not exact)."""
         self.check(snapshot)
         return rebuild(snapshot, self.fm, rotate_keys(self.fm, snapshot, offset))
+
+    # what a script or benchmark reads of this model beside the seam: through the backend, never its FrozenModel
+    @property
+    def device(self) -> torch.device:
+        """Where the model's tensors (and every state it makes) live."""
+        return self.fm.device
+
+    def layer_layout(self) -> list[dict]:
+        """One entry per decoder layer, its kind and window ({"kind": "sliding", "window": 512}); `layout_string`
+        (this folder's face) writes it in one word."""
+        return self.fm.layer_layout
+
+    def sliding_window(self) -> int | None:
+        """The smallest window of the model's sliding (or chunked) layers; None for a model without one."""
+        return smallest_window(self.fm.layer_layout)
+
+    def torch_model(self) -> torch.nn.Module:
+        """The transformers model itself, for a measurement against bare transformers (`model.generate`, its
+        parameter count); every verb above is the way to compute an artifact or a reference."""
+        return self.fm.model
 
 
 def load(settings: TransformersSettings) -> TransformersBackend:

@@ -42,7 +42,7 @@ end. Every request's kvgraft keys are checked first (kvstore.backends.vllm.param
 ignored and the output names why ({"kvgraft_invalid": ...}).
 
 Exactness: a graft is byte-identical to the engine's own prefix-cache hit on the same blocks (same schedule:
-prefix alone, then prefix + suffix), which is what scripts/verify_graft.py --backend vllm measures.
+prefix alone, then prefix + suffix), which is what scripts/verify_vllm.py measures.
 """
 
 from __future__ import annotations

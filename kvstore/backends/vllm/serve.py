@@ -116,58 +116,36 @@ class Server:
         port = self.args[self.args.index("--port") + 1] if "--port" in self.args else "8000"
         self.url = f"http://127.0.0.1:{port}/v1"
         self.proc: Any = None
+        self.server: Any = None  # the kvstore.processes.LocalServer running it
         self.started_s = 0.0
 
     def __enter__(self) -> Server:
-        import subprocess
-        import time
+        from kvstore.processes import LocalServer
+
+        self.server = LocalServer([self.python, "-m", "kvstore.backends.vllm.serve", *self.args], self.log,
+                                  ready=self.answers, what="kvgraft serve", error=SettingsError,
+                                  timeout_s=self.timeout_s, poll_s=1.0, grace_s=60, env=self.env)
+        self.server.start()
+        self.proc, self.started_s = self.server.proc, self.server.started_s or 0.0
+        return self
+
+    def answers(self) -> bool:
+        """Whether the server answers /v1/models."""
         import urllib.request
 
-        t0 = time.monotonic()
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([self.python, "-m", "kvstore.backends.vllm.serve", *self.args], stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        while time.monotonic() - t0 < self.timeout_s:
-            if self.proc.poll() is not None:
-                raise SettingsError(f"kvgraft serve exited with {self.proc.returncode} before answering; the end of "
-                                    f"{self.log}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/models", timeout=5):
-                    self.started_s = time.monotonic() - t0
-                    return self
-            except OSError:
-                time.sleep(1.0)
-        self.stop()
-        raise SettingsError(f"kvgraft serve did not answer in {self.timeout_s:.0f} s; the end of {self.log}:\n"
-                            f"{self.tail()}")
+        try:
+            with urllib.request.urlopen(self.url + "/models", timeout=5):
+                return True
+        except OSError:
+            return False
 
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
     def stop(self) -> None:
-        import signal
-        import subprocess
-        import time
-
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the whole group (vLLM's engine core too), not only the server
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.5)
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        """The whole process group (vLLM's engine core too): SIGTERM, SIGKILL what is left after 60 s."""
+        if self.server is not None:
+            self.server.stop()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
