@@ -18,21 +18,33 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.errors import RunFolderError
 from harness.record.figures import TOKEN_KINDS
-from harness.record.folder import CONFIG, MANIFEST, OUTPUTS, PROBLEMS, SUMMARY, RunFolder
+from harness.record.folder import (
+    CONFIG,
+    MANIFEST,
+    OUTPUTS,
+    PARTIAL,
+    PROBLEMS,
+    RESUME,
+    SUMMARY,
+    FinishedRun,
+    RunFolder,
+)
 from harness.record.hashing import sha256_hex, sha256_json
 from harness.record.manifest import MANIFEST_FORMAT, completion_sha256, token_ids_sha256
 from harness.record.metrics import LATE_SCORE_KEYS, summarize_groups, summarize_scores
 from harness.record.rows import STOP_REASONS, SUMMARY_FORMAT, Group, legacy_row_group
 from harness.task.trace import resolve_trace, score_traced
 
-__all__ = ["RunCheck", "audit", "diff_values"]
+__all__ = ["RunCheck", "audit", "audited", "diff_values", "refusal"]
 
 _SCORE_FIELDS = ("extracted", "answer", "correct")
 _MAX_ROW_MESSAGES = 20  # per check, so a wholesale corruption does not print 10,000 lines
+_SEE_ROWS = "see the row messages for where"  # the whole-file finding of outputs.jsonl, whose rows say where
 _REL_TOL = 1e-9  # summary floats are re-derived; allow last-ulp libm differences across machines
 
 
@@ -416,7 +428,7 @@ def audit(folder: RunFolder) -> RunCheck:
     # 3. outputs.jsonl bytes, then row by row
     if sha256_hex(outputs_bytes) != outputs.get("outputs_sha256"):
         found.add("outputs.jsonl: SHA-256 of the file differs from manifest outputs.outputs_sha256; the file was "
-            "changed after the run (see the row messages for where): restore it or re-run")
+            f"changed after the run ({_SEE_ROWS}): restore it or re-run")
     parsed = _parse_jsonl(outputs_bytes, "outputs.jsonl", found)
     entries = outputs.get("rows") if isinstance(outputs.get("rows"), list) else []
     if len(parsed) != len(entries):
@@ -472,3 +484,32 @@ def audit(folder: RunFolder) -> RunCheck:
         n_rows=len(rows),
         scores=scores,
         recorded_scores=recorded_scores)
+
+
+def refusal(where: Path | str, findings: list[str], reader: str) -> str:
+    """The one line a reader gives for a folder that does not re-check: its first difference (the first finding that
+    names where: a row, a field; the whole-file hash of outputs.jsonl only says "see the row messages"), how many
+    more, and what to do."""
+    first = next((f for f in findings if _SEE_ROWS not in f), findings[0])
+    more = f" (and {len(findings) - 1} more findings)" if len(findings) > 1 else ""
+    return (f"{where} does not re-check: {first}{more}; it was modified after it was written, so {reader} "
+            f"does not read it: see `make rescore RUN={where}`, restore the folder or re-run")
+
+
+def audited(path: str | Path | RunFolder, reader: str) -> FinishedRun:
+    """The records of a finished run folder, read only after it re-checks through :func:`audit` (what `make rescore`
+    runs): every reader that reports or exports a figure of a run (export, transfer_table, report, log-run, harvest)
+    takes its rows from here. `reader` names the reader in the refusal. A RunFolderError in one line when the folder
+    is missing, unfinished (an interrupted run's rows are not figures), or does not re-check (naming the first
+    difference); nothing is read from a folder that was edited."""
+    folder = path if isinstance(path, RunFolder) else RunFolder(Path(path))
+    if not folder.path.is_dir():
+        raise RunFolderError(f"{folder.path}: no such run folder; {reader} reads a finished run folder "
+                             "(runs/<condition>/<stamp>/, holding manifest.json)")
+    if not folder.file(MANIFEST).exists() and (folder.file(RESUME).exists() or folder.file(PARTIAL).exists()):
+        raise RunFolderError(f"{folder.path}: an unfinished run (no manifest.json; its rows are in {PARTIAL}); "
+                             f"{reader} reads finished runs only: re-run its command to finish it")
+    check = audit(folder)
+    if not check.ok:
+        raise RunFolderError(refusal(folder.path, check.findings, reader))
+    return folder.finished()
