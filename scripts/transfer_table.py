@@ -95,8 +95,8 @@ def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None,
            "decode_tokens_per_row": sum(r.completion.decode_tokens for r in one.values()) / n}
     if alone is not None:
         if set(alone) != set(one):
-            raise RunFolderError(f"transfer_table: the runs cover other problems ({len(one)} vs {len(alone)}); every run "
-                             "must answer the same problems")
+            raise RunFolderError(f"transfer_table: the runs cover other problems ({len(one)} vs {len(alone)}); every "
+                                 "run must answer the same problems")
         out["wrong_to_right"] = sorted((p for p, r in one.items() if r.correct and not alone[p].correct), key=_id_order)
         out["right_to_wrong"] = sorted((p for p, r in one.items() if not r.correct and alone[p].correct), key=_id_order)
         out["mcnemar_p"] = round(mcnemar_exact_p(len(out["wrong_to_right"]), len(out["right_to_wrong"])), 4)

@@ -1,6 +1,7 @@
 """`python -m harness.export RUN --format lm-eval|every-eval-ever [--out DIR]`: write a finished run's rows in another
 tool's per-sample format (harness/export/). The run folder is read, never written; the files go to --out
-(default runs/export/<run folder name>/<format>/). Exit 2 when the folder is not a finished run or does not re-check (it is audited first, as `make rescore` does)."""
+(default runs/export/<run folder name>/<format>/).
+Exit 2 when the folder is not a finished run or does not re-check (it is audited first, as `make rescore` does)."""
 
 from __future__ import annotations
 
