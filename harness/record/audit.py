@@ -45,6 +45,7 @@ __all__ = ["RunCheck", "audit", "audited", "diff_values", "refusal"]
 _SCORE_FIELDS = ("extracted", "answer", "correct")
 _MAX_ROW_MESSAGES = 20  # per check, so a wholesale corruption does not print 10,000 lines
 _SEE_ROWS = "see the row messages for where"  # the whole-file finding of outputs.jsonl, whose rows say where
+_SEE_FIELDS = "see the field messages for which"  # the whole-file finding of summary.json, whose fields say which
 _REL_TOL = 1e-9  # summary floats are re-derived; allow last-ulp libm differences across machines
 
 
@@ -456,7 +457,7 @@ def audit(folder: RunFolder) -> RunCheck:
         found.add(f"summary.json: format is {summary.get('format')!r}, expected {SUMMARY_FORMAT!r}")
     if sha256_json(summary) != outputs.get("summary_sha256"):
         found.add("summary.json: SHA-256 differs from manifest outputs.summary_sha256; the summary was edited "
-            "after the run: restore it or re-run")
+            f"after the run ({_SEE_FIELDS}, if any): restore it or re-run")
     recorded_scores = summary.get("scores") if isinstance(summary.get("scores"), dict) else {}
     scores = _recompute(lambda: summarize_scores(rescored), "scores", found) or {}
     if scores:
@@ -488,9 +489,9 @@ def audit(folder: RunFolder) -> RunCheck:
 
 def refusal(where: Path | str, findings: list[str], reader: str) -> str:
     """The one line a reader gives for a folder that does not re-check: its first difference (the first finding that
-    names where: a row, a field; the whole-file hash of outputs.jsonl only says "see the row messages"), how many
-    more, and what to do."""
-    first = next((f for f in findings if _SEE_ROWS not in f), findings[0])
+    names where: a row, a field; the whole-file hashes of outputs.jsonl and summary.json say only that the file
+    changed), how many more, and what to do."""
+    first = next((f for f in findings if _SEE_ROWS not in f and _SEE_FIELDS not in f), findings[0])
     more = f" (and {len(findings) - 1} more findings)" if len(findings) > 1 else ""
     return (f"{where} does not re-check: {first}{more}; it was modified after it was written, so {reader} "
             f"does not read it: see `make rescore RUN={where}`, restore the folder or re-run")
