@@ -175,6 +175,9 @@ def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
 
     @functools.wraps(main)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        from harness.terminal import escape_warnings
+
+        escape_warnings()  # a warning quoting a folder or a row is shown escaped too (harness/terminal.py)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _on_sigterm)
         try:

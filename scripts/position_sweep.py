@@ -40,10 +40,10 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from harness.experiments.text import DEFAULT_PROBLEMS, joined_text
+from harness.experiments.text import DEFAULT_PROBLEMS, joined_text  # noqa: E402
+from harness.terminal import console as terminal_console  # noqa: E402
 
 FALLBACK_TEXT = (
     "Find the number of ordered pairs of positive integers (a, b) such that a + b = 1000 and neither a nor b "
@@ -96,7 +96,7 @@ def _cut(be, text: str, n: int, m: int) -> tuple[list[int], list[int]]:
     return ids[:n], ids[n : n + m]
 
 
-def _llamacpp_artifact(args: argparse.Namespace, err: Console):
+def _llamacpp_artifact(args: argparse.Namespace, err: object):
     """The llama.cpp backend (bundled GGUF, n_ctx fitting prefix + suffix), its artifact of the prefix through a
     MemoryStore, and the report's facts (prefix and suffix included)."""
     from kvstore import MemoryStore, load_backend
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     from kvstore.backends.transformers import smallest_window
     from kvstore.errors import KVStoreError
 
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    err = Console(stderr=True)
+    console = terminal_console(width=None if sys.stdout.isatty() else 150)
+    err = terminal_console(stderr=True)
     t_start = time.perf_counter()
     n, m = args.prefix_tokens, args.suffix_tokens
     if args.backend == "llamacpp":

@@ -15,7 +15,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from rich.console import Console  # noqa: E402
 
 from harness.compare import per_problem  # noqa: E402
 from harness.compare.audit import locate_runs  # noqa: E402
@@ -24,6 +23,7 @@ from harness.compare.views import print_comparison  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.record.folder import RunFolder  # noqa: E402
 from harness.record.rows import budget_label, budget_of  # noqa: E402
+from harness.terminal import console as terminal_console  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         title = f"{s.dataset}, {s.model}{f' | {budget}' if budget else ''} ({args.compare_dir.name})"
     except (HarnessError, KeyError, TypeError):
         pass
-    print_comparison(title, result, misses=per_problem.misses(table, result.plan), console=Console(width=args.width),
+    print_comparison(title, result, misses=per_problem.misses(table, result.plan),
+                     console=terminal_console(width=args.width),
                      reprint=f"python scripts/show_comparison.py {args.compare_dir}")
     return 0
 

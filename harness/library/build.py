@@ -288,13 +288,14 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
         try:
             snap = store.get(aid)
         except KVStoreError as e:
-            print(f"library: store {store.root}: artifact {aid} listed by the index cannot be read ({e}); not reused: "
-                  f"run `kvstore gc --store {store.root}`", file=sys.stderr, flush=True)
+            print(plain(f"library: store {store.root}: artifact {aid} listed by the index cannot be read ({e}); not "
+                        f"reused: run `kvstore gc --store {store.root}`"), file=sys.stderr, flush=True)
             continue
         if list(snap.token_ids) != list(ids) or snap.start_position != 0:
-            print(f"library: store {store.root}: the index row of artifact {aid} says it holds {len(ids)} tokens "
-                  f"with SHA-256 {tokens_sha256(ids)[:12]}, but the artifact holds {snap.token_count} other tokens; "
-                  f"not reused: repair the index with `kvstore gc --store {store.root}`", file=sys.stderr, flush=True)
+            print(plain(f"library: store {store.root}: the index row of artifact {aid} says it holds {len(ids)} tokens "
+                        f"with SHA-256 {tokens_sha256(ids)[:12]}, but the artifact holds {snap.token_count} other "
+                        f"tokens; not reused: repair the index with `kvstore gc --store {store.root}`"),
+                  file=sys.stderr, flush=True)
             continue
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue

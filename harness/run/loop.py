@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tqdm import tqdm
@@ -56,6 +55,7 @@ from harness.task.chat import chat_frame, encode_prompt
 from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.task.trace import Trace, resolve_trace, score_traced
+from harness.terminal import console as terminal_console
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
 from kvstore import Backend, check_weights
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 # logs and pipes get full tables (140 columns) unless COLUMNS says how wide the reader is
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
+console = terminal_console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)  # data escaped
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
              "in another compute environment through")
 
