@@ -50,8 +50,7 @@ from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error, plain
 from harness.library.random_entry import random_other_entry
-from harness.library.source import LIBRARY_FORMAT, check_harvest_run, library_identity, read_candidates
-from harness.record.folder import RunFolder
+from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
 from harness.task.chat import ChatFrame, chat_frame, encode_entry
@@ -326,9 +325,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
     """Verify, deposit and index every candidate solution on the backend `fm`. Resumable: an entry whose tokens
     are already in the store for this model and these settings is not recomputed. Returns the library folder."""
     store = open_store(lib_cfg.store, project_root)
-    if lib_cfg.source == "harvest" and lib_cfg.harvest_run:  # re-checked, and run by this model (finding 3)
-        check_harvest_run(RunFolder(project_root / lib_cfg.harvest_run), fm)
-    candidates, origin = read_candidates(lib_cfg, project_root)
+    candidates, origin = read_candidates(lib_cfg, project_root, fm)  # a harvest run: re-checked, and by this model
     identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
     identity_sha256 = sha256_json(identity)
     out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
@@ -557,7 +554,7 @@ def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
     def ids(entry: Entry) -> tuple[str, list[int]] | None:
         nonlocal texts
         if texts is None:
-            candidates, _ = read_candidates(lib_cfg, project_root)
+            candidates, _ = read_candidates(lib_cfg, project_root, fm)
             texts = {}
             for p, solution in candidates:
                 fp = problem_fingerprint(p.problem)
