@@ -38,7 +38,7 @@ from harness.record.hashing import sha256_hex, sha256_json
 from harness.record.manifest import MANIFEST_FORMAT, completion_sha256, token_ids_sha256
 from harness.record.metrics import LATE_SCORE_KEYS, summarize_groups, summarize_scores
 from harness.record.rows import STOP_REASONS, SUMMARY_FORMAT, Group, legacy_row_group
-from harness.task.trace import resolve_trace, score_traced
+from harness.task.trace import opening_of, resolve_trace, score_traced
 
 __all__ = ["RunCheck", "audit", "audited", "diff_values", "refusal"]
 
@@ -257,7 +257,8 @@ def _check_row_inputs(line_no: int, row: dict[str, Any], problems_by_id: dict[st
         found.add_row("artifact", f"{label}: artifact_id {artifact_id!r} is not in manifest inputs.artifacts")
 
 
-def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings) -> dict[str, Any]:
+def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings,
+                 opening: str | None = None) -> dict[str, Any]:
     """Re-score the row's completion, report disagreements with the row and manifest; return the
     row with the fresh ``extracted``/``answer``/``correct`` (unchanged if it cannot be scored)."""
     label = _row_label(line_no, row)
@@ -267,7 +268,7 @@ def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings
     close = row.get("trace_close")
     fields = _SCORE_FIELDS if close is None else (*_SCORE_FIELDS, "overlong")
     try:
-        fresh = score_traced(completion, gold, str(row.get("stop_reason")), close)
+        fresh = score_traced(completion, gold, str(row.get("stop_reason")), close, opening)
     except Exception as exc:  # noqa: BLE001 - any scorer failure is a finding about this row
         found.add_row("score", f"{label}: re-scoring failed ({type(exc).__name__}: {exc}); check gold_answer")
         return row
@@ -285,6 +286,23 @@ def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings
                 f"manifest.json outputs.rows[{line_no - 1}] ({row.get('problem_id')!r}, sample "
                 f"{row.get('sample')!r}): '{name}' is {entry.get(name)!r} but re-scoring gives {value!r}")
     return {**row, **{name: getattr(fresh, name) for name in fields}}
+
+
+def _trace_opening(config: dict[str, Any], closes: set[Any], found: _Findings) -> str | None:
+    """The opening delimiter a custom pair (`model.trace='OPEN CLOSE'`) names, for re-scoring (a named pair's follows
+    from its closing delimiter: harness.task.trace.opening_of); a finding when rows are scored after a closing
+    delimiter of no named pair and config.yaml, which names its opening one, is missing: whether a trace was
+    re-opened after its last close cannot be told without it."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    setting = model.get("trace")
+    if isinstance(setting, str) and len(setting.split()) == 2:
+        return setting.split()[0]
+    custom = sorted(str(c) for c in closes if c is not None and opening_of(str(c)) is None)
+    if custom and not config:
+        found.add(f"outputs.jsonl: rows are scored after trace_close {custom} and config.yaml, which names its "
+                  "opening delimiter, is missing: a trace re-opened after its last close cannot be told from an "
+                  "answer; restore config.yaml")
+    return None
 
 
 def _check_trace(config: dict[str, Any], rows: list[dict[str, Any]], found: _Findings) -> None:
@@ -436,6 +454,7 @@ def audit(folder: RunFolder) -> RunCheck:
         found.add(f"outputs.jsonl: {len(parsed)} lines but manifest outputs.rows lists {len(entries)}; "
             "rows were added or removed after the run")
     artifacts = {str(a) for a in inputs.get("artifacts") or []}
+    opening = _trace_opening(config, {r.get("trace_close") for _, r in parsed if r is not None}, found)
     rows: list[dict[str, Any]] = []
     rescored: list[dict[str, Any]] = []
     for line_no, row in parsed:
@@ -445,7 +464,7 @@ def audit(folder: RunFolder) -> RunCheck:
         entry = entries[line_no - 1] if line_no - 1 < len(entries) else None
         _check_row_hashes(line_no, row, entry, found)
         _check_row_inputs(line_no, row, problems_by_id, artifacts, found)
-        fresh = _rescore_row(line_no, row, entry, found)
+        fresh = _rescore_row(line_no, row, entry, found, opening)
         if grouped and "group" not in row:  # rows written before the group field: the same one rule
             fresh["group"] = _row_group(row, run_group)
         rescored.append(fresh)
