@@ -140,12 +140,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from harness.record.hashing import write_json
     from harness.run.loop import BATCH_DEPENDENT, comparable_key, console, rows_depend_on_batch, run_rows
     from harness.task.chat import chat_frame
+    from harness.task.problems import check_problem_sets
 
     cfg = compose_config([experiment, *overrides])
     c = typed(cfg)
     root = Path(c.project_root)
     runs = root / c.runs_dir
     t0, load0 = time.perf_counter(), os.getloadavg()
+    check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
     be = load_model(c)
     if with_incontext and rows_depend_on_batch(be, c.run.in_flight):
         raise ConfigError(f"--incontext with run.in_flight={c.run.in_flight} on the {be.name} backend: "

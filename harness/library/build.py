@@ -54,7 +54,7 @@ from harness.library.source import LIBRARY_FORMAT, library_identity, read_candid
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
 from harness.task.chat import ChatFrame, chat_frame, encode_entry
-from harness.task.problems import Problem, problem_fingerprint
+from harness.task.problems import Problem, check_problem_sets, problem_fingerprint
 from harness.task.prompts import render
 from kvstore import (
     Backend,
@@ -580,6 +580,7 @@ def main(argv: list[str] | None = None) -> None:
     enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(cfg.project_root)
     c = typed(cfg)
+    check_problem_sets(c, root, dataset=False)  # its problem file refuses here, before the model is loaded
     fm = load_model(c)
     frame = chat_frame(fm, c.model.chat)
     if redeposit:
