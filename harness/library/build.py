@@ -530,6 +530,7 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
     store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
     lib.entry_ids = _entry_encoder(lib_cfg, fm, project_root, chat)
+    _check_rows_against_source(lib, lib_cfg, fm, project_root)
     if lib.manifest.get("identity_sha256") != identity_sha256:
         recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
         differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
@@ -539,6 +540,30 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
             "remove the folder and rebuild it with `make library`"
         )
     return lib
+
+
+def _check_rows_against_source(lib: Library, lib_cfg, fm: Backend, project_root: Path) -> None:
+    """LibraryError unless every index row says what the library's source says of its entry: the problem id, the
+    problem text (what held-out retrieval searches), its fingerprint and the answer, for an entry id the source makes.
+    The index's own hashes prove only that the rows were sealed, not by whom: a library edited and re-sealed (answers,
+    problem texts) is refused here, naming the first difference, instead of changing retrieval or an answer column
+    silently (issue 51, item 9)."""
+    candidates, _ = read_candidates(lib_cfg, project_root, fm)
+    source = {sha256_hex(f"{problem_fingerprint(p.problem)}\n{solution}".encode())[:16]: p
+              for p, solution in candidates}
+    for i, e in enumerate(lib.entries, start=1):
+        p = source.get(e.entry_id)
+        where = f"{lib.path / 'index.jsonl'}, row {i} (entry {e.entry_id})"
+        if p is None:
+            raise LibraryError(f"{where}: no such entry in the library's source ({lib_cfg.source}); the library was "
+                               "modified and re-sealed: remove the folder and rebuild it with `make library`")
+        for field, recorded, wanted in (("problem_id", e.problem_id, p.id), ("problem", e.problem, p.problem),
+                                        ("problem_fingerprint", e.problem_fingerprint, problem_fingerprint(p.problem)),
+                                        ("answer", str(e.answer), str(p.answer))):
+            if recorded != wanted:
+                raise LibraryError(f"{where}: {field} {str(recorded)[:60]!r} but the library's source says "
+                                   f"{str(wanted)[:60]!r}; the library was modified and re-sealed: remove the folder "
+                                   "and rebuild it with `make library`")
 
 
 def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,

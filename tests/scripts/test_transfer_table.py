@@ -120,3 +120,19 @@ def test_problem_ids_in_year_number_order_and_a_long_list_as_a_count():
                              {"recurring": _rows(dict.fromkeys(many, True), "graft")})
     assert "| 15 problems | 0 | < 0.001 |" in transfer_table.markdown(t) and len(t["runs"]["recurring"]["wrong_to_right"]) == 15
     assert "15/15 = 1.000 [0.796, 1.000]" in transfer_table.markdown(t)  # Wilson, rounded once
+
+
+def test_a_library_edited_and_resealed_is_not_the_runs_library(tmp_path):
+    """Issue 51, item 9: answers edited and every hash re-sealed (the library opens): its manifest_sha256 is not the
+    one the runs recorded (inputs.library), so the copied-answer column is not computed from it."""
+    from harness.record.hashing import sha256_json
+
+    lib = tmp_path / "lib"
+    recorded = _library(lib)
+    row = json.loads((lib / "index.jsonl").read_text())
+    row["answer"] = "2"
+    body = {"entries": {"e": sha256_json(row)}}
+    (lib / "index.jsonl").write_text(json.dumps(row) + "\n")
+    (lib / "manifest.json").write_text(json.dumps({**body, "manifest_sha256": sha256_json(body)}))
+    with pytest.raises(LibraryError, match="is not the library the runs grafted from .*re-sealed"):
+        transfer_table.library_answers(lib, recorded)
