@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.config.schema import compose_config
@@ -71,9 +74,21 @@ def test_a_compare_folder_whose_comparison_was_edited_is_refused_and_nothing_log
     assert main([str(folder), "--tracking-uri", sqlite_uri]) == 1
     err = capsys.readouterr().err
     assert "does not re-check" in err and "summaries.baseline.scores.accuracy: recorded 0.75" in err, err
+    show = [sys.executable, str(REPO / "scripts" / "show_comparison.py"), str(folder), "--width", "100"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's harness, whatever the venv was installed from
+    shown = subprocess.run(show, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert shown.returncode == 2 and "summaries.baseline.scores.accuracy" in shown.stderr and shown.stdout == ""
     client = MlflowClient(tracking_uri=sqlite_uri)
     assert not any(client.search_runs([e.experiment_id]) for e in client.search_experiments())
     path.write_text(intact)
+    shown = subprocess.run(show, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert shown.returncode == 0 and "scores and tokens" in shown.stdout, shown.stderr
+    table = folder / "per_problem.json"
+    view = json.loads(table.read_text())
+    view["rows"][0]["baseline ok"] = not view["rows"][0]["baseline ok"]  # the view's figure, not comparison.json
+    table.write_text(json.dumps(view))
+    shown = subprocess.run(show, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert shown.returncode == 2 and "per_problem.json: row 1" in shown.stderr and "baseline ok" in shown.stderr
     assert main([str(folder), "--tracking-uri", sqlite_uri]) == 0
     logged = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     [parent] = [r for r in logged if r.data.tags.get("job") == "compare"]
