@@ -39,10 +39,10 @@ from typing import Any
 from harness.compare.audit import ComparisonCheck, audit_comparison
 from harness.compare.comparison import COMPARISON
 from harness.errors import HarnessError, plain
+from harness.errors import console as terminal_console
 from harness.record.audit import RunCheck, audit, diff_values
 from harness.record.folder import RunFolder
 from harness.record.sweep import MULTIRUN, sweep_plan
-from harness.terminal import console as terminal_console
 
 
 def say(*parts: Any, **kwargs: Any) -> None:

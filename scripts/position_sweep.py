@@ -42,8 +42,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from harness.errors import console as terminal_console  # noqa: E402
 from harness.experiments.text import DEFAULT_PROBLEMS, joined_text  # noqa: E402
-from harness.terminal import console as terminal_console  # noqa: E402
 
 FALLBACK_TEXT = (
     "Find the number of ordered pairs of positive integers (a, b) such that a + b = 1000 and neither a nor b "

@@ -23,9 +23,9 @@ from harness.compare.audit import audited_comparison  # noqa: E402
 from harness.compare.comparison import COMPARISON, Comparison  # noqa: E402
 from harness.compare.views import print_comparison  # noqa: E402
 from harness.errors import HarnessError, plain  # noqa: E402
+from harness.errors import console as terminal_console  # noqa: E402
 from harness.record.folder import RunFolder  # noqa: E402
 from harness.record.rows import budget_label, budget_of  # noqa: E402
-from harness.terminal import console as terminal_console  # noqa: E402
 
 
 def view_differences(recorded: list[dict], recomputed: list[dict]) -> str | None:

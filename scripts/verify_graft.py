@@ -81,8 +81,8 @@ from rich.progress import (  # noqa: E402
 )
 from rich.table import Table  # noqa: E402
 
+from harness.errors import console as terminal_console  # noqa: E402
 from harness.experiments.text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
-from harness.terminal import console as terminal_console  # noqa: E402
 from kvstore.determinism import add_arguments, from_arguments  # noqa: E402
 
 BACKENDS = ("transformers", "llamacpp", "vllm")

@@ -25,12 +25,12 @@ from typing import Any
 
 from harness.compare.plots import accuracy_plot, bar_plot
 from harness.errors import HarnessError, RunFolderError, exit_on_error, plain
+from harness.errors import console as terminal_console
 from harness.record.audit import audited
 from harness.record.folder import RunFolder
 from harness.record.hashing import atomic_write_text
 from harness.record.rows import run_group
 from harness.record.sweep import MULTIRUN, sweep_plan
-from harness.terminal import console as terminal_console
 
 __all__ = ["main", "sweep_table", "write_report"]
 

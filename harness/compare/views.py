@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.compare.comparison import Comparison, Factors, PairResult, RunFigures
-from harness.terminal import console as terminal_console
+from harness.errors import console as terminal_console
 
 __all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison", "printable"]
 

@@ -48,6 +48,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from harness.errors import console as terminal_console  # noqa: E402
 from harness.experiments.registry import (  # noqa: E402
     DEFAULT_REGISTRY,
     REGISTRY_FORMAT,
@@ -61,7 +62,6 @@ from harness.experiments.registry import (  # noqa: E402
     source_of,
     write_registry,
 )
-from harness.terminal import console as terminal_console  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROMPT = "Problem: {problem}\nGive the answer as an integer from 0 to 999.\nFinal answer:"

@@ -44,6 +44,7 @@ from tqdm import tqdm
 from harness.config.model import load_model
 from harness.config.schema import Config, drop_default_determinism, recorded, typed
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
+from harness.errors import console as terminal_console
 from harness.record.folder import FinishedRun, RunFolder
 from harness.record.hashing import backend_record, sha256_json
 from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_label
@@ -55,7 +56,6 @@ from harness.task.chat import chat_frame, encode_prompt
 from harness.task.problems import Problem, load_problems
 from harness.task.prompts import render
 from harness.task.trace import Trace, resolve_trace, score_traced
-from harness.terminal import console as terminal_console
 from harness.tracking.log import try_log_run_dir
 from harness.tracking.store import default_tracking_uri
 from kvstore import Backend, check_weights

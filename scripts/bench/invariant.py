@@ -72,7 +72,7 @@ def bench_invariant(model: str, stream: list[int], sizes: list[int], repeats: in
 def print_table(fig: dict) -> None:
     from rich.table import Table
 
-    from harness.terminal import console as terminal_console
+    from harness.errors import console as terminal_console
 
     t = Table(title=f"Batch-invariant mode: cost vs the default ({fig['dtype']}, {fig['threads']} threads; "
                     f"time ratio, goal prefill <= {fig['goals']['prefill']}x, decode <= {fig['goals']['decode']}x)")

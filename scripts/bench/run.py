@@ -102,7 +102,7 @@ def _save(fig, ax, path: Path) -> str:
 def print_tables(summary: dict) -> None:
     from rich.table import Table
 
-    from harness.terminal import console as terminal_console
+    from harness.errors import console as terminal_console
 
     con = terminal_console(width=max(150, shutil.get_terminal_size().columns))
     f = summary["figures"]
