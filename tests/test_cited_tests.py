@@ -32,3 +32,20 @@ def test_every_cited_test_file_and_test_exists() -> None:
                 if name.strip() not in names:
                     missing.append(f"{where}::{name.strip()}")
     assert not missing, f"cited tests that do not exist: {missing}"
+
+
+def test_the_cot_experiment_docs_do_not_claim_the_keys_of_runs_made_under_another_row_schedule() -> None:
+    """Issue 51, item 7: configs/experiment/transfer_cot.yaml and docs/models.md said the file gives "the same
+    resolved config and keys" as the 1.5B table's runs; those runs predate vLLM's one-request greedy row, and the
+    comparable key of a vLLM run records the row schedule (harness.run.loop.comparable_key, the backend's
+    row_schedule), so a re-run's key is another. Read without vLLM: the schedule is a constant of its backend."""
+    tree = ast.parse((REPO / "kvstore" / "backends" / "vllm" / "backend.py").read_text(encoding="utf-8"))
+    schedule = [n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                and any(getattr(t, "id", None) == "ROW_SCHEDULE" for t in n.targets)]
+    assert schedule and schedule[0], "the vLLM backend names no row schedule: the claim would need re-checking"
+    assert "row_schedule" in (REPO / "harness" / "run" / "loop.py").read_text(encoding="utf-8")  # in the key
+    for doc in ("configs/experiment/transfer_cot.yaml", "configs/experiment/transfer_cot_270m.yaml",
+                "docs/models.md"):
+        text = " ".join((REPO / doc).read_text(encoding="utf-8").replace("#", " ").split())
+        assert "same resolved config and keys" not in text, doc
+    assert "row_schedule" in (REPO / "configs" / "experiment" / "transfer_cot.yaml").read_text(encoding="utf-8")
