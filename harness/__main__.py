@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config.schema import check_overrides, compose_config, typed
 from harness.errors import ConfigError, debugging, exit_on_error
+from harness.errors import plain as plain_text
 from harness.record.folder import RunFolder, claim
 from harness.run.loop import run
 from kvstore import PROFILES, enter_profile, profile_problems
@@ -40,7 +41,7 @@ def _claim_dir(parent: str, name: str) -> str:
     import os
     import sys
 
-    from harness.errors import HarnessError, StorageError, debugging
+    from harness.errors import HarnessError, StorageError, debugging, plain
 
     try:
         probe = Path(parent).absolute()
@@ -57,7 +58,7 @@ def _claim_dir(parent: str, name: str) -> str:
     except HarnessError as exc:
         if debugging():
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {plain(str(exc))}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
@@ -99,7 +100,7 @@ def _check_command_line(args: list[str]) -> None:
     except ConfigError as exc:
         if debugging():
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {plain_text(str(exc))}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -13,9 +13,10 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -34,6 +35,8 @@ __all__ = [
     "StorageError",
     "Terminated",
     "TrackingError",
+    "console",
+    "escape_warnings",
     "exit_on_error",
     "storage_error",
 ]
@@ -166,6 +169,43 @@ def plain(text: str) -> str:
     return "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+_CONSOLE_CLASS: type | None = None
+
+
+def console(**kwargs: Any) -> Any:
+    """A `rich.console.Console(**kwargs)` whose every rendered string (print, table cells, titles) has its control
+    characters written as escapes (`plain`) before Rich reads its markup: text that comes from data (a problem id, a
+    run folder's name, a finding quoting a row, a label from the command line) is shown, never obeyed by the terminal
+    (Rich passes ESC through untouched; `\\x1b[2J` clears the screen, `\\x1b[8m` hides what follows). The project's own
+    markup still styles and Rich's own escape codes still colour. Every Rich console in harness/ and scripts/ comes
+    from here (tests/harness/test_terminal_escapes.py checks that none is built another way); plain print() calls
+    escape data with `plain` at the call. rich is imported on first use (`make rescore` starts without it)."""
+    global _CONSOLE_CLASS
+    if _CONSOLE_CLASS is None:
+        from rich.console import Console
+
+        class PlainConsole(Console):
+            def render_str(self, text: str, **kw: Any) -> Any:
+                return super().render_str(plain(text), **kw)
+
+        _CONSOLE_CLASS = PlainConsole
+    return _CONSOLE_CLASS(**kwargs)
+
+
+_formatwarning = warnings.formatwarning
+
+
+def _plain_formatwarning(message: Any, category: type[Warning], filename: str, lineno: int,
+                         line: str | None = None) -> str:
+    return plain(_formatwarning(message, category, filename, lineno, line))
+
+
+def escape_warnings() -> None:
+    """Show every later warning (`warnings.warn`: a pending MLflow log naming a folder, a trace not logged) with its
+    control characters escaped, as `plain` writes them (idempotent; `exit_on_error` calls it)."""
+    warnings.formatwarning = _plain_formatwarning  # type: ignore[assignment]
+
+
 def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
     """Wrap an entry point: a HarnessError or KVStoreError prints one `error: <message>` line (the message
     names the file, row or field and the fix) and exits with status 1, without a traceback; an interrupted run
@@ -175,6 +215,7 @@ def exit_on_error(main: Callable[P, T]) -> Callable[P, T]:
 
     @functools.wraps(main)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        escape_warnings()  # a warning quoting a folder or a row is shown escaped too (as `console` shows data)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _on_sigterm)
         try:

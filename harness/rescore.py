@@ -38,10 +38,16 @@ from typing import Any
 
 from harness.compare.audit import ComparisonCheck, audit_comparison
 from harness.compare.comparison import COMPARISON
-from harness.errors import HarnessError
+from harness.errors import HarnessError, plain
+from harness.errors import console as terminal_console
 from harness.record.audit import RunCheck, audit, diff_values
 from harness.record.folder import RunFolder
 from harness.record.sweep import MULTIRUN, sweep_plan
+
+
+def say(*parts: Any, **kwargs: Any) -> None:
+    """print(), with control characters in the text (a problem id or a path in a finding) written as escapes."""
+    print(*(plain(str(p)) for p in parts), **kwargs)
 
 
 def _fmt(value: Any) -> str:
@@ -53,10 +59,9 @@ def _fmt(value: Any) -> str:
 
 
 def _print_report(run_dir: Path, check: RunCheck) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = terminal_console(highlight=False)
     table = Table(title=f"scores of {run_dir}")
     table.add_column("metric")
     table.add_column("recorded (summary.json)", justify="right")
@@ -78,21 +83,21 @@ def _print_report(run_dir: Path, check: RunCheck) -> None:
 def _print_verdict(ok: bool, ok_text: str, where: Path, findings: list[str]) -> None:
     """Plain prints: one unwrapped line per finding, easy to grep in logs."""
     if ok:
-        print(f"OK: {ok_text}")
+        say(f"OK: {ok_text}")
     else:
-        print(f"FAILED: {len(findings)} finding(s) in {where}:")
+        say(f"FAILED: {len(findings)} finding(s) in {where}:")
         for finding in findings:
-            print(f"  - {finding}")
+            say(f"  - {finding}")
 
 
 def _print_comparison(compare_dir: Path, check: ComparisonCheck) -> None:
     for label, run in check.runs.items():
         where = (check.located or {}).get(label)
-        print(f"run {label}: {'OK' if run.ok else 'FAILED'} ({run.n_rows} rows re-scored" +
+        say(f"run {label}: {'OK' if run.ok else 'FAILED'} ({run.n_rows} rows re-scored" +
               (f"; {where})" if where else ")"))
     for group, p in check.pairs.items():
         n = p["identical_rows"] + p["differing_rows"]
-        print(f"pairing {group}: {p['identical_rows']}/{n} graft rows identical to their incontext twin")
+        say(f"pairing {group}: {p['identical_rows']}/{n} graft rows identical to their incontext twin")
     _print_verdict(check.ok, f"{compare_dir}: every run re-scores and is the one compared, every hash matches, every "
                    "figure recomputes, every graft row equals its twin",
                    compare_dir, check.findings)
@@ -102,7 +107,7 @@ def _main_comparison(compare_dir: Path, as_json: bool) -> int:
     try:
         check = audit_comparison(compare_dir)
     except HarnessError as exc:
-        print(json.dumps({"ok": False, "error": str(exc)}) if as_json else f"error: {exc}",
+        say(json.dumps({"ok": False, "error": str(exc)}) if as_json else f"error: {exc}",
               file=sys.stdout if as_json else sys.stderr)
         return 2
     if as_json:
@@ -123,7 +128,7 @@ def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
     plan = sweep_plan(sweep_dir)
     if not jobs and plan is None:
         message = f"{sweep_dir}: no run folder (manifest.json) or compare folder (comparison.json) in it or below it"
-        print(json.dumps({"ok": False, "error": message}) if as_json else f"error: {message}",
+        say(json.dumps({"ok": False, "error": message}) if as_json else f"error: {message}",
               file=sys.stdout if as_json else sys.stderr)
         return 2
     results, findings = {}, []
@@ -136,7 +141,7 @@ def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
         results[str(job)] = {"ok": ok, "findings": found}
         findings += [f"{job.relative_to(sweep_dir)}: {f}" for f in found]
         if not as_json:
-            print(f"{'OK' if ok else 'FAILED'}  {job.relative_to(sweep_dir)}")
+            say(f"{'OK' if ok else 'FAILED'}  {job.relative_to(sweep_dir)}")
     listed = None
     if plan is not None:  # a Hydra sweep: every job its multirun.yaml lists must be here
         if plan.jobs is None:
@@ -148,7 +153,7 @@ def _main_sweep(sweep_dir: Path, as_json: bool) -> int:
             findings += [f"{MULTIRUN} lists {d}" for d in missing]
             if missing and not as_json:
                 for d in missing:
-                    print(f"MISSING {d}")
+                    say(f"MISSING {d}")
     ok = not findings and all(r["ok"] for r in results.values())
     if as_json:
         print(json.dumps({"ok": ok, "jobs": results, "listed": listed}, indent=2, sort_keys=True))
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({"ok": False, "error": str(exc)}))
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(

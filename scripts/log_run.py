@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from harness.config.schema import DEFAULT_EXPERIMENT
-from harness.errors import HarnessError
+from harness.errors import HarnessError, plain
 from harness.record.folder import RunFolder
 from harness.tracking.log import log_run_dir
 from harness.tracking.store import default_tracking_uri
@@ -49,45 +49,65 @@ def _log_folder(folder: RunFolder, uri: str, experiment: str | None, force: bool
     """Log one complete run folder unless this store has it already; its run id either way (None: failed)."""
     state = folder.read_tracking()
     if state.get("run_id") and state.get("tracking_uri") == uri and not force:
-        print(f"skip {folder.path}: already logged as run {state['run_id']} in {uri} (use --force to re-log)")
+        print(plain(f"skip {folder.path}: already logged as run {state['run_id']} in {uri} (use --force to re-log)"))
         return str(state["run_id"])
     experiment = experiment or _experiment_of(folder)
     try:
         run_id = log_run_dir(folder.path, tracking_uri=uri, experiment=experiment)
     except Exception as exc:  # noqa: BLE001 - report every folder, then fail
-        print(f"error: logging {folder.path} to {uri} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(plain(f"error: logging {folder.path} to {uri} failed: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return None
-    print(f"logged {folder.path} -> run {run_id} (experiment {experiment!r}, {uri})")
+    print(plain(f"logged {folder.path} -> run {run_id} (experiment {experiment!r}, {uri})"))
     return run_id
+
+
+def _entries(comp, runs: dict) -> dict[str, dict[str, str]]:
+    """entry_id -> {problem_id, answer} of the library the compared runs grafted from, for the per-problem table: read
+    through harness.library's Library (its hashes checked) from the folder comparison.json names, and only when it is
+    the library the runs' manifests record (a library edited and re-sealed since is another); else none (the table
+    then names each entry by its id, without an answer)."""
+    from harness.library.build import Library
+
+    recorded = {((r.manifest.get("inputs") or {}).get("library") or {}).get("manifest_sha256") for r in runs.values()}
+    recorded.discard(None)
+    path = comp.library.path if comp.library is not None else None
+    if len(recorded) != 1 or not path:
+        return {}
+    try:
+        lib = Library(Path(path), None)  # type: ignore[arg-type]  (entries only: no store)
+    except HarnessError:
+        return {}
+    if lib.manifest.get("manifest_sha256") not in recorded:
+        return {}
+    return {e.entry_id: {"problem_id": e.problem_id, "answer": str(e.answer)} for e in lib.entries}
 
 
 def _log_comparison_folder(path: Path, uri: str, experiment: str | None, force: bool) -> bool:
     """Log a compare folder: the runs it lists (each where its run_links finds it) not yet in this store, then the
-    comparison as their parent run. False when any of it failed (the message says which and why)."""
+    comparison as their parent run. Nothing is logged unless the whole re-checks first (the audit behind `make
+    rescore RUN=<compare folder>`: every run, their binding to comparison.json, every figure recomputed); the
+    per-problem table is recomputed from the re-checked rows, not read from per_problem.json. False when any of it
+    failed (the message says which and why)."""
     import dataclasses
 
-    from harness.compare.audit import locate_runs
+    from harness.compare import per_problem as pp
+    from harness.compare.audit import audited_comparison
     from harness.compare.comparison import Comparison
     from harness.compare.mlflow_runs import log_comparison
 
     compare = RunFolder(path)
     state = compare.read_tracking()
     if state.get("run_id") and state.get("tracking_uri") == uri and not force:
-        print(f"skip {path}: comparison already logged as run {state['run_id']} in {uri} (use --force to re-log)")
+        print(plain(f"skip {path}: comparison already logged as run {state['run_id']} in {uri} (use --force to "
+                    "re-log)"))
         return True
     try:
-        raw = compare.read_json("comparison.json")
-        comp = Comparison.from_json(raw)
-    except (OSError, ValueError, KeyError, TypeError, HarnessError) as exc:
-        print(f"error: {path / 'comparison.json'}: unreadable ({type(exc).__name__}: {exc}); re-run the compare job",
-              file=sys.stderr)
+        checked = audited_comparison(path, "log-run")
+        comp = Comparison.from_json(checked.raw)
+    except (ValueError, KeyError, TypeError, HarnessError) as exc:
+        print(plain(f"error: {exc}; nothing of it is logged"), file=sys.stderr)
         return False
-    located = {label: RunFolder(p) for label, (p, _) in locate_runs(path, raw).items()}
-    missing = [f"{label} ({f.path})" for label, f in located.items() if not f.is_complete()]
-    if missing:
-        print(f"error: {path}: compared run(s) not found or incomplete: {', '.join(missing)}; keep the run folders "
-              "beside runs/compare (make rescore RUN=... says which)", file=sys.stderr)
-        return False
+    located = {label: run.folder for label, run in checked.runs.items()}
     base = located.get(next(iter(comp.runs), ""), None)
     experiment = experiment or (_experiment_of(base) if base is not None else DEFAULT_EXPERIMENT)
     run_ids = {}
@@ -97,14 +117,18 @@ def _log_comparison_folder(path: Path, uri: str, experiment: str | None, force: 
             return False
         run_ids[label] = run_id
     comp = dataclasses.replace(comp, runs={label: str(f.path) for label, f in located.items()})
+    table = pp.per_problem({label: run.rows for label, run in checked.runs.items()}, _entries(comp, checked.runs),
+                           comp.plan)
     try:
         run_id = log_comparison(path / "comparison.json", comp, tracking_uri=uri, experiment=experiment,
-                                run_ids=run_ids)
+                                run_ids=run_ids, records=checked.runs, per_problem=table)
     except Exception as exc:  # noqa: BLE001 - one line, then fail
-        print(f"error: logging the comparison {path} to {uri} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(plain(f"error: logging the comparison {path} to {uri} failed: {type(exc).__name__}: {exc}"),
+              file=sys.stderr)
         return False
     compare.write_tracking({"run_id": run_id, "tracking_uri": uri})
-    print(f"logged {path} -> comparison run {run_id} over {len(run_ids)} runs (experiment {experiment!r}, {uri})")
+    print(plain(f"logged {path} -> comparison run {run_id} over {len(run_ids)} runs (experiment {experiment!r}, "
+                f"{uri})"))
     return True
 
 
@@ -128,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = RunFolder(run_dir)
         if not folder.is_complete():
-            print(f"error: {run_dir}: not a run folder (no manifest.json) nor a compare folder (no comparison.json)",
-                  file=sys.stderr)
+            print(plain(f"error: {run_dir}: not a run folder (no manifest.json) nor a compare folder (no "
+                        "comparison.json)"), file=sys.stderr)
             failures += 1
             continue
         failures += _log_folder(folder, uri, args.experiment, args.force) is None

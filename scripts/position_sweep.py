@@ -29,20 +29,20 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
 
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import matplotlib.pyplot as plt
+from rich.table import Table
 
+from harness.errors import console as terminal_console
 from harness.experiments.text import DEFAULT_PROBLEMS, joined_text
 
 FALLBACK_TEXT = (
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     from kvstore import MemoryStore, atomic_write, batch_invariant_refusal, check_graft, compare_logits, load_backend
     from kvstore.errors import KVStoreError
 
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    err = Console(stderr=True)
+    console = terminal_console(width=None if sys.stdout.isatty() else 150)
+    err = terminal_console(stderr=True)
     t_start = time.perf_counter()
     n, m = args.prefix_tokens, args.suffix_tokens
     if args.batch_invariant and (refusal := batch_invariant_refusal(args.backend)):

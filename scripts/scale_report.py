@@ -7,7 +7,9 @@ answer the grafted entry held), and for the held-out group whether the model cop
         --baseline runs/baseline/<run> [--incontext recurring=runs/incontext/<run>]   # separate runs
 
 Reads only the run folders and the library (through harness.library.build: entry id -> problem and verified answer),
-never the model.
+never the model, and each folder only after it re-checks (the audit behind `make rescore`: a compare folder through
+harness.compare.audit.audited_comparison, a run through harness.record.audit.audited); an edited one is refused
+naming its first difference.
 The library is found from the run manifest's library name, version and manifest SHA-256 under --library-root.
 """
 
@@ -20,10 +22,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from harness.compare.comparison import COMPARISON, Comparison
+from harness.compare.audit import audited_comparison
+from harness.compare.comparison import Comparison
 from harness.compare.pairing import pair_folders
-from harness.errors import LibraryError
+from harness.errors import HarnessError, LibraryError, plain
 from harness.library.build import Library
+from harness.record.audit import audited
 from harness.record.folder import RunFolder
 from harness.record.hashing import atomic_write_text
 
@@ -43,6 +47,11 @@ def find_library(manifest: dict, root: Path) -> Library:
     sha = str(lib.get("manifest_sha256"))[:12]
     raise SystemExit(f"no library {lib.get('name')} v{lib.get('version')} with manifest {sha} under {root}; "
                      "pass --library-root")
+
+
+def say(text: str) -> None:
+    """print(), with control characters (a problem id, a completion) written as escapes."""
+    print(plain(text))
 
 
 def distribution(values: list[int]) -> dict:
@@ -95,14 +104,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
     if args.compare is not None:
-        comp = Comparison.from_json(RunFolder(args.compare).read_json(COMPARISON))
-        runs = {k: (REPO / v if not Path(v).is_absolute() else Path(v)) for k, v in comp.runs.items()}
+        try:
+            checked = audited_comparison(args.compare, "scale_report")
+        except HarnessError as exc:
+            raise SystemExit(f"error: {plain(str(exc))}") from None
+        comp = Comparison.from_json(checked.raw)
+        runs = {k: r.folder.path for k, r in checked.runs.items() if k in comp.runs}
     elif args.graft:
         runs = {**_labelled(args.graft, "graft"), **_labelled(args.incontext, "incontext")}
         if args.baseline:
             runs["baseline"] = args.baseline
     else:
         raise SystemExit("give a compare folder, or --graft GROUP=RUN_FOLDER (and --baseline, --incontext)")
+    for label, path in runs.items():
+        try:
+            audited(path, f"scale_report ({label})")
+        except HarnessError as exc:
+            raise SystemExit(f"error: {plain(str(exc))}") from None
     graft_runs = {k: v for k, v in runs.items() if k.startswith("graft")}
     lib = find_library(RunFolder(next(iter(graft_runs.values()))).read_manifest(), args.library_root)
     entries = {e.entry_id: e.to_row() for e in lib.entries}
@@ -117,30 +135,30 @@ def main(argv: list[str] | None = None) -> int:
     for label, run in sorted(graft_runs.items()):
         g = report["groups"][label] = group_report(run, entries, args.show)
         d = g["decode_tokens"]
-        print(f"{label}: {g['correct']}/{g['rows']} correct ({g['accuracy']:.3f}); decode tokens/problem min "
+        say(f"{label}: {g['correct']}/{g['rows']} correct ({g['accuracy']:.3f}); decode tokens/problem min "
               f"{d['min']} median {d['median']} p90 {d['p90']} max {d['max']} mean {d['mean']} (total "
               f"{g['decode_tokens_total']}); grafted its own entry {g['grafted_own_entry']}x; answered the grafted "
               f"entry's answer {g['answered_the_grafted_entry_answer']}x; histogram {d['histogram']}")
         for m in g["examples"]:
-            print(f"  miss {m['problem_id']}: gold {m['gold']}, answered {m['extracted']!r} ({m['completion']!r}, "
+            say(f"  miss {m['problem_id']}: gold {m['gold']}, answered {m['extracted']!r} ({m['completion']!r}, "
                   f"{m['stop_reason']}); grafted entry {m['entry_problem']} holds {m['entry_answer']}")
     for label, run in sorted(runs.items()):
         twin = label.replace("incontext", "graft")
         if label.startswith("incontext") and twin in graft_runs:
             p = pair_folders(RunFolder(graft_runs[twin]), RunFolder(run))
             report["pairings"][twin] = p.to_json()
-            print(f"{twin} vs {label}: {p.identical} rows identical (completion token ids and first-logits SHA-256), "
+            say(f"{twin} vs {label}: {p.identical} rows identical (completion token ids and first-logits SHA-256), "
                   f"{p.differing} differing")
     if base:
         b = report["baseline"]
-        print(f"baseline: {b['correct']}/{b['rows']} correct; decode tokens total {b['decode_tokens_total']} "
+        say(f"baseline: {b['correct']}/{b['rows']} correct; decode tokens total {b['decode_tokens_total']} "
               f"(mean {b['decode_tokens']['mean']}/problem); rows' wall {b['wall_s']} s, CPU {b['cpu_s']} s")
         for label, g in sorted(report["groups"].items()):
             g["vs_baseline"] = {"decode_tokens": round(b["decode_tokens_total"] / max(g["decode_tokens_total"], 1), 2),
                                 "wall": round(b["wall_s"] / max(g["wall_s"], 1e-9), 2),
                                 "cpu": round(b["cpu_s"] / max(g["cpu_s"], 1e-9), 2)}
             v = g["vs_baseline"]
-            print(f"  {label}: wall {g['wall_s']} s, CPU {g['cpu_s']} s; baseline / {label}: decode tokens "
+            say(f"  {label}: wall {g['wall_s']} s, CPU {g['cpu_s']} s; baseline / {label}: decode tokens "
                   f"{v['decode_tokens']}x, wall {v['wall']}x, CPU {v['cpu']}x")
     if args.json:
         atomic_write_text(args.json, json.dumps(report, indent=1) + "\n")

@@ -7,7 +7,9 @@ from wrong to right, and which from right to wrong.
 
 Each MODEL=FOLDER is a compare folder (`python -m harness.compare +experiment=scales model=...`); --slice adds a
 compare folder with the in-context runs (configs/compare/graft.yaml on the first problems), reported with the
-rows they cover. Reads only the run folders (each re-checked by `make rescore`), never the model.
+rows they cover. Reads only the compare and run folders, never the model, and only after they re-check
+(harness.compare.audit.audited_comparison: the audit behind `make rescore`); an edited one is refused naming its first
+difference.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-from harness.compare.comparison import COMPARISON, Comparison
-from harness.record.folder import RunFolder
+from harness.compare.audit import audited_comparison
+from harness.compare.comparison import Comparison
+from harness.errors import HarnessError, plain
 from harness.record.hashing import atomic_write_text
 from harness.record.metrics import wilson_interval
 from harness.record.rows import Row
@@ -38,15 +41,15 @@ def _pairs(args: list[str], flag: str) -> dict[str, Path]:
 
 def read_compare(folder: Path) -> tuple[dict[str, list[Row]], Comparison]:
     """label -> its rows (first sample of each problem) of a compare folder, and the comparison itself."""
-    if not (folder / COMPARISON).is_file():
-        raise SystemExit(f"{folder}: no {COMPARISON}; give a finished compare folder (python -m harness.compare)")
-    comp = Comparison.from_json(RunFolder(folder).read_json(COMPARISON))
+    try:
+        checked = audited_comparison(folder, "the table")
+    except HarnessError as exc:
+        raise SystemExit(f"error: {plain(str(exc))}") from None
+    comp = Comparison.from_json(checked.raw)
     rows = {}
     for label in sorted(comp.runs, key=lambda x: (x not in comp.plan.labels, comp.plan.labels.index(x)
                                                   if x in comp.plan.labels else 0, x)):  # the plan's order
-        run = comp.runs[label]
-        path = Path(run) if Path(run).is_absolute() else REPO / run
-        rows[label] = [r for r in RunFolder(path).read_rows() if r.sample == 0]
+        rows[label] = [r for r in checked.runs[label].rows if r.sample == 0]
     return rows, comp
 
 
@@ -131,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def emit_table(text: str, data: object, json_path: Path | None, markdown_path: Path | None) -> None:
     """Print a table's markdown and write it (--markdown) and its data (--json) where asked; shared by the table
-    scripts (scales, harvest, transfer)."""
+    scripts (scales, harvest, transfer). Text from the runs (problem ids, labels) has its control characters written
+    as escapes (harness.errors.plain) on the terminal and in the markdown file; the JSON keeps it as it is."""
+    text = plain(text)
     print(text, end="")
     if json_path:
         atomic_write_text(json_path, json.dumps(data, indent=1) + "\n")

@@ -11,7 +11,10 @@ entry's own answer while the problem's is another (the model copied its neighbou
         [--json t.json] [--markdown t.md]
 
 Every folder must be a finished run over the same problems with the same comparable key (same model, data, prompt,
-decoding); each is re-checked by `make rescore` before it is cited. Reads only the run folders, never the model.
+decoding); each is re-checked first by the audit behind `make rescore` (harness.record.audit.audited) and an edited
+folder is refused naming its first difference, so no figure is cited from one. --alone must be a baseline run (no
+graft), each --run a run that grafts from a library. Reads only the run folders, never the model. Problem ids and
+labels reach the terminal and the markdown with their control characters written as escapes (harness.errors.plain).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.errors import LibraryError
+from harness.errors import LibraryError, RunFolderError, exit_on_error
 from harness.library.build import Library
-from harness.record.folder import RunFolder
+from harness.record.audit import audited
+from harness.record.folder import FinishedRun
 from harness.record.metrics import wilson_interval
 from harness.record.rows import Row
 from harness.task.answers import parse_gold
@@ -67,12 +71,13 @@ def library_answers(folder: Path, manifest_sha256: str | None) -> dict[str, str]
     try:
         lib = Library(folder, store=None)  # only the index is read: no artifact is opened
     except LibraryError as exc:
-        raise SystemExit(f"transfer_table: --library {folder}: not a library folder ({exc}); give the folder "
-                         "runs/library/<name>-v<version>-... that holds manifest.json and index.jsonl") from None
+        raise LibraryError(f"transfer_table: --library {folder}: not a library folder ({exc}); give the folder "
+                           "runs/library/<name>-v<version>-... that holds manifest.json and index.jsonl") from None
     got = lib.manifest["manifest_sha256"]
-    if got != manifest_sha256:
-        raise SystemExit(f"transfer_table: --library {folder}: manifest_sha256 {got[:12]}... is not the library the "
-                         f"runs grafted from ({str(manifest_sha256)[:12]}..., their manifests' inputs.library)")
+    if manifest_sha256 is None or got != manifest_sha256:
+        raise LibraryError(f"transfer_table: --library {folder}: manifest_sha256 {got[:12]}... is not the library the "
+                           f"runs grafted from ({str(manifest_sha256)[:12]}..., their manifests' inputs.library); a "
+                           "library edited and re-sealed since is another library: give the one the runs read")
     return {e.entry_id: str(e.answer) for e in lib.entries}
 
 
@@ -89,8 +94,8 @@ def run_figures(rows: Sequence[Row], alone: Mapping[str, Row] | None,
            "decode_tokens_per_row": sum(r.completion.decode_tokens for r in one.values()) / n}
     if alone is not None:
         if set(alone) != set(one):
-            raise SystemExit(f"transfer_table: the runs cover other problems ({len(one)} vs {len(alone)}); every run "
-                             "must answer the same problems")
+            raise RunFolderError(f"transfer_table: the runs cover other problems ({len(one)} vs {len(alone)}); every "
+                                 "run must answer the same problems")
         out["wrong_to_right"] = sorted((p for p, r in one.items() if r.correct and not alone[p].correct), key=_id_order)
         out["right_to_wrong"] = sorted((p for p, r in one.items() if not r.correct and alone[p].correct), key=_id_order)
         out["mcnemar_p"] = round(mcnemar_exact_p(len(out["wrong_to_right"]), len(out["right_to_wrong"])), 4)
@@ -136,6 +141,25 @@ def markdown(t: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the condition each role must be: the model alone is a baseline run; every other run grafts from a library
+ALONE = "baseline"
+
+
+def _read(label: str, path: Path) -> FinishedRun:
+    """A finished run folder, re-checked first (harness.record.audit.audited): one line naming the first difference,
+    or saying the folder is missing or unfinished, else the run."""
+    run = audited(path, f"transfer_table ({'--alone' if label == 'alone' else f'--run {label}'})")
+    condition, library = run.summary.condition, (run.manifest.get("inputs") or {}).get("library")
+    if label == "alone" and (condition != ALONE or library is not None):
+        raise RunFolderError(f"--alone {path}: a {condition!r} run" + (" that grafts from a library" if library else "")
+                             + f"; the model alone is a {ALONE!r} run (condition={ALONE})")
+    if label != "alone" and (condition == ALONE or not isinstance(library, dict)):
+        raise RunFolderError(f"--run {label}={path}: a {condition!r} run without a library; each --run is a run that "
+                             "grafts from one (condition=graft ...), the model alone is --alone")
+    return run
+
+
+@exit_on_error
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--alone", type=Path, required=True, help="the model-alone run folder (condition=baseline)")
@@ -145,23 +169,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
-    folders = {"alone": RunFolder(args.alone)}
+    specs = {"alone": args.alone}
     for spec in args.run:
         label, sep, path = spec.partition("=")
-        if not sep:
-            ap.error(f"--run {spec!r}: write LABEL=FOLDER")
-        folders[label] = RunFolder(Path(path))
-    keys = {label: f.read_summary().comparable_key for label, f in folders.items()}
+        if not sep or not label or label == "alone" or label in specs:
+            ap.error(f"--run {spec!r}: write LABEL=FOLDER, one label per run, not 'alone'")
+        specs[label] = Path(path)
+    runs = {label: _read(label, path) for label, path in specs.items()}
+    keys = {label: r.summary.comparable_key for label, r in runs.items()}
     if len(set(keys.values())) != 1:
-        raise SystemExit(f"transfer_table: the runs differ in comparable key (model, data, prompt or decoding): {keys}")
+        raise RunFolderError(f"transfer_table: the runs differ in comparable key (model, data, prompt or decoding): "
+                             f"{keys}")
     entry_answers = None
     if args.library is not None:
-        libs = {label: (f.read_manifest().get("inputs", {}).get("library") or {}).get("manifest_sha256")
-                for label, f in folders.items() if label != "alone"}
+        libs = {label: (r.manifest.get("inputs", {}).get("library") or {}).get("manifest_sha256")
+                for label, r in runs.items() if label != "alone"}
         if len(set(libs.values())) != 1:
-            raise SystemExit(f"transfer_table: the graft runs grafted from different libraries: {libs}")
+            raise LibraryError(f"transfer_table: the graft runs grafted from different libraries (or none): {libs}; "
+                               "--library needs runs of one library")
         entry_answers = library_answers(args.library, next(iter(libs.values())))
-    rows = {label: f.read_rows() for label, f in folders.items()}
+    rows = {label: r.rows for label, r in runs.items()}
     t = table(rows.pop("alone"), rows, entry_answers)
     text = markdown(t)
     emit_table(text, t, args.json, args.markdown)

@@ -66,7 +66,6 @@ from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-from rich.console import Console  # noqa: E402
 from rich.progress import (  # noqa: E402
     BarColumn,
     MofNCompleteColumn,
@@ -77,6 +76,7 @@ from rich.progress import (  # noqa: E402
 )
 from rich.table import Table  # noqa: E402
 
+from harness.errors import console as terminal_console  # noqa: E402
 from harness.experiments.text import DEFAULT_PROBLEMS, build_samples, prefix_lengths, problem_texts  # noqa: E402
 from kvstore.determinism import add_arguments, from_arguments  # noqa: E402
 
@@ -168,8 +168,8 @@ def verify_stepwise(args: argparse.Namespace) -> int:
     def start_worker() -> RestoreWorker:
         return RestoreWorker(ModelSpec.backend(args.backend, **settings), store.root, log_path=tmp / "worker.log")
 
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    err = Console(stderr=True)
+    console = terminal_console(width=None if sys.stdout.isatty() else 150)
+    err = terminal_console(stderr=True)
     t_start = time.perf_counter()
     texts = problem_texts(args.problems)
 

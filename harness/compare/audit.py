@@ -26,11 +26,12 @@ from harness.compare.comparison import COMPARISON, comparison
 from harness.compare.pairing import Pairing, pair_folders
 from harness.compare.plan import Plan
 from harness.errors import RunFolderError
-from harness.record.audit import RunCheck, audit, diff_values
-from harness.record.folder import RunFolder
+from harness.record.audit import RunCheck, audit, diff_values, refusal
+from harness.record.folder import FinishedRun, RunFolder
 from harness.record.rows import Summary, run_group
 
-__all__ = ["BINDING_FIELDS", "MACHINE_FIELDS", "ComparisonCheck", "audit_comparison", "locate_runs"]
+__all__ = ["BINDING_FIELDS", "MACHINE_FIELDS", "AuditedComparison", "ComparisonCheck", "audit_comparison",
+           "audited_comparison", "locate_runs"]
 
 _MAX_FIELD_MESSAGES = 30
 #: What the machine was like while the job ran (load average per run, the library's build): recorded in
@@ -203,3 +204,30 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+@dataclass(frozen=True)
+class AuditedComparison:
+    """A compare folder that re-checked (:func:`audited_comparison`): comparison.json as read, and each run it lists
+    (label -> its records, read from the folder that was re-checked)."""
+
+    path: Path
+    raw: dict[str, Any]
+    runs: dict[str, FinishedRun]
+
+
+def audited_comparison(compare_dir: str | Path, reader: str) -> AuditedComparison:
+    """comparison.json and the records of every run it lists, read only after :func:`audit_comparison` re-checks the
+    whole (every run audited, bound to the comparison, every figure recomputed): what a reader that reports or logs
+    a comparison's figures reads (log-run, the table scripts). A RunFolderError in one line naming the first
+    difference (`reader` says who refuses) when it does not re-check, or when comparison.json is missing."""
+    path = Path(compare_dir)
+    if not path.joinpath(COMPARISON).is_file():
+        raise RunFolderError(f"{path}: no {COMPARISON}; {reader} reads a finished compare folder "
+                             "(runs/compare/<stamp>/, python -m harness.compare)")
+    check = audit_comparison(path)
+    if not check.ok:
+        raise RunFolderError(refusal(path, check.findings, reader))
+    raw = RunFolder(path).read_json(COMPARISON)
+    runs = {label: RunFolder(found).finished() for label, (found, _) in locate_runs(path, raw).items()}
+    return AuditedComparison(path, raw, runs)

@@ -66,6 +66,7 @@ from harness.record.rows import Summary
 from harness.run.conditions import Baseline, condition_class
 from harness.run.loop import comparable_key, console, rows_depend_on_batch, run_rows
 from harness.task.chat import chat_frame
+from harness.task.problems import check_problem_sets
 from harness.tracking.store import default_tracking_uri
 from kvstore import enter_profile
 
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> Comparison:
     enter_profile(c.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(c.project_root)
     runs = root / c.runs_dir
+    check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
     fm = load_model(c)
     if plan.pairs and rows_depend_on_batch(fm, c.run.in_flight):
         raise ConfigError(

@@ -155,19 +155,18 @@ def log_comparison(path: Path, comparison: Comparison, *, tracking_uri: str, exp
     "Compared in" link at the end of its description, and :func:`run_metrics` (not ``mlflow.parentRunId``: nested
     runs hide under a parent row whose headline columns are "-"; the headline view lists them flat).
     The compare job gives the records of its runs (`records`: label -> FinishedRun) and their MLflow run ids
-    (`run_ids`), so nothing is read back; without them (a later re-log) each folder is read, its run id from its
-    ``tracking.json``. Returns the run id."""
+    (`run_ids`), so nothing is read back; without them (a later re-log) each folder is read after it re-checks (a
+    RunFolderError naming the first difference otherwise), its run id from its ``tracking.json``. Returns the run id."""
     from harness.compare import per_problem as pp
     from harness.compare.plots import comparison_plots
     from harness.compare.summary_page import SUMMARY_PAGE, write_summary_page
 
     path = Path(path)
     folders = {label: RunFolder(p) for label, p in comparison.runs.items()}
-    if records is None:
-        records = {}
-        for label, folder in folders.items():
-            with contextlib.suppress(RunFolderError):
-                records[label] = folder.finished()
+    if records is None:  # a later re-log: each run re-checked first (harness.record.audit.audited), never as found
+        from harness.record.audit import audited
+
+        records = {label: audited(folder, "MLflow logging of the comparison") for label, folder in folders.items()}
     if run_ids is None:
         tracked = {label: folder.read_tracking() for label, folder in folders.items()}
         run_ids = {k: t["run_id"] for k, t in tracked.items()

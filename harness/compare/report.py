@@ -4,8 +4,10 @@
     python -m harness.compare.report RUN [--out DIR] [--tracking-uri URI] [--experiment NAME] [--no-mlflow]
 
 :func:`sweep_table` reads every complete run folder under RUN (``RunFolder.find``) into one pandas table, one
-row per run: the config keys that differ between the runs (the sweep's axes), condition and group, accuracy
-with its 95% interval, tokens, time and energy (``NaN`` + status where energy was unavailable, never 0).
+row per run, each only after it re-checks (harness.record.audit.audited, the audit behind `make rescore`: an edited
+folder stops the report, naming its first difference; no figure of it is reported): the config keys that differ
+between the runs (the sweep's axes), condition and group, accuracy with its 95% interval, tokens, time and energy
+(``NaN`` + status where energy was unavailable, never 0).
 :func:`write_report` writes ``report.csv``, ``report.md`` and four plots (accuracy with intervals, decode
 tokens per attempt, wall time per attempt, energy) into ``<RUN>/report/`` (or --out), then logs them to
 MLflow as a run named ``report | <RUN>`` with the table as ``report_table.json``. A sweep whose multirun.yaml lists
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.compare.plots import accuracy_plot, bar_plot
-from harness.errors import HarnessError, RunFolderError, exit_on_error
+from harness.errors import HarnessError, RunFolderError, exit_on_error, plain
+from harness.errors import console as terminal_console
+from harness.record.audit import audited
 from harness.record.folder import RunFolder
 from harness.record.hashing import atomic_write_text
 from harness.record.rows import run_group
@@ -50,14 +54,15 @@ def sweep_table(root: Path) -> Any:
     if not folders:
         raise RunFolderError(f"{root}: no complete run folder (with manifest.json) under it; pass a multirun or "
                              "runs folder, e.g. make report RUN=runs/multirun/<stamp>")
-    raw = [f.read_config() for f in folders]
+    runs = [audited(f, "the report") for f in folders]  # re-checked, then read: one record per folder
+    raw = [r.config for r in runs]
     configs = [_flat(c) for c in raw]
     keys = sorted({k for c in configs for k in c})
     varying = [k for k in keys if not k.startswith(_IGNORED_KEYS)
                and len({repr(c.get(k)) for c in configs}) > 1]
     records = []
-    for folder, config, raw_config in zip(folders, configs, raw, strict=True):
-        s = folder.read_summary()
+    for folder, config, raw_config, run in zip(folders, configs, raw, runs, strict=True):
+        s = run.summary
         n, joules, group = max(1, s.scores.n_rows), s.energy.joules, run_group(s, raw_config)
         records.append({
             "run": folder.path.relative_to(root).as_posix() if folder.path != root else folder.name,
@@ -136,7 +141,6 @@ def write_report(root: Path, out: Path | None = None) -> tuple[Any, list[Path]]:
 def print_table(df: Any, title: str) -> None:
     """The sweep in the terminal: one row per job with its headline figures (the whole table is report.md)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title_justify="left",
@@ -147,7 +151,7 @@ def print_table(df: Any, title: str) -> None:
         job = str(r["run"]) + (f" ({r['group']})" if r.get("group") else "")
         t.add_row(job, str(r["n"]), f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]",
                   f"{r['decode_per_attempt']:.1f}", f"{r['wall_per_attempt_s']:.2f}")
-    Console().print(t)
+    terminal_console().print(t)
 
 
 @exit_on_error
@@ -170,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     note = partial_note(args.run)
     print_table(df, f"report over {len(df)} jobs: {args.run}" + (" (PARTIAL)" if note else ""))
     if note:
-        print(note)
-    print("written:", *[str(f) for f in files], sep="\n  ")
+        print(plain(note))
+    print("written:", *[plain(str(f)) for f in files], sep="\n  ")
     if not args.no_mlflow:
         uri = args.tracking_uri or default_tracking_uri(Path(__file__).resolve().parents[2] / "runs")
         run_id = log_report(args.run, df, files, tracking_uri=uri, experiment=args.experiment)

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.compare.comparison import Comparison, Factors, PairResult, RunFigures
+from harness.errors import console as terminal_console
 
 __all__ = ["WIDE_COLUMNS", "load_warning", "print_comparison", "printable"]
 
@@ -181,7 +182,7 @@ def print_comparison(title: str, result: Comparison, *, misses: Sequence[str] = 
                      reprint: str | None = None) -> None:
     """Print the comparison (module docstring) to `console` (default: a terminal-width console); text that comes
     from the data (the title, the misses' problem ids) passes through `printable`."""
-    console = console or Console()
+    console = console or terminal_console()
     title = printable(title)
     plan = result.plan
     result = dataclasses.replace(result, summaries=result.ordered())  # the plan's order (the file sorts its keys)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError, PairingError, exit_on_error
+from harness.errors import ConfigError, PairingError, exit_on_error, plain
 
 
 def _totals(rows: list[Any]) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def print_table(result: dict[str, Any]) -> None:
     print("-" * len(head))
     for pid, e in [*result["problems"].items(), ("total", result["total"])]:
         b, g, f = e["baseline"], e["graft"], e["factor"]
-        print(f"{pid:<10} {b['rows']:>7} {b['correct']:>7} {g['correct']:>8} {b['decode_tokens']:>9,} "
+        print(f"{plain(pid):<10} {b['rows']:>7} {b['correct']:>7} {g['correct']:>8} {b['decode_tokens']:>9,} "
               f"{g['decode_tokens']:>9,} {f['decode_tokens'] or 0:>8,.1f} {b['wall_s']:>11,.1f} {g['wall_s']:>12,.1f} "
               f"{f['wall_s'] or 0:>7,.1f} {b['cpu_s']:>10,.1f} {g['cpu_s']:>11,.1f} {f['cpu_s'] or 0:>7,.1f}")
     t = result["total"]
@@ -103,9 +103,9 @@ def print_table(result: dict[str, Any]) -> None:
               f"{budget / g if g else 0:,.1f}x")
     if result.get("selection"):
         sel = result["selection"]
-        print(f"selection: {sel['rule']}: {len(sel['chosen'])} of the first {sel['considered']}; skipped (solved): "
-              f"{', '.join(sel['solved_skipped']) or 'none'}; skipped (no entry): "
-              f"{', '.join(sel['not_held_skipped']) or 'none'}")
+        print(plain(f"selection: {sel['rule']}: {len(sel['chosen'])} of the first {sel['considered']}; skipped "
+                    f"(solved): {', '.join(sel['solved_skipped']) or 'none'}; skipped (no entry): "
+                    f"{', '.join(sel['not_held_skipped']) or 'none'}"))
     print(f"baseline stops eos/stop/length {t['baseline']['stops']}; graft {t['graft']['stops']}")
     e = t["factor"]["energy_j"]
     print(f"energy: x{e:.1f}" if e else f"energy: {t['baseline']['energy_status']}")
@@ -141,12 +141,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from harness.record.hashing import write_json
     from harness.run.loop import comparable_key, console, rows_depend_on_batch, run_rows
     from harness.task.chat import chat_frame
+    from harness.task.problems import check_problem_sets
 
     cfg = compose_config([experiment, *overrides])
     c = typed(cfg)
     root = Path(c.project_root)
     runs = root / c.runs_dir
     t0, load0 = time.perf_counter(), os.getloadavg()
+    check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
     be = load_model(c)
     if with_incontext and rows_depend_on_batch(be, c.run.in_flight):
         raise ConfigError(f"--incontext with run.in_flight={c.run.in_flight} on the {be.name} backend: "

@@ -48,6 +48,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from harness.errors import console as terminal_console  # noqa: E402
 from harness.experiments.registry import (  # noqa: E402
     DEFAULT_REGISTRY,
     REGISTRY_FORMAT,
@@ -193,13 +194,12 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_profile(args: argparse.Namespace) -> int:
     """Replay (or register) one profile in this process; its kernel variables are entered first."""
-    from rich.console import Console
 
     from kvstore import enter_profile
 
     profile, batch_invariant = registry_mode(args.profile)
     enter_profile(profile)  # re-executes this command with the profile's variables when they are not set
-    console = Console(width=None if sys.stdout.isatty() else 130)
+    console = terminal_console(width=None if sys.stdout.isatty() else 130)
     registry_path = Path(args.registry)
     reg = read_registry(registry_path)
     params = reg.get("params") if reg and not args.register else _params(args)

@@ -1,6 +1,7 @@
 """`python -m harness.export RUN --format lm-eval|every-eval-ever [--out DIR]`: write a finished run's rows in another
 tool's per-sample format (harness/export/). The run folder is read, never written; the files go to --out
-(default runs/export/<run folder name>/<format>/). Exit 2 when the folder is not a finished run."""
+(default runs/export/<run folder name>/<format>/).
+Exit 2 when the folder is not a finished run or does not re-check (it is audited first, as `make rescore` does)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, plain
 from harness.export.run import FORMATS, export_run
 
 
@@ -23,10 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = export_run(args.run_dir, args.format, out)
     except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {plain(str(exc))}", file=sys.stderr)
         return 2
     for f in files:
-        print(f)
+        print(plain(str(f)))
     return 0
 
 

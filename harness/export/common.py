@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import RunFolderError
-from harness.record.folder import FinishedRun, RunFolder
+from harness.record.audit import audited
+from harness.record.folder import FinishedRun
 from harness.record.rows import Row
 
 __all__ = ["Exported", "provenance"]
@@ -30,15 +31,14 @@ class Exported:
 
     @classmethod
     def read(cls, run_dir: str | Path) -> Exported:
-        folder = RunFolder(Path(run_dir))
-        if not folder.is_complete():
-            raise RunFolderError(f"{folder.path}: not a finished run folder (no manifest.json); export a folder "
-                                 "that `make rescore` accepts")
-        run = folder.finished()
+        """The run, read only after it re-checks (harness.record.audit.audited, what `make rescore` runs): an edited
+        folder is refused naming its first difference, so no exported sample carries an edited score beside the
+        hashes of the unedited row."""
+        run = audited(run_dir, "the export")
         entries = list((run.manifest.get("outputs") or {}).get("rows") or [])
         if len(entries) != len(run.rows) or any((e.get("problem_id"), e.get("sample")) != (r.problem_id, r.sample)
                                                  for e, r in zip(entries, run.rows, strict=False)):
-            raise RunFolderError(f"{folder.path}: manifest.json outputs.rows do not list outputs.jsonl's rows in "
+            raise RunFolderError(f"{run.folder.path}: manifest.json outputs.rows do not list outputs.jsonl's rows in "
                                  "order; run `make rescore RUN=...` to see what changed")
         return cls(run, entries)
 

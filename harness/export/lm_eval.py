@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,15 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")
+
+
 def samples_file(ex: Exported) -> str:
-    """`samples_<task>_<time>.jsonl`, the time lm-eval's way (ISO 8601 with ':' as '-'): the run's end."""
-    when = ex.run.summary.finished_at or ex.run.folder.name
-    return f"samples_{ex.task()}_{when.replace(':', '-')}.jsonl"
+    """`samples_<task>_<time>.jsonl`, the time lm-eval's way (ISO 8601 with ':' as '-'): the run's end. One file
+    name, never a path: a character a file name cannot hold safely (the `/` of a hub dataset name such as
+    `org/aime`, a control character) is written `_`; the task keeps its name inside the file."""
+    when = (ex.run.summary.finished_at or ex.run.folder.name).replace(":", "-")
+    return f"samples_{_UNSAFE.sub('_', ex.task())}_{_UNSAFE.sub('_', when)}.jsonl"
 
 
 def _gen_kwargs(ex: Exported) -> dict[str, Any]:

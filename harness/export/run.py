@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.errors import RunFolderError
+from harness.errors import RunFolderError, storage_error
 from harness.export.common import Exported
 from harness.export.every_eval_ever import write as write_every_eval_ever
 from harness.export.lm_eval import write as write_lm_eval
@@ -23,5 +23,10 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path) -> list[Path]:
     if fmt not in WRITERS:
         raise RunFolderError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return WRITERS[fmt](Exported.read(run_dir), out)
+    run = Exported.read(run_dir)  # audited first: nothing is written for a folder that does not re-check
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return WRITERS[fmt](run, out)
+    except OSError as exc:
+        raise storage_error(exc, out, "writing the export") or RunFolderError(
+            f"{out}: cannot write the export there ({exc.strerror or exc}); pass another --out") from None

@@ -50,12 +50,11 @@ from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error, plain
 from harness.library.random_entry import random_other_entry
-from harness.library.source import LIBRARY_FORMAT, check_harvest_run, library_identity, read_candidates
-from harness.record.folder import RunFolder
+from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
 from harness.task.answers import score
 from harness.task.chat import ChatFrame, chat_frame, encode_entry
-from harness.task.problems import Problem, problem_fingerprint
+from harness.task.problems import Problem, check_problem_sets, problem_fingerprint
 from harness.task.prompts import render
 from kvstore import (
     Backend,
@@ -288,13 +287,14 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
         try:
             snap = store.get(aid)
         except KVStoreError as e:
-            print(f"library: store {store.root}: artifact {aid} listed by the index cannot be read ({e}); not reused: "
-                  f"run `kvstore gc --store {store.root}`", file=sys.stderr, flush=True)
+            print(plain(f"library: store {store.root}: artifact {aid} listed by the index cannot be read ({e}); not "
+                        f"reused: run `kvstore gc --store {store.root}`"), file=sys.stderr, flush=True)
             continue
         if list(snap.token_ids) != list(ids) or snap.start_position != 0:
-            print(f"library: store {store.root}: the index row of artifact {aid} says it holds {len(ids)} tokens "
-                  f"with SHA-256 {tokens_sha256(ids)[:12]}, but the artifact holds {snap.token_count} other tokens; "
-                  f"not reused: repair the index with `kvstore gc --store {store.root}`", file=sys.stderr, flush=True)
+            print(plain(f"library: store {store.root}: the index row of artifact {aid} says it holds {len(ids)} tokens "
+                        f"with SHA-256 {tokens_sha256(ids)[:12]}, but the artifact holds {snap.token_count} other "
+                        f"tokens; not reused: repair the index with `kvstore gc --store {store.root}`"),
+                  file=sys.stderr, flush=True)
             continue
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue
@@ -325,9 +325,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
     """Verify, deposit and index every candidate solution on the backend `fm`. Resumable: an entry whose tokens
     are already in the store for this model and these settings is not recomputed. Returns the library folder."""
     store = open_store(lib_cfg.store, project_root)
-    if lib_cfg.source == "harvest" and lib_cfg.harvest_run:  # re-checked, and run by this model (finding 3)
-        check_harvest_run(RunFolder(project_root / lib_cfg.harvest_run), fm)
-    candidates, origin = read_candidates(lib_cfg, project_root)
+    candidates, origin = read_candidates(lib_cfg, project_root, fm)  # a harvest run: re-checked, and by this model
     identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
     identity_sha256 = sha256_json(identity)
     out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
@@ -532,6 +530,7 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
     store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
     lib.entry_ids = _entry_encoder(lib_cfg, fm, project_root, chat)
+    _check_rows_against_source(lib, lib_cfg, fm, project_root)
     if lib.manifest.get("identity_sha256") != identity_sha256:
         recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
         differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
@@ -541,6 +540,30 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
             "remove the folder and rebuild it with `make library`"
         )
     return lib
+
+
+def _check_rows_against_source(lib: Library, lib_cfg, fm: Backend, project_root: Path) -> None:
+    """LibraryError unless every index row says what the library's source says of its entry: the problem id, the
+    problem text (what held-out retrieval searches), its fingerprint and the answer, for an entry id the source makes.
+    The index's own hashes prove only that the rows were sealed, not by whom: a library edited and re-sealed (answers,
+    problem texts) is refused here, naming the first difference, instead of changing retrieval or an answer column
+    silently (issue 51, item 9)."""
+    candidates, _ = read_candidates(lib_cfg, project_root, fm)
+    source = {sha256_hex(f"{problem_fingerprint(p.problem)}\n{solution}".encode())[:16]: p
+              for p, solution in candidates}
+    for i, e in enumerate(lib.entries, start=1):
+        p = source.get(e.entry_id)
+        where = f"{lib.path / 'index.jsonl'}, row {i} (entry {e.entry_id})"
+        if p is None:
+            raise LibraryError(f"{where}: no such entry in the library's source ({lib_cfg.source}); the library was "
+                               "modified and re-sealed: remove the folder and rebuild it with `make library`")
+        for field, recorded, wanted in (("problem_id", e.problem_id, p.id), ("problem", e.problem, p.problem),
+                                        ("problem_fingerprint", e.problem_fingerprint, problem_fingerprint(p.problem)),
+                                        ("answer", str(e.answer), str(p.answer))):
+            if recorded != wanted:
+                raise LibraryError(f"{where}: {field} {str(recorded)[:60]!r} but the library's source says "
+                                   f"{str(wanted)[:60]!r}; the library was modified and re-sealed: remove the folder "
+                                   "and rebuild it with `make library`")
 
 
 def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
@@ -556,7 +579,7 @@ def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
     def ids(entry: Entry) -> tuple[str, list[int]] | None:
         nonlocal texts
         if texts is None:
-            candidates, _ = read_candidates(lib_cfg, project_root)
+            candidates, _ = read_candidates(lib_cfg, project_root, fm)
             texts = {}
             for p, solution in candidates:
                 fp = problem_fingerprint(p.problem)
@@ -582,6 +605,7 @@ def main(argv: list[str] | None = None) -> None:
     enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
     root = Path(cfg.project_root)
     c = typed(cfg)
+    check_problem_sets(c, root, dataset=False)  # its problem file refuses here, before the model is loaded
     fm = load_model(c)
     frame = chat_frame(fm, c.model.chat)
     if redeposit:

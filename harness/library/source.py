@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 LIBRARY_FORMAT = "kvgraft-library/1"
 
 
-def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, str]], str]:
-    """(problem, solution text) pairs and the origin label."""
+def read_candidates(lib_cfg, project_root: Path, fm: Backend | None = None) -> tuple[list[tuple[Problem, str]], str]:
+    """(problem, solution text) pairs and the origin label. A harvest run is re-checked first (`check_harvest_run`:
+    its audit and, given the library's model `fm`, its model)."""
     if lib_cfg.source == "dataset":
         d = lib_cfg.dataset
         path = str(project_root / d.path) if d.path else None
@@ -34,7 +35,7 @@ def read_candidates(lib_cfg, project_root: Path) -> tuple[list[tuple[Problem, st
         if not lib_cfg.harvest_run:
             raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
         run = RunFolder(project_root / lib_cfg.harvest_run)
-        check_harvest_run(run)
+        check_harvest_run(run, fm)
         try:
             probs = {r["id"]: r for r in run.read_problems()}
             rows = run.read_rows()
@@ -70,15 +71,22 @@ def check_harvest_run(run: RunFolder, fm: Backend | None = None) -> None:
     if fm is None:
         return
     try:
-        manifest = run.read_manifest()
+        inputs = run.read_manifest().get("inputs")
     except HarnessError as e:
         raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
+    inputs = inputs if isinstance(inputs, dict) else {}
     for key, mine in (("model_fingerprint", fm.fingerprint), ("tokenizer_fingerprint", fm.tokenizer_fingerprint)):
-        if manifest.get(key) != mine:
+        theirs = inputs.get(key)  # where a run records it (harness.record.manifest): manifest.json inputs.<key>
+        if not isinstance(theirs, str) or not theirs:  # absent evidence is not evidence: no record, no harvest
             raise LibraryError(
-                f"harvest run {run.path}: its {key} {str(manifest.get(key))[:12]} is not the library model's "
-                f"{mine[:12]} ({fm.model_name}): the harvest loop grafts a model's own verified solutions; harvest "
-                "with this model, or build the library with the harvest run's model")
+                f"harvest run {run.path}: manifest.json inputs.{key} is missing, so the model that wrote its rows "
+                f"cannot be told; the harvest loop grafts a model's own verified solutions: harvest from a run made "
+                f"by this harness with {fm.model_name}")
+        if theirs != mine:
+            raise LibraryError(
+                f"harvest run {run.path}: its {key} {theirs[:12]} (manifest.json inputs.{key}) is not the library "
+                f"model's {mine[:12]} ({fm.model_name}): the harvest loop grafts a model's own verified solutions; "
+                "harvest with this model, or build the library with the harvest run's model")
 
 
 def library_identity(lib_cfg, fm: Backend, project_root: Path,
@@ -89,7 +97,7 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
     columns, limit; or the harvested run and its manifest SHA-256), the entry template, the model and tokenizer.
     Its SHA-256 names the library's folder and is checked when the library is opened."""
     if candidates is None:
-        candidates, _ = read_candidates(lib_cfg, project_root)
+        candidates, _ = read_candidates(lib_cfg, project_root, fm)  # a harvest run: by this model, or refused
     if lib_cfg.source == "dataset":
         d = lib_cfg.dataset
         path = project_root / d.path if d.path else None

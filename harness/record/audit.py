@@ -18,21 +18,34 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.errors import RunFolderError
 from harness.record.figures import TOKEN_KINDS
-from harness.record.folder import CONFIG, MANIFEST, OUTPUTS, PROBLEMS, SUMMARY, RunFolder
+from harness.record.folder import (
+    CONFIG,
+    MANIFEST,
+    OUTPUTS,
+    PARTIAL,
+    PROBLEMS,
+    RESUME,
+    SUMMARY,
+    FinishedRun,
+    RunFolder,
+)
 from harness.record.hashing import sha256_hex, sha256_json
 from harness.record.manifest import MANIFEST_FORMAT, completion_sha256, token_ids_sha256
 from harness.record.metrics import LATE_SCORE_KEYS, summarize_groups, summarize_scores
 from harness.record.rows import STOP_REASONS, SUMMARY_FORMAT, Group, legacy_row_group
-from harness.task.trace import resolve_trace, score_traced
+from harness.task.trace import opening_of, resolve_trace, score_traced
 
-__all__ = ["RunCheck", "audit", "diff_values"]
+__all__ = ["RunCheck", "audit", "audited", "diff_values", "refusal"]
 
 _SCORE_FIELDS = ("extracted", "answer", "correct")
 _MAX_ROW_MESSAGES = 20  # per check, so a wholesale corruption does not print 10,000 lines
+_SEE_ROWS = "see the row messages for where"  # the whole-file finding of outputs.jsonl, whose rows say where
+_SEE_FIELDS = "see the field messages for which"  # the whole-file finding of summary.json, whose fields say which
 _REL_TOL = 1e-9  # summary floats are re-derived; allow last-ulp libm differences across machines
 
 
@@ -244,7 +257,8 @@ def _check_row_inputs(line_no: int, row: dict[str, Any], problems_by_id: dict[st
         found.add_row("artifact", f"{label}: artifact_id {artifact_id!r} is not in manifest inputs.artifacts")
 
 
-def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings) -> dict[str, Any]:
+def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings,
+                 opening: str | None = None) -> dict[str, Any]:
     """Re-score the row's completion, report disagreements with the row and manifest; return the
     row with the fresh ``extracted``/``answer``/``correct`` (unchanged if it cannot be scored)."""
     label = _row_label(line_no, row)
@@ -254,7 +268,7 @@ def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings
     close = row.get("trace_close")
     fields = _SCORE_FIELDS if close is None else (*_SCORE_FIELDS, "overlong")
     try:
-        fresh = score_traced(completion, gold, str(row.get("stop_reason")), close)
+        fresh = score_traced(completion, gold, str(row.get("stop_reason")), close, opening)
     except Exception as exc:  # noqa: BLE001 - any scorer failure is a finding about this row
         found.add_row("score", f"{label}: re-scoring failed ({type(exc).__name__}: {exc}); check gold_answer")
         return row
@@ -272,6 +286,23 @@ def _rescore_row(line_no: int, row: dict[str, Any], entry: Any, found: _Findings
                 f"manifest.json outputs.rows[{line_no - 1}] ({row.get('problem_id')!r}, sample "
                 f"{row.get('sample')!r}): '{name}' is {entry.get(name)!r} but re-scoring gives {value!r}")
     return {**row, **{name: getattr(fresh, name) for name in fields}}
+
+
+def _trace_opening(config: dict[str, Any], closes: set[Any], found: _Findings) -> str | None:
+    """The opening delimiter a custom pair (`model.trace='OPEN CLOSE'`) names, for re-scoring (a named pair's follows
+    from its closing delimiter: harness.task.trace.opening_of); a finding when rows are scored after a closing
+    delimiter of no named pair and config.yaml, which names its opening one, is missing: whether a trace was
+    re-opened after its last close cannot be told without it."""
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    setting = model.get("trace")
+    if isinstance(setting, str) and len(setting.split()) == 2:
+        return setting.split()[0]
+    custom = sorted(str(c) for c in closes if c is not None and opening_of(str(c)) is None)
+    if custom and not config:
+        found.add(f"outputs.jsonl: rows are scored after trace_close {custom} and config.yaml, which names its "
+                  "opening delimiter, is missing: a trace re-opened after its last close cannot be told from an "
+                  "answer; restore config.yaml")
+    return None
 
 
 def _check_trace(config: dict[str, Any], rows: list[dict[str, Any]], found: _Findings) -> None:
@@ -416,13 +447,14 @@ def audit(folder: RunFolder) -> RunCheck:
     # 3. outputs.jsonl bytes, then row by row
     if sha256_hex(outputs_bytes) != outputs.get("outputs_sha256"):
         found.add("outputs.jsonl: SHA-256 of the file differs from manifest outputs.outputs_sha256; the file was "
-            "changed after the run (see the row messages for where): restore it or re-run")
+            f"changed after the run ({_SEE_ROWS}): restore it or re-run")
     parsed = _parse_jsonl(outputs_bytes, "outputs.jsonl", found)
     entries = outputs.get("rows") if isinstance(outputs.get("rows"), list) else []
     if len(parsed) != len(entries):
         found.add(f"outputs.jsonl: {len(parsed)} lines but manifest outputs.rows lists {len(entries)}; "
             "rows were added or removed after the run")
     artifacts = {str(a) for a in inputs.get("artifacts") or []}
+    opening = _trace_opening(config, {r.get("trace_close") for _, r in parsed if r is not None}, found)
     rows: list[dict[str, Any]] = []
     rescored: list[dict[str, Any]] = []
     for line_no, row in parsed:
@@ -432,7 +464,7 @@ def audit(folder: RunFolder) -> RunCheck:
         entry = entries[line_no - 1] if line_no - 1 < len(entries) else None
         _check_row_hashes(line_no, row, entry, found)
         _check_row_inputs(line_no, row, problems_by_id, artifacts, found)
-        fresh = _rescore_row(line_no, row, entry, found)
+        fresh = _rescore_row(line_no, row, entry, found, opening)
         if grouped and "group" not in row:  # rows written before the group field: the same one rule
             fresh["group"] = _row_group(row, run_group)
         rescored.append(fresh)
@@ -444,7 +476,7 @@ def audit(folder: RunFolder) -> RunCheck:
         found.add(f"summary.json: format is {summary.get('format')!r}, expected {SUMMARY_FORMAT!r}")
     if sha256_json(summary) != outputs.get("summary_sha256"):
         found.add("summary.json: SHA-256 differs from manifest outputs.summary_sha256; the summary was edited "
-            "after the run: restore it or re-run")
+            f"after the run ({_SEE_FIELDS}, if any): restore it or re-run")
     recorded_scores = summary.get("scores") if isinstance(summary.get("scores"), dict) else {}
     scores = _recompute(lambda: summarize_scores(rescored), "scores", found) or {}
     if scores:
@@ -472,3 +504,32 @@ def audit(folder: RunFolder) -> RunCheck:
         n_rows=len(rows),
         scores=scores,
         recorded_scores=recorded_scores)
+
+
+def refusal(where: Path | str, findings: list[str], reader: str) -> str:
+    """The one line a reader gives for a folder that does not re-check: its first difference (the first finding that
+    names where: a row, a field; the whole-file hashes of outputs.jsonl and summary.json say only that the file
+    changed), how many more, and what to do."""
+    first = next((f for f in findings if _SEE_ROWS not in f and _SEE_FIELDS not in f), findings[0])
+    more = f" (and {len(findings) - 1} more findings)" if len(findings) > 1 else ""
+    return (f"{where} does not re-check: {first}{more}; it was modified after it was written, so {reader} "
+            f"does not read it: see `make rescore RUN={where}`, restore the folder or re-run")
+
+
+def audited(path: str | Path | RunFolder, reader: str) -> FinishedRun:
+    """The records of a finished run folder, read only after it re-checks through :func:`audit` (what `make rescore`
+    runs): every reader that reports or exports a figure of a run (export, transfer_table, report, log-run, harvest)
+    takes its rows from here. `reader` names the reader in the refusal. A RunFolderError in one line when the folder
+    is missing, unfinished (an interrupted run's rows are not figures), or does not re-check (naming the first
+    difference); nothing is read from a folder that was edited."""
+    folder = path if isinstance(path, RunFolder) else RunFolder(Path(path))
+    if not folder.path.is_dir():
+        raise RunFolderError(f"{folder.path}: no such run folder; {reader} reads a finished run folder "
+                             "(runs/<condition>/<stamp>/, holding manifest.json)")
+    if not folder.file(MANIFEST).exists() and (folder.file(RESUME).exists() or folder.file(PARTIAL).exists()):
+        raise RunFolderError(f"{folder.path}: an unfinished run (no manifest.json; its rows are in {PARTIAL}); "
+                             f"{reader} reads finished runs only: re-run its command to finish it")
+    check = audit(folder)
+    if not check.ok:
+        raise RunFolderError(refusal(folder.path, check.findings, reader))
+    return folder.finished()

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from tqdm import tqdm
@@ -45,6 +44,7 @@ from harness.config.identity import RunIdentity
 from harness.config.model import load_model
 from harness.config.schema import Config, recorded, typed
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
+from harness.errors import console as terminal_console
 from harness.record.folder import FinishedRun, RunFolder
 from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_label
 from harness.run.conditions import CONDITIONS, build_condition
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 # logs and pipes get full tables (140 columns) unless COLUMNS says how wide the reader is
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
+console = terminal_console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)  # data escaped
 NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true lets grafts of artifacts deposited "
              "in another compute environment through")
 
@@ -194,7 +194,7 @@ def _done_prefix(rows: list[Row], jobs: list[tuple[Problem, list[int]]], folder:
 
 
 def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: tuple[str, ...],
-                 contexts: dict[str, Any], close: str | None = None) -> str | None:
+                 contexts: dict[str, Any], close: str | None = None, opening: str | None = None) -> str | None:
     """What is wrong with a resumed row of `problem`, or None when it checks: its condition and group, its prompt
     and context token ids (the condition's context, recomputed without the model), its completion re-decoded from
     its token ids and cut at the first stop string, its token count, and its score recomputed from that text."""
@@ -217,7 +217,7 @@ def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: 
         return "its completion text is not the decoding of its token ids"
     if c.stop_reason not in STOP_REASONS or c.decode_tokens != len(c.token_ids) + (c.stop_reason == "eos"):
         return f"stop reason {c.stop_reason!r} / decode_tokens {c.decode_tokens} disagree with its token ids"
-    s = score_traced(text, problem.answer, c.stop_reason, close)
+    s = score_traced(text, problem.answer, c.stop_reason, close, opening)
     if row.trace_close != close or (row.overlong is not None and row.overlong != s.overlong):
         return f"its trace (closing {row.trace_close!r}, overlong {row.overlong}) is not this run's ({close!r})"
     if (row.gold, row.extracted, row.answer, row.correct) != (problem.answer, s.extracted, s.answer, s.correct):
@@ -227,7 +227,8 @@ def _row_problem(row: Row, problem: Problem, condition: Any, be: Backend, stop: 
 
 
 def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condition: Any, be: Backend,
-                  stop: tuple[str, ...], folder: RunFolder, close: str | None = None) -> tuple[list[Row], str | None]:
+                  stop: tuple[str, ...], folder: RunFolder, close: str | None = None,
+                  opening: str | None = None) -> tuple[list[Row], str | None]:
     """The resumed rows up to the first whole job holding a row that does not check (`_row_problem`), and a line
     saying which row failed and how many rows are recomputed (None when all check)."""
     by_id = {p.id: p for p, _ in jobs}
@@ -236,7 +237,7 @@ def _checked_rows(rows: list[Row], jobs: list[tuple[Problem, list[int]]], condit
     for _, samples in jobs:
         job = rows[n:n + len(samples)]
         for r in job:
-            why = _row_problem(r, by_id[r.problem_id], condition, be, stop, contexts, close)
+            why = _row_problem(r, by_id[r.problem_id], condition, be, stop, contexts, close, opening)
             if why is not None:
                 return rows[:n], (f"{folder.file('outputs.partial.jsonl')}: {r.problem_id} sample {r.sample} does "
                                   f"not check ({why}): it and the {len(rows) - n - 1} rows after it are dropped "
@@ -319,7 +320,8 @@ def run_rows(
     try:
         if done:
             rows, dropped = _checked_rows(_done_prefix(done, jobs, folder), jobs, condition, fm,
-                                          tuple(c.prompt.stop), folder, trace.close if trace else None)
+                                          tuple(c.prompt.stop), folder, trace.close if trace else None,
+                                          trace.open if trace else None)
             if len(rows) != len(done):
                 folder.keep_rows(rows)
             if dropped:
@@ -409,7 +411,7 @@ def _decode(
     """Decode every job past the rows already done, appending each row to the folder as it finishes (scored after
     the `trace`'s closing delimiter when there is one); returns all rows (`rows` itself, extended as rows finish),
     the run's energy reading, its start (perf counter) and start time."""
-    close = trace.close if trace else None
+    close, opening = (trace.close, trace.open) if trace else (None, None)
     meter, run_meter = make_meter(c.energy.meter), make_meter(c.energy.meter)
     t_run, started_at = time.perf_counter(), datetime.now(UTC).isoformat()
     run_meter.start()
@@ -454,7 +456,7 @@ def _decode(
                 problem, samples = jobs[i]
                 new = [Row.scored(
                     problem.id, sample, condition.name, condition.group, completion, problem.answer,
-                    score_traced(completion.text, problem.answer, completion.stop_reason, close),
+                    score_traced(completion.text, problem.answer, completion.stop_reason, close, opening),
                     wall_s=round(wall, 6), cpu_s=round(cpu, 6), energy_j=joules, energy_status=energy.status,
                     trace_close=close,
                 ) for sample, completion in zip(samples, completions, strict=True)]

@@ -334,3 +334,18 @@ def _validate(row: dict[str, Any], at: str, cols: dict[str, str], seen: dict[str
     source = {k: v for k, v in row.items() if k not in used and v is not None}
     source = {k: (v if isinstance(v, (str, int, float, bool, list, dict)) else str(v)) for k, v in source.items()}
     return Problem(id=pid, problem=text, answer=answer, solution=solution or None, source=source)
+
+
+def check_problem_sets(c: Any, root: Path, dataset: bool = True) -> None:
+    """Read and validate every problem set a job with the typed config `c` reads (its dataset, unless `dataset` is
+    false: the library build reads only its own; its library's, when built from one): a ProblemError naming the file
+    (missing, unreadable, a bad row) before the job loads a model or opens or builds a library, never after (a job
+    that would refuse anyway spends nothing first)."""
+    sets = [("dataset", c.dataset)] if dataset else []
+    library = getattr(c, "library", None)
+    if library is not None and getattr(library, "source", None) == "dataset":
+        sets.append(("library.dataset", library.dataset))
+    for name, d in sets:
+        if not d.path and not d.hub_id:
+            raise ProblemError(f"{name}: no problem set given: set {name}.path (a local file) or {name}.hub_id")
+        load_problems(str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit)

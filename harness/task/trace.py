@@ -11,10 +11,14 @@ no answer, told apart from a wrong one. `model.trace` names the delimiters (harn
     s = score_traced(text, gold, stop_reason, trace.close)  # Score with overlong set
 
 The rule (NeMo-Skills' `parse_reasoning`, `end_reasoning_string`): the answer is extracted from the text after the
-LAST closing delimiter; a completion without one has no answer, and is `overlong` when it stopped at the budget
-(stop reason "length"), else (the model ended, or a stop string cut it, inside the trace) it is only unanswered.
-The opening delimiter is not needed to score (an R1 distill's template opens the trace in the prompt itself); it
-is recorded for readers and exports. A row scored under a trace carries `trace_close` and `overlong` (RUN_FORMAT.md),
+LAST closing delimiter; a completion that ends inside a trace has no answer, and is `overlong` when it stopped at the
+budget (stop reason "length"), else (the model ended, or a stop string cut it, inside the trace) it is only
+unanswered. It ends inside a trace when no closing delimiter was written, or when the opening delimiter follows the
+last closing one (the trace re-opened and never closed again: `<think>x</think> 324 <think> 7` has no answer, and cut
+by the budget it is overlong; what it wrote after re-opening is reasoning, not an answer). A completion need not open
+its trace (an R1 distill's template opens it in the prompt itself). The opening delimiter of a named pair follows
+from its closing one (`opening_of`); a custom pair's is passed by whoever scores (the run, the audit from the run's
+config.yaml). A row scored under a trace carries `trace_close` and `overlong` (RUN_FORMAT.md),
 so its score is recomputed from the row alone.
 """
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from harness.errors import ConfigError
 from harness.task.answers import Score, score
 
-__all__ = ["KNOWN_TRACES", "Trace", "after_trace", "resolve_trace", "score_traced"]
+__all__ = ["KNOWN_TRACES", "Trace", "after_trace", "opening_of", "resolve_trace", "score_traced"]
 
 #: named delimiter pairs (`model.trace=<name>`); `model.trace=model` looks for each closing one in the chat template
 KNOWN_TRACES: dict[str, tuple[str, str]] = {"think": ("<think>", "</think>")}
@@ -64,19 +68,30 @@ def resolve_trace(setting: str | None, chat_template: str | None) -> Trace | Non
     return Trace(parts[0], parts[1])
 
 
-def after_trace(text: str, close: str) -> str | None:
-    """The text after the last `close` in `text`, or None when the trace was never closed."""
+def opening_of(close: str) -> str | None:
+    """The opening delimiter of the named pair whose closing one is `close` (`</think>` -> `<think>`), else None."""
+    return next((open_ for open_, c in KNOWN_TRACES.values() if c == close), None)
+
+
+def after_trace(text: str, close: str, opening: str | None = None) -> str | None:
+    """The text after the last `close` in `text`, or None when the completion ends inside a trace: never closed, or
+    re-opened after its last close (`opening` there; default: the named pair's, `opening_of(close)`)."""
     at = text.rfind(close)
-    return None if at < 0 else text[at + len(close):]
+    if at < 0:
+        return None
+    rest = text[at + len(close):]
+    opening = opening or opening_of(close)
+    return None if opening and opening in rest else rest
 
 
-def score_traced(text: str, gold: str | int, stop_reason: str, close: str | None) -> Score:
+def score_traced(text: str, gold: str | int, stop_reason: str, close: str | None, opening: str | None = None) -> Score:
     """`harness.task.answers.score` of the answer part: the whole text without a trace (`close` None: overlong
-    stays None), else the text after the last `close`; a trace never closed scores no answer and is overlong
-    when the row stopped at its token budget."""
+    stays None), else the text after the last `close`; a completion that ends inside a trace (never closed, or
+    re-opened by `opening` after its last close) scores no answer and is overlong when the row stopped at its
+    token budget. `opening` defaults to the named pair's (`opening_of`)."""
     if close is None:
         return score(text, gold)
-    answer_part = after_trace(text, close)
+    answer_part = after_trace(text, close, opening)
     if answer_part is None:
         empty = score("", gold)  # no answer; the gold is still checked
         return dataclasses.replace(empty, overlong=stop_reason == "length")

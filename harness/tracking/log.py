@@ -85,19 +85,12 @@ def log_run_dir(run_dir: Path, **options: Any) -> str:
     (harness.record.audit, as `make rescore`): an edited summary or row never reaches MLflow. A failure while
     logging traces only warns: the run is logged, tagged ``traces=failed: <reason>``.
     """
-    from harness.record.audit import audit
+    from harness.record.audit import audited
 
-    folder = RunFolder(Path(run_dir).resolve())
-    try:
-        run = folder.finished()
+    try:  # read back from disk only after it re-checks: no figure of an edited folder reaches MLflow (issues 41, 51)
+        run = audited(Path(run_dir).resolve(), "MLflow logging")
     except RunFolderError as exc:
-        raise TrackingError(f"{exc} (log_run_dir needs a complete run folder)") from exc
-    check = audit(folder)  # read back from disk: re-checked before a figure of it reaches MLflow (issue 41, 4)
-    if not check.ok:
-        shown = "; ".join(check.findings[:3]) + (f"; ... ({len(check.findings)} findings)"
-                                                 if len(check.findings) > 3 else "")
-        raise TrackingError(f"{folder.path} does not re-check ({shown}): it was modified after it was written, so it "
-                            f"is not logged; see `make rescore RUN={folder.path}`")
+        raise TrackingError(f"{exc} (log_run_dir logs a complete run folder that re-checks; it is not logged)") from exc
     return log_run(run, **options)
 
 

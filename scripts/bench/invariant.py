@@ -67,8 +67,9 @@ def bench_invariant(model: str, stream: list[int], sizes: list[int], repeats: in
 
 
 def print_table(fig: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from harness.errors import console as terminal_console
 
     t = Table(title=f"Batch-invariant mode: cost vs the default ({fig['dtype']}, {fig['threads']} threads; "
                     f"time ratio, goal prefill <= {fig['goals']['prefill']}x, decode <= {fig['goals']['decode']}x)")
@@ -80,7 +81,7 @@ def print_table(fig: dict) -> None:
         t.add_row(str(r["tokens"]), f"{d['prefill_tok_s']:.0f}", f"{i['prefill_tok_s']:.0f}",
                   f"{r['prefill_ratio']:.2f}x", f"{d['decode_tok_s']:.2f}", f"{i['decode_tok_s']:.2f}",
                   f"{r['decode_ratio']:.2f}x")
-    Console(width=150).print(t)
+    terminal_console(width=150).print(t)
 
 
 def main(argv: list[str] | None = None) -> int:

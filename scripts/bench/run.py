@@ -98,10 +98,11 @@ def _save(fig, ax, path: Path) -> str:
 
 
 def print_tables(summary: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=max(150, shutil.get_terminal_size().columns))
+    from harness.errors import console as terminal_console
+
+    con = terminal_console(width=max(150, shutil.get_terminal_size().columns))
     f = summary["figures"]
     t = Table(title="1. Time to first token: graft vs recompute (median [min-max], s)")
     for c in ("N", "artifact MB", "graft", "recompute", "ratio", "TTFT/ceiling", "prefetched", "exact"):

@@ -1,8 +1,10 @@
 """`python -m harness.export RUN --format lm-eval|every-eval-ever` on a real run folder (fake backend, 2 samples per
 problem): lm-eval's own readers find and load the samples file (lm_eval.utils' file-name helpers and the `datasets`
 JSON loader its EvaluationTracker reads samples with; lm-eval 0.4.13 installed --no-deps into a cache folder when
-it is not importable, the test skipped only when the registry cannot be reached), the Every Eval Ever records
-validate against its published schema (tests/cases/every_eval_ever/), and every hash matches the run's manifest."""
+it is not importable; a registry that cannot be reached fails the test, saying so: a reader that is not there is no
+evidence), the Every Eval Ever records validate against its published schema (tests/cases/every_eval_ever/), and
+every hash matches the run's manifest. An edited run folder is refused before anything is written (it is audited as
+`make rescore` audits it), and a dataset name with `/` is one file name, not a path."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _lm_eval_path() -> str:
     """A folder holding lm_eval (empty when the running Python imports it): `pip install --no-deps --target` into
-    the user's cache once; skip when the registry cannot be reached."""
+    the user's cache once; the test fails when the registry cannot be reached (never skips: no reader, no check)."""
     try:
         import lm_eval.utils  # noqa: F401
 
@@ -52,7 +54,8 @@ def _lm_eval_path() -> str:
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target",
                                str(target), LM_EVAL], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            pytest.skip(f"{LM_EVAL} not installable here: {done.stderr.strip().splitlines()[-1:]}")
+            pytest.fail(f"{LM_EVAL} not installable here ({done.stderr.strip().splitlines()[-1:]}): the export is not "
+                        "checked against lm-eval's own readers; reach the package registry (make setup does) and re-run")
     return str(target)
 
 
@@ -122,3 +125,41 @@ def test_every_eval_ever_records_validate_against_the_published_schema(run_dir: 
 def test_an_unfinished_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "half").mkdir()
     assert export_main([str(tmp_path / "half"), "--format", "lm-eval", "--out", str(tmp_path / "o")]) == 2
+
+
+def _edited_copy(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the run with the first row's `correct` flipped (issue 51's probe: the row hash not re-sealed)."""
+    import shutil
+
+    copy = tmp_path / "edited"
+    shutil.copytree(run_dir, copy)
+    lines = (copy / "outputs.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["correct"] = not row["correct"]
+    lines[0] = json.dumps(row)
+    (copy / "outputs.jsonl").write_text("\n".join(lines) + "\n")
+    return copy
+
+
+@pytest.mark.parametrize("fmt", ["lm-eval", "every-eval-ever"])
+def test_an_edited_run_is_refused_before_anything_is_written(run_dir: Path, tmp_path: Path, fmt: str,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    edited = _edited_copy(run_dir, tmp_path)
+    out = tmp_path / "out"
+    assert export_main([str(edited), "--format", fmt, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "does not re-check" in err and "outputs.jsonl line 1" in err and "make rescore" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_dataset_name_with_a_slash_is_one_file_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
+                          "dataset.name=org/aime", "decoding.max_new_tokens=4", "tracking=off", "energy.meter=none"])
+    folder, _ = run(cfg, fm=FakeBackend({"Final answer:": " 12"}), progress=False)
+    capsys.readouterr()
+    out = tmp_path / "lm"
+    assert export_main([str(folder.path), "--format", "lm-eval", "--out", str(out)]) == 0
+    [path] = list(out.iterdir())  # one file, in --out: the `/` did not make a folder
+    assert path.name.startswith("samples_org_aime-baseline_") and path.suffix == ".jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 2 and capsys.readouterr().out.strip() == str(path)

@@ -77,17 +77,29 @@ def test_a_row_without_tokens_sha256_in_a_library_that_records_it_is_refused(bui
 
 
 def test_an_entry_claiming_another_problems_fingerprint_is_refused(built):
+    """Entries 0 and 1 claim each other's problem (fingerprint, text, answer: consistent, re-sealed): refused when
+    the library is opened (issue 51: its rows are compared with its source), before any graft."""
     cfg, be, _, _, _ = built
 
-    def claim(rows):  # entries 0 and 1 claim each other's problem (fingerprint, text, answer: consistent)
+    def claim(rows):
         for k in ("problem_fingerprint", "problem", "answer"):
             rows[0][k], rows[1][k] = rows[1][k], rows[0][k]
     _reseal(built, claim)
-    lib = open_library(cfg.library, be, REPO)
-    problems = {p.id: p for p in load_problems(str(REPO / cfg.dataset.path), limit=3)}
-    cond = build_condition("graft", be, cfg.prompt, cfg.decoding, cfg.library, REPO)
-    try:
-        with pytest.raises(LibraryError, match="its problem fingerprint is not its own problem's"):
-            cond.context(problems[lib.entries[1].problem_id])
-    finally:
-        cond.close()
+    with pytest.raises(LibraryError, match=r"index.jsonl, row 1 .*: problem .* but the library's source says"):
+        open_library(cfg.library, be, REPO)
+
+
+@pytest.mark.parametrize("field, edit", [
+    ("problem", lambda r: r.update(problem=r["problem"] + " Also, what is 2 + 2?")),  # retrieval reads this text
+    ("answer", lambda r: r.update(answer=str(int(r["answer"]) + 1))),                 # the copied-answer column reads it
+    ("problem_id", lambda r: r.update(problem_id="kvg-999")),
+], ids=["problem_text", "answer", "problem_id"])
+def test_a_row_edited_and_resealed_is_refused_when_the_library_is_opened(built, field, edit):
+    """Issue 51, item 9: re-sealed problem texts changed held-out retrieval silently, re-sealed answers the CoT
+    table's "answered the grafted entry's answer" column; every index hash matched. The rows are compared with the
+    library's source (the rows its identity hashes) when it is opened; the first difference is named."""
+    cfg, be, _, _, _ = built
+    _reseal(built, lambda rows: edit(rows[2]))
+    with pytest.raises(LibraryError, match=rf"index.jsonl, row 3 \(entry \w+\): {field} .* but the library's "
+                                           r"source says .*modified and re-sealed"):
+        open_library(cfg.library, be, REPO)

@@ -88,3 +88,23 @@ def test_the_terminal_table_is_narrow_and_uncut(tmp_path: Path, fakerun: ModuleT
     out = capsys.readouterr().out
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
     assert "1_baseline" in out and "0.50 [" in out
+
+
+def test_an_edited_run_stops_the_report_naming_its_first_difference(tmp_path: Path, fakerun: ModuleType,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51, item 2: the report read each run's summary as found; a row edited after the run (its `correct`
+    flipped) is refused now, through the audit behind `make rescore`, and no table or plot is written."""
+    import json
+
+    sweep = _sweep(tmp_path, fakerun)
+    outputs = sweep / "2_baseline" / "outputs.jsonl"
+    lines = outputs.read_text().splitlines()
+    row = json.loads(lines[1])
+    row["correct"] = not row["correct"]
+    lines[1] = json.dumps(row)
+    outputs.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit):
+        main([str(sweep), "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert "2_baseline does not re-check" in err and "outputs.jsonl line 2" in err and "make rescore" in err
+    assert not (sweep / "report").exists()

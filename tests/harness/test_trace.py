@@ -101,3 +101,36 @@ def test_the_tiny_model_under_a_trace_opened_in_the_prompt_runs_out_of_budget(tm
     folder, summary = run(cfg, progress=False)
     assert summary.scores.overlong == 2 and summary.scores.overlong_rate == 1.0 and summary.scores.maj() == (1, 0.0)
     assert audit(folder).ok
+
+
+# --- issue 51, item 9: a trace re-opened after its last close ends the completion inside a trace -------------------
+
+def test_a_trace_reopened_after_its_last_close_has_no_answer() -> None:
+    """`<think>x</think> 324 <think> 7` cut by the budget was scored 7, from inside the unclosed trace, and not
+    overlong; the docs say a budget-cut trace has no answer."""
+    cut = score_traced("<think>x</think> 324 <think> 7", "7", "length", "</think>")
+    assert (cut.extracted, cut.answer, cut.correct, cut.overlong) == (None, None, False, True)
+    ended = score_traced("<think>x</think> 324 <think> 7", "7", "eos", "</think>")
+    assert (ended.answer, ended.correct, ended.overlong) == (None, False, False)  # ended inside it: unanswered
+    assert after_trace("<think>a</think> 5 <think> 6", "</think>") is None
+    assert after_trace("<think>a</think> 5 <think> 6</think> 8", "</think>") == " 8"  # closed again: after it
+    # a custom pair: its opening delimiter is given (the run's model.trace), else only its close is known
+    assert score_traced("<r>a</r> 3 <r> 9", "9", "length", "</r>", "<r>").overlong is True
+    assert score_traced("<r>a</r> 3 <r> 9", "9", "length", "</r>").answer == 9
+
+
+@pytest.mark.parametrize("setting, text", [("think", " <think>so</think> 324 <think> then 7 again and again"),
+                                           ("<r> </r>", " <r>so</r> 324 <r> then 7 again and again")])
+def test_a_run_and_its_audit_score_a_reopened_trace_as_overlong(tmp_path: Path, setting: str, text: str) -> None:
+    fake = FakeBackend({"value of $x^2$?" + ASK: text, "Final answer:": " 12"})
+    cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp_path}", "dataset.limit=1",
+                          "decoding.max_new_tokens=40", "tracking=off", "energy.meter=none",
+                          f"model.trace={setting!r}" if " " in setting else f"model.trace={setting}"])
+    folder, _ = run(cfg, fm=fake, progress=False)
+    [row] = [json.loads(line) for line in folder.file("outputs.jsonl").read_text().splitlines()]
+    assert (row["stop_reason"], row["answer"], row["correct"], row["overlong"]) == ("length", None, False, True)
+    assert audit(folder).ok, audit(folder).findings
+    folder.file("config.yaml").unlink()  # the custom pair's opening delimiter is named only there
+    findings = audit(folder).findings
+    assert any("config.yaml, which names its opening delimiter, is missing" in f for f in findings) == (
+        setting != "think"), findings

@@ -343,7 +343,9 @@ def test_first_logits_digest_hashed_in_the_engine_equals_the_whole_vocabulary_lo
     for case in (d["cold"]["both"], d["graft"]["both"], d["long"]):
         assert case["engine"] == case["logprobs"], case
         assert case["argmax"] == case["logits_argmax"] == [s[0] for s in case["sampled"]], case
-        assert case["lines"] >= len(case["engine"])
+        # every line of the request's window is one of its own keys, and every key has its line(s): the last one per
+        # key is the digest taken (issue 51, item 7: `lines >= len(engine)` held whatever the lines were)
+        assert case["lines"] == len(case["line_keys"]) and set(case["line_keys"]) == set(case["keys"]), case
     assert len(set(d["long"]["engine"])) == 3
     r = d["row"]  # a greedy row is one request (ROW_SCHEDULE): the digest is of its first token's position
     assert r["engine"] == r["prefill"] and r["first"] == r["argmax"], r

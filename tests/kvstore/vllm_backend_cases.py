@@ -137,7 +137,8 @@ def digests(be, snap, entry: list[int], context: list[int]) -> dict:  # noqa: AN
         logits = [be.logits_of(o) for o in outs]
         return {"engine": [got[k][0] for k in keys], "logprobs": [logits_sha256(x) for x in logits],
                 "argmax": [got[k][1] for k in keys], "logits_argmax": [int(x[0].argmax()) for x in logits],
-                "sampled": [list(o.outputs[0].token_ids) for o in outs], "lines": len(lines)}
+                "sampled": [list(o.outputs[0].token_ids) for o in outs], "lines": len(lines),
+                "keys": keys, "line_keys": [json.loads(line)["key"] for line in lines]}
 
     cold = be.encode(QUERY)
     be.new_state()

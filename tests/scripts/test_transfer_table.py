@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.errors import LibraryError, RunFolderError
 from harness.record.metrics import wilson_interval
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ def test_mcnemar_exact_p_is_the_two_sided_binomial_on_the_changed_problems():
 
 
 def test_runs_over_other_problems_are_refused():
-    with pytest.raises(SystemExit, match="same problems"):
+    with pytest.raises(RunFolderError, match="same problems"):
         transfer_table.table(_rows({"a": True}, "baseline"), {"x": _rows({"b": True}, "graft")})
 
 
@@ -94,9 +95,9 @@ def test_a_library_folder_other_than_the_runs_is_refused(tmp_path):
     lib = tmp_path / "lib"
     aaaa = _library(lib)
     assert transfer_table.library_answers(lib, aaaa) == {"e": "1"}
-    with pytest.raises(SystemExit, match="not the library the runs grafted from"):
+    with pytest.raises(LibraryError, match="not the library the runs grafted from"):
         transfer_table.library_answers(lib, "bbbb")
-    with pytest.raises(SystemExit, match="not a library folder"):
+    with pytest.raises(LibraryError, match="not a library folder"):
         transfer_table.library_answers(tmp_path / "missing", aaaa)
 
 
@@ -105,7 +106,7 @@ def test_a_library_whose_answers_were_edited_is_refused(tmp_path):
     lib = tmp_path / "lib"
     sha = _library(lib)
     (lib / "index.jsonl").write_text((lib / "index.jsonl").read_text().replace('"answer": "1"', '"answer": "2"'))
-    with pytest.raises(SystemExit, match="not a library folder.*does not match the hash"):
+    with pytest.raises(LibraryError, match="not a library folder.*does not match the hash"):
         transfer_table.library_answers(lib, sha)
 
 
@@ -119,3 +120,19 @@ def test_problem_ids_in_year_number_order_and_a_long_list_as_a_count():
                              {"recurring": _rows(dict.fromkeys(many, True), "graft")})
     assert "| 15 problems | 0 | < 0.001 |" in transfer_table.markdown(t) and len(t["runs"]["recurring"]["wrong_to_right"]) == 15
     assert "15/15 = 1.000 [0.796, 1.000]" in transfer_table.markdown(t)  # Wilson, rounded once
+
+
+def test_a_library_edited_and_resealed_is_not_the_runs_library(tmp_path):
+    """Issue 51, item 9: answers edited and every hash re-sealed (the library opens): its manifest_sha256 is not the
+    one the runs recorded (inputs.library), so the copied-answer column is not computed from it."""
+    from harness.record.hashing import sha256_json
+
+    lib = tmp_path / "lib"
+    recorded = _library(lib)
+    row = json.loads((lib / "index.jsonl").read_text())
+    row["answer"] = "2"
+    body = {"entries": {"e": sha256_json(row)}}
+    (lib / "index.jsonl").write_text(json.dumps(row) + "\n")
+    (lib / "manifest.json").write_text(json.dumps({**body, "manifest_sha256": sha256_json(body)}))
+    with pytest.raises(LibraryError, match="is not the library the runs grafted from .*re-sealed"):
+        transfer_table.library_answers(lib, recorded)

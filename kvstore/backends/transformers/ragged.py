@@ -14,7 +14,8 @@ What a row's bits depend on: in the default mode the matrix products and attenti
 can differ from the same row decoded alone in its last bits (the harness records "rows depend on batch
 composition"). With determinism.batch_invariant=true every product is tiled and the attention walks key blocks
 aligned to each row's own absolute positions (kvstore/backends/transformers/invariant.py), padded and masked slots
-adding exactly nothing: a row's bits are those of the row decoded alone (tests/kvstore/test_ragged.py).
+adding exactly nothing: a row's bits are those of the row decoded alone (tests/harness/test_in_flight.py::
+test_batch_invariant_rows_in_flight_equal_one_problem_at_a_time, prompts of different lengths joined).
 """
 
 from __future__ import annotations
