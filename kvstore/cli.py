@@ -354,16 +354,11 @@ def _gc(args) -> int:
     for d in report["rows_repaired"]:
         print(f"  {_printable(d)}")
     print(f"objects indexed     {report['objects_indexed']}")
-    bare = report.get("indexed_without_tags", [])
-    if bare:  # their tags lived in the lost index rows: nothing in an object holds them (issue 51)
-        print(f"  {len(bare)} of them indexed WITHOUT TAGS: their library and numerics tags were in the lost index "
-              "rows and nothing in an object holds them. A graft refuses an artifact with no numerics record until it "
-              "is re-verified by recomputation here (`kvstore reverify ID`, or rebuild the library with `python -m "
-              "harness.library`, which re-verifies its entries); re-tag library artifacts by rebuilding the library")
-        for aid in bare[:20]:
-            print(f"  no tags: {aid}")
-        if len(bare) > 20:
-            print(f"  ... and {len(bare) - 20} more")
+    if report["objects_indexed"]:  # their tags lived in the lost index rows: nothing in an object holds them
+        print(f"  indexed WITHOUT TAGS: the library and numerics tags of these {report['objects_indexed']} were in "
+              "the lost index rows, and nothing in an object holds them. A graft refuses an artifact with no numerics "
+              "record until it is re-verified by recomputation here (`kvstore reverify ID`; rebuilding a library "
+              "with `python -m harness.library` re-verifies and re-tags its entries)")
     print(f"damaged             {len(report['damaged'])}")
     for d in report["damaged"]:
         print(f"  {_printable(d)}")
