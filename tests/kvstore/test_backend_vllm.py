@@ -23,7 +23,7 @@ from kvstore.backends.vllm.paged import LAYOUTS, PagedLayout, self_test
 from kvstore.backends.vllm.settings import VllmBackendSettings
 from kvstore.engine.admission import admission_differences
 from kvstore.errors import IncompatibleError
-from kvstore.format.artifact import LayerKV, Snapshot
+from kvstore.format.artifact import LayerKV, NumericsRecord, Snapshot
 
 TRANSPOSED = LAYOUTS[0]
 
@@ -158,7 +158,9 @@ def test_admission_admits_a_matching_artifact() -> None:
      "environment.cpu_model: artifact 'Intel Xeon', this process 'AMD EPYC'"),
     (lambda s: dataclasses.replace(s, determinism={k: v for k, v in s.determinism.items() if k != "backend"}),
      "deposited by"),
-], ids=["model", "tokenizer", "block_size", "batch_invariant", "layout", "environment", "backend"])
+    (lambda s: dataclasses.replace(s, numerics=NumericsRecord(("e" * 64,), "a store")),  # issue 51: the connector's
+     "its numerics record names fingerprint eeee"),                                     # admission reads it too
+], ids=["model", "tokenizer", "block_size", "batch_invariant", "layout", "environment", "backend", "numerics"])
 def test_admission_names_each_difference(change, named: str) -> None:  # noqa: ANN001
     me, snap = _identity_and_snapshot()
     why = [d.message for d in admission_differences(change(snap), me.facts())]  # the one admission, as a list
