@@ -237,8 +237,9 @@ def numerics_fingerprint(dims: dict[str, int], dtype: Any = None, device: Any = 
 
 def numerics_differences(recorded: Any, current: str | None, what: str = "artifact") -> list[str]:
     """"numerics_sha256: artifact X, this process Y" when the fingerprints an artifact (or a registration) was
-    made under are known and this process's is not among them (empty otherwise: one made before the fingerprint
-    existed is not compared on it). `recorded`: one fingerprint, a list of them, or None."""
+    made under are known and this process's is not among them (empty otherwise). `recorded`: one fingerprint, a
+    list of them, or None. Only the comparison: what an absent or multiple record means is the caller's rule
+    (kvstore.engine.admission.numerics_evidence_problem refuses both, issue 51)."""
     rec = [recorded] if isinstance(recorded, str) else [str(r) for r in (recorded or ())]
     if not rec or current is None or current in rec:
         return []

@@ -8,6 +8,8 @@ In order: the backend that made it, the model fingerprint, the tokenizer fingerp
 (only where the Facts carry one: vLLM's connector), the pinned settings
 (`settings_differences`: every field the backend's `settings()` and the artifact's `determinism` hold), the compute
 environment (its opt-out: `allow_environment_mismatch`, which warns and marks the graft not guaranteed exact), the
+numerics evidence (`numerics_evidence_problem`: the record a store read or a capture attached to the snapshot must be
+exactly this engine's measured fingerprint; absent evidence is not evidence, issue 51; same opt-out), the
 format's own invariants, the vocabulary, and the token prefix. Every backend calls this from its `graft` and then
 runs only what is its own: its layout check (layers, shapes, context size) and the restore.
 """
@@ -79,8 +81,7 @@ class Facts:
 class Difference:
     """One recorded fact of an artifact that differs from the engine that would take it: `fact` ("backend", "model",
     "tokenizer", "dtype", "layout", "settings", "environment", "numerics", "format", "vocabulary", "tokens") and the
-    one line that
-    names it and what to do."""
+    one line that names it and what to do."""
 
     fact: str
     message: str
