@@ -35,7 +35,7 @@ import torch
 from common import stats
 from tqdm import tqdm
 
-from kvstore import Determinism, LocalStore, atomic_write, load_backend, to_bytes, tokens_sha256
+from kvstore import Determinism, LocalStore, atomic_write, load_backend, numerics_tag, to_bytes, tokens_sha256
 from kvstore.backends.transformers import deposit_tokens, graft_snapshot
 from kvstore.backends.transformers.model import layout_string
 from kvstore.determinism import add_arguments, from_arguments
@@ -132,7 +132,8 @@ class Filler:
         def writer() -> None:
             while (batch := q.get()) is not None:
                 try:
-                    self.store.put_many(batch, tags=["bench-context"])
+                    # bytes this machine's model just computed: recorded with the numerics it measured (issue 51)
+                    self.store.put_many(batch, tags=["bench-context", numerics_tag(self.fm.numerics_sha256)])
                 except BaseException as e:  # surfaced on the main thread
                     errors.append(e)
                 bar.update(len(batch))
