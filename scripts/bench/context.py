@@ -194,11 +194,16 @@ def measure(fm, store: LocalStore, picks: list[int], lengths: np.ndarray, into: 
 
 
 def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
-    """A fresh store holding exactly `ids` (bytes copied and verified on the way, nothing recomputed)."""
+    """A fresh store holding exactly `ids` (bytes copied and verified on the way, nothing recomputed), each with the
+    numerics record it had in `src` (a copy that dropped it would be refused at graft: issue 51)."""
     shutil.rmtree(dst_root, ignore_errors=True)
     dst = LocalStore(dst_root)
     for start in range(0, len(ids), BATCH):
-        dst.put_many([src.get_bytes(a) for a in ids[start : start + BATCH]], tags=["bench-context"])
+        batch = ids[start : start + BATCH]
+        dst.put_many([src.get_bytes(a) for a in batch], tags=["bench-context"])
+        for a in batch:
+            for fp in src.numerics_record(a).fingerprints:
+                dst.record_numerics(a, fp)
     return dst
 
 
