@@ -186,12 +186,18 @@ def numerics_battery_dims(config: Any) -> dict[str, int]:
     """The shapes the battery runs, from a transformers config (its text config): hidden, intermediate, heads,
     kv heads, head dim, vocabulary (capped at 8192 rows: the lm_head GEMM's blocking, not its whole width)."""
     c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    hidden = int(getattr(c, "hidden_size", 64))
-    heads = int(getattr(c, "num_attention_heads", 4))
-    return {"hidden": hidden, "intermediate": int(getattr(c, "intermediate_size", 4 * hidden)), "heads": heads,
-            "kv_heads": int(getattr(c, "num_key_value_heads", heads) or heads),
-            "head_dim": int(getattr(c, "head_dim", None) or hidden // heads),
-            "vocab": min(int(getattr(c, "vocab_size", 32000)), 8192)}
+
+    def num(name: str, default: int) -> int:  # a per-layer list (gemma3n's intermediate_size): its largest
+        v = getattr(c, name, None) or default
+        return int(max(v)) if isinstance(v, list | tuple) else int(v)
+
+    hidden = num("hidden_size", 64)
+    heads = num("num_attention_heads", 4)
+    kv = num("num_key_value_heads", heads)
+    return {"hidden": hidden, "intermediate": num("intermediate_size", 4 * hidden), "heads": heads,
+            "kv_heads": kv if kv and heads % kv == 0 else heads,
+            "head_dim": num("head_dim", hidden // heads),
+            "vocab": min(num("vocab_size", 32000), 8192)}
 
 
 def numerics_fingerprint(dims: dict[str, int], dtype: Any = None, device: Any = None) -> str:
