@@ -38,7 +38,8 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "batched_rows_refusal",
                          "in_flight_refusal", "load_backend", "settings_class"),
     # the artifact and its bytes
-    "kvstore.format.artifact": ("FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256"),
+    "kvstore.format.artifact": ("FORMAT", "NumericsRecord", "Snapshot", "from_bytes", "read_metadata", "to_bytes",
+                                "tokens_sha256"),
     "kvstore.format.canonical": ("canonical_json",),
     "kvstore.format.ids": ("ArtifactId",),
     # stores
@@ -53,7 +54,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.bundle.bundle": ("BundleInfo", "export_bundle", "import_bundle"),
     # exactness
     "kvstore.engine.admission": ("Difference", "Facts", "admission_differences", "admit", "artifact_differences",
-                                 "check_numerics"),
+                                 "check_numerics", "numerics_evidence_problem"),
     "kvstore.engine.deposit": ("deposit", "graft"),
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
     "kvstore.engine.weights": ("PinnedWeights", "check_weights"),

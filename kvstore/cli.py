@@ -3,6 +3,7 @@
     kvstore [--store DIR] [--model SOURCE] deposit --text "..." [--tag T ...]   # prints the artifact id
     kvstore deposit --backend llamacpp --setting n_ctx=8192 --text "..."          # any registered backend
             [--attn-implementation eager] [--dtype bfloat16] [--threads N] [--prefill-chunk N] [--profile P]
+    kvstore reverify ID ... [--model SOURCE | --backend NAME ...]   # recompute, compare bytes, record numerics
     kvstore ls [--tag T] [--json]
     kvstore show ID [--json]
     kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged
@@ -84,20 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--token-ids", metavar="1,2,3", help="comma-separated token ids, used as given")
     src.add_argument("--token-ids-file", type=Path, metavar="F.json", help="a JSON list of token ids")
     d.add_argument("--tag", action="append", default=[], metavar="T", help="tag the artifact (repeatable)")
-    d.add_argument("--backend", default="transformers", metavar="NAME",
-                   help="the engine that computes it (kvstore.backends: transformers, the default; llamacpp; fake)")
-    d.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting of a backend other than transformers (its Settings dataclass), e.g. n_ctx=8192 "
-                        "or gguf=/models/x.gguf; VALUE is read as JSON when it parses (repeatable)")
-    d.add_argument("--profile", default="native", choices=["native", "portable"],
-                   help="determinism.profile: the kernel paths (kvstore/environment.py)")
-    d.add_argument("--attn-implementation", choices=list(ATTN_IMPLEMENTATIONS), default=None,
-                   help="determinism.attn_implementation (default sdpa; some architectures need eager)")
-    d.add_argument("--dtype", default=None, help="determinism.dtype: float32 (default), bfloat16 or float16")
-    d.add_argument("--threads", type=int, default=None, help="determinism.threads (default 2)")
-    d.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="determinism.prefill_chunk: tokens per prefill pass (default 512; 0 = all at once)")
+    _backend_options(d)
     d.set_defaults(run=_deposit)
+
+    rv = _command(sub, "reverify", "re-verify artifacts' numerics by reproduction: recompute each prefix here, "
+                                   "compare the bytes, record the numerics measured when they are equal")
+    rv.add_argument("ids", nargs="+", metavar="ID", help="artifacts to re-verify (ids or unique prefixes)")
+    _backend_options(rv)
+    rv.set_defaults(run=_reverify)
 
     ls = _command(sub, "ls", "list artifacts")
     ls.add_argument("--tag", metavar="T", help="only artifacts with this tag")
@@ -121,6 +116,23 @@ def _parser() -> argparse.ArgumentParser:
     gc.set_defaults(run=_gc)
     _bundle_commands(sub)
     return p
+
+
+def _backend_options(d: argparse.ArgumentParser) -> None:
+    """The backend and determinism options of the commands that compute (deposit, reverify)."""
+    d.add_argument("--backend", default="transformers", metavar="NAME",
+                   help="the engine that computes it (kvstore.backends: transformers, the default; llamacpp; fake)")
+    d.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of a backend other than transformers (its Settings dataclass), e.g. n_ctx=8192 "
+                        "or gguf=/models/x.gguf; VALUE is read as JSON when it parses (repeatable)")
+    d.add_argument("--profile", default="native", choices=["native", "portable"],
+                   help="determinism.profile: the kernel paths (kvstore/environment.py)")
+    d.add_argument("--attn-implementation", choices=list(ATTN_IMPLEMENTATIONS), default=None,
+                   help="determinism.attn_implementation (default sdpa; some architectures need eager)")
+    d.add_argument("--dtype", default=None, help="determinism.dtype: float32 (default), bfloat16 or float16")
+    d.add_argument("--threads", type=int, default=None, help="determinism.threads (default 2)")
+    d.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="determinism.prefill_chunk: tokens per prefill pass (default 512; 0 = all at once)")
 
 
 def _command(sub, name: str, help: str) -> argparse.ArgumentParser:
@@ -231,6 +243,43 @@ def _deposit(args) -> int:
     return 0
 
 
+def _reverify(args) -> int:
+    """Re-verify each artifact by reproduction (issue 51: absent evidence is not evidence): its token ids are
+    prefilled again here from position 0 with its own `extra`, captured, and the bytes compared with the stored
+    ones (their ids). Equal: the numerics fingerprint measured here replaces the artifact's numerics record (a
+    graft here then admits it). Other bytes: nothing is recorded, exit 1: the artifact is not this machine's."""
+    from kvstore.backends import load_backend
+    from kvstore.engine.deposit import deposit
+    from kvstore.environment import enter_profile
+    from kvstore.format.artifact import to_bytes
+
+    enter_profile(args.profile)
+    store = _store(args)
+    ids = [resolve_id(store, i) for i in args.ids]
+    be = load_backend(args.backend, **backend_settings(args))
+    sha = be.numerics()
+    failed = 0
+    for aid in ids:
+        snap = store.get(aid)
+        if snap.start_position != 0:
+            failed += 1
+            print(f"REFUSED {aid}: it starts at position {snap.start_position}; only a prefix computed from position 0 "
+                  "can be recomputed")
+            continue
+        again = ArtifactId.of(to_bytes(deposit(be, snap.token_ids, snap.extra)))
+        if again != aid:
+            failed += 1
+            print(f"DIFFERS {aid}: recomputed here with {be.model_name} ({be.name}), its {snap.token_count} tokens "
+                  f"give other bytes ({again[:12]}...): nothing recorded; deposit it again here to graft it here")
+        elif sha is None:
+            print(f"SAME    {aid}: reproduced byte for byte; the {be.name} backend measures no numerics "
+                  "fingerprint, so nothing is recorded")
+        else:
+            store.record_numerics(aid, sha)
+            print(f"SAME    {aid}: reproduced byte for byte here; numerics:{sha[:16]} recorded (what was measured)")
+    return 1 if failed else 0
+
+
 def determinism_options(args) -> dict:
     """The determinism settings given on the command line (--profile, --attn-implementation, --dtype, --threads,
     --prefill-chunk), as Determinism keyword arguments; the others keep their defaults."""
@@ -302,6 +351,7 @@ def _show(args) -> int:
         ("tokenizer fingerprint", meta["tokenizer_fingerprint"]),
         ("environment", _kv(meta["environment"])),
         ("determinism", _kv(meta["determinism"])),
+        ("numerics", _numerics_line(tags)),
     ]
     if meta.get("extra"):
         lines.append(("extra", _kv(meta["extra"])))
@@ -309,6 +359,17 @@ def _show(args) -> int:
     for k, v in lines:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def _numerics_line(tags: list[str]) -> str:
+    """The artifact's numerics record in words: what a graft here is compared with (issue 51)."""
+    fps = [t.split(":", 1)[1] for t in tags if t.startswith("numerics:")]
+    if not fps:
+        return "NOT RECORDED: a graft by a backend that measures numerics refuses it (`kvstore reverify ID`)"
+    if len(fps) > 1:
+        return (f"{len(fps)} fingerprints recorded ({', '.join(f[:16] for f in fps)}): refused at graft (forged or "
+                "damaged)")
+    return fps[0]
 
 
 def _kv(d: dict) -> str:
@@ -358,6 +419,11 @@ def _gc(args) -> int:
     for d in report["rows_repaired"]:
         print(f"  {_printable(d)}")
     print(f"objects indexed     {report['objects_indexed']}")
+    if report["objects_indexed"]:  # their tags lived in the lost index rows: nothing in an object holds them
+        print(f"  indexed WITHOUT TAGS: the library and numerics tags of these {report['objects_indexed']} were in "
+              "the lost index rows, and nothing in an object holds them. A graft refuses an artifact with no numerics "
+              "record until it is re-verified by recomputation here (`kvstore reverify ID`; rebuilding a library "
+              "with `python -m harness.library` re-verifies and re-tags its entries)")
     print(f"damaged             {len(report['damaged'])}")
     for d in report["damaged"]:
         print(f"  {_printable(d)}")

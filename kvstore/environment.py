@@ -186,12 +186,18 @@ def numerics_battery_dims(config: Any) -> dict[str, int]:
     """The shapes the battery runs, from a transformers config (its text config): hidden, intermediate, heads,
     kv heads, head dim, vocabulary (capped at 8192 rows: the lm_head GEMM's blocking, not its whole width)."""
     c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    hidden = int(getattr(c, "hidden_size", 64))
-    heads = int(getattr(c, "num_attention_heads", 4))
-    return {"hidden": hidden, "intermediate": int(getattr(c, "intermediate_size", 4 * hidden)), "heads": heads,
-            "kv_heads": int(getattr(c, "num_key_value_heads", heads) or heads),
-            "head_dim": int(getattr(c, "head_dim", None) or hidden // heads),
-            "vocab": min(int(getattr(c, "vocab_size", 32000)), 8192)}
+
+    def num(name: str, default: int) -> int:  # a per-layer list (gemma3n's intermediate_size): its largest
+        v = getattr(c, name, None) or default
+        return int(max(v)) if isinstance(v, list | tuple) else int(v)
+
+    hidden = num("hidden_size", 64)
+    heads = num("num_attention_heads", 4)
+    kv = num("num_key_value_heads", heads)
+    return {"hidden": hidden, "intermediate": num("intermediate_size", 4 * hidden), "heads": heads,
+            "kv_heads": kv if kv and heads % kv == 0 else heads,
+            "head_dim": num("head_dim", hidden // heads),
+            "vocab": min(num("vocab_size", 32000), 8192)}
 
 
 def numerics_fingerprint(dims: dict[str, int], dtype: Any = None, device: Any = None) -> str:
@@ -237,8 +243,9 @@ def numerics_fingerprint(dims: dict[str, int], dtype: Any = None, device: Any = 
 
 def numerics_differences(recorded: Any, current: str | None, what: str = "artifact") -> list[str]:
     """"numerics_sha256: artifact X, this process Y" when the fingerprints an artifact (or a registration) was
-    made under are known and this process's is not among them (empty otherwise: one made before the fingerprint
-    existed is not compared on it). `recorded`: one fingerprint, a list of them, or None."""
+    made under are known and this process's is not among them (empty otherwise). `recorded`: one fingerprint, a
+    list of them, or None. Only the comparison: what an absent or multiple record means is the caller's rule
+    (kvstore.engine.admission.numerics_evidence_problem refuses both, issue 51)."""
     rec = [recorded] if isinstance(recorded, str) else [str(r) for r in (recorded or ())]
     if not rec or current is None or current in rec:
         return []

@@ -65,9 +65,7 @@ from kvstore import (
     admission_differences,
     artifact_differences,
     enter_profile,
-    numerics_differences,
-    numerics_of_tags,
-    numerics_tag,
+    numerics_evidence_problem,
     open_store,  # scale-out: library.store may be s3://bucket/prefix (docs/scale-out.md)
     tokens_sha256,
 )
@@ -278,11 +276,23 @@ def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
     return be.capture(state, ids, extra)
 
 
-def _reusable(store, ids: list[int], fm: Backend) -> str | None:
-    """The id of a stored artifact of exactly `ids` that this backend can graft, or None. The index only proposes
+@dataclass(frozen=True)
+class Reuse:
+    """A stored artifact of an entry's exact tokens that this backend could graft: `evidence` is "" when its numerics
+    record shows it was computed under this backend's numerics (reused as is), else why not (it is then re-verified
+    by recomputation before any use: `_reverify`)."""
+
+    artifact_id: str
+    evidence: str
+    extra: dict
+
+
+def _reusable(store, ids: list[int], fm: Backend) -> Reuse | None:
+    """A stored artifact of exactly `ids` that this backend can graft, or None. The index only proposes
     candidates: each is read (verified) and must hold these token ids from position 0, made by this backend with
     this model and tokenizer under these settings and environment. A candidate whose index row lies is reported
-    (stderr) and skipped: `kvstore gc` repairs the row."""
+    (stderr) and skipped: `kvstore gc` repairs the row. Its numerics evidence is judged, never assumed: a candidate
+    with no record, several, another machine's or an unreadable one is returned with the reason (issue 51)."""
     for aid in store.find_tokens(tokens_sha256(ids)):
         try:
             snap = store.get(aid)
@@ -298,26 +308,37 @@ def _reusable(store, ids: list[int], fm: Backend) -> str | None:
             continue
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue
-        if not admission_differences(snap, fm) and not _numerics_differ(store, aid, fm):  # this backend, same facts
-            return str(aid)
+        if not [d for d in admission_differences(snap, fm) if d.fact != "numerics"]:  # this backend, same facts
+            return Reuse(str(aid), numerics_evidence_problem(snap.numerics, fm.numerics()), dict(snap.extra))
     return None
 
 
-def _deposit_tags(fm: Backend, tag: str) -> list[str]:
-    """The library's tag and, for a backend that measures one, its numerics fingerprint (`numerics:<sha256>`,
-    kvstore.check_numerics): kept beside the artifact, so its id does not move."""
-    sha = fm.numerics()
-    return [tag] if sha is None else [tag, numerics_tag(sha)]
-
-
-def _numerics_differ(store, aid: str, fm: Backend) -> list[str]:
-    """numerics_differences of a stored artifact's recorded fingerprints and this backend's (empty: same, or not
-    recorded)."""
+def _reverify(store, fm: Backend, ids: list[int], reuse: Reuse, tags: list[str]) -> tuple[str, bool]:
+    """Re-verify a stored artifact whose numerics evidence is missing or not this machine's by reproduction: its
+    prefix is recomputed here (with the artifact's own `extra`, so equal KV means equal bytes) and put. Equal bytes
+    are the same id: the store then records the fingerprint measured here in place of what it had. Other bytes are
+    another artifact, used instead (the old one is not). Returns (the id to use, whether it reproduced)."""
     try:
-        tags = store.info(aid).tags
-    except KVStoreError:
-        return []
-    return numerics_differences(numerics_of_tags(tags), fm.numerics())
+        aid = str(store.put(deposit(fm, ids, extra=reuse.extra), tags=tags))
+    except KVStoreError as e:
+        raise LibraryError(f"re-verifying artifact {reuse.artifact_id} by recomputation failed: {e}") from e
+    return aid, aid == reuse.artifact_id
+
+
+def _evidence_kinds(suspects: list[Reuse]) -> str:
+    """How many of the suspects' numerics records were missing, several, another machine's or unreadable."""
+    kinds = {"no record": 0, "several fingerprints": 0, "another machine's": 0, "unreadable": 0}
+    for r in suspects:
+        key = ("unreadable" if "could not be read" in r.evidence else "no record" if "no numerics record" in r.evidence
+               else "several fingerprints" if "fingerprints (" in r.evidence else "another machine's")
+        kinds[key] += 1
+    return ", ".join(f"{k}: {n}" for k, n in kinds.items() if n)
+
+
+def _numerics_problem(snap: Snapshot, fm: Backend) -> list[str]:
+    """Why `snap`'s numerics record (attached by store.get) does not show this backend's numerics ([]: it does)."""
+    problem = numerics_evidence_problem(snap.numerics, fm.numerics())
+    return [problem] if problem else []
 
 
 def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True,
@@ -359,23 +380,34 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             skipped.append({"problem_id": p.id, "verification": verification,
                             "reason": f"{fm.name} cannot graft its {len(ids)}-token entry: {refusal}"})
             continue
-        existing = _reusable(store, ids, fm)
-        planned.append((p, solution, verification, text, ids, existing))
-    # Pass 2: deposit what is not in the store yet; progress in tokens (the work), ETA from tokens/s.
+        planned.append((p, solution, verification, text, ids, _reusable(store, ids, fm)))
+    # Pass 2: deposit what is not in the store yet, re-verify by recomputation what is there without this machine's
+    # numerics evidence; progress in tokens (the work), ETA from tokens/s.
     t0 = time.perf_counter()
-    todo = sum(len(ids) for *_, ids, aid in planned if aid is None)
-    reused = sum(aid is not None for *_, aid in planned)
+    todo = sum(len(ids) for *_, ids, r in planned if r is None or r.evidence)
+    reused = sum(r is not None and not r.evidence for *_, r in planned)
+    suspects = [r for *_, r in planned if r is not None and r.evidence]
     if progress and reused:
         print(f"library {lib_cfg.name}: {reused} of {len(planned)} entries already in the store (resumed)", flush=True)
+    if suspects:  # said before the work, and what came of it after (the rule: absent evidence is not evidence)
+        print(f"library {lib_cfg.name}: {len(suspects)} stored artifact(s) of this library's entries have no numerics "
+              f"record showing this machine's numerics ({_evidence_kinds(suspects)}); each is re-verified by "
+              "recomputing its prefix here and comparing the bytes, never reused on its record", flush=True)
+    reproduced, replaced = [], []
     bar = tqdm(total=todo, desc=f"library {lib_cfg.name}: depositing", unit="tok", unit_scale=True,
                disable=not progress or todo == 0, miniters=1)
-    for p, solution, verification, text, ids, aid in planned:
-        if aid is not None:
-            store.add_tags(aid, _deposit_tags(fm, tag))
+    for p, solution, verification, text, ids, reuse in planned:
+        if reuse is not None and not reuse.evidence:
+            aid = reuse.artifact_id
+            store.add_tags(aid, [tag])
+        elif reuse is not None:
+            aid, same = _reverify(store, fm, ids, reuse, [tag])
+            (reproduced if same else replaced).append((reuse.artifact_id, aid))
+            bar.update(len(ids))
         else:
             try:
                 aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}),
-                                    tags=_deposit_tags(fm, tag)))
+                                    tags=[tag]))  # the capture's measured numerics are recorded with it
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
             bar.update(len(ids))
@@ -395,6 +427,13 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
         )
         entries.setdefault(entry.entry_id, entry.to_row())
     bar.close()
+    if suspects:
+        sha = fm.numerics()
+        print(f"library {lib_cfg.name}: re-verified by recomputation: {len(reproduced)} of {len(suspects)} "
+              "reproduced byte for byte here" + (f" (numerics:{sha[:16]} recorded for them)" if sha else "")
+              + (f"; {len(replaced)} did not (other bytes here: the recomputed artifact is used, the stored one is "
+                 f"not: {', '.join(f'{a[:12]} -> {b[:12]}' for a, b in replaced[:5])})" if replaced else ""),
+              flush=True)
     if progress:
         secs = time.perf_counter() - t0
         disk = sum(store.info(e["artifact_id"]).size for e in entries.values())
@@ -463,12 +502,12 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
                                "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
-        diffs = artifact_differences(snap, fm) + _numerics_differ(lib.store, e.artifact_id, fm)
+        diffs = artifact_differences(snap, fm) + _numerics_problem(snap, fm)
         row = e.to_row()
         if diffs:
             differences[e.entry_id] = diffs
-            try:
-                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=_deposit_tags(fm, tag))
+            try:  # the capture's measured numerics replace the record the store had
+                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=[tag])
             except KVStoreError as err:
                 raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
             row["artifact_id"] = str(aid)

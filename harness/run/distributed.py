@@ -29,6 +29,7 @@ Ray for determinism.threads CPUs, so Ray's per-task OMP_NUM_THREADS equals the r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import ipaddress
@@ -119,6 +120,24 @@ def _import_ray(private: bool):
     return ray
 
 
+def _private_ray(num_cpus: int):
+    """Import Ray and start this run's private one-node cluster, with Ctrl-C and SIGTERM held from the import until
+    the cluster is up and watched: a signal in that window shuts it down and is raised afterwards, so the run stops
+    with its one line (issue 51, item 9: SIGINT gave a 30-line traceback; the hold covered ray.init only)."""
+    def stop() -> None:
+        ray = sys.modules.get("ray")
+        if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+            ray.shutdown()
+
+    with _held_signals(stop):
+        ray = _import_ray(private=True)
+        if os.environ.get("RAY_ADDRESS"):
+            print(f"note: RAY_ADDRESS={os.environ['RAY_ADDRESS']} is not joined (execution.address is not set): this "
+                  "run starts a private Ray on 127.0.0.1; execution.address=auto joins it", file=sys.stderr)
+        _start_private_ray(ray, num_cpus)
+    return ray
+
+
 def _start_private_ray(ray, num_cpus: int) -> None:
     """ray.init of a one-node Ray of this process on 127.0.0.1, with a watchdog that stops it if the driver dies."""
     from harness.errors import HarnessError
@@ -127,40 +146,60 @@ def _start_private_ray(ray, num_cpus: int) -> None:
     # a machine with other load they would crawl (a vLLM worker's engine took over 20 minutes to start). The raylet
     # ray.init starts reads it from the environment.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    # SIGTERM or Ctrl-C while Ray starts its processes: held until they are all up and watched, then Ray is shut down
-    # and the run stops with its one line (issue 41, finding 7). Raised mid-start, it would leave a half-started
-    # cluster (gcs_server, raylet, agents) that nothing stops; ray.init's own SIGTERM handler (sys.exit) is kept out.
-    pending: list[int] = []
-    main = threading.current_thread() is threading.main_thread()
-    keep = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
-    if main:
-        for sig in keep:
-            signal.signal(sig, lambda signum, frame: pending.append(signum))
-    utils = importlib.import_module("ray._private.utils")
-    own_handler = utils.set_sigterm_handler
-    utils.set_sigterm_handler = lambda handler: None  # ray.init would install sys.exit(15) for SIGTERM
-    try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-        _watchdog(ray)
-    finally:
-        utils.set_sigterm_handler = own_handler
-        for sig, handler in keep.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-    if pending:
-        ray.shutdown()  # which leaves SIGTERM at its default (the core worker's handlers go): the run's put back
-        for sig, handler in keep.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-        for sig in pending[:1]:
-            signal.raise_signal(sig)  # the run's own handler now: Terminated (SIGTERM) or KeyboardInterrupt
+    # SIGTERM or Ctrl-C while Ray starts its processes: held (the caller's `_held_signals`, from `import ray` on) until
+    # they are all up and watched, then Ray is shut down and the run stops with its one line (issue 41, finding 7;
+    # issue 51: Ctrl-C too, and during the import). Raised mid-start, it would leave a half-started cluster
+    # (gcs_server, raylet, agents) that nothing stops; ray.init's own SIGTERM handler (sys.exit) is kept out.
+    with _held_signals(ray.shutdown):
+        utils = importlib.import_module("ray._private.utils")
+        own_handler = utils.set_sigterm_handler
+        utils.set_sigterm_handler = lambda handler: None  # ray.init would install sys.exit(15) for SIGTERM
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+            _watchdog(ray)
+        finally:
+            utils.set_sigterm_handler = own_handler
     ip = ray.util.get_node_ip_address()
     if not ipaddress.ip_address(ip).is_loopback:
         ray.shutdown()
         raise HarnessError(f"execution=ray: the private Ray came up on {ip}, not on 127.0.0.1, so other machines "
                            f"could reach it; nothing was run. Start the run in a fresh process ({LOOPBACK_ONLY}=0 "
                            "is read when Ray is imported), or join a cluster you secured with execution.address")
+
+
+_HOLDING: list[int] | None = None  # the signals held by the outermost _held_signals of this process, if any
+
+
+@contextlib.contextmanager
+def _held_signals(stop: Callable[[], None]):
+    """Hold SIGTERM and SIGINT (main thread only) for the block; afterwards, when one came, call `stop()` (shut the
+    half-started Ray down), put the run's own handlers back (ray.shutdown leaves SIGTERM at its default) and raise the
+    first signal again under them: Terminated (SIGTERM) or KeyboardInterrupt, which the run turns into its one
+    `stopped:` line. Nested, only the outermost block holds, stops and raises (an inner one does nothing)."""
+    global _HOLDING
+    main = threading.current_thread() is threading.main_thread()
+    if not main or _HOLDING is not None:
+        yield
+        return
+    pending: list[int] = []
+    keep = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in keep:
+        signal.signal(sig, lambda signum, frame: pending.append(signum))
+    _HOLDING = pending
+    try:
+        yield
+    finally:
+        _HOLDING = None
+        for sig, handler in keep.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+    if pending:
+        stop()
+        for sig, handler in keep.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        signal.raise_signal(pending[0])  # the run's own handler now: Terminated (SIGTERM) or KeyboardInterrupt
 
 
 def _watchdog(ray) -> None:
@@ -250,7 +289,11 @@ class RayPool:
             raise HarnessError(f"execution.workers={ex.workers}: use 1 or more")
         threads = c.determinism.threads
         joined = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-        ray = _import_ray(private=not (joined or ex.address))
+        private = not (joined or ex.address)
+        if private:
+            ray = _private_ray(ex.workers * threads)
+        else:
+            ray = _import_ray(private=False)
         self._private = False
         if joined:
             where = "this process is connected to"
@@ -258,10 +301,6 @@ class RayPool:
             ray.init(address=ex.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
             where = f"at {ex.address}"
         else:
-            if os.environ.get("RAY_ADDRESS"):
-                print(f"note: RAY_ADDRESS={os.environ['RAY_ADDRESS']} is not joined (execution.address is not set): "
-                      "this run starts a private Ray on 127.0.0.1; execution.address=auto joins it", file=sys.stderr)
-            _start_private_ray(ray, ex.workers * threads)
             self._private = True
             where = "this run started (127.0.0.1)"
         self._where = where

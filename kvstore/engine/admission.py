@@ -8,6 +8,8 @@ In order: the backend that made it, the model fingerprint, the tokenizer fingerp
 (only where the Facts carry one: vLLM's connector), the pinned settings
 (`settings_differences`: every field the backend's `settings()` and the artifact's `determinism` hold), the compute
 environment (its opt-out: `allow_environment_mismatch`, which warns and marks the graft not guaranteed exact), the
+numerics evidence (`numerics_evidence_problem`: the record a store read or a capture attached to the snapshot must be
+exactly this engine's measured fingerprint; absent evidence is not evidence, issue 51; same opt-out), the
 format's own invariants, the vocabulary, and the token prefix. Every backend calls this from its `graft` and then
 runs only what is its own: its layout check (layers, shapes, context size) and the restore.
 """
@@ -21,7 +23,7 @@ from typing import Any
 from kvstore.engine.protocol import Backend, artifact_backend
 from kvstore.environment import environment_differences, numerics_differences, numerics_of_tags
 from kvstore.errors import EnvironmentMismatchError, IncompatibleError, KVStoreError, ValidationError
-from kvstore.format.artifact import Snapshot, check_snapshot
+from kvstore.format.artifact import NumericsRecord, Snapshot, check_snapshot
 
 #: Settings added to the format after artifacts had been written, with the value every earlier artifact ran under:
 #: an artifact that does not record one is compared as if it had recorded this value (when the backend has it).
@@ -66,26 +68,29 @@ class Facts:
     environment: dict[str, Any]
     vocab_size: int = 0
     layout: list[dict[str, Any]] | None = None
+    numerics: str | None = None  # the engine's measured numerics fingerprint; None: it measures none
 
     @classmethod
     def of(cls, backend: Backend) -> Facts:
         return cls(backend.name, backend.model_name, backend.fingerprint, backend.tokenizer_fingerprint,
-                   backend.dtype, backend.settings(), backend.environment(), backend.vocab_size())
+                   backend.dtype, backend.settings(), backend.environment(), backend.vocab_size(),
+                   numerics=backend.numerics())
 
 
 @dataclass(frozen=True)
 class Difference:
     """One recorded fact of an artifact that differs from the engine that would take it: `fact` ("backend", "model",
-    "tokenizer", "dtype", "layout", "settings", "environment", "format", "vocabulary", "tokens") and the one line that
-    names it and what to do."""
+    "tokenizer", "dtype", "layout", "settings", "environment", "numerics", "format", "vocabulary", "tokens") and the
+    one line that names it and what to do."""
 
     fact: str
     message: str
 
     def error(self) -> KVStoreError:
-        """The refusal `admit` raises for it (EnvironmentMismatchError for the environment, the one with an
-        opt-out; IncompatibleError for every other fact)."""
-        return (EnvironmentMismatchError if self.fact == "environment" else IncompatibleError)(self.message)
+        """The refusal `admit` raises for it (EnvironmentMismatchError for the environment and the numerics, the
+        facts with an opt-out; IncompatibleError for every other fact)."""
+        return (EnvironmentMismatchError if self.fact in ("environment", "numerics") else IncompatibleError)(
+            self.message)
 
 
 def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
@@ -137,6 +142,9 @@ def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
             f"guaranteed byte-identical to the fresh reference: {'; '.join(env)}. Deposit it again here, or run "
             "where it was deposited, or graft anyway with allow_environment_mismatch=True, which marks the graft "
             "not guaranteed exact")))
+    numerics = numerics_evidence_problem(snapshot.numerics, me.numerics, name)
+    if numerics:
+        out.append(Difference("numerics", numerics))
     if out:  # the format, the vocabulary and the tokens are read once every recorded fact agrees
         return out
     try:
@@ -170,25 +178,70 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
             warnings.warn(f"{snapshot.model_name or 'artifact'}: grafted across compute environments (not guaranteed "
                           f"exact): {'; '.join(env)}", RuntimeWarning, stacklevel=2)
             continue
+        if d.fact == "numerics" and allow_environment_mismatch:
+            warnings.warn(f"grafted without matching numerics evidence (not guaranteed exact): {d.message}",
+                          RuntimeWarning, stacklevel=2)
+            continue
         raise d.error()
 
 
+def numerics_evidence_problem(record: NumericsRecord | None, current: str | None, name: str = "artifact") -> str:
+    """Why the numerics evidence of an artifact does not show it was computed under this engine's numerics
+    fingerprint `current` ("" when it does). The rule (docs/reliability.md, issue 51): absent evidence is not
+    evidence. An engine that measures a fingerprint admits an artifact only when exactly one is recorded for it and
+    that one is its own; no record, a record that could not be read, or several (a forged one beside the real
+    one reads the same as two machines' claims) are refused, each naming what to do. An engine that measures none
+    (llama.cpp, vLLM, fake: their evidence is the environment record in the artifact's bytes) refuses an artifact
+    whose record names a fingerprint it cannot confirm."""
+    fix = ("re-verify it by reproduction on this machine (`kvstore reverify ID`, or rebuild the library with "
+           "`python -m harness.library`: each recomputes the prefix, compares the bytes and records what it "
+           "measured) or deposit it again here")
+    if current is None:
+        if record is not None and record.fingerprints:
+            return (f"{name}: its numerics record names fingerprint {record.fingerprints[0][:16]} ({record.source}), "
+                    "and this engine measures none, so it cannot confirm it; graft it with the backend that "
+                    "deposited it")
+        return ""
+    if record is None:
+        return (f"{name}: no numerics record (the snapshot was not read from a store and not captured by this "
+                f"process), so nothing shows it was computed under this machine's numerics {current[:16]}; read it "
+                f"with store.get, which attaches the store's record, or {fix}")
+    if record.error is not None:
+        return (f"{name}: its numerics record in {record.source} could not be read ({record.error}); refused, as "
+                f"for no record: fix the index (`kvstore gc`), then run again, or {fix}")
+    fps = list(dict.fromkeys(record.fingerprints))
+    if not fps:
+        return (f"{name}: no numerics record in {record.source} (deposited before the record existed, by `kvstore "
+                "deposit` of an older kvgraft, copied by a path that dropped it, or stripped), so nothing shows it "
+                f"was computed under this machine's numerics {current[:16]}; {fix}")
+    if len(fps) > 1:
+        return (f"{name}: its numerics record in {record.source} names {len(fps)} fingerprints "
+                f"({', '.join(f[:16] for f in fps)}); an artifact is computed under one, so the record is forged or "
+                f"damaged and proves nothing: {fix}")
+    diffs = numerics_differences(fps, current)
+    if diffs:
+        return (f"{name}: the artifact was deposited on a machine whose kernels compute other bits, so a graft would "
+                f"not be byte-identical to the fresh reference here: {diffs[0]}. Deposit it again on this machine, "
+                f"or {fix}, or graft anyway with allow_environment_mismatch=True, which marks the graft not "
+                "guaranteed exact")
+    return ""
+
+
 def check_numerics(tags: Any, backend: Backend, name: str = "artifact", *,
-                   allow_environment_mismatch: bool = False) -> None:
-    """Refuse (EnvironmentMismatchError naming both fingerprints) an artifact whose store tags record the numerics
-    fingerprints it was deposited under (`numerics:<sha256>`) when this backend's is not among them: the
-    environment records may agree, the bits do not. An artifact without the tag (deposited before it existed, or
-    by a backend that measures none) is not compared on it. With `allow_environment_mismatch` it warns instead.
+                   allow_environment_mismatch: bool = False, source: str = "the store") -> None:
+    """Refuse (EnvironmentMismatchError, one line) an artifact whose store tags (`numerics:<sha256>`) do not show it
+    was computed under this backend's numerics fingerprint: `numerics_evidence_problem` of the record they make.
+    No tag, several tags, or another machine's tag are each refused (absent evidence is not evidence; issue 51).
+    `tags` None: the lookup of the record failed, refused too. With `allow_environment_mismatch` it warns instead.
 
     The fingerprint is kept beside the artifact (a store tag), not in its bytes, so artifact ids, library
     identities and resume keys of the default path do not move (kvstore/FORMAT.md section 8)."""
-    diffs = numerics_differences(numerics_of_tags(tags), backend.numerics())
-    if not diffs:
+    record = (NumericsRecord((), source, "the lookup failed") if tags is None else
+              NumericsRecord(tuple(numerics_of_tags(tags)), source))
+    problem = numerics_evidence_problem(record, backend.numerics(), name)
+    if not problem:
         return
     if not allow_environment_mismatch:
-        raise EnvironmentMismatchError(
-            f"{name}: the artifact was deposited on a machine whose kernels compute other bits, so a graft would not "
-            f"be byte-identical to the fresh reference here: {diffs[0]}. Deposit it again on this machine, or graft "
-            "anyway with allow_environment_mismatch=True, which marks the graft not guaranteed exact")
-    warnings.warn(f"{name}: grafted across numerics (not guaranteed exact): {diffs[0]}", RuntimeWarning,
+        raise EnvironmentMismatchError(problem)
+    warnings.warn(f"grafted without matching numerics evidence (not guaranteed exact): {problem}", RuntimeWarning,
                   stacklevel=2)

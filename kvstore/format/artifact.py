@@ -68,9 +68,29 @@ class LayerKV:
     values: torch.Tensor
 
 
+@dataclass(frozen=True)
+class NumericsRecord:
+    """What is known of the numerics an artifact was computed under (kvstore.environment.numerics_fingerprint):
+    kept beside the artifact, never in its bytes (its id does not move; FORMAT.md section 8).
+
+    fingerprints: the ones recorded (a store's `numerics:` tags, or the one measured by the process that captured
+    it); empty: none recorded. `source` names where they were read (a store, "measured by this process").
+    `error`: the record could not be read (the index failed): admission refuses, as for no record."""
+
+    fingerprints: tuple[str, ...]
+    source: str
+    error: str | None = None
+    measured: bool = False  # True: measured by this process, which computed the bytes (a put then replaces the
+    #                         store's record with it); False: a record read elsewhere (a put adds it, as it travels)
+
+
 @dataclass
 class Snapshot:
-    """The KV state of one token sequence, with everything needed to check a graft is legitimate."""
+    """The KV state of one token sequence, with everything needed to check a graft is legitimate.
+
+    `numerics` is not part of the bytes: the evidence of the numerics it was computed under, attached by whoever
+    produced the object (a store's get: its record; a capture: this process's measured fingerprint; None: neither,
+    e.g. `from_bytes` of bytes from elsewhere). Admission (kvstore.engine.admission) compares it."""
 
     token_ids: list[int]
     start_position: int
@@ -82,6 +102,7 @@ class Snapshot:
     environment: dict
     model_name: str = ""
     extra: dict = field(default_factory=dict)  # free-form, caller-owned (e.g. {"text_sha256": ...})
+    numerics: NumericsRecord | None = field(default=None, compare=False, repr=False)  # not serialized
 
     @property
     def token_count(self) -> int:

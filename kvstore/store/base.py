@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from kvstore.errors import FormatError, IntegrityError, InvalidIdError, KVStoreError
-from kvstore.format.artifact import Snapshot, from_bytes, guard, to_bytes, tokens_sha256
+from kvstore.errors import FormatError, IntegrityError, InvalidIdError, KVStoreError, NotFoundError
+from kvstore.format.artifact import NumericsRecord, Snapshot, from_bytes, guard, to_bytes, tokens_sha256
 from kvstore.format.ids import ArtifactId
 
 
@@ -67,11 +67,34 @@ def check_id(aid: str, data: bytes | memoryview, where: str, got: str | None = N
         )
 
 
+NUMERICS_PREFIX = "numerics:"  # kvstore.environment.NUMERICS_TAG: the store tag of a numerics measurement
+
+
 def check_tags(tags: Iterable[str]) -> tuple[str, ...]:
     out = tuple(tags)
     if not all(isinstance(t, str) and 0 < len(t) <= 256 for t in out):
         raise KVStoreError(f"tags must be non-empty strings of at most 256 characters, got {out!r:.120}")
     return out
+
+
+def check_numerics_tags(tags: tuple[str, ...], doing: str) -> None:
+    """KVStoreError for a `numerics:` tag given to a plain tagging call: the numerics record is a measurement,
+    written only by what measured it (a deposit's put, `record_numerics` after a reproduction)."""
+    bad = [t for t in tags if t.startswith(NUMERICS_PREFIX)]
+    if bad:
+        raise KVStoreError(
+            f"{doing}: {bad[0][:40]!r} is a numerics record, not a free tag: it is written only by what measured it "
+            "(a deposit, or a re-verification that recomputed the artifact here: Store.record_numerics); deposit "
+            "the artifact again on the machine instead of tagging it")
+
+
+def snapshot_numerics_tags(snapshot: Snapshot) -> tuple[str, ...]:
+    """The `numerics:` tags a put records for a snapshot: the fingerprints its record carries (measured by the
+    process that captured it, or read from the store it came from: the record travels with the artifact)."""
+    rec = snapshot.numerics
+    if rec is None or rec.error is not None:
+        return ()
+    return tuple(NUMERICS_PREFIX + f for f in rec.fingerprints)
 
 
 class Store(ABC):
@@ -113,7 +136,7 @@ class Store(ABC):
         """Store a snapshot; returns its id. Putting an existing artifact only adds tags."""
         with guard("snapshot to store"):
             data = to_bytes(snapshot)
-        return self.put_bytes(data, tags)
+        return self.put_bytes(data, (*tuple(tags), *snapshot_numerics_tags(snapshot)))
 
     def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
         """Store many snapshots (or artifact bytes), each with `tags`; their ids in order. Same result as a
@@ -123,8 +146,30 @@ class Store(ABC):
 
     def get(self, aid: str) -> Snapshot:
         """The verified snapshot: the bytes hash to the id before any tensor is returned (tensors were checked
-        one by one when the artifact entered the store). Raises NotFoundError, IntegrityError."""
-        return from_bytes(self.get_bytes(aid), verify_tensors=False)
+        one by one when the artifact entered the store), with the store's numerics record attached
+        (`numerics_record`). Raises NotFoundError, IntegrityError."""
+        snapshot = from_bytes(self.get_bytes(aid), verify_tensors=False)
+        snapshot.numerics = self.numerics_record(aid)
+        return snapshot
+
+    def numerics_record(self, aid: str) -> NumericsRecord:
+        """The numerics fingerprints this store records for the artifact (its `numerics:` tags; none: not
+        recorded, also when it has no index row). A lookup that fails is a record with `error` set: admission
+        refuses it, as it refuses no record (absent evidence is not evidence)."""
+        where = f"{self!r}"
+        try:
+            tags = self.info(aid).tags
+        except NotFoundError:
+            return NumericsRecord((), f"{where} (no index row)")
+        except (KVStoreError, OSError) as e:
+            return NumericsRecord((), where, f"{type(e).__name__}: {e}")
+        return NumericsRecord(tuple(sorted(t[len(NUMERICS_PREFIX):] for t in tags if t.startswith(NUMERICS_PREFIX))),
+                              where)
+
+    def record_numerics(self, aid: str, fingerprint: str) -> None:
+        """Record that the artifact was measured under `fingerprint` (computed here, its bytes equal): replaces
+        every numerics tag it had. Only a deposit or a re-verification by reproduction calls it. NotFoundError."""
+        raise KVStoreError(f"{self!r} cannot record numerics; re-deposit the artifact into a writable store")
 
     def size(self, aid: str) -> int:
         """The artifact's size in bytes (its index row's, where the store has no better answer). NotFoundError."""
@@ -148,4 +193,5 @@ class Store(ABC):
         from_bytes(self.get_bytes(aid), verify_tensors=True)
 
 
-__all__ = ["ArtifactInfo", "IndexRow", "Store", "admit", "check_id", "check_tags"]
+__all__ = ["NUMERICS_PREFIX", "ArtifactInfo", "IndexRow", "Store", "admit", "check_id", "check_numerics_tags",
+           "check_tags", "snapshot_numerics_tags"]

@@ -62,6 +62,11 @@ class Index(ABC):
         """Tag an indexed artifact."""
 
     @abstractmethod
+    def replace_tags(self, aid: str, prefix: str, tags: tuple[str, ...]) -> None:
+        """Drop the artifact's tags that start with `prefix`, then add `tags` (one transaction where the index has
+        them): how a measured record (`numerics:`) replaces what was recorded before."""
+
+    @abstractmethod
     def remove(self, aid: str) -> bool:
         """Drop the row and its tags; False when there was no row."""
 
@@ -104,6 +109,22 @@ class BlobIndex(Index):
 
     def add_tags(self, aid: str, tags: tuple[str, ...]) -> None:
         self._create_tags(aid, tags)
+
+    def replace_tags(self, aid: str, prefix: str, tags: tuple[str, ...]) -> None:
+        keep = {_tag_key(aid, t) for t in tags}
+        for key, text in self._tags_with_keys(aid):
+            if text.startswith(prefix) and key not in keep:
+                self.blobs.delete(key)
+        self._create_tags(aid, tags)
+
+    def _tags_with_keys(self, aid: str) -> list[tuple[str, str]]:
+        out = []
+        for key in self.blobs.list(f"tags/{aid}/"):
+            try:
+                out.append((key, self.blobs.get(key).decode(errors="replace")))
+            except NotFoundError:
+                continue
+        return out
 
     def _row(self, aid: str) -> dict:
         key = _row_key(aid)

@@ -6,7 +6,8 @@ Layout of a LocalStore root (see FORMAT.md):
     index.sqlite         persistent index: id, size, token count, tokens SHA-256, model fingerprint, tags
 Admission, verification and indexing are kvstore/store/objects.py's, the same code every store runs (S3, memory).
 What is the folder's own: writes are atomic (temp file in the same folder, fsync, rename; kvstore/store/directory.py),
-reads map the file (no copy) and hash it on all usable CPUs, so a verified restore runs at hashing speed; the
+reads copy the file into memory of their own and hash that copy on all usable CPUs (copy what you hash: issue 51,
+an object rewritten or truncated in place after the check cannot reach a tensor); the
 index is one SQLite file (kvstore/store/sqlite_index.py) with batched transactions; a store this process cannot write is
 opened read-only through a private copy of its index; gc also removes temp files that killed writers left.
 The shared pieces (IndexRow, ArtifactInfo, admit, check_id, check_tags, Store) are kvstore/store/base.py's.
@@ -91,7 +92,8 @@ class LocalStore(ObjectStore):
         return self.root / id_to_relpath(aid)
 
     def _map(self, aid: str) -> memoryview:
-        """The object's bytes mapped privately, not yet verified (kvstore/store/directory.py DirectoryBytes.map)."""
+        """The object's bytes mapped privately, not yet verified (kvstore/store/directory.py DirectoryBytes.map). No
+        read that is used afterwards goes through it (get reads a private copy): a mapping changes with its file."""
         return self._fetch(aid, "map")
 
     def gc(self, grace_s: float = GC_GRACE_S) -> dict:

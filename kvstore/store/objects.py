@@ -28,7 +28,17 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from kvstore.errors import KVStoreError, NotFoundError, ReadOnlyStoreError
 from kvstore.format.artifact import Snapshot, from_bytes, guard, to_bytes
 from kvstore.format.ids import ArtifactId, id_to_relpath, relpath_to_id
-from kvstore.store.base import ArtifactInfo, IndexRow, Store, admit, check_id, check_tags
+from kvstore.store.base import (
+    NUMERICS_PREFIX,
+    ArtifactInfo,
+    IndexRow,
+    Store,
+    admit,
+    check_id,
+    check_numerics_tags,
+    check_tags,
+    snapshot_numerics_tags,
+)
 from kvstore.store.byte_store import ByteStore
 from kvstore.store.index import BlobIndex, Index
 from kvstore.store.verified_read import verified_snapshot
@@ -71,16 +81,27 @@ class ObjectStore(Store):
 
     def _put(self, items: Iterable[Snapshot | bytes], tags: tuple[str, ...]) -> list[ArtifactId]:
         batch = []
+        # the numerics record each snapshot carries goes with it: one measured by this process (a capture)
+        # replaces what the store recorded (the bytes were just computed here); one read elsewhere is added
+        records: dict[ArtifactId, tuple[bool, tuple[str, ...]]] = {}
         for x in items:
             if isinstance(x, Snapshot):
                 with guard("snapshot to store"):
                     data = to_bytes(x)
                 snap = admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
+                extra = snapshot_numerics_tags(x)
             else:
-                data, snap = x, admit(x)
+                data, snap, extra = x, admit(x), ()
             aid = ArtifactId.of(data)
             batch.append((aid, data, IndexRow.of(aid, len(data), snap)))
+            if extra:
+                records[aid] = (bool(x.numerics and x.numerics.measured), extra)
         self._publish(batch, tags)
+        for aid, (measured, extra) in records.items():
+            if measured:
+                self.index.replace_tags(aid, NUMERICS_PREFIX, extra)
+            else:
+                self.index.add_tags(aid, extra)
         return [aid for aid, _, _ in batch]
 
     def _publish(self, batch: list[tuple[ArtifactId, bytes | memoryview, IndexRow]], tags: tuple[str, ...]) -> None:
@@ -113,8 +134,18 @@ class ObjectStore(Store):
         """Tag a stored artifact (its bytes are not read). NotFoundError if it has no index row."""
         self._writable("tag an artifact")
         aid, tags = ArtifactId(aid), check_tags(tags)
+        check_numerics_tags(tags, f"tagging artifact {aid}")
         self.info(aid)
         self.index.add_tags(aid, tags)
+
+    def record_numerics(self, aid: str, fingerprint: str) -> None:
+        """Record that the artifact's bytes were computed under `fingerprint` (kvstore.environment.
+        numerics_fingerprint) in this process: its numerics tags are replaced by this one. Called by a deposit
+        that measured it, or a re-verification that recomputed the artifact and got its bytes. NotFoundError."""
+        self._writable("record an artifact's numerics")
+        aid, (tag,) = ArtifactId(aid), check_tags([NUMERICS_PREFIX + str(fingerprint)])
+        self.info(aid)
+        self.index.replace_tags(aid, NUMERICS_PREFIX, (tag,))
 
     def remove(self, aid: str) -> None:
         """Delete the row and tags first (the artifact leaves every listing), then the object. NotFoundError."""
@@ -142,16 +173,25 @@ class ObjectStore(Store):
         self._check(aid, data)
         return data
 
-    def get(self, aid: str, private: bool = False) -> Snapshot:
+    def get(self, aid: str, private: bool = True) -> Snapshot:
         """The verified snapshot: the bytes' hash (the id, covering every byte) is checked before anything is
         returned (kvstore/store/verified_read.py: the hash runs on all usable CPUs while the header is parsed); every
-        tensor's own hash was checked when the artifact entered the store (`verify` re-checks both). Where the
-        byte store maps its blobs (a folder) tensors view the verified pages (copy-on-write); private=True reads
-        the bytes into this process's own buffer instead, whatever later happens to the stored blob (the
-        prefetcher uses it, as a snapshot may wait a while before it is used)."""
+        tensor's own hash was checked when the artifact entered the store (`verify` re-checks both).
+
+        Copy what you hash: the bytes are read into this process's own buffer first, then hashed, then parsed, and
+        the tensors view that buffer, so the bytes verified are the bytes used whatever later happens to the stored
+        blob. A blob rewritten in place after the check cannot reach the tensors; one truncated while it is read
+        gives a short buffer that does not hash to its id (IntegrityError), never a SIGBUS. (Mapping the file and
+        hashing the mapping, as before issue 51, let an in-place rewrite after the check change the tensors, and a
+        truncation kill the process.) `private` is kept for callers that name it; every read is private.
+
+        The snapshot carries the store's numerics record of the artifact (`Snapshot.numerics`,
+        kvstore.engine.admission): the fingerprints its index tags record, or why they could not be read."""
         aid = ArtifactId(aid)
-        data = self._fetch(aid, "read_private" if private else "map")
-        return verified_snapshot(data, lambda got: self._check(aid, data, got))
+        data = self._fetch(aid, "read_private")
+        snapshot = verified_snapshot(data, lambda got: self._check(aid, data, got))
+        snapshot.numerics = self.numerics_record(aid)
+        return snapshot
 
     def contains(self, aid: str) -> bool:
         return self.blobs.contains(id_to_relpath(ArtifactId(aid)))
@@ -191,6 +231,8 @@ class ObjectStore(Store):
             try:
                 data = self.get_bytes(aid)
                 self.index.add([IndexRow.of(aid, len(data), admit(data))], ())
+                # counted: its tags (library, numerics) lived in the lost row and nothing in the object holds them,
+                # so it is indexed with none (`kvstore gc` says so; a graft refuses it until re-verified: issue 51)
                 report["objects_indexed"] += 1
             except (KVStoreError, OSError) as e:
                 report["damaged"].append(f"{aid}: {e}")
@@ -227,7 +269,7 @@ class ObjectStore(Store):
         a row that differs, or cannot be read, is rewritten from the object (tags kept) and named in
         report["rows_repaired"]; an object that does not hash to its id is reported in report["damaged"]."""
         try:
-            data = self._fetch(aid, "map")
+            data = self._fetch(aid, "read_private")  # a copy: an object truncated meanwhile is a short read, no SIGBUS
             self._check(aid, data)
             true = IndexRow.of(aid, len(data), from_bytes(data, verify_tensors=False))
         except NotFoundError:

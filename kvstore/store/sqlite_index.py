@@ -135,6 +135,13 @@ class SqliteIndex(Index):
         with self._db("add tags") as db:
             db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(str(aid), t) for t in tags])
 
+    def replace_tags(self, aid: str, prefix: str, tags: tuple[str, ...]) -> None:
+        with self._db(f"replace the {prefix} tags of {aid}") as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("DELETE FROM tags WHERE id = ? AND substr(tag, 1, ?) = ?", (str(aid), len(prefix), prefix))
+            db.executemany("INSERT OR IGNORE INTO tags VALUES (?,?)", [(str(aid), t) for t in tags])
+            db.execute("COMMIT")
+
     def rewrite(self, row: IndexRow) -> None:
         with self._db(f"rewrite the row of {row.id}") as db:
             db.execute("BEGIN IMMEDIATE")

@@ -93,6 +93,9 @@ class CachedStore(Store):
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
         return self.inner.put_bytes(data, tags)
 
+    def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
+        return self.inner.put(snapshot, tags)  # the store below records the snapshot's numerics as it does
+
     def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
         return self.inner.put_many(items, tags)
 
@@ -117,6 +120,12 @@ class CachedStore(Store):
 
     def add_tags(self, aid: str, tags: Iterable[str]) -> None:
         self.inner.add_tags(aid, tags)
+
+    def numerics_record(self, aid: str):
+        return self.inner.numerics_record(aid)
+
+    def record_numerics(self, aid: str, fingerprint: str) -> None:
+        self.inner.record_numerics(aid, fingerprint)
 
     def __len__(self) -> int:
         return len(self.inner)

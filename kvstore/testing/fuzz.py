@@ -81,9 +81,9 @@ def make_base(model: str) -> Base:
     snap = deposit(be, prefix, extra={"fuzz": model})
     data = to_bytes(snap)
     ref = logits_sha256(reference_logits(be, prefix, suffix))
-    got = logits_sha256(graft_logits(be, prefix, suffix, from_bytes(data)).logits)
+    got = logits_sha256(graft_logits(be, prefix, suffix, _measured(from_bytes(data), snap)).logits)
     base = Base(model, be, data, prefix, suffix, ref, {}, {}, b"")
-    if got != ref or logits_sha256(graft_and_continue(base, from_bytes(data))) != ref:
+    if got != ref or logits_sha256(graft_and_continue(base, _measured(from_bytes(data), snap))) != ref:
         raise SystemExit(f"{model}: the original artifact does not graft exactly ({got[:12]} != {ref[:12]}); "
                          "fuzzing it would be meaningless")
     hlen = int.from_bytes(data[:8], "little")
@@ -324,6 +324,12 @@ def _forgery(rng: random.Random, b: Base) -> tuple[bytes, str, bool]:
 
 
 # ------------------------------------------------------------------------------------------ running
+def _measured(parsed, captured):
+    """`parsed` (from_bytes: no numerics record) with the record of the capture it was written from."""
+    parsed.numerics = captured.numerics
+    return parsed
+
+
 def graft_and_continue(b: Base, snap) -> torch.Tensor:
     """Graft as the harness does and run the suffix from where the cache says it is (cache.get_seq_length(),
     which a sliding layer derives from its cumulative_length): the suffix logits (1, SUFFIX, vocab)."""
@@ -336,6 +342,9 @@ def run_one(b: Base, mutant: bytes, store, local: LocalStore | None) -> str:
     try:
         try:
             aid = store.put_bytes(mutant)
+            # the numerics record of the process that computed the original (the mutations are of the format, and
+            # admission's numerics check would otherwise refuse every mutant first: issue 51)
+            store.record_numerics(aid, b.be.numerics())
         except KVStoreError as e:
             outcome = f"refused_admission:{type(e).__name__}"
             if local is not None:

@@ -34,7 +34,17 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from kvstore import Backend, Determinism, LocalStore, atomic_write, deposit, load_backend, to_bytes, tokens_sha256
+from kvstore import (
+    Backend,
+    Determinism,
+    LocalStore,
+    atomic_write,
+    deposit,
+    load_backend,
+    numerics_tag,
+    to_bytes,
+    tokens_sha256,
+)
 from kvstore.backends.transformers import layout_string
 from kvstore.determinism import add_arguments, from_arguments
 from scripts.bench.common import stats
@@ -137,7 +147,8 @@ class Filler:
         def writer() -> None:
             while (batch := q.get()) is not None:
                 try:
-                    self.store.put_many(batch, tags=["bench-context"])
+                    # bytes this machine's model just computed: recorded with the numerics it measured (issue 51)
+                    self.store.put_many(batch, tags=["bench-context", numerics_tag(self.fm.numerics_sha256)])
                 except BaseException as e:  # surfaced on the main thread
                     errors.append(e)
                 bar.update(len(batch))
@@ -198,11 +209,16 @@ def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarra
 
 
 def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
-    """A fresh store holding exactly `ids` (bytes copied and verified on the way, nothing recomputed)."""
+    """A fresh store holding exactly `ids` (bytes copied and verified on the way, nothing recomputed), each with the
+    numerics record it had in `src` (a copy that dropped it would be refused at graft: issue 51)."""
     shutil.rmtree(dst_root, ignore_errors=True)
     dst = LocalStore(dst_root)
     for start in range(0, len(ids), BATCH):
-        dst.put_many([src.get_bytes(a) for a in ids[start : start + BATCH]], tags=["bench-context"])
+        batch = ids[start : start + BATCH]
+        dst.put_many([src.get_bytes(a) for a in batch], tags=["bench-context"])
+        for a in batch:
+            for fp in src.numerics_record(a).fingerprints:
+                dst.record_numerics(a, fp)
     return dst
 
 

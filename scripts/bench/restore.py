@@ -79,6 +79,7 @@ def bench_restore(be: Backend, store: LocalStore, ttft_rows: list[dict], repeats
         sha_t, _ = timed(lambda d=data: hashlib.sha256(d).digest(), reps)  # the kvgraft-kv/1 id, for comparison
         buf = bytearray(data)  # writable, like the private mapping store.get parses
         parse_t, snap = timed(lambda b=buf: from_bytes(b), reps)
+        snap.numerics = store.numerics_record(aid)  # from_bytes attaches no numerics evidence; admission needs it
         graft_t, _ = timed(lambda s=snap: be.graft(s), reps)
         cold = {"attempted": not quick}
         if not quick:

@@ -182,3 +182,50 @@ def test_sigterm_while_the_private_ray_starts_stops_with_one_line_and_leaves_no_
         time.sleep(0.25)
     assert not still_running(seen), f"outlived the driver by {time.monotonic() - stopped:.1f} s: {still_running(seen)}"
     assert not list((tmp_path / "runs").glob("baseline/*"))  # no row was written: nothing left to resume
+
+
+@pytest.mark.parametrize("to", ["driver", "group"])
+def test_sigint_while_the_private_ray_starts_stops_with_one_line_and_leaves_no_process(tmp_path, still_running, to):
+    """Issue 51, item 9: Ctrl-C (SIGINT; `group`: to the whole foreground process group, as a terminal sends it, so
+    Ray's own servers get it too) as soon as the private Ray's first server exists, i.e. inside ray.init: one
+    `stopped: SIGINT` line, exit 130, no traceback, no process left. Before: a 30-line traceback."""
+    driver = subprocess.Popen([sys.executable, "-m", "harness", *CONFIG, f"runs_dir={tmp_path}/runs"], cwd=REPO,
+                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    seen: dict[int, tuple[str, float]] = {}
+    try:
+        deadline, sent = time.monotonic() + 300, False
+        while time.monotonic() < deadline and driver.poll() is None and not sent:
+            try:
+                kids = psutil.Process(driver.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            for k in kids:
+                try:
+                    seen[k.pid] = (k.name(), k.create_time())
+                except psutil.NoSuchProcess:
+                    pass
+            if any(name == "gcs_server" for name, _ in seen.values()):
+                (os.killpg if to == "group" else os.kill)(driver.pid, signal.SIGINT)
+                sent = True
+            time.sleep(0.02)
+        assert sent, f"the driver exited ({driver.poll()}) before its Ray started"
+        while driver.poll() is None and time.monotonic() < deadline:
+            try:
+                for k in psutil.Process(driver.pid).children(recursive=True):
+                    seen.setdefault(k.pid, (k.name(), k.create_time()))
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(0.05)
+        _, err = driver.communicate(timeout=120)
+        stopped = time.monotonic()
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line and "\r" not in line]
+    assert driver.returncode == 130, err[-3000:]
+    assert err.count("stopped: SIGINT") == 1, err[-3000:]
+    assert not [line for line in lines if "***" in line or "@ 0x" in line or "Traceback" in line], err[-3000:]
+    while still_running(seen) and time.monotonic() - stopped < 20:
+        time.sleep(0.25)
+    assert not still_running(seen), f"outlived the driver by {time.monotonic() - stopped:.1f} s: {still_running(seen)}"

@@ -37,7 +37,7 @@ from kvstore.backends.transformers import (
 )
 from kvstore.engine.verify import logits_sha256, reference_logits
 from kvstore.errors import IndexDatabaseError, ValidationError
-from kvstore.format.artifact import LayerKV
+from kvstore.format.artifact import LayerKV, NumericsRecord
 from kvstore.format.ids import ArtifactId
 from kvstore.store.base import Store
 
@@ -79,6 +79,13 @@ def _set(path: tuple, value):
     return fn
 
 
+def _here(snap, fm):
+    """A snapshot parsed from bytes made by this process, with the numerics record its capture had (from_bytes
+    attaches none: admission refuses a snapshot without evidence, issue 51)."""
+    snap.numerics = NumericsRecord((fm.numerics_sha256,), "measured by this test process", measured=True)
+    return snap
+
+
 def test_the_edit_helper_reproduces_an_unedited_artifact_byte_for_byte(gemma_bytes, store):
     assert _edit(gemma_bytes) == gemma_bytes
     store.put_bytes(_edit(gemma_bytes))  # admitted: refusals below are due to the edit alone
@@ -95,7 +102,7 @@ def test_an_edited_cumulative_length_is_refused_at_admission(gemma_bytes, store,
 
 
 def test_an_in_memory_cumulative_length_edit_is_refused_at_graft(tiny_gemma3, gemma_bytes):
-    snap = from_bytes(gemma_bytes)
+    snap = _here(from_bytes(gemma_bytes), tiny_gemma3)
     snap.layers[0] = dataclasses.replace(snap.layers[0], cumulative_length=60)
     with pytest.raises(IncompatibleError, match="cumulative_length 60"):
         graft_snapshot(snap, tiny_gemma3)
@@ -112,7 +119,7 @@ def test_values_stored_as_int32_under_a_float32_artifact_are_refused(gemma_bytes
 
 
 def test_values_of_another_dtype_are_refused_at_graft_before_the_model_sees_them(tiny_gemma3, gemma_bytes):
-    snap = from_bytes(gemma_bytes)
+    snap = _here(from_bytes(gemma_bytes), tiny_gemma3)
     snap.layers[3] = dataclasses.replace(snap.layers[3], values=snap.layers[3].values.view(torch.int32))
     with pytest.raises(IncompatibleError, match="layer 3 values are torch.int32"):
         graft_snapshot(snap, tiny_gemma3)
@@ -132,7 +139,7 @@ def test_an_artifact_deposited_under_other_settings_is_refused_naming_the_field(
 
 
 def test_every_differing_setting_is_named(tiny_gemma3, gemma_bytes):
-    snap = from_bytes(gemma_bytes)
+    snap = _here(from_bytes(gemma_bytes), tiny_gemma3)
     snap.determinism = {**snap.determinism, "threads": 1, "deterministic_algorithms": False}
     with pytest.raises(IncompatibleError, match="determinism.deterministic_algorithms: artifact False, this process "
                        "True; determinism.threads: artifact 1, this process 2"):
@@ -140,7 +147,7 @@ def test_every_differing_setting_is_named(tiny_gemma3, gemma_bytes):
 
 
 def test_a_graft_under_the_recorded_settings_is_exact(tiny_gemma3, gemma_bytes):
-    cache = graft_snapshot(from_bytes(gemma_bytes), tiny_gemma3, token_ids=PREFIX + SUFFIX)
+    cache = graft_snapshot(_here(from_bytes(gemma_bytes), tiny_gemma3), tiny_gemma3, token_ids=PREFIX + SUFFIX)
     got = forward(tiny_gemma3, SUFFIX, cache)
     assert logits_sha256(got) == logits_sha256(reference_logits(TransformersBackend.of(tiny_gemma3), PREFIX, SUFFIX))
 
@@ -232,6 +239,7 @@ def test_swapped_head_dims_are_refused_at_graft_before_forward(tiny_gemma3, gemm
             h[f"layers.0.{part}"]["shape"] = [1, 16, 15, 1]  # (batch, kv_heads, seq, head_dim) 1 <-> 16
 
     aid = store.put_bytes(_edit(gemma_bytes, _set(("layers", 0, "shape"), [1, 16, 15, 1]), swap))
+    store.record_numerics(aid, tiny_gemma3.numerics_sha256)  # its numerics are this process's: the layout is refused
     with pytest.raises(IncompatibleError, match=r"layer 0 keys/values have shape \(1, 16, 15, 1\)"):
         graft_snapshot(store.get(aid), tiny_gemma3)
 

@@ -23,7 +23,7 @@ from kvstore.backends.vllm.paged import LAYOUTS, PagedLayout, self_test
 from kvstore.backends.vllm.settings import VllmBackendSettings
 from kvstore.engine.admission import admission_differences
 from kvstore.errors import IncompatibleError
-from kvstore.format.artifact import LayerKV, Snapshot
+from kvstore.format.artifact import LayerKV, NumericsRecord, Snapshot
 
 TRANSPOSED = LAYOUTS[0]
 
@@ -158,7 +158,9 @@ def test_admission_admits_a_matching_artifact() -> None:
      "environment.cpu_model: artifact 'Intel Xeon', this process 'AMD EPYC'"),
     (lambda s: dataclasses.replace(s, determinism={k: v for k, v in s.determinism.items() if k != "backend"}),
      "deposited by"),
-], ids=["model", "tokenizer", "block_size", "batch_invariant", "layout", "environment", "backend"])
+    (lambda s: dataclasses.replace(s, numerics=NumericsRecord(("e" * 64,), "a store")),  # issue 51: the connector's
+     "its numerics record names fingerprint eeee"),                                     # admission reads it too
+], ids=["model", "tokenizer", "block_size", "batch_invariant", "layout", "environment", "backend", "numerics"])
 def test_admission_names_each_difference(change, named: str) -> None:  # noqa: ANN001
     me, snap = _identity_and_snapshot()
     why = [d.message for d in admission_differences(change(snap), me.facts())]  # the one admission, as a list
@@ -354,3 +356,26 @@ def test_first_logits_digest_hashed_in_the_engine_equals_the_whole_vocabulary_lo
     assert p["unchanged"] and p["step1"] == {"a": True, "c": True}
     assert p["step2_c_row0"] and p["step3_c_row1"] and not p["a_after_output"]
     assert "must be {'key': str, 'journal': str}" in p["refused"]
+
+
+def test_the_connectors_admission_refuses_an_artifact_whose_numerics_record_it_cannot_confirm(tmp_path) -> None:
+    """Issue 51: the connector's admission path (check_candidate, the scheduler's and the worker's) reads the store's
+    numerics record with the artifact: a forged `numerics:` tag on a vLLM artifact is refused, never claimed."""
+    pytest.importorskip("vllm", reason="needs .venv-vllm")
+    import sqlite3
+
+    from kvstore.backends.vllm.connector import check_candidate
+    from kvstore.store.local import LocalStore
+
+    me, snap = _identity_and_snapshot()
+    snap.layers = [dataclasses.replace(lyr, keys=lyr.keys.clone(), values=lyr.values.clone()) for lyr in snap.layers]
+    store = LocalStore(tmp_path / "store")
+    aid = store.put(snap)
+    got, why = check_candidate(store, aid, me, list(range(128)), 0)
+    assert got is not None and why == []
+    db = sqlite3.connect(store.index_path)
+    db.execute("INSERT INTO tags VALUES (?, ?)", (aid, "numerics:" + "e" * 64))
+    db.commit()
+    db.close()
+    got, why = check_candidate(store, aid, me, list(range(128)), 0)
+    assert got is None and any("numerics record names fingerprint eeee" in w for w in why), why

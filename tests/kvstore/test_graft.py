@@ -134,6 +134,9 @@ def test_graft_of_another_architecture_is_refused(tiny_llama, tiny_gemma3):
     # With the fingerprints edited to match, the layer layout check still catches it.
     disguised = dataclasses.replace(llama, model_fingerprint=tiny_gemma3.fingerprint,
                                     tokenizer_fingerprint=tiny_gemma3.tokenizer_fingerprint)
+    with pytest.raises(IncompatibleError, match="numerics_sha256: artifact"):  # its numerics record is llama's
+        check_compatible(disguised, tiny_gemma3)
+    disguised.numerics = deposit_tokens(tiny_gemma3, prompt_ids(2)).numerics  # and with that edited too
     layout = r"layer layout differs \(artifact 4 layers FFFF, model 6 layers SSFSSF\)"
     with pytest.raises(IncompatibleError, match=layout):
         check_compatible(disguised, tiny_gemma3)

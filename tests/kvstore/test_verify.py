@@ -27,7 +27,9 @@ def test_check_graft_through_a_store_is_exact_and_times_each_stage(tiny_gemma3, 
     assert (check.kl_max, check.max_abs_diff, check.argmax_agreement) == (0.0, 0.0, 1.0)
     assert (check.prefix_tokens, check.suffix_tokens, check.offset) == (24, len(SUFFIX), 0)
     assert check.oneshot is None  # not asked for
-    assert tuple(store.info(check.artifact_id).tags) == ("t",) and store.get(check.artifact_id).extra == {"why": "test"}
+    tags = store.info(check.artifact_id).tags  # the tag given, and the numerics measured at deposit (issue 51)
+    assert tags == ("numerics:" + tiny_gemma3.numerics_sha256, "t")
+    assert store.get(check.artifact_id).extra == {"why": "test"}
     assert {"deposit", "put", "reference", "restore", "get", "graft", "forward"} <= set(check.timing_s)
     assert all(v >= 0 for v in check.timing_s.values())
     d = check.to_dict()

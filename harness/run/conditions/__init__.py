@@ -202,14 +202,15 @@ class Graft(Baseline):
         if found is None:  # nothing to graft: the query alone, recorded as such
             return super().context(problem)
         prompt, match, snapshot = found
-        try:  # the numerics fingerprint it was deposited under (a store tag), when recorded, must be this process's
+        try:  # the numerics fingerprint it was deposited under (a store tag) must be recorded and be this process's
             try:
                 tags = self.library.store.info(match.entry.artifact_id).tags
             except KVStoreError:
-                tags = ()  # no index row: nothing recorded beside the artifact (its bytes were verified on read)
+                tags = None  # no readable record: refused (absent evidence is not evidence; issue 51)
             check_numerics(tags, self.backend,
                            f"library entry {match.entry.entry_id}",
-                           allow_environment_mismatch=self.backend.allows_environment_mismatch())
+                           allow_environment_mismatch=self.backend.allows_environment_mismatch(),
+                           source=f"store {getattr(self.library.store, 'root', self.library.store)!s}")
         except EnvironmentMismatchError as exc:
             raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
                                "here") from None

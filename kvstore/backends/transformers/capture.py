@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from kvstore.backends.transformers.cache_state import fill_layer, prefix_state, state_differences, summary, uncaptured
 from kvstore.backends.transformers.model import WINDOWED, FrozenModel, cache_kwargs, environment_fingerprint
 from kvstore.errors import CaptureError, IncompatibleError
-from kvstore.format.artifact import LayerKV, Snapshot
+from kvstore.format.artifact import LayerKV, NumericsRecord, Snapshot
 
 CAPTURABLE = ("full", "sliding", "chunked")  # layer kinds whose whole state is keys, values, cumulative_length
 
@@ -101,6 +101,8 @@ def capture_snapshot(
         environment=environment_fingerprint(fm.device),
         model_name=fm.name,
         extra=dict(extra or {}),
+        # the evidence of its numerics: measured by this process, which computed it (a put records it as a tag)
+        numerics=NumericsRecord((fm.numerics_sha256,), "measured by the process that computed it", measured=True),
     )
 
 

@@ -71,11 +71,8 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     kvh, kv, dv = key.shape[1], key.shape[2], value.shape[-1]
     groups = h // kvh
     scaling = d ** -0.5 if scaling is None else scaling
-    pos = kwargs.get("position_ids")
-    if torch.is_tensor(pos) and pos.numel():  # absolute position of each row's last query
-        lasts = [int(x) for x in pos[:, -1]] if pos.shape[0] == b else [int(pos[0, -1])] * b
-    else:
-        lasts = [kv - 1] * b
+    lasts = _checked_lasts(module, kwargs.get("position_ids"), attention_mask, b, q, kv)
+    _CALLS[0] += 1  # the run-time confirmation (confirm_forward): this call went through the invariant path
     if len(set(lasts)) > 1:  # rows of different contexts, end-aligned (ragged.py): each row's own block alignment
         return _ragged_rows(module, query, key, value, attention_mask, scaling, softcap, lasts, kwargs)
     last = lasts[0]
@@ -106,6 +103,75 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
         outs.append(_attend(rows_q, rows_vis, kp, vp, scaling, softcap))
     out = torch.cat(outs, dim=2).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _checked_lasts(module: torch.nn.Module, pos, attention_mask: torch.Tensor | None, b: int, q: int,
+                   kv: int) -> list[int]:
+    """The absolute position of each row's last query, from `position_ids`, refusing (KVStoreError, one line) what
+    the block alignment cannot be derived from instead of assuming it (issue 51, item 6): no position_ids (key 0
+    is not position 0 once a sliding window dropped keys, or a graft put the cache elsewhere), position_ids of
+    another shape than the queries', more keys than positions up to the last query, or no mask on a sliding-window
+    layer (the window would not be applied)."""
+    from kvstore.errors import KVStoreError
+
+    where = f"batch-invariant attention ({type(module).__name__}, layer {getattr(module, 'layer_idx', '?')})"
+    if not torch.is_tensor(pos) or pos.dim() != 2 or pos.shape[-1] != q or pos.shape[0] not in (1, b):
+        got = "none" if not torch.is_tensor(pos) else f"shape {tuple(pos.shape)}"
+        raise KVStoreError(f"{where}: position_ids {got}, for {b} row(s) of {q} queries: the key blocks are aligned "
+                           "to absolute positions, which are not assumed; call the model with position_ids "
+                           "(kvstore's prefill, decode and graft do)")
+    lasts = [int(x) for x in pos[:, -1]] if pos.shape[0] == b else [int(pos[0, -1])] * b
+    if min(lasts) + 1 < kv and len(set(lasts)) == 1:
+        raise KVStoreError(f"{where}: {kv} keys but the last query is at position {min(lasts)}: keys before position "
+                           "0 do not exist; the cache and position_ids disagree (a graft at the wrong position?)")
+    if attention_mask is None and getattr(module, "sliding_window", None):
+        raise KVStoreError(f"{where}: no attention mask on a sliding-window layer (window "
+                           f"{module.sliding_window}), so the window would not be applied; the mode registers its own "
+                           "mask function: load the model with determinism.batch_invariant=true (kvstore installs it)")
+    return lasts
+
+
+def attention_calls() -> int:
+    """How many calls went through `invariant_attention` in this process so far (confirm_forward compares it)."""
+    return _CALLS[0]
+
+
+def confirm_forward(model: torch.nn.Module, before: int, what: str = "forward") -> None:
+    """KVStoreError unless every attention layer of `model` went through `invariant_attention` since `before`
+    (`attention_calls()` taken before the forward): a model whose attention implementation was switched back, or
+    that never dispatched to the registered one, is refused at run time instead of trusted (issue 51, item 6)."""
+    from kvstore.errors import KVStoreError
+
+    layers = int(getattr(getattr(model, "config", None), "num_hidden_layers", 0) or 0)
+    text = getattr(model.config, "get_text_config", None)
+    if text is not None:
+        layers = int(getattr(text(decoder=True), "num_hidden_layers", layers) or layers)
+    done = _CALLS[0] - before
+    if done < max(layers, 1):
+        raise KVStoreError(f"batch-invariant mode: the {what} ran {done} attention call(s) through the invariant "
+                           f"attention where the model has {layers} layers: attention went through another "
+                           f"implementation ({getattr(model.config, '_attn_implementation', '?')}), so the rows are "
+                           "not batch-invariant; load the model again with determinism.batch_invariant=true")
+
+
+_CALLS = [0]
+
+
+def _confirm_every_forward(model: torch.nn.Module) -> None:
+    """Wrap `model.forward` so that every call is confirmed (`confirm_forward`) to have gone through the invariant
+    attention in every layer; idempotent."""
+    inner = model.forward
+    if getattr(inner, "_kvgraft_confirmed", False):
+        return
+
+    def forward(*args, **kwargs):
+        before = _CALLS[0]
+        out = inner(*args, **kwargs)
+        confirm_forward(model, before)
+        return out
+
+    forward._kvgraft_confirmed = True  # type: ignore[attr-defined]
+    model.forward = forward
 
 
 def _ragged_rows(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -197,6 +263,7 @@ def install(model: torch.nn.Module) -> None:
         model.set_attn_implementation(ATTENTION)
     else:  # pragma: no cover - transformers without set_attn_implementation
         model.config._attn_implementation = ATTENTION
+    _confirm_every_forward(model)  # confirmed at run time, every forward, not assumed (issue 51, item 6)
 
 
 def refuse_unsupported(model: torch.nn.Module) -> None:
