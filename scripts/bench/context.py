@@ -148,7 +148,7 @@ class Filler:
             while (batch := q.get()) is not None:
                 try:
                     # bytes this machine's model just computed: recorded with the numerics it measured (issue 51)
-                    self.store.put_many(batch, tags=["bench-context", numerics_tag(self.fm.numerics_sha256)])
+                    self.store.put_many(batch, tags=["bench-context", numerics_tag(self.backend.numerics())])
                 except BaseException as e:  # surfaced on the main thread
                     errors.append(e)
                 bar.update(len(batch))
