@@ -182,10 +182,18 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 # {"kv_transfer_params": {"kvgraft_deposit": true}} deposit. kvstore/backends/vllm/serve.py runs vLLM's own CLI (the
 # CPU build's version lookup answered, threads pinned); ARGS go to it (`-- --flag` reaches `vllm serve`).
 # PORT defaults to 5000 above (shared with mlflow-ui); make serve PORT=8000 for vLLM's usual one.
+# LIBRARY=<library folder> RETRIEVAL=recurring|held-out|random: the graft condition for any client (harness/serve,
+# docs/vllm.md "Any evaluation harness"): each request's problem gets the entry the harness's graft condition
+# retrieves, composed and grafted by the same code; the model name + "-incontext" is the in-context control.
+# RETRIEVAL=none (the default without LIBRARY) is the server above. The default STORE is created when missing
+# (--new-store); a STORE you name must exist.
 STORE ?= runs/store
 MODEL ?=
+LIBRARY ?=
+RETRIEVAL ?= $(if $(LIBRARY),recurring,none)
+SERVE_STORE = --store $(STORE) $(if $(filter file,$(origin STORE)),--new-store)
 serve: setup-vllm
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m kvstore.backends.vllm.serve --port $(PORT) --store $(STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),harness.serve --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),harness.serve --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm

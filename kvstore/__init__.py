@@ -35,7 +35,7 @@ _FACE: dict[str, tuple[str, ...]] = {
                                 "RaggedRows", "Registered", "Repositioning", "RowsRequest", "Stepwise",
                                 "artifact_backend"),
     "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "load_backend",
-                         "settings_class"),
+                         "load_text_model", "settings_class"),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "Snapshot", "from_bytes", "read_metadata", "to_bytes", "tokens_sha256"),
     "kvstore.format.canonical": ("canonical_json",),
