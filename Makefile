@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft verify-llamacpp position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve
+        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve setup-lmeval
 
 setup: $(STAMP)
 
@@ -194,6 +194,19 @@ RETRIEVAL ?= $(if $(LIBRARY),recurring,none)
 SERVE_STORE = --store $(STORE) $(if $(filter file,$(origin STORE)),--new-store)
 serve: setup-vllm
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),harness.serve --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),harness.serve --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+# lm-evaluation-harness in its own venv (constraints-lmeval.txt: lm-eval 0.4.13 with its `api` extra, what it
+# resolved to, sympy for the harness's scorer): the client side of `make serve LIBRARY=...` (tasks/lmeval/,
+# docs/vllm.md "Any evaluation harness"). It never imports torch or vLLM.
+LMEVAL_VENV  := .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.setup-done
+setup-lmeval: $(LMEVAL_STAMP)
+
+$(LMEVAL_STAMP): constraints-lmeval.txt
+	python3 -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install --quiet -c constraints-lmeval.txt 'lm-eval[api]==0.4.13' sympy
+	$(LMEVAL_VENV)/bin/lm-eval --help >/dev/null
+	touch $@
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm
