@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft verify-llamacpp position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve setup-lmeval
+        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve setup-lmeval setup-vllm-s3
 
 setup: $(STAMP)
 
@@ -192,8 +192,18 @@ MODEL ?=
 LIBRARY ?=
 RETRIEVAL ?= $(if $(LIBRARY),recurring,none)
 SERVE_STORE = --store $(STORE) $(if $(filter file,$(origin STORE)),--new-store)
-serve: setup-vllm
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),harness.serve --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),harness.serve --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+serve: setup-vllm $(if $(VLLM_S3),setup-vllm-s3)
+	PYTHONPATH=$(CURDIR)$(if $(VLLM_S3),:$(CURDIR)/$(VLLM_S3_DIR))$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),harness.serve --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),harness.serve --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+# The S3 client for the connector in .venv-vllm (replicas on one S3 store: docs/vllm.md "Replicas"), kept beside it
+# in build/vllm-s3 (git-ignored; on the server's PYTHONPATH: `make serve VLLM_S3=1`), .venv-vllm itself untouched.
+VLLM_S3 ?=
+VLLM_S3_DIR := build/vllm-s3
+setup-vllm-s3: $(VLLM_S3_DIR)/.done
+
+$(VLLM_S3_DIR)/.done: constraints.txt
+	$(VLLM_PY) -m pip install --quiet --no-deps --target $(VLLM_S3_DIR) -c constraints.txt boto3 botocore s3transfer jmespath
+	touch $@
 
 # lm-evaluation-harness in its own venv (constraints-lmeval.txt: lm-eval 0.4.13 with its `api` extra, what it
 # resolved to, sympy for the harness's scorer): the client side of `make serve LIBRARY=...` (tasks/lmeval/,
