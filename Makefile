@@ -192,8 +192,9 @@ MODEL ?=
 LIBRARY ?=
 RETRIEVAL ?= $(if $(LIBRARY),recurring,none)
 SERVE_STORE = --store $(STORE) $(if $(filter file,$(origin STORE)),--new-store)
+LIBRARY_SERVE = harness.serve --backend vllm --server kvstore.backends.vllm.serve
 serve: setup-vllm $(if $(VLLM_S3),setup-vllm-s3)
-	PYTHONPATH=$(CURDIR)$(if $(VLLM_S3),:$(CURDIR)/$(VLLM_S3_DIR))$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),harness.serve --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),harness.serve --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+	PYTHONPATH=$(CURDIR)$(if $(VLLM_S3),:$(CURDIR)/$(VLLM_S3_DIR))$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),$(LIBRARY_SERVE) --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),$(LIBRARY_SERVE) --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 # The S3 client for the connector in .venv-vllm (replicas on one S3 store: docs/vllm.md "Replicas"), kept beside it
 # in build/vllm-s3 (git-ignored; on the server's PYTHONPATH: `make serve VLLM_S3=1`), .venv-vllm itself untouched.

@@ -19,11 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.errors import HarnessError, exit_on_error  # noqa: E402
-from harness.record.audit import audit  # noqa: E402
-from harness.record.folder import RunFolder  # noqa: E402
+from harness.errors import HarnessError, exit_on_error
+from harness.record.audit import audit
+from harness.record.folder import RunFolder
 
 
 def cut(text: str, stops: list[str]) -> str:

@@ -100,11 +100,11 @@ def main() -> int:
                      "max_retries=1,tokenized_requests=False,tokenizer_backend=None,timeout=600",
                      "--gen_kwargs", f"max_gen_toks={args.budget}", "--limit", str(args.limit),
                      "--output_path", str(where), "--log_samples"], out / f"lmeval-{cond}-{mode}.log",
-                    env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+                    env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
                 secs = round(time.monotonic() - t0, 1)
                 r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "scripts/lmeval_compare.py", "--lmeval",
                                     str(where), "--run", str(runs[(cond, mode)])], capture_output=True, text=True,
-                                   cwd=REPO)
+                                   cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
                 last = (r.stdout.strip().splitlines() or [r.stderr.strip()])[-1]
                 rows.append({"retrieval": mode, "condition": cond, "run": str(runs[(cond, mode)]),
                              "lmeval": str(where), "ok": r.returncode == 0, "result": last, "lmeval_s": secs,

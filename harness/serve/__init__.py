@@ -7,8 +7,8 @@ RETRIEVAL=recurring|held-out|random` (docs/vllm.md, "Any evaluation harness").
                    query_prompt, graft_context)
     middleware.py  LibraryMiddleware: ASGI middleware in vLLM's API server that applies it to every completion and
                    chat request, names the entry in the response's kv_transfer_params and journals it
-    __main__.py    `python -m harness.serve --library FOLDER --retrieval MODE [kvstore serve args]`: the audit, then
-                   `python -m kvstore.backends.vllm.serve` with the middleware (what `make serve LIBRARY=` runs)
+    __main__.py    `python -m harness.serve --library FOLDER --retrieval MODE --backend B --server MODULE [server
+                   args]`: the audit, then the backend's server with the middleware (what `make serve LIBRARY=` runs)
 
 kvstore knows no library: the middleware reaches the connector only through what it already offers, an artifact id
 and token ids (`kvgraft_graft`, `kvgraft_tokens`, the prompt as token ids).

@@ -1,9 +1,9 @@
-"""`python -m harness.serve --library FOLDER --retrieval recurring|held-out|random|none [kvstore serve args]`
-(`make serve LIBRARY=FOLDER RETRIEVAL=...`): audit the library for the served model, then run
-`python -m kvstore.backends.vllm.serve` with LibraryMiddleware (harness.serve.middleware) and the connector grafting
-only what a request names (`--graft marked`: the library decides what grafts). An unknown RETRIEVAL, a missing or
-edited library, one of another model, or one whose artifacts are missing is one line, and no server starts.
-RETRIEVAL=none is the server without a library (kvstore's, as it is).
+"""`python -m harness.serve --library FOLDER --retrieval recurring|held-out|random|none --backend B --server MODULE
+[server args]` (`make serve LIBRARY=FOLDER RETRIEVAL=...`): audit the library for the served model, then run the
+backend's server (`--server`: make serve gives kvstore's vLLM server) with LibraryMiddleware (harness.serve.middleware)
+and the connector grafting only what a request names (`--graft marked`: the library decides what grafts). An unknown
+RETRIEVAL, a missing or edited library, one of another model, or one whose artifacts are missing is one line, and no
+server starts. RETRIEVAL=none is the backend's server without a library, as it is.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--model", default="")
     p.add_argument("--model-name", default="gemma3-270m")
     p.add_argument("--journal", default="")
+    p.add_argument("--backend", required=True, help="the registered backend whose server runs (make serve: its own)")
+    p.add_argument("--server", required=True, help="the backend's server module (python -m SERVER; make serve: "
+                   "kvstore's)")
     return p.parse_known_args(argv)
 
 
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         rest, extra = rest[:i], rest[i + 1:]
     else:
         extra = []
-    command = [sys.executable, "-m", "kvstore.backends.vllm.serve", *passed, *rest]
+    command = [sys.executable, "-m", args.server, *passed, *rest]
     if args.retrieval == "none":
         if args.library:
             raise ConfigError(f"RETRIEVAL=none serves no library, but LIBRARY={args.library} is given; drop one")
@@ -54,16 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     from harness.config.schema import compose_config
     from kvstore import backend_missing, load_text_model
 
-    missing = backend_missing("vllm")
+    missing = backend_missing(args.backend)
     if missing:
-        raise ConfigError(f"the library-aware server runs vLLM, which this Python lacks ({missing}); run it with "
-                          ".venv-vllm/bin/python (make serve does)")
+        raise ConfigError(f"the library-aware server runs backend {args.backend!r}, which this Python lacks "
+                          f"({missing}); run it with that backend's Python (make serve does)")
     template = compose_config([f"prompt={args.prompt}"]).prompt.template
-    text = load_text_model("vllm", model=args.model, model_name=args.model_name)
+    text = load_text_model(args.backend, model=args.model, model_name=args.model_name)
     store = args.store if args.store.startswith("s3://") else str(Path(args.store).resolve())
     served = ServedLibrary(args.library, store, args.retrieval, text, template)
     served.audit()
     settings = {"library": str(Path(args.library).resolve()), "store": store, "retrieval": args.retrieval,
+                "backend": args.backend,
                 "model": args.model, "model_name": args.model_name, "template": template,
                 "journal": str(Path(args.journal).resolve()) if args.journal else ""}
     lib = served.library

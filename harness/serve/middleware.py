@@ -38,7 +38,7 @@ ENV = "KVGRAFT_SERVE_LIBRARY"
 INCONTEXT_SUFFIX = "-incontext"
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 LIBRARY_KEY = "kvgraft_library"
-REFUSED = "kvgraft_refused"  # as kvstore.backends.vllm.connector names a refusal in a response
+REFUSED = "kvgraft_refused"  # as the connector names a refusal in a response
 #: chat request keys carried over to the completions request it becomes
 CHAT_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "stop", "stop_token_ids", "ignore_eos",
              "presence_penalty", "frequency_penalty", "repetition_penalty", "max_tokens", "user")
@@ -84,7 +84,7 @@ class LibraryMiddleware:
             from harness.serve.library import ServedLibrary
             from kvstore import load_text_model
 
-            text = load_text_model("vllm", model=cfg.get("model", ""), model_name=cfg["model_name"])
+            text = load_text_model(cfg["backend"], model=cfg.get("model", ""), model_name=cfg["model_name"])
             served = ServedLibrary(cfg["library"], cfg["store"], cfg["retrieval"], text, cfg["template"])
         self.served = served
 

@@ -2,22 +2,19 @@
 
 doc_to_text renders configs/prompt/answer.yaml's template with harness.task.prompts.render (what every harness
 condition puts to the model: harness.run.conditions.query_prompt); process_results scores the completion with
-harness.task.answers.score against the row's answer (what `make rescore` re-checks). lm-eval loads this file by path,
-so the project root is put on sys.path here (the yaml lives in harness/task/lmeval/)."""
+harness.task.answers.score against the row's answer (what `make rescore` re-checks). lm-eval loads this file by path:
+run it from the project root with PYTHONPATH=. (docs/vllm.md), so that `harness` is the project's."""
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from harness.task.answers import score
+from harness.task.prompts import render
 
-from harness.task.answers import score  # noqa: E402
-from harness.task.prompts import render  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 PROMPT = ROOT / "configs" / "prompt" / "answer.yaml"
 
