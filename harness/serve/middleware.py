@@ -107,9 +107,12 @@ class LibraryMiddleware:
         if not isinstance(data, dict):
             await self.app(scope, _replay(messages, receive), send)
             return
-        await self.handle(scope, path, data, send)
+        await self.handle(scope, path, data, send, receive)
 
-    async def handle(self, scope: dict, path: str, data: dict[str, Any], send: Any) -> None:
+    async def handle(self, scope: dict, path: str, data: dict[str, Any], send: Any, client: Any = None) -> None:
+        """Apply the module's rule to one parsed request; `client` is the client's receive (after the body: its
+        disconnect, which vLLM's handlers watch to cancel a request)."""
+        client = client if client is not None else _never
         condition = "graft"
         model = data.get("model")
         if isinstance(model, str) and model == self.model_name + INCONTEXT_SUFFIX:
@@ -118,7 +121,7 @@ class LibraryMiddleware:
         extra: dict[str, Any] = {}
         if "kv_transfer_params" in data:
             note["why"] = "the request names kv_transfer_params of its own: served as it asks, no library entry"
-            await self._forward(scope, path, data, send, note, extra, chat=False)
+            await self._forward(scope, path, data, send, note, extra, chat=False, client=client)
             return
         if path == CHAT and data.get("stream"):
             await _error(send, 400, "a chat request to the library-aware server is answered unstreamed (its answer is "
@@ -129,7 +132,7 @@ class LibraryMiddleware:
         if problem is None:
             note["why"] = ("no problem found: give the prompt as one string (a completion) or the last user message "
                            "as text (a chat request); served as sent, nothing grafted")
-            await self._forward(scope, path, data, send, note, extra, chat=False)
+            await self._forward(scope, path, data, send, note, extra, chat=False, client=client)
             return
         out = _as_completion(data) if path == CHAT else dict(data)
         salt = uuid.uuid4().hex  # this request's blocks only: nothing computed or grafted by another request is reused
@@ -147,12 +150,12 @@ class LibraryMiddleware:
                                    "first_difference": why, "differences": [why]}]
             note["why"] = f"the library entry was refused for this request ({why}); the query prompt served alone"
             out["prompt"] = self.served.query(problem)
-            await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT)
+            await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT, client=client)
             return
         if composed is None:
             note["why"] = "retrieval found no entry for this problem; the query prompt served alone, nothing grafted"
             out["prompt"] = self.served.query(problem)
-            await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT)
+            await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT, client=client)
             return
         note["entry"] = composed.describe()
         out["prompt"] = composed.context_ids
@@ -162,14 +165,14 @@ class LibraryMiddleware:
         else:  # the entry alone first, from a clean cache (this salt), then the whole context hits its blocks
             status = await self._internal(scope, {"model": self.model_name, "cache_salt": salt, "max_tokens": 1,
                                                   "temperature": 0.0, "prompt": composed.context_ids[
-                                                      : composed.entry_tokens]})
+                                                      : composed.entry_tokens]}, client)
             if status != 200:
                 await _error(send, 500, f"the in-context control's entry prefill answered {status}; see the "
                                         "server log")
                 return
-        await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT)
+        await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT, client=client)
 
-    async def _internal(self, scope: dict, data: dict[str, Any]) -> int:
+    async def _internal(self, scope: dict, data: dict[str, Any], client: Any) -> int:
         """One request to the app itself (COMPLETIONS); its status."""
         body = json.dumps(data).encode()
         sub = {**scope, "path": COMPLETIONS, "raw_path": COMPLETIONS.encode(),
@@ -178,7 +181,7 @@ class LibraryMiddleware:
         status = 0
 
         async def receive() -> dict:
-            return sent.pop(0) if sent else {"type": "http.disconnect"}
+            return sent.pop(0) if sent else await client()  # then the client's own: its disconnect
 
         async def sink(message: dict) -> None:
             nonlocal status
@@ -189,9 +192,10 @@ class LibraryMiddleware:
         return status
 
     async def _forward(self, scope: dict, path: str, data: dict[str, Any], send: Any, note: dict[str, Any],
-                       extra: dict[str, Any], chat: bool) -> None:
+                       extra: dict[str, Any], chat: bool, client: Any) -> None:
         """Send `data` to the app at `path`; a non-streamed JSON answer gains `note` (and `extra`) in its
-        kv_transfer_params (as a chat completion when `chat`), and the journal a line."""
+        kv_transfer_params (as a chat completion when `chat`), and the journal a line; `client` is the client's
+        receive."""
         body = json.dumps(data).encode()
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in (b"content-length",)]
         sub = {**scope, "path": path, "raw_path": path.encode(), "headers": headers + [
@@ -202,7 +206,7 @@ class LibraryMiddleware:
         streaming = bool(data.get("stream"))
 
         async def receive() -> dict:
-            return sent.pop(0) if sent else {"type": "http.disconnect"}
+            return sent.pop(0) if sent else await client()  # then the client's own: its disconnect
 
         async def capture(message: dict) -> None:
             if streaming:
@@ -247,6 +251,14 @@ class LibraryMiddleware:
                 f.write(json.dumps(line, sort_keys=True) + "\n")
         except OSError:
             pass  # the connector logs an unwritable journal; the request is answered either way
+
+
+async def _never() -> dict:
+    """A receive that never reports a disconnect (no client to watch)."""
+    import asyncio
+
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}
 
 
 def _replay(messages: list[dict], receive: Any) -> Any:

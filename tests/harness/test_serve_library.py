@@ -240,3 +240,39 @@ def test_a_body_nested_too_deeply_reaches_the_app_untouched(mw):
     body = b'{"kv_transfer_params": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     status, _ = call(mw, "/v1/completions", body)
     assert status == 400 and mw.app.bodies == [("/v1/completions", body)]
+
+
+def test_vllm_sees_the_client_connected_while_it_computes(mw, problems):
+    """vLLM's handlers cancel a request whose client disconnected (they read `receive` for http.disconnect): the
+    rewritten request's receive must report the client's own state, not a disconnect of its own making (which made
+    every library request answer `null`)."""
+    import asyncio
+
+    seen: list[str] = []
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        while not (await receive()).get("more_body") is False:
+            pass
+        try:
+            await asyncio.wait_for(receive(), 0.2)
+            seen.append("disconnected")
+        except TimeoutError:
+            seen.append("connected")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    mw.app = app
+    body = json.dumps({"model": "m", "prompt": problems[0].problem}).encode()
+    chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if chunks:
+            return chunks.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    async def send(m: dict) -> None:
+        pass
+
+    asyncio.run(mw({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive, send))
+    assert seen == ["connected"]
