@@ -251,7 +251,7 @@ def test_vllm_sees_the_client_connected_while_it_computes(mw, problems):
     seen: list[str] = []
 
     async def app(scope, receive, send) -> None:  # noqa: ANN001
-        while not (await receive()).get("more_body") is False:
+        while (await receive()).get("more_body", False):
             pass
         try:
             await asyncio.wait_for(receive(), 0.2)
