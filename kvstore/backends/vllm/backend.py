@@ -181,8 +181,11 @@ class VllmBackend(BackendDefaults):
         for o, p, ids in zip(outs, params, prompts, strict=True):
             told = getattr(o, "kv_transfer_params", None) or {}
             asked = (getattr(p, "extra_args", None) or {}).get("kv_transfer_params") or {}
+            # whole blocks a named graft loads: its outcome must be reported, unless a stop string ended the request
+            # (vLLM's frontend cuts it and aborts it in the engine: its output carries no kv_transfer_params)
+            cut = any(isinstance(getattr(c, "stop_reason", None), str) for c in o.outputs)
             blocks = min(int(asked.get(GRAFT_TOKENS) or 0), len(ids) - 1) // self.cfg.block_size if GRAFT_MARK in \
-                asked else 0  # whole blocks a named graft loads: its outcome must be reported
+                asked and not cut else 0
             if any(c.finish_reason == "error" for c in o.outputs) or REFUSED in told or INVALID in told or (
                     blocks > 0 and GRAFTED not in told and CACHED not in told):
                 # refused at admission (the prompt was computed instead), or a named graft with no outcome reported:
