@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 
 .PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft verify-llamacpp position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
-        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve
+        audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve setup-lmeval setup-vllm-s3
 
 setup: $(STAMP)
 
@@ -182,10 +182,42 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt
 # {"kv_transfer_params": {"kvgraft_deposit": true}} deposit. kvstore/backends/vllm/serve.py runs vLLM's own CLI (the
 # CPU build's version lookup answered, threads pinned); ARGS go to it (`-- --flag` reaches `vllm serve`).
 # PORT defaults to 5000 above (shared with mlflow-ui); make serve PORT=8000 for vLLM's usual one.
+# LIBRARY=<library folder> RETRIEVAL=recurring|held-out|random: the graft condition for any client (harness/serve,
+# docs/vllm.md "Any evaluation harness"): each request's problem gets the entry the harness's graft condition
+# retrieves, composed and grafted by the same code; the model name + "-incontext" is the in-context control.
+# RETRIEVAL=none (the default without LIBRARY) is the server above. The default STORE is created when missing
+# (--new-store); a STORE you name must exist.
 STORE ?= runs/store
 MODEL ?=
-serve: setup-vllm
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m kvstore.backends.vllm.serve --port $(PORT) --store $(STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+LIBRARY ?=
+RETRIEVAL ?= $(if $(LIBRARY),recurring,none)
+SERVE_STORE = --store $(STORE) $(if $(filter file,$(origin STORE)),--new-store)
+LIBRARY_SERVE = harness.serve --backend vllm --server kvstore.backends.vllm.serve
+serve: setup-vllm $(if $(VLLM_S3),setup-vllm-s3)
+	PYTHONPATH=$(CURDIR)$(if $(VLLM_S3),:$(CURDIR)/$(VLLM_S3_DIR))$${PYTHONPATH:+:$$PYTHONPATH} $(VLLM_PY) -m $(if $(filter none,$(RETRIEVAL)),$(if $(LIBRARY),$(LIBRARY_SERVE) --retrieval none --library $(LIBRARY),kvstore.backends.vllm.serve),$(LIBRARY_SERVE) --retrieval $(RETRIEVAL) $(if $(LIBRARY),--library $(LIBRARY))) --port $(PORT) $(SERVE_STORE) $(if $(MODEL),--model $(MODEL)) $(ARGS)
+
+# The S3 client for the connector in .venv-vllm (replicas on one S3 store: docs/vllm.md "Replicas"), kept beside it
+# in build/vllm-s3 (git-ignored; on the server's PYTHONPATH: `make serve VLLM_S3=1`), .venv-vllm itself untouched.
+VLLM_S3 ?=
+VLLM_S3_DIR := build/vllm-s3
+setup-vllm-s3: $(VLLM_S3_DIR)/.done
+
+$(VLLM_S3_DIR)/.done: constraints.txt
+	$(VLLM_PY) -m pip install --quiet --no-deps --target $(VLLM_S3_DIR) -c constraints.txt boto3 botocore s3transfer jmespath
+	touch $@
+
+# lm-evaluation-harness in its own venv (constraints-lmeval.txt: lm-eval 0.4.13 with its `api` extra, what it
+# resolved to, sympy for the harness's scorer): the client side of `make serve LIBRARY=...` (tasks/lmeval/,
+# docs/vllm.md "Any evaluation harness"). It never imports torch or vLLM.
+LMEVAL_VENV  := .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.setup-done
+setup-lmeval: $(LMEVAL_STAMP)
+
+$(LMEVAL_STAMP): constraints-lmeval.txt
+	python3 -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install --quiet -c constraints-lmeval.txt 'lm-eval[api]==0.4.13' sympy
+	$(LMEVAL_VENV)/bin/lm-eval --help >/dev/null
+	touch $@
 
 # Exactness on vLLM: a prefix grafted by KvgraftConnector in another engine vs vLLM's own prefix-cache hit.
 verify-vllm: setup-vllm

@@ -25,7 +25,7 @@ from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
 __all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batched_rows_refusal", "in_flight_refusal",
-           "load_backend", "registered", "settings_class"]
+           "load_backend", "load_text_model", "registered", "settings_class"]
 
 DEFAULT = "transformers"
 
@@ -96,3 +96,24 @@ def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}; its settings are "
                             f"{sorted(known)} ({cls.__module__}.{cls.__name__})")
     return entry.load(cls(**settings))
+
+
+def load_text_model(name: str, **settings: Any) -> Any:
+    """Backend `name`'s model without its engine (encode, decode, chat_template, fingerprint, tokenizer_fingerprint,
+    model_name): what a front end that composes the engine's prompts in another process needs (the library-aware
+    server, harness.serve). Offered by a backend whose package declares TEXT_MODEL ("module:function"; vLLM's);
+    a ModelLoadError for the others."""
+    entry = registered(name)
+    cls = entry.settings_class()
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}")
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if getattr(module, "REGISTERED", None) is entry:
+            loader = getattr(module, "TEXT_MODEL", None)
+            if loader is None:
+                break
+            mod, attr = loader.split(":")
+            return getattr(importlib.import_module(mod), attr)(cls(**settings))
+    raise ModelLoadError(f"backend {name!r} offers no model without its engine (TEXT_MODEL); use load_backend")

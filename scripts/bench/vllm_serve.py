@@ -92,7 +92,7 @@ def main() -> int:
         reset(ref_server.url)
         res["reference_compute_ttft_s"] = ttft(c, q + S)
     store, journal = tmp / "store", tmp / "journal.jsonl"
-    with Server(["--port", str(free_port()), "--store", str(store), "--journal", str(journal)],
+    with Server(["--port", str(free_port()), "--store", str(store), "--new-store", "--journal", str(journal)],
                 out / "kvgraft.log", env=env) as server:
         res["start_kvgraft_s"] = server.started_s
         c = OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=600)

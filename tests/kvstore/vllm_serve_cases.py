@@ -68,7 +68,7 @@ def main(out_path: str) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="vllm-serve-cases-"))
     store_dir, jpath, log = tmp / "store", tmp / "journal.jsonl", tmp / "serve.log"
-    args = ["--port", str(free_port()), "--store", str(store_dir), "--journal", str(jpath)]
+    args = ["--port", str(free_port()), "--store", str(store_dir), "--new-store", "--journal", str(jpath)]
     result: dict = {"log_path": str(log)}
     mark = {"kv_transfer_params": {"kvgraft_deposit": True}}
     with Server(args, log) as a:

@@ -105,7 +105,7 @@ class Baseline:
 
     def context(self, problem: Problem) -> Context:
         """The query prompt alone, prefilled whole."""
-        prompt = render(self.prompt.template, problem=problem.problem)
+        prompt = query_prompt(self.prompt.template, problem)
         return Context(prompt, encode_prompt(self.backend, self.frame, prompt))
 
     def complete_samples(
@@ -189,13 +189,12 @@ class Graft(Baseline):
     def _entry(self, problem: Problem):
         """(rendered prompt, match, the entry's snapshot) or None when retrieval found nothing."""
         # exclude_self and retrieval were fixed when the library was opened; announced problems were retrieved then
-        match = self._ahead.pop(problem.id) if problem.id in self._ahead else self.library.retrieve(problem)
-        if match is None:
+        ahead = self._ahead.pop(problem.id) if problem.id in self._ahead else None
+        read = self.prefetch.get if self.prefetch is not None else None
+        found = retrieve_entry(self.library, problem, read=read, match=ahead)
+        if found is None:
             return None
-        aid = match.entry.artifact_id  # verified on read (the prefetcher reads through the same store.get)
-        snapshot = self.prefetch.get(aid) if self.prefetch is not None else self.library.store.get(aid)
-        self.library.check_artifact(match.entry, snapshot)  # the entry's own tokens, whatever the store says
-        return render(self.prompt.template, problem=problem.problem), match, snapshot
+        return query_prompt(self.prompt.template, problem), *found
 
     def context(self, problem: Problem) -> Context:
         found = self._entry(problem)
@@ -214,11 +213,38 @@ class Graft(Baseline):
         except EnvironmentMismatchError as exc:
             raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
                                "here") from None
-        # the entry ends in a blank line (and, with a chat template, opens the user turn the query closes)
-        context = snapshot.token_ids + encode_query(self.backend, self.frame, prompt)
+        context = graft_context(self.backend, self.frame, snapshot, prompt)
         # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
         return Context(prompt, context, lambda: graft_entry(self.backend, snapshot, context), snapshot.token_count,
                        match)
+
+
+def retrieve_entry(library: Library, problem: Problem, read: Callable[[str], Any] | None = None,
+                   match: Match | None = None) -> tuple[Match, Any] | None:
+    """The library entry the graft condition (and its in-context control) uses for `problem`, with the entry's
+    artifact: `library.retrieve` (its exclude_self and retrieval fixed when it was opened; `match` when it was
+    retrieved ahead), the artifact read through `read` (default: the library's store.get; its bytes hashed to its
+    id) and checked to hold the entry's own tokens. None when retrieval finds nothing. The one retrieval owner: the
+    conditions here and the library-aware server (harness.serve) call it."""
+    match = match if match is not None else library.retrieve(problem)
+    if match is None:
+        return None
+    aid = match.entry.artifact_id  # verified on read (the prefetcher reads through the same store.get)
+    snapshot = (read or library.store.get)(aid)
+    library.check_artifact(match.entry, snapshot)  # the entry's own tokens, whatever the store says
+    return match, snapshot
+
+
+def query_prompt(template: str, problem: Problem) -> str:
+    """The query prompt every condition puts to the model for `problem` (prompt.template rendered)."""
+    return render(template, problem=problem.problem)
+
+
+def graft_context(backend: Any, frame: ChatFrame | None, snapshot: Any, prompt: str) -> list[int]:
+    """The context of a library condition: the entry's tokens (the artifact's: exactly the ids it was deposited
+    from) and then the query prompt's. The entry ends in a blank line (and, with a chat template, opens the user turn
+    the query closes). The one prompt composer: the conditions here and harness.serve call it."""
+    return list(snapshot.token_ids) + encode_query(backend, frame, prompt)
 
 
 def graft_entry(backend: Backend, snapshot, context: list[int]):
@@ -243,7 +269,7 @@ class InContext(Graft):
             return Baseline.context(self, problem)
         prompt, match, snapshot = found
         entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
-        context = entry_ids + encode_query(self.backend, self.frame, prompt)
+        context = graft_context(self.backend, self.frame, snapshot, prompt)
         if self.backend.batch_invariant():
             # determinism.batch_invariant: no schedule changes a bit, so the control is the fresh computation a
             # baseline makes: the whole context (entry + query) prefilled as one prompt, in the run's schedule

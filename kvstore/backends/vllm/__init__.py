@@ -8,6 +8,7 @@
     connector.py  KvgraftConnector: deposits prompt prefixes as artifacts, grafts them back after every check
     identity.py   what binds an artifact to an engine: fingerprints, binding settings, the Facts admission compares
     paged.py      vLLM's CPU paged KV blocks <-> the artifact's (1, kv_heads, tokens, head_dim) tensors
+    text.py       VllmText: the model's tokenizer and fingerprints without an engine (a prompt-composing front end)
 
 Importing this package imports no vLLM (only kvstore.engine.protocol, for REGISTERED); the names below load their
 module on first use.
@@ -30,7 +31,8 @@ REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBac
 
 _EXPORTS = {"VllmBackendSettings": "settings", "VllmSettings": "settings", "VllmBackend": "backend",
             "start_engine": "launch", "engine_kwargs": "launch", "model_folder": "launch",
-            "KvgraftConnector": "connector", "journal": "connector"}
+            "KvgraftConnector": "connector", "journal": "connector", "VllmText": "text"}
+TEXT_MODEL = "kvstore.backends.vllm.text:load_text"  # kvstore.backends.load_text_model: the model without an engine
 __all__ = sorted(_EXPORTS)
 
 

@@ -46,6 +46,7 @@ import itertools
 import json
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ from typing import Any
 
 import torch
 
-from kvstore.backends.vllm.connector import INVALID, REFUSED
+from kvstore.backends.vllm.connector import CACHED, GRAFTED, INVALID, REFUSED
 from kvstore.backends.vllm.digest import DIGEST, PROCESSOR, DigestReader
 from kvstore.backends.vllm.identity import NAME, model_fingerprint, tokenizer_fingerprint
 from kvstore.backends.vllm.launch import model_folder, start_engine
@@ -78,6 +79,7 @@ class VllmState:
 
     ids: list[int] = field(default_factory=list)
     graft: tuple[str, int] | None = None
+    epoch: int = -1  # the prefix-cache epoch (VllmBackend.new_state) in which `prefill` computed `ids` into the cache
 
 
 class VllmBackend(Backend, InEngineBatches):
@@ -101,6 +103,8 @@ class VllmBackend(Backend, InEngineBatches):
         self.start_s = time.perf_counter() - t0
         self.store = open_store(scratch)
         self.digests, self._asks = DigestReader(str(Path(scratch) / "digests.jsonl")), itertools.count()
+        self._nonce = uuid.uuid4().hex[:16]  # digest keys unique to this backend: no other engine's line can match
+        self._epoch = 0  # counts prefix-cache resets (new_state): which states' blocks the cache still holds
         hf = self.llm.get_tokenizer()
         self.model_name = settings.model_name
         self.fingerprint = model_fingerprint(folder)
@@ -172,10 +176,18 @@ class VllmBackend(Backend, InEngineBatches):
 
     def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        for o in outs:
+        for o, p, ids in zip(outs, params, prompts, strict=True):
             told = getattr(o, "kv_transfer_params", None) or {}
-            if any(c.finish_reason == "error" for c in o.outputs) or REFUSED in told or INVALID in told:
-                # refused at admission, the prompt was computed instead: not the graft this row asked for
+            asked = (getattr(p, "extra_args", None) or {}).get("kv_transfer_params") or {}
+            # whole blocks a named graft loads: its outcome must be reported, unless a stop string ended the request
+            # (vLLM's frontend cuts it and aborts it in the engine: its output carries no kv_transfer_params)
+            cut = any(isinstance(getattr(c, "stop_reason", None), str) for c in o.outputs)
+            blocks = min(int(asked.get(GRAFT_TOKENS) or 0), len(ids) - 1) // self.cfg.block_size if GRAFT_MARK in \
+                asked and not cut else 0
+            if any(c.finish_reason == "error" for c in o.outputs) or REFUSED in told or INVALID in told or (
+                    blocks > 0 and GRAFTED not in told and CACHED not in told):
+                # refused at admission (the prompt was computed instead), or a named graft with no outcome reported:
+                # not the graft this row asked for
                 why = told.get(REFUSED) or told.get(INVALID) or "its journal and log line name why"
                 raise IncompatibleError(
                     f"vLLM request {o.request_id}: the connector admitted no artifact for its prompt "
@@ -213,7 +225,7 @@ class VllmBackend(Backend, InEngineBatches):
         """Each context's first-logits SHA-256 and greedy first token, in one submission: the engine hashes the
         whole-vocabulary float32 logits itself (kvstore.backends.vllm.digest; the same bytes `logits_sha256` of
         `logits_of` hashes), so no vocabulary crosses to this process."""
-        keys = [f"r{next(self._asks)}" for _ in prompts]
+        keys = [f"{self._nonce}-r{next(self._asks)}" for _ in prompts]
         outs = self._run(prompts, [self.sampling_params(s, digest=k, max_tokens=1, temperature=0.0, detokenize=False)
                                    for s, k in zip(states, keys, strict=True)])
         got = self.digests.take(keys)
@@ -226,7 +238,7 @@ class VllmBackend(Backend, InEngineBatches):
         """Each context's greedy row in one request, all in one submission (ROW_SCHEDULE): (first-logits SHA-256
         hashed in the engine at the position the first token is sampled from, the row's token ids as vLLM returns
         them, seconds from submission to those first logits). The first token must be the hashed logits' argmax."""
-        keys = [f"r{next(self._asks)}" for _ in prompts]
+        keys = [f"{self._nonce}-r{next(self._asks)}" for _ in prompts]
         t0 = time.time()  # wall clock: the engine process stamps its digest lines with the same clock
         outs = self._run(prompts, [self.sampling_params(
             s, digest=k, max_tokens=max_new_tokens, temperature=0.0, stop=stop or None, stop_token_ids=sorted(eos),
@@ -244,6 +256,7 @@ class VllmBackend(Backend, InEngineBatches):
         """An empty state; the engine's prefix cache is emptied with it (no row reuses another row's blocks)."""
         if not self.llm.reset_prefix_cache():
             raise KVStoreError("vLLM could not reset its prefix cache (requests still running); finish them first")
+        self._epoch += 1  # every state computed before it lost its blocks
         return VllmState()
 
     def seen(self, state: VllmState) -> int:
@@ -259,7 +272,26 @@ class VllmBackend(Backend, InEngineBatches):
                                 f"{len(state.ids)} tokens only")
         ids = state.ids + list(token_ids)
         out = self._run([ids], [self.first_logits_params(state)])[0]
-        return VllmState(ids), self.logits_of(out)
+        return VllmState(ids, epoch=self._epoch), self.logits_of(out)
+
+    def _recache(self, states: list[VllmState]) -> None:
+        """Make the prefix cache hold the blocks of every state `prefill` computed (no graft: the next request reads
+        them from the cache) before a wave is submitted. A state whose blocks a later `new_state` emptied (each job
+        of a wave prefilled in turn: issue 51, item 4) would otherwise be computed cold inside the longer prompt,
+        while recorded as entry-then-rest. When any is stale: one reset, then each such state's tokens prefilled
+        alone, in order (one request each, the schedule `prefill` ran), so every row reads its prefix as computed
+        alone from a clean cache."""
+        relying = [st for st in states if st.graft is None and st.ids]
+        if all(st.epoch == self._epoch for st in relying):
+            return
+        self.new_state()
+        done: set[tuple[int, ...]] = set()
+        for st in relying:
+            key = tuple(st.ids)
+            if key not in done:
+                done.add(key)
+                self._run([list(st.ids)], [self.first_logits_params(None)])
+            st.epoch = self._epoch
 
     # ------------------------------------------------------------------ decode
     def continue_rows(self, state: VllmState | None, prompt_ids: list[int], seeds: Sequence[int], *,
@@ -293,6 +325,7 @@ class VllmBackend(Backend, InEngineBatches):
             if list(r.prompt_ids[: len(state.ids)]) != state.ids:
                 raise IncompatibleError("the prompt does not begin with the tokens the state holds; graft or "
                                         "prefill its prefix first")
+        self._recache(states)
         eos = self.eos_ids() if eos is None else set(eos)
         stop = [s for s in stop if s]
         stop_ids = sorted(eos)
@@ -399,7 +432,11 @@ class VllmBackend(Backend, InEngineBatches):
 def _check_first(output: Any, argmax: int) -> None:
     """A greedy request's first token must be the argmax of the logits the engine hashed for it."""
     ids = output.outputs[0].token_ids
-    if ids and ids[0] != argmax:
+    if not ids:  # no token to check the digest's position against: not evidence, refused
+        raise KVStoreError(f"vLLM request {output.request_id} returned no token, so the first-logits digest's position "
+                           "cannot be checked against the sampled token (finish reason "
+                           f"{output.outputs[0].finish_reason!r}); report this with the engine's settings")
+    if ids[0] != argmax:
         raise KVStoreError(f"vLLM request {output.request_id} sampled token {ids[0]} greedily, but the argmax of the "
                            f"logits hashed in the engine is {argmax}; the digest is not of the sampled position "
                            "(report this with the engine's settings)")

