@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvstore import Determinism, IncompatibleError, SettingsError
+from kvstore.backends.transformers.backend import TransformersBackend
 from kvstore.backends.transformers.capture import deposit_tokens, forward, new_cache
 from kvstore.backends.transformers.graft import graft_snapshot
 from kvstore.backends.transformers.invariant import KEY_BLOCK, one_thread, tiled_head, tiled_linear
@@ -170,3 +171,25 @@ def test_the_bundled_model_in_the_mode_one_pass_equals_split_token_by_token_and_
     assert torch.equal(torch.cat([head, tail]), one), "token by token"
     grafted = graft_snapshot(deposit_tokens(fm, ids[:540]), fm, token_ids=ids)
     assert torch.equal(_logits(fm, ids[540:], grafted), one[540:]), "graft at own position vs one pass"
+
+
+def test_the_mode_has_its_own_numerics_fingerprint():
+    """Measured on the mode's kernels (its tiled products, LM head, block attention): another value than the
+    default's, which stays the default kernels' (no default-mode artifact or registration moves); the same on 1 and 2
+    threads (its products split the output, never a sum)."""
+    from kvstore.backends.transformers.invariant import numerics_fingerprint
+    from kvstore.environment import numerics_battery_dims
+    from kvstore.environment import numerics_fingerprint as default_numerics
+
+    inv = load_frozen_model("tiny-gemma3", INVARIANT)
+    default = load_frozen_model("tiny-gemma3", Determinism(prefill_chunk=0))
+    dims = numerics_battery_dims(inv.config)
+    assert TransformersBackend.of(inv).numerics() == numerics_fingerprint(dims)
+    assert TransformersBackend.of(default).numerics() == default_numerics(dims, "float32", "cpu")
+    assert inv.numerics_sha256 != default.numerics_sha256
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert numerics_fingerprint(dims) == inv.numerics_sha256
+    finally:
+        torch.set_num_threads(threads)

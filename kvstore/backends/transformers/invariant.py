@@ -279,3 +279,52 @@ def check_invariant_device(source: str, device: str) -> None:
             f"model {source!r} on device {device!r} with determinism.batch_invariant=true: the batch-invariant mode "
             "is built and measured for the CPU (MKL's row-tile property, kvstore/backends/transformers/invariant.py); "
             "use device=cpu or leave determinism.batch_invariant off")
+
+
+NUMERICS_FORMAT = "kvgraft-numerics-invariant/1"  # the mode's battery below; a change to it is a new format
+
+
+def numerics_fingerprint(dims: dict[str, int]) -> str:
+    """The mode's numerics fingerprint: SHA-256 of a fixed battery of the kernels the mode runs, in this process's
+    settings, on fixed pseudo-random inputs (the default mode's is kvstore.environment.numerics_fingerprint, on the
+    default kernels, and stays as it was). Its tiled products at the model's shapes (`tiled_linear`: 1 row on one
+    thread, 7 and 64 rows on the process's threads), its LM head (`tiled_head`, 1 and 7 rows, a slice of the
+    vocabulary), its block attention (`invariant_attention`: a one-query decode step past two key blocks and a
+    causal prefill of 70 queries), an RMS norm and a softmax. Two machines whose bits agree here computed the mode's
+    layers alike (`make replay` checks the whole model)."""
+    import hashlib
+    import json
+
+    gen = torch.Generator(device="cpu").manual_seed(20261203)
+    h = hashlib.sha256(NUMERICS_FORMAT.encode() + json.dumps(dims, sort_keys=True).encode())
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.05
+
+    def eat(t: torch.Tensor) -> None:
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+
+    hid, inter, hd = dims["hidden"], dims["intermediate"], dims["head_dim"]
+    heads, kv = dims["heads"], dims["kv_heads"]
+    weights = [rand(heads * hd, hid), rand(kv * hd, hid), rand(hid, heads * hd), rand(inter, hid), rand(hid, inter)]
+    head = rand(dims["vocab"], hid)
+    with torch.inference_mode():
+        for rows in (1, 7, 64):
+            x = rand(rows, hid)
+            eat(tiled_linear(x, weights[0]))
+            eat(tiled_linear(x, weights[1]))
+            eat(tiled_linear(rand(rows, heads * hd), weights[2]))
+            up = tiled_linear(x, weights[3])
+            eat(up)
+            eat(tiled_linear(up, weights[4]))
+            if rows < 64:
+                eat(tiled_head(x, head))
+            var = x.pow(2).mean(-1, keepdim=True)
+            eat(x * torch.rsqrt(var + 1e-6))  # RMS norm
+            eat(torch.softmax(x * 3.0, dim=-1))
+        for q, keys in ((1, 2 * KEY_BLOCK + 3), (70, 70)):
+            query, key, value = rand(1, heads, q, hd), rand(1, kv, keys, hd), rand(1, kv, keys, hd)
+            pos = torch.arange(keys - q, keys).unsqueeze(0)
+            eat(invariant_attention(torch.nn.Module(), query, key, value, None, scaling=hd ** -0.5,
+                                    position_ids=pos)[0])
+    return h.hexdigest()
