@@ -292,8 +292,29 @@ def typed(cfg: DictConfig | Config) -> Config:
             c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
         except OmegaConfBaseException as exc:
             raise ConfigError(f"config: {_one_line(exc)}; see harness/config/schema.py") from None
+    why = exact_default_off(str(c.model.backend), c.determinism.dtype, c.model.device) \
+        if c.determinism.batch_invariant else None
+    if why:  # the mode where it cannot run: today's default kept, said in one line (issue 52)
+        import sys
+
+        print(f"kvgraft: determinism.batch_invariant=false for this run: {why}", file=sys.stderr, flush=True)
+        c.determinism.batch_invariant = False
     validate(c)
     return c
+
+
+def exact_default_off(backend: str, dtype: str, device: str) -> str | None:
+    """Why a run keeps the old default (determinism.batch_invariant=false) though configs/config.yaml asks for the
+    exact mode, or None where it runs it: the mode is transformers on the CPU in float32 (kvstore/backends/
+    transformers/invariant.py); bf16, another device and an engine without the mode keep today's default."""
+    refusal = batch_invariant_refusal(backend)
+    if refusal:
+        return f"the {backend} backend has no batch-invariant mode on the CPU"
+    if dtype != "float32":
+        return f"the batch-invariant mode is float32 only (determinism.dtype={dtype})"
+    if device != "cpu":
+        return f"the batch-invariant mode is measured on the CPU only (model.device={device})"
+    return None
 
 
 def validate(c: Config) -> None:
@@ -352,7 +373,11 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
         for key in ("chat", "trace"):  # no chat template, no trace: recorded as before the settings existed
             if model.get(key, 0) is None:
                 del model[key]
-    drop_default_determinism(config.get("determinism") if isinstance(config, dict) else None)
+    det = config.get("determinism") if isinstance(config, dict) else None
+    if isinstance(det, dict) and isinstance(model, dict) and det.get("batch_invariant") is True and \
+            exact_default_off(str(model.get("backend")), str(det.get("dtype")), str(model.get("device"))):
+        det["batch_invariant"] = False  # as `typed` runs it: the old default, recorded as before (no key moves)
+    drop_default_determinism(det)
     run = config.get("run") if isinstance(config, dict) else None
     if isinstance(run, dict) and run.get("in_flight", 0) == 1:  # one problem at a time: recorded as before it existed
         del run["in_flight"]
