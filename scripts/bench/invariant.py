@@ -102,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the figure as JSON here")
     args = ap.parse_args(argv)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
+    load_start = os.getloadavg()
     fm = load_frozen_model(args.model, Determinism())
     stream, _ = token_stream(fm, args.text, max(sizes) + 1)
     del fm
     fig = bench_invariant(args.model, stream, sizes, args.repeats, args.decode_steps)
     fig["machine"] = machine_info(Determinism())
-    fig["machine"]["loadavg_end"] = os.getloadavg()
+    fig["machine"]["loadavg_start"], fig["machine"]["loadavg_end"] = load_start, os.getloadavg()
     print_table(fig)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
