@@ -1,7 +1,8 @@
 """The cost of determinism.batch_invariant (kvstore/backends/transformers/invariant.py), measured in one run: one-pass
 prefill tokens/s and greedy decode tokens/s of the same model in the default mode and in the batch-invariant mode, at
 each context size, the two modes alternating within every repeat (so a busy machine slows both alike). Reported as
-invariant/default time ratios (goal: prefill <= 1.5x, decode <= 1.3x).
+invariant/default time ratios (goal, issue 52: prefill <= 1.1x, decode <= 1.3x), printed side by side with the CPU
+and the load average, and written to --out.
 
     .venv/bin/python -m scripts.bench.invariant [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ from kvstore import Determinism, load_backend
 from kvstore.backends.transformers.gguf import BUNDLED
 from scripts.bench.common import clock, machine_info, token_stream
 
-GOALS = {"prefill": 1.5, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time
+GOALS = {"prefill": 1.1, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time
 
 
 def _prefill_s(be, ids: list[int]) -> float:
@@ -38,7 +40,7 @@ def _decode_s(be, ids: list[int], steps: int) -> float:
 
 def bench_invariant(model: str, stream: list[int], sizes: list[int], repeats: int, decode_steps: int,
                     threads: int | None = None) -> dict:
-    base = Determinism(threads=threads or Determinism().threads, prefill_chunk=0)
+    base = Determinism(threads=threads or Determinism().threads, prefill_chunk=0, batch_invariant=False)
     invariant = Determinism(**{**base.to_dict(), "batch_invariant": True})
     bes = {"default": load_backend("transformers", source=model, determinism=base),
            "invariant": load_backend("transformers", source=model, determinism=invariant)}
@@ -82,6 +84,10 @@ def print_table(fig: dict) -> None:
                   f"{r['prefill_ratio']:.2f}x", f"{d['decode_tok_s']:.2f}", f"{i['decode_tok_s']:.2f}",
                   f"{r['decode_ratio']:.2f}x")
     terminal_console(width=150).print(t)
+    m = fig.get("machine", {})
+    if m:
+        print(f"CPU {m.get('cpu')} ({m.get('cpu_isa')}), load average at start {m.get('loadavg_start')}, at end "
+              f"{m.get('loadavg_end')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the figure as JSON here")
     args = ap.parse_args(argv)
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
+    load_start = os.getloadavg()
     be = load_backend("transformers", source=args.model, determinism=Determinism())
     stream, _ = token_stream(be, args.text, max(sizes) + 1)
     del be
     fig = bench_invariant(args.model, stream, sizes, args.repeats, args.decode_steps)
     fig["machine"] = machine_info(Determinism())
+    fig["machine"]["loadavg_start"], fig["machine"]["loadavg_end"] = load_start, os.getloadavg()
     print_table(fig)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

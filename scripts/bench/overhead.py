@@ -72,6 +72,9 @@ def bench_overhead(be: Backend, text_path: Path, prompts: int, new_tokens: int, 
                       "both run the same forward passes, so a gap this size is within run-to-run noise here)."))
     if llm is not None:
         fig["llama_cpp_decode"] = bench_llama_decode(llm, ids_list, new_tokens, repeats)
+        # transformers greedy decode (this model's dtype and mode) against llama.cpp on the same GGUF, tokens/s
+        fig["transformers_vs_llama_cpp_ratio"] = h["median"] / fig["llama_cpp_decode"]["tokens_per_s"]["median"]
+        fig["transformers_mode"] = ("batch-invariant" if be.batch_invariant() else "default") + f", {be.dtype}"
     return fig
 
 

@@ -157,6 +157,9 @@ def print_tables(summary: dict) -> None:
     if "llama_cpp_decode" in o:
         t.add_row("llama.cpp (reference, Q4_K_M)", _fmt(o["llama_cpp_decode"]["tokens_per_s"], 1, 2))
     con.print(t)
+    if "transformers_vs_llama_cpp_ratio" in o:
+        con.print(f"transformers ({o['transformers_mode']}) / llama.cpp greedy decode tokens/s on the same GGUF: "
+                  f"{o['transformers_vs_llama_cpp_ratio']:.2f}x")
     t = Table(title="Goals")
     for c in ("goal", "met", "note"):
         t.add_column(c)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from kvstore import Determinism, IncompatibleError, SettingsError
+from kvstore.backends.transformers.backend import TransformersBackend
 from kvstore.backends.transformers.capture import deposit_tokens, forward, new_cache
 from kvstore.backends.transformers.graft import graft_snapshot
-from kvstore.backends.transformers.invariant import KEY_BLOCK, tiled_linear
+from kvstore.backends.transformers.invariant import KEY_BLOCK, one_thread, tiled_head, tiled_linear
 from kvstore.backends.transformers.model import load_frozen_model
 from kvstore.testing.random_models import build_random_model
 
@@ -73,6 +74,23 @@ def test_tiled_rows_do_not_depend_on_the_row_count():
     whole = tiled_linear(x, w, b)
     for m in (1, 2, 3, 5, 9, 13, 33):
         assert torch.equal(tiled_linear(x[:m], w, b), whole[:m]), m
+
+
+def test_the_one_row_paths_keep_a_rows_bits():
+    """The one-row step's kernels: the LM head's `weight @ rows^T` in chunks (1 row == the row among 70, at every
+    position of a chunk) and a small tiled product on one thread == the same product on the process's threads."""
+    torch.manual_seed(0)
+    w, b, x = torch.randn(3000, 48), torch.randn(3000), torch.randn(70, 48)
+    whole = tiled_head(x, w, b)
+    for m in (1, 2, 3, 4, 5, 8, 9, 13, 33):
+        assert torch.equal(tiled_head(x[:m], w, b), whole[:m]), m
+    for r in (5, 7, 12, 69):
+        assert torch.equal(tiled_head(x[r : r + 1], w, b)[0], whole[r]), r
+    w2 = torch.randn(96, 48)
+    many = torch.nn.functional.linear(torch.cat([x[:4], x]), w2)  # 74 rows: the process's threads
+    with one_thread():
+        assert torch.get_num_threads() == 1
+        assert torch.equal(tiled_linear(x[:1], w2), many[:1])
 
 
 def test_the_setting_is_recorded_only_when_true_and_checked():
@@ -153,3 +171,25 @@ def test_the_bundled_model_in_the_mode_one_pass_equals_split_token_by_token_and_
     assert torch.equal(torch.cat([head, tail]), one), "token by token"
     grafted = graft_snapshot(deposit_tokens(fm, ids[:540]), fm, token_ids=ids)
     assert torch.equal(_logits(fm, ids[540:], grafted), one[540:]), "graft at own position vs one pass"
+
+
+def test_the_mode_has_its_own_numerics_fingerprint():
+    """Measured on the mode's kernels (its tiled products, LM head, block attention): another value than the
+    default's, which stays the default kernels' (no default-mode artifact or registration moves); the same on 1 and 2
+    threads (its products split the output, never a sum)."""
+    from kvstore.backends.transformers.invariant import numerics_fingerprint
+    from kvstore.environment import numerics_battery_dims
+    from kvstore.environment import numerics_fingerprint as default_numerics
+
+    inv = load_frozen_model("tiny-gemma3", INVARIANT)
+    default = load_frozen_model("tiny-gemma3", Determinism(prefill_chunk=0))
+    dims = numerics_battery_dims(inv.config)
+    assert TransformersBackend.of(inv).numerics() == numerics_fingerprint(dims)
+    assert TransformersBackend.of(default).numerics() == default_numerics(dims, "float32", "cpu")
+    assert inv.numerics_sha256 != default.numerics_sha256
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert numerics_fingerprint(dims) == inv.numerics_sha256
+    finally:
+        torch.set_num_threads(threads)

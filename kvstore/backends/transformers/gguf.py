@@ -11,6 +11,9 @@ its files records the source GGUF's SHA-256, the converter's version, the dtype,
 SHA-256 of every file it wrote. A checkpoint whose record is missing (converted before the record existed), names
 another source or converter, or whose files do not hash as recorded (a bit flip, an edit) is said in one line on
 stderr, set aside and converted again: a damaged cache never loads under the packaged model's name.
+
+A GGUF file given by path (`model.source=<file.gguf>`, as llama.cpp takes any GGUF) is converted and cached the same
+way (`converted_gguf`), keyed and recorded by the file's SHA-256.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,8 @@ from kvstore.atomic import atomic_directory, temp_path
 from kvstore.backends.packaged import BUNDLED, expected_sha256, file_sha256, gguf_path, models_cache
 from kvstore.determinism import Determinism
 
-__all__ = ["cache_problem", "converted_checkpoint", "write_record"]  # BUNDLED is kvstore.backends.packaged's
+# BUNDLED is kvstore.backends.packaged's
+__all__ = ["cache_problem", "converted_checkpoint", "converted_gguf", "is_gguf_file", "write_record"]
 
 
 CONVERTER = "kvgraft-gguf-dequantize/1"  # what `_convert` does; a change to it is a new version (and a rebuild)
@@ -35,11 +40,44 @@ RECORD = "converted.json"
 def converted_checkpoint(det: Determinism, name: str = BUNDLED) -> Path:
     """The dense safetensors checkpoint of packaged GGUF `name` in det's dtype, converting it on first use, and
     converting it again when it does not verify against what made it (`cache_problem`)."""
+    return _cached(det, name, expected_sha256(name), lambda: gguf_path(name))  # gguf_path verifies the SHA-256
+
+
+def is_gguf_file(source: str) -> bool:
+    """Whether a model source names a GGUF file (`model.source=<file.gguf>`), converted like the packaged ones."""
+    return source.lower().endswith(".gguf") and Path(source).is_file()
+
+
+def converted_gguf(det: Determinism, source: str | Path) -> Path:
+    """The dense safetensors checkpoint of the GGUF file `source` in det's dtype: converted once and cached like the
+    packaged models, keyed by the file's SHA-256 (so a moved or renamed copy reuses it, an edited one does not), and
+    verified against its record before every use (`cache_problem`)."""
+    path = Path(source).resolve()
+    try:
+        sha = file_sha256(path)
+    except OSError as e:
+        from kvstore.errors import ModelLoadError
+
+        raise ModelLoadError(f"model source {str(source)!r}: the GGUF file cannot be read ({e.strerror or e}); give "
+                             "a readable .gguf file") from None
+
+    def verified() -> Path:  # the file must still be the one hashed above when it is converted
+        if file_sha256(path) != sha:
+            from kvstore.errors import ModelLoadError
+
+            raise ModelLoadError(f"model source {str(source)!r} changed while it was being loaded; load it again")
+        return path
+
+    return _cached(det, f"gguf-file:{sha[:16]}", sha, verified, prefix="file-")
+
+
+def _cached(det: Determinism, name: str, sha: str, gguf: Callable[[], Path], prefix: str = "") -> Path:
     import transformers
 
-    key = f"{expected_sha256(name)[:16]}-{det.dtype}-tf{transformers.__version__}"
+    # a file's cache has its own folder even when its bytes are a packaged model's (the records name their source)
+    key = f"{prefix}{sha[:16]}-{det.dtype}-tf{transformers.__version__}"
     cached = models_cache() / key
-    want = {"source": name, "source_sha256": expected_sha256(name), "converter": CONVERTER, "dtype": det.dtype,
+    want = {"source": name, "source_sha256": sha, "converter": CONVERTER, "dtype": det.dtype,
             "transformers": transformers.__version__}
     if cached.exists():
         problem = cache_problem(cached, want)
@@ -52,7 +90,7 @@ def converted_checkpoint(det: Determinism, name: str = BUNDLED) -> Path:
         except OSError:
             pass
         shutil.rmtree(aside, ignore_errors=True)
-    _convert(gguf_path(name), det, cached, want)  # gguf_path verifies the GGUF's SHA-256
+    _convert(gguf(), det, cached, want)
     problem = cache_problem(cached, want)
     if problem is not None:  # another process published a damaged copy meanwhile, or the disk lies
         from kvstore.errors import ModelLoadError

@@ -27,7 +27,9 @@ default.
 
 from __future__ import annotations
 
+import contextlib
 import types
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -35,28 +37,74 @@ import torch.nn.functional as F
 TILE = 4  # rows per tile: MKL's sgemm gives a row the same bits for every multiple of 4 rows (module doc)
 KEY_BLOCK = 64  # keys per attention block, aligned to absolute positions 0, 64, 128, ...
 QUERY_CHUNK = 256  # queries attended together (a chunk skips the key blocks none of its queries sees)
+ONE_THREAD_ROWS = 16  # tiled products of at most this many rows run on one thread (`one_thread`)
+HEAD_TILE = 4  # the LM head's columns per tile (`tiled_head`)
+HEAD_CHUNK = 8  # the LM head's rows per call: 4 and 8 columns share a row's bits, 12 and more do not
 ATTENTION = "kvgraft_batch_invariant"  # the attention implementation's registered name
 
 
-def _pad_rows(x2: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _pad_rows(x2: torch.Tensor, tile: int = TILE) -> tuple[torch.Tensor, int]:
     rows = x2.shape[0]
-    pad = (-rows) % TILE if rows else TILE
+    pad = (-rows) % tile if rows else tile
     if pad:
         x2 = torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
     return x2, rows
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one intra-op thread, then restore the count. For the products of a few rows: their bits are
+    the same on 1 and 2 threads (MKL splits the output, never the sum; module doc), and a one-row step's 126 small
+    GEMMs otherwise wait at an OpenMP barrier each, which a busy machine turns into a scheduler time slice."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` with the rows padded to a whole number of `TILE`-row tiles (one GEMM call): each
-    row's bits are the same whatever other rows share the call. The LM head too, whole: the default mode's
-    vocabulary blocks (lm_head.py) are 128 calls at the 270M's vocabulary, which a busy 2-core machine makes slow."""
+    row's bits are the same whatever other rows share the call. A call of at most `ONE_THREAD_ROWS` padded rows runs
+    on one thread (`one_thread`: the same bits, no barrier)."""
     lead = x.shape[:-1]
     x2, rows = _pad_rows(x.reshape(-1, x.shape[-1]))
-    return F.linear(x2, weight, bias)[:rows].reshape(*lead, weight.shape[0])
+    if x2.shape[0] <= ONE_THREAD_ROWS and x2.device.type == "cpu":
+        with one_thread():
+            out = F.linear(x2, weight, bias)
+    else:
+        out = F.linear(x2, weight, bias)
+    return out[:rows].reshape(*lead, weight.shape[0])
+
+
+def tiled_head(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The output projection (LM head) in the mode: `weight @ rows^T`, the rows in chunks of `HEAD_CHUNK` each
+    padded to a multiple of `HEAD_TILE` columns. In that orientation MKL streams the (vocab, hidden) weight once per
+    call at about a matrix-vector product's speed, where `F.linear` on a 4-row tile packs the whole 262,144-word
+    weight every call (3x the time); a row's bits are the same at every multiple of 4 columns up to 8 (measured:
+    1-3, 5-7, 9-11 columns and 12 and more take other kernel paths, so no call has more than `HEAD_CHUNK` rows).
+    Only logits come from here: the keys and values a cache holds are the tiled linears' (`tiled_linear`)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    parts = []
+    for r0 in range(0, max(x2.shape[0], 1), HEAD_CHUNK):
+        chunk, rows = _pad_rows(x2[r0 : r0 + HEAD_CHUNK], HEAD_TILE)
+        out = torch.mm(weight, chunk.t())[:, :rows].t()
+        parts.append(out if bias is None else out + bias)
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out.reshape(*lead, weight.shape[0])
 
 
 def _tiled_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return tiled_linear(x, self.weight, self.bias)
+
+
+def _head_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return tiled_head(x, self.weight, self.bias)
 
 
 def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -223,15 +271,17 @@ def _attend(qg: torch.Tensor, vis: torch.Tensor, kp: torch.Tensor, vp: torch.Ten
     p = torch.exp_(s.sub_(m_safe))
     o = torch.matmul(p, vb)  # (B, KVH, nb, M, Dv + 1): the weighted values and, last, the block's sum of weights
 
-    # combine the blocks in position order (online softmax)
-    run_m = torch.full_like(m[:, :, 0], float("-inf"))
+    # combine the blocks in position order (online softmax): acc <- acc * exp(run_m - new) + o_i * exp(m_i - new).
+    # The running maxima and every factor are computed for all blocks at once (the same elementwise ops on the same
+    # values, so the same bits); only the recurrence itself, two operations a block, stays a loop.
+    new = torch.cummax(m, dim=2).values
+    run = torch.cat([torch.full_like(m[:, :, :1], float("-inf")), new[:, :, :-1]], dim=2)
+    new_safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    keep = torch.exp(run - new_safe)
+    add = o * torch.exp(m - new_safe)
     acc = torch.zeros_like(o[:, :, 0])
     for i in range(nb):
-        mi = m[:, :, i]
-        new = torch.maximum(run_m, mi)
-        new_safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-        acc = acc * torch.exp(run_m - new_safe) + o[:, :, i] * torch.exp(mi - new_safe)
-        run_m = new
+        acc = acc * keep[:, :, i] + add[:, :, i]
     return (acc[..., :dv] / acc[..., dv:])[:, :, :rows]
 
 
@@ -256,9 +306,11 @@ def install(model: torch.nn.Module) -> None:
     """Switch `model` to the batch-invariant mode: tiled linear layers (LM head included) and `ATTENTION`."""
     refuse_unsupported(model)
     register()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.forward = types.MethodType(_tiled_forward, module)
+            forward = _head_forward if module is head else _tiled_forward
+            module.forward = types.MethodType(forward, module)
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(ATTENTION)
     else:  # pragma: no cover - transformers without set_attn_implementation
@@ -294,3 +346,52 @@ def check_invariant_device(source: str, device: str) -> None:
             f"model {source!r} on device {device!r} with determinism.batch_invariant=true: the batch-invariant mode "
             "is built and measured for the CPU (MKL's row-tile property, kvstore/backends/transformers/invariant.py); "
             "use device=cpu or leave determinism.batch_invariant off")
+
+
+NUMERICS_FORMAT = "kvgraft-numerics-invariant/1"  # the mode's battery below; a change to it is a new format
+
+
+def numerics_fingerprint(dims: dict[str, int]) -> str:
+    """The mode's numerics fingerprint: SHA-256 of a fixed battery of the kernels the mode runs, in this process's
+    settings, on fixed pseudo-random inputs (the default mode's is kvstore.environment.numerics_fingerprint, on the
+    default kernels, and stays as it was). Its tiled products at the model's shapes (`tiled_linear`: 1 row on one
+    thread, 7 and 64 rows on the process's threads), its LM head (`tiled_head`, 1 and 7 rows, a slice of the
+    vocabulary), its block attention (`invariant_attention`: a one-query decode step past two key blocks and a
+    causal prefill of 70 queries), an RMS norm and a softmax. Two machines whose bits agree here computed the mode's
+    layers alike (`make replay` checks the whole model)."""
+    import hashlib
+    import json
+
+    gen = torch.Generator(device="cpu").manual_seed(20261203)
+    h = hashlib.sha256(NUMERICS_FORMAT.encode() + json.dumps(dims, sort_keys=True).encode())
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.05
+
+    def eat(t: torch.Tensor) -> None:
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+
+    hid, inter, hd = dims["hidden"], dims["intermediate"], dims["head_dim"]
+    heads, kv = dims["heads"], dims["kv_heads"]
+    weights = [rand(heads * hd, hid), rand(kv * hd, hid), rand(hid, heads * hd), rand(inter, hid), rand(hid, inter)]
+    head = rand(dims["vocab"], hid)
+    with torch.inference_mode():
+        for rows in (1, 7, 64):
+            x = rand(rows, hid)
+            eat(tiled_linear(x, weights[0]))
+            eat(tiled_linear(x, weights[1]))
+            eat(tiled_linear(rand(rows, heads * hd), weights[2]))
+            up = tiled_linear(x, weights[3])
+            eat(up)
+            eat(tiled_linear(up, weights[4]))
+            if rows < 64:
+                eat(tiled_head(x, head))
+            var = x.pow(2).mean(-1, keepdim=True)
+            eat(x * torch.rsqrt(var + 1e-6))  # RMS norm
+            eat(torch.softmax(x * 3.0, dim=-1))
+        for q, keys in ((1, 2 * KEY_BLOCK + 3), (70, 70)):
+            query, key, value = rand(1, heads, q, hd), rand(1, kv, keys, hd), rand(1, kv, keys, hd)
+            pos = torch.arange(keys - q, keys).unsqueeze(0)
+            eat(invariant_attention(torch.nn.Module(), query, key, value, None, scaling=hd ** -0.5,
+                                    position_ids=pos)[0])
+    return h.hexdigest()

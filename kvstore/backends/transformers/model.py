@@ -5,6 +5,7 @@ Sources `load_frozen_model` accepts:
     (kvstore/backends/transformers/gguf.py).
   - "tiny-gemma3" / "tiny-llama" / "tiny-mistral": small random-weight models built from configs (seeded), with
     a byte-level tokenizer, for tests and bulk benchmarks (kvstore/backends/transformers/tiny.py).
+  - a GGUF file by path (`model.source=<file.gguf>`): dequantized once into the same verified cache (gguf.py).
   - a local Hugging Face checkpoint folder, or a hub id (read from the local cache; set HF_HUB_OFFLINE=1).
 
 The model fingerprint is a SHA-256 over the canonical config plus every parameter's name, dtype, shape and
@@ -26,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from kvstore.backends.packaged import known_names
-from kvstore.backends.transformers.gguf import BUNDLED, converted_checkpoint
+from kvstore.backends.transformers.gguf import BUNDLED, converted_checkpoint, converted_gguf, is_gguf_file
 from kvstore.backends.transformers.invariant import check_invariant_device
 from kvstore.backends.transformers.invariant import install as install_invariant
 from kvstore.backends.transformers.lm_head import block_lm_head
@@ -61,13 +62,21 @@ class FrozenModel:
     @property
     def numerics_sha256(self) -> str:
         """kvstore.environment.numerics_fingerprint of this model's shapes, dtype and device in this process's
-        settings (measured on first use, then kept: the settings are fixed once the model is loaded)."""
+        settings; in the batch-invariant mode the mode's own battery (invariant.numerics_fingerprint: its tiled
+        GEMMs, LM head, block attention and norms). Measured on first use, then kept: the settings are fixed once
+        the model is loaded."""
         sha = self.__dict__.get("numerics")
         if sha is None:
             from kvstore.environment import numerics_battery_dims, numerics_fingerprint
 
-            sha = self.__dict__["numerics"] = numerics_fingerprint(numerics_battery_dims(self.config),
-                                                                  self.determinism.dtype, self.device)
+            dims = numerics_battery_dims(self.config)
+            if self.determinism.batch_invariant:  # the mode's own kernels (invariant.numerics_fingerprint)
+                from kvstore.backends.transformers.invariant import numerics_fingerprint as invariant_numerics
+
+                sha = invariant_numerics(dims)
+            else:
+                sha = numerics_fingerprint(dims, self.determinism.dtype, self.device)
+            self.__dict__["numerics"] = sha
         return sha
 
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -242,6 +251,10 @@ def load_frozen_model(
             model, tok = _load_checkpoint(folder, det)
         elif source in TINY:
             model, tok = build_tiny(source, det, seed)
+        elif is_gguf_file(source):  # a GGUF by path: dequantized once and cached like the packaged models
+            folder = converted_gguf(det, source)
+            pinned = PinnedWeights.of(weight_files(folder))
+            model, tok = _load_checkpoint(folder, det)
         else:
             pinned = PinnedWeights.of(weight_files(source))
             model, tok = _load_hf(source, det)
@@ -266,7 +279,7 @@ def load_frozen_model(
     except (OSError, RuntimeError, KeyError, TypeError, AttributeError, ImportError, SafetensorError) as e:
         where = f" ({', '.join(str(f.path) for f in pinned.files)})" if pinned is not None and pinned.files else ""
         fix = (f"; the converted copy is damaged: remove {Path(pinned.files[0].path).parent} and it is converted again"
-               if source in known_names() and where else
+               if (source in known_names() or is_gguf_file(source)) and where else
                "; give a complete, unmodified checkpoint" if where else "")
         raise ModelLoadError(f"model source {source!r}{where} could not be loaded: {type(e).__name__}: "
                              f"{_first_line(str(e))}{fix}") from None

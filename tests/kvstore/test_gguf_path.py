@@ -1,0 +1,45 @@
+"""A GGUF given by path to the transformers backend (`model.source=<file.gguf>`): converted once into the verified
+model cache (kvstore/backends/transformers/gguf.py), the same model as the packaged name, and a damaged cache is
+converted again, never loaded."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore import Determinism, ModelLoadError
+from kvstore.backends.transformers import gguf
+from kvstore.backends.transformers.model import load_frozen_model
+
+
+def test_a_missing_gguf_path_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such folder") as e:
+        load_frozen_model(str(tmp_path / "absent.gguf"))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.integration
+def test_the_bundled_gguf_by_path_converts_once_and_verifies(tmp_path, monkeypatch):
+    from kvstore.backends.packaged import BUNDLED, gguf_path
+
+    path = str(gguf_path(BUNDLED))
+    monkeypatch.setenv("KVGRAFT_CACHE", str(tmp_path / "cache"))
+    det = Determinism()
+    first = load_frozen_model(path, det)
+    folder = gguf.converted_gguf(det, path)
+    assert folder.name.startswith("file-") and (folder / gguf.RECORD).is_file()
+    assert first.fingerprint == load_frozen_model(BUNDLED, det).fingerprint  # the same weights as the packaged name
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    real = gguf._convert
+    monkeypatch.setattr(gguf, "_convert", no_conversion)
+    assert load_frozen_model(path, det).fingerprint == first.fingerprint  # the cache, verified, reused
+    weights = next(folder.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match="converted again"):  # a damaged cache is never loaded
+        load_frozen_model(path, det)
+    monkeypatch.setattr(gguf, "_convert", real)
+    assert load_frozen_model(path, det).fingerprint == first.fingerprint
