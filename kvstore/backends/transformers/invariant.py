@@ -158,7 +158,8 @@ def _checked_lasts(module: torch.nn.Module, pos, attention_mask: torch.Tensor | 
     """The absolute position of each row's last query, from `position_ids`, refusing (KVStoreError, one line) what
     the block alignment cannot be derived from instead of assuming it (issue 51, item 6): no position_ids (key 0
     is not position 0 once a sliding window dropped keys, or a graft put the cache elsewhere), position_ids of
-    another shape than the queries', more keys than positions up to the last query, or no mask on a sliding-window
+    another shape than the queries', more keys than positions up to the last query with no mask marking the extra
+    keys as padding (rows joined in flight are left-padded, their mask hides the padding), or no mask on a sliding-window
     layer (the window would not be applied)."""
     from kvstore.errors import KVStoreError
 
@@ -169,7 +170,7 @@ def _checked_lasts(module: torch.nn.Module, pos, attention_mask: torch.Tensor | 
                            "to absolute positions, which are not assumed; call the model with position_ids "
                            "(kvstore's prefill, decode and graft do)")
     lasts = [int(x) for x in pos[:, -1]] if pos.shape[0] == b else [int(pos[0, -1])] * b
-    if min(lasts) + 1 < kv and len(set(lasts)) == 1:
+    if min(lasts) + 1 < kv and len(set(lasts)) == 1 and attention_mask is None:  # a mask marks left-padded keys
         raise KVStoreError(f"{where}: {kv} keys but the last query is at position {min(lasts)}: keys before position "
                            "0 do not exist; the cache and position_ids disagree (a graft at the wrong position?)")
     if attention_mask is None and getattr(module, "sliding_window", None):
