@@ -159,8 +159,8 @@ def _checked_lasts(module: torch.nn.Module, pos, attention_mask: torch.Tensor | 
     the block alignment cannot be derived from instead of assuming it (issue 51, item 6): no position_ids (key 0
     is not position 0 once a sliding window dropped keys, or a graft put the cache elsewhere), position_ids of
     another shape than the queries', more keys than positions up to the last query with no mask marking the extra
-    keys as padding (rows joined in flight are left-padded, their mask hides the padding), or no mask on a sliding-window
-    layer (the window would not be applied)."""
+    keys as padding (rows joined in flight are left-padded, their mask hides the padding), or no mask on a
+    sliding-window layer (the window would not be applied)."""
     from kvstore.errors import KVStoreError
 
     where = f"batch-invariant attention ({type(module).__name__}, layer {getattr(module, 'layer_idx', '?')})"
