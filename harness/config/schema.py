@@ -303,29 +303,8 @@ def typed(cfg: DictConfig | Config) -> Config:
             c = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
         except OmegaConfBaseException as exc:
             raise ConfigError(f"config: {_one_line(exc)}; see harness/config/schema.py") from None
-    why = exact_default_off(str(c.model.backend), c.determinism.dtype, c.model.device) \
-        if c.determinism.batch_invariant else None
-    if why:  # the mode where it cannot run: today's default kept, said in one line (issue 52)
-        import sys
-
-        print(f"kvgraft: determinism.batch_invariant=false for this run: {why}", file=sys.stderr, flush=True)
-        c.determinism.batch_invariant = False
     validate(c)
     return c
-
-
-def exact_default_off(backend: str, dtype: str, device: str) -> str | None:
-    """Why a run keeps the old default (determinism.batch_invariant=false) though configs/config.yaml asks for the
-    exact mode, or None where it runs it: the mode is transformers on the CPU in float32 (kvstore/backends/
-    transformers/invariant.py); bf16, another device and an engine without the mode keep today's default."""
-    refusal = batch_invariant_refusal(backend)
-    if refusal:
-        return f"the {backend} backend has no batch-invariant mode on the CPU"
-    if dtype != "float32":
-        return f"the batch-invariant mode is float32 only (determinism.dtype={dtype})"
-    if device != "cpu":
-        return f"the batch-invariant mode is measured on the CPU only (model.device={device})"
-    return None
 
 
 def validate(c: Config) -> None:
@@ -386,11 +365,6 @@ def recorded(cfg: DictConfig | Config) -> dict[str, Any]:
     runs had before it existed left out, and a backend section no config gave (None), so a newly registered backend
     changes no earlier run's hashes (the rules: harness.config.identity.RECORDED_ABSENT)."""
     config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dataclasses.asdict(cfg)
-    model = config.get("model") if isinstance(config, dict) else None
-    det = config.get("determinism") if isinstance(config, dict) else None
-    if isinstance(det, dict) and isinstance(model, dict) and det.get("batch_invariant") is True and \
-            exact_default_off(str(model.get("backend")), str(det.get("dtype")), str(model.get("device"))):
-        det["batch_invariant"] = False  # as `typed` runs it: the old default, recorded as before (no key moves)
     sections = tuple(name for name in backend_names() if name not in _OWN_SECTIONS)
     return recorded_config(config, sections)
 
