@@ -77,6 +77,12 @@ RAN_BY = {
         "tests/harness/test_lifecycle.py::test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder",
     "python -m harness <same overrides>":
         "tests/harness/test_lifecycle.py::test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder",
+    "PYTHONPATH=. .venv-lmeval/bin/lm-eval run --include_path harness/task/lmeval --tasks kvgraft_original --model "
+    "local-completions --model_args model=gemma3-270m,base_url=http://127.0.0.1:8000/v1/completions,num_concurrent=1,"
+    "max_retries=1,tokenized_requests=False,tokenizer_backend=None --output_path runs/lmeval/graft --log_samples":
+        "tests/harness/test_lmeval_serve.py::test_lmeval_through_the_server_equals_the_harness_runs_sample_by_sample",
+    "python -m scripts.lmeval_compare --lmeval runs/lmeval/graft --run runs/graft/<stamp>-held_out":
+        "tests/harness/test_lmeval_serve.py::test_lmeval_through_the_server_equals_the_harness_runs_sample_by_sample",
     ".venv-audit/bin/python -m scripts.rescore runs/compare/<stamp>":
         "tests/harness/test_rescore_fresh_venv.py::test_a_fresh_venv_with_only_the_audit_extra_rescores_a_run",
 }
