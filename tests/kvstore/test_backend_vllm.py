@@ -250,7 +250,10 @@ def test_registered_backend_graft_rows_equal_their_in_context_twins(backend_case
     assert len(graft) == len(incontext) == (1 if strategy == "greedy" else 2)
     assert graft == incontext  # token ids, text, stop reason, counts and the first logits' SHA-256
     assert all(r["decode_tokens"] > 0 and r["stop_reason"] in ("eos", "stop", "length") for r in graft)
-    assert [e["event"] for e in c["graft"]["events"]] == ["graft"]  # the connector loaded it, once per row set
+    events = [e["event"] for e in c["graft"]["events"]]
+    # the connector loaded it once per row set; a later look-up of the same blocks finds them in vLLM's prefix cache
+    # and says so (`cached`, issue 51: neither admitted nor refused silently)
+    assert events[0] == "graft" and set(events[1:]) <= {"cached"}
     assert c["graft"]["events"][0]["tokens"] == 128  # whole blocks only; the engine computed the rest
     assert c["incontext"]["events"] == [] and c["cold"]["events"] == []  # neither twin nor cold grafts anything
 
