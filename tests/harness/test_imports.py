@@ -88,10 +88,11 @@ def test_library_does_not_import_run():
 
 
 def test_the_config_schema_is_a_leaf():
-    """harness/config/schema.py imports no harness module but the exception family, the execution schema and the field
-    declarations, and those import no harness module but the exception family."""
+    """harness/config/schema.py imports no harness module but the exception family, the execution schema, the field
+    declarations and the run identity, and those import no harness module but the exception family."""
     graph = import_graph()
+    leaves = ("harness.config.execution", "harness.config.fields", "harness.config.identity")
     harness = {m for m in graph["harness.config.schema"] if m.startswith("harness")}
-    assert harness <= {"harness.errors", "harness.config.execution", "harness.config.fields"}, harness
-    for leaf in ("harness.config.execution", "harness.config.fields"):
+    assert harness <= {"harness.errors", *leaves}, harness
+    for leaf in leaves:
         assert {m for m in graph[leaf] if m.startswith("harness")} <= {"harness.errors"}, leaf
