@@ -2,9 +2,9 @@
 
 Run from the repository root::
 
-    python scripts/rescore.py runs/baseline/2025-01-01_12-00-00_ab12cd      # or:
+    python -m scripts.rescore runs/baseline/2025-01-01_12-00-00_ab12cd      # or:
     make rescore RUN=runs/baseline/2025-01-01_12-00-00_ab12cd
-    python scripts/rescore.py RUN_DIR --json                                # machine-readable result
+    python -m scripts.rescore RUN_DIR --json                                # machine-readable result
 
 It re-hashes ``manifest.json``, ``outputs.jsonl`` (file and every row), ``summary.json`` and
 ``problems.jsonl``, re-scores every completion with ``harness.task.answers.score`` and recomputes the

@@ -1,7 +1,7 @@
 """Sample by sample: lm-eval's completions through `make serve LIBRARY=... RETRIEVAL=...` against kvgraft's own run
 of the same condition on vLLM (docs/vllm.md, "Any evaluation harness").
 
-    .venv/bin/python scripts/lmeval_compare.py --lmeval runs/lmeval/recurring --run runs/graft/<stamp>-recurring
+    .venv/bin/python -m scripts.lmeval_compare --lmeval runs/lmeval/recurring --run runs/graft/<stamp>-recurring
 
 The run folder is audited first (harness.record.audit: hashes and scores re-checked; an edited folder is refused
 naming its first finding). lm-eval's samples file (`samples_kvgraft_original_*.jsonl` under --lmeval, written with

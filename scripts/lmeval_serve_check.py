@@ -1,7 +1,7 @@
 """lm-eval through the library-aware server, sample by sample against kvgraft's own runs (docs/vllm.md, "Any
 evaluation harness"; the reduced version is tests/harness/test_lmeval_serve.py):
 
-    .venv/bin/python scripts/lmeval_serve_check.py --out runs/lmeval_check [--limit 4] [--budget 64]
+    .venv/bin/python -m scripts.lmeval_serve_check --out runs/lmeval_check [--limit 4] [--budget 64]
 
 1. the library of the first LIMIT bundled problems on vLLM (`make library`, model=gemma3_270m_vllm);
 2. kvgraft's own runs on vLLM (`make aime-graft`: graft and in-context, recurring and held-out, one engine);

@@ -2,9 +2,9 @@
 
 Run from the repository root::
 
-    python scripts/log_run.py runs/baseline/2025-01-01_12-00-00_ab12cd [MORE_RUN_DIRS ...]
-    python scripts/log_run.py RUN_DIR --tracking-uri sqlite:////abs/path/mlflow.db --experiment kvgraft-aime
-    python scripts/log_run.py runs/compare/2025-01-01_12-00-00-000000     # a comparison (and its runs not yet logged)
+    python -m scripts.log_run runs/baseline/2025-01-01_12-00-00_ab12cd [MORE_RUN_DIRS ...]
+    python -m scripts.log_run RUN_DIR --tracking-uri sqlite:////abs/path/mlflow.db --experiment kvgraft-aime
+    python -m scripts.log_run runs/compare/2025-01-01_12-00-00-000000     # a comparison (and its runs not yet logged)
 
 A compare folder (comparison.json) is logged as the compare job logs it when MLflow is up: each run it lists
 (found by its run_links, wherever the folders were moved) that is not yet in the store first, then the comparison

@@ -1,4 +1,4 @@
-"""Re-check a run, compare or sweep folder without loading any model: `python scripts/rescore.py RUN_DIR [--json]`
+"""Re-check a run, compare or sweep folder without loading any model: `python -m scripts.rescore RUN_DIR [--json]`
 (or `make rescore RUN=...`). The logic and its documentation are in harness/rescore.py; this entry point exists
 so the command works from a checkout without installing the package (torch is not needed: docs/extending.md)."""
 

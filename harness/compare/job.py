@@ -19,7 +19,7 @@ in-context control vs the matching baseline, recurring and held-out, and any fur
    each run and the library's record (size, time this job spent opening or building it), plus per_problem.json
    (harness/compare/per_problem.py); MLflow gets it as the parent run of the five when tracking is on
    (harness.tracking.log);
-   `python scripts/show_comparison.py runs/compare/<stamp>` re-prints it;
+   `python -m scripts.show_comparison runs/compare/<stamp>` re-prints it;
 5. exits non-zero (PairingError, naming the rows) when any graft row differs from its twin.
 
 A job killed part-way resumes when the same command runs again (issue 31, finding 10): the runs it finished are
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> Comparison:
     links = {k: os.path.relpath(f.path.absolute(), out.parent.absolute()) for k, f in folders.items()}
     result = dataclasses.replace(result, run_links=links)
     print_comparison(comparison_title(summaries[base], c), result, per_problem.misses(table, plan),
-                     reprint=f"python scripts/show_comparison.py {out.parent}")
+                     reprint=f"python -m scripts.show_comparison {out.parent}")
     write_json(out, result.to_json())
     write_json(out.parent / per_problem.PER_PROBLEM, {"rows": table})
     unfinished.remove()

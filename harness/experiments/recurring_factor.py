@@ -2,8 +2,8 @@
 answering it alone under a long budget, measured on one backend (configs/experiment/recurring_factor.yaml: llama.cpp,
 the first K problems of the public AIME 1983-2023 file, prompt=cot, 8 seeded samples of up to 4,096 tokens).
 
-    make recurring-factor                                   # python scripts/recurring_factor.py (this module)
-    python scripts/recurring_factor.py dataset.limit=4 library.dataset.limit=4    # more problems (Hydra overrides)
+    make recurring-factor                                   # python -m scripts.recurring_factor (this module)
+    python -m scripts.recurring_factor dataset.limit=4 library.dataset.limit=4    # more problems (Hydra overrides)
     make recurring-factor ARGS="+experiment=recurring_factor_vllm --first-unsolved=8 --graft-decoding=greedy"
                                                             # the full-size table on vLLM (another experiment file)
 

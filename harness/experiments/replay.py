@@ -2,11 +2,11 @@
 
 Run from the repository root::
 
-    python scripts/replay.py                          # every profile in the registry (make replay)
-    python scripts/replay.py --profile portable       # one profile
-    python scripts/replay.py --profile native --register    # (re)compute and write this machine's hashes
-    python scripts/replay.py --profile native+batch_invariant --register   # the same, determinism.batch_invariant
-    python scripts/replay.py --speed                  # prefill/decode tokens/s, native vs portable
+    python -m scripts.replay                          # every profile in the registry (make replay)
+    python -m scripts.replay --profile portable       # one profile
+    python -m scripts.replay --profile native --register    # (re)compute and write this machine's hashes
+    python -m scripts.replay --profile native+batch_invariant --register   # the same, determinism.batch_invariant
+    python -m scripts.replay --speed                  # prefill/decode tokens/s, native vs portable
 
 What is computed, per registration: under one determinism profile, with the model and tokenizer fingerprints,
 the settings and the compute environment (kvstore.environment) that produced it,

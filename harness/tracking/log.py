@@ -19,7 +19,7 @@ own concepts so its UI shows the work. :func:`log_run_dir` reads the folder thro
 then writes ``tracking.json`` (``{"tracking_uri", "experiment", "run_id"}``) into the folder.
 :func:`try_log_run_dir` never raises: on failure it warns and writes ``tracking.json`` with
 ``{"pending": true, "reason", "tracking_uri", "experiment"}``; log such runs later with
-``python scripts/log_run.py RUN_DIR``. harness/compare/mlflow_runs.py logs the compare job as
+``python -m scripts.log_run RUN_DIR``. harness/compare/mlflow_runs.py logs the compare job as
 the parent run of the runs it compares. The experiment is tagged ``mlflow.experimentKind =
 custom_model_development``, so the UI opens on its runs rather than on the GenAI trace overview.
 
@@ -149,7 +149,7 @@ def try_log_run_dir(
     """Like :func:`log_run_dir` (or :func:`log_run` for a FinishedRun's records), but on any failure warn, write
     a pending ``tracking.json`` and return None.
 
-    The run folder stays complete; log it later with ``python scripts/log_run.py RUN_DIR``.
+    The run folder stays complete; log it later with ``python -m scripts.log_run RUN_DIR``.
     """
     if isinstance(run_dir, FinishedRun):
         record, run_dir = run_dir, run_dir.folder.path
@@ -177,7 +177,7 @@ def try_log_run_dir(
             reason += f" (and writing {TRACKING} failed: {write_exc})"
         warnings.warn(
             f"MLflow logging of {run_dir} to {tracking_uri} failed ({reason}); the run folder is complete: "
-            f"log it later with `python scripts/log_run.py {run_dir}`",
+            f"log it later with `python -m scripts.log_run {run_dir}`",
             RuntimeWarning,
             stacklevel=2,
         )

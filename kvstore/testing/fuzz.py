@@ -2,7 +2,7 @@
 compare its suffix logits with the original's. The claim it tests: no mutant is admitted that grafts to logits
 different from its original's (no silent wrong graft), and every refusal is a KVStoreError.
 
-    python scripts/fuzz_store.py --mutants 100000 [--seed 0] [--models tiny-gemma3,tiny-llama] [--out runs/fuzz]
+    python -m scripts.fuzz_store --mutants 100000 [--seed 0] [--models tiny-gemma3,tiny-llama] [--out runs/fuzz]
     python -m kvstore.testing.fuzz ...                      # the same; tests/kvstore/test_fuzz.py calls fuzz() directly
 
 One artifact per model is deposited (tiny-gemma3: 24 tokens, across its sliding window of 16; tiny-llama: 12
