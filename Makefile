@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM ?= false
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
-.PHONY: setup test lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
+.PHONY: setup test test-all lint aime-baseline aime-graft library rescore mlflow-ui log-run bench bench-context \
         verify-graft verify-llamacpp position-sweep replay report clean recurring-factor mlflow-server setup-s3 setup-ray bench-scaleout \
         audit-venv setup-vllm setup-vllm-or-skip verify-vllm setup-models gpu-wheels serve setup-lmeval setup-vllm-s3
 
@@ -65,10 +65,16 @@ audit-venv:
 
 # setup-models: the 1.5B model for its short exactness test (~50 s, 2.2 GB; docs/models.md). The llama.cpp build
 # (make setup, CPU-bound) and .venv-vllm (mostly download and unpacking) are built side by side (-j2).
+# make test: the CI tier (tests marked slow skip, each saying so); make test-all: every test (docs/testing.md).
 test:
 	@$(MAKE) --no-print-directory -j2 setup-models setup-vllm-or-skip
 	.venv/bin/ruff check kvstore harness scripts tests
 	$(PY) -m pytest -q --durations=25 $(ARGS)
+
+test-all:
+	@$(MAKE) --no-print-directory -j2 setup-models setup-vllm-or-skip
+	.venv/bin/ruff check kvstore harness scripts tests
+	KVGRAFT_SLOW=1 $(PY) -m pytest -q --durations=25 $(ARGS)
 
 setup-vllm-or-skip:
 	@$(MAKE) --no-print-directory setup-vllm || echo "make setup-vllm failed: the vLLM tests will say so in a skip line"

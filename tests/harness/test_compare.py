@@ -123,6 +123,7 @@ def _edit_first_row(path: Path, change) -> None:
 
 
 @pytest.mark.parametrize("tamper", ["first_logits_sha256", "completion_token_ids"])
+@pytest.mark.slow
 def test_rescore_of_a_compare_folder_rechecks_the_pairing_and_fails_on_a_tampered_row(tmp_path, tamper, capsys):
     result = _compare(tmp_path)
     compare_dir = next((tmp_path / "runs" / "compare").iterdir())

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_compare_job_on_llamacpp_gives_graft_rows_identical_to_their_twins(tmp_path: Path) -> None:
     result = compare.main([
         "model=gemma3_270m_llamacpp", "model.llamacpp.n_ctx=1024", "model.llamacpp.threads=1", f"project_root={REPO}",

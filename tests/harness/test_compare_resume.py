@@ -61,6 +61,7 @@ def resumed(tmp_path_factory) -> tuple[Path, dict, dict, str]:
     return root, before, _folders(runs), " ".join(again.stdout.split())
 
 
+@pytest.mark.slow
 def test_a_compare_job_killed_inside_a_condition_resumes_every_run_and_recomputes_none(resumed):
     root, before, after, out = resumed
     runs = root / "runs"
@@ -82,6 +83,7 @@ def test_a_compare_job_killed_inside_a_condition_resumes_every_run_and_recompute
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_comparison_made_while_mlflow_was_down_is_logged_later_with_its_runs(resumed, sqlite_uri):
     from mlflow import MlflowClient
 

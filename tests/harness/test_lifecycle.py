@@ -62,6 +62,7 @@ def test_claim_takes_the_next_suffix_and_never_shares_a_name(tmp_path):
     assert len(set(names)) == 16 and "2026-01-01_00-00-00" in names and "2026-01-01_00-00-00-16" in names
 
 
+@pytest.mark.slow
 def test_two_sweeps_started_in_the_same_second_land_in_two_folders(tmp_path):
     runs = tmp_path / "runs"
     # both name their sweep folder "same-second": the collision that two sweeps started in one second meet
@@ -81,6 +82,7 @@ def test_two_sweeps_started_in_the_same_second_land_in_two_folders(tmp_path):
         assert audit(RunFolder(j)).ok
 
 
+@pytest.mark.slow
 def test_kill_9_then_the_same_command_resumes_with_the_rows_of_an_uninterrupted_run(tmp_path):
     runs = tmp_path / "runs"
     proc = subprocess.Popen(harness(runs, *SAMPLED), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
@@ -120,6 +122,7 @@ def _wait_for_folder(runs: Path, proc: subprocess.Popen, timeout: float = 120) -
     raise AssertionError("no run folder")
 
 
+@pytest.mark.slow
 def test_sigterm_stops_between_rows_with_one_line_and_a_resumable_folder(tmp_path):
     runs = tmp_path / "runs"
     proc = subprocess.Popen(harness(runs, *SAMPLED), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
@@ -162,6 +165,7 @@ def test_every_entry_point_refuses_a_misspelt_key_in_one_line_with_the_near_miss
     assert not any(tmp_path.iterdir())  # refused before any folder was made
 
 
+@pytest.mark.slow
 def test_project_root_holds_the_run_folder_and_the_resume_finds_it_from_another_directory(tmp_path):
     """`project_root=` moves Hydra's run folder with it (configs/config.yaml: `kvgraft.under`), so a run started
     from another working directory lands under project_root/runs_dir, where its resume looks, not under the cwd."""

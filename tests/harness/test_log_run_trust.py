@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.config.schema import compose_config
 from harness.run.loop import run
 from kvstore import load_backend
@@ -50,6 +52,7 @@ def test_an_edited_summary_is_refused_and_the_intact_folder_logged(tmp_path, sql
     assert logged.data.metrics["accuracy"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_compare_folder_whose_comparison_was_edited_is_refused_and_nothing_logged(tmp_path, sqlite_uri,
                                                                                     fast_mlflow, capsys):
     """Issue 51, item 9: `make log-run` of a compare folder whose comparison.json says accuracy 0.75 where its runs

@@ -36,6 +36,7 @@ def test_a_per_run_table_in_80_columns_shows_every_value(fakerun: ModuleType, tm
             assert value in table, (width, value, table)
 
 
+@pytest.mark.slow
 def test_a_llamacpp_setting_changed_since_the_library_was_built_is_named(tmp_path):
     pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs llama-cpp-python")
     from harness.config.model import load_model

@@ -56,6 +56,7 @@ def test_rows_over_two_ray_workers_equal_the_single_process_run(tmp_path, tiny_g
     assert summary.scores == run(_cfg(tmp_path), tmp_path / "again", fm=tiny_gemma3, progress=False)[1].scores
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_problem_loses_and_duplicates_nothing(tmp_path, tiny_gemma3, monkeypatch):
     """kill -9 of a worker while it computes a problem: the problem is queued again, a new worker replaces it."""
     from harness.run import distributed

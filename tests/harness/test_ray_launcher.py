@@ -88,6 +88,7 @@ def _rows(folder: Path) -> list[tuple]:
 COMMON = ["model=tiny_gemma3", "condition=baseline", "dataset.limit=2"]
 
 
+@pytest.mark.slow
 def test_a_two_value_sweep_on_ray_gives_two_folders_that_rescore_log_to_mlflow_and_equal_a_single_process_run(
         ray_cluster, mlflow_server, tmp_path):
     from mlflow import MlflowClient

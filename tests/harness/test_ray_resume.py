@@ -52,6 +52,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
         time.sleep(1)
 
 
+@pytest.mark.slow
 def test_a_driver_killed_mid_run_resumes_from_its_rows_with_none_lost_or_duplicated(tmp_path, still_running):
     import psutil
 

@@ -37,6 +37,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_a_ray_run_listens_only_on_loopback_with_a_token_and_sigterm_stops_it_leaving_no_process(tmp_path, still_running):
     driver = subprocess.Popen([sys.executable, "-m", "harness", *CONFIG, f"runs_dir={tmp_path}/runs"], cwd=REPO,
                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -106,6 +107,7 @@ except HarnessError as exc:
 """
 
 
+@pytest.mark.slow
 def test_no_node_with_determinism_threads_cpus_is_one_line_naming_them_within_seconds(tmp_path):
     cfg = ["model=tiny_gemma3", "condition=baseline", "dataset.limit=2", "decoding.max_new_tokens=2", "tracking=off",
            f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "execution=ray", "execution.workers=1",
@@ -123,6 +125,7 @@ def test_no_node_with_determinism_threads_cpus_is_one_line_naming_them_within_se
     assert "determinism.threads=2" in refused[0] and "1 CPUs" in refused[0], refused
 
 
+@pytest.mark.slow
 def test_llamacpp_on_ray_is_not_refused_for_torch_threads_it_never_uses(tmp_path):
     """A llama.cpp run over a Ray worker: the worker's torch threads (Ray's OMP_NUM_THREADS = its CPUs) differ from
     the driver's, and llama.cpp computes on its own threads (a setting, compared): the run is not refused."""
@@ -137,6 +140,7 @@ def test_llamacpp_on_ray_is_not_refused_for_torch_threads_it_never_uses(tmp_path
     assert (folder / "manifest.json").is_file() and len((folder / "outputs.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_private_ray_starts_stops_with_one_line_and_leaves_no_process(tmp_path, still_running):
     """Issue 41, finding 7: SIGTERM sent as soon as the private Ray's first server (gcs_server) exists, i.e. inside
     ray.init: held until every process it starts is up and watched, then Ray shut down and the one `stopped:` line;
@@ -185,6 +189,7 @@ def test_sigterm_while_the_private_ray_starts_stops_with_one_line_and_leaves_no_
 
 
 @pytest.mark.parametrize("to", ["driver", "group"])
+@pytest.mark.slow
 def test_sigint_while_the_private_ray_starts_stops_with_one_line_and_leaves_no_process(tmp_path, still_running, to):
     """Issue 51, item 9: Ctrl-C (SIGINT; `group`: to the whole foreground process group, as a terminal sends it, so
     Ray's own servers get it too) as soon as the private Ray's first server exists, i.e. inside ray.init: one

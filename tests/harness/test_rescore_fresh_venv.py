@@ -47,6 +47,7 @@ def test_the_audit_extra_is_what_a_rescore_imports(fake_run):
     assert sorted({DISTRIBUTION[m] for m in imported if m in DISTRIBUTION}) == sorted(audit_extra())
 
 
+@pytest.mark.slow
 def test_a_fresh_venv_with_only_the_audit_extra_rescores_a_run(fake_run, tmp_path):
     venv = tmp_path / "audit-venv"
     make = subprocess.run(["make", "-s", "audit-venv", f"AUDIT_VENV={venv}"], cwd=REPO, capture_output=True,

@@ -122,6 +122,7 @@ def test_log_run_script_fails_clearly_on_a_non_run_folder(tmp_path: Path, repo_r
     assert "not a run folder" in result.stderr
 
 
+@pytest.mark.slow
 def test_parallel_jobs_share_one_sqlite_store(tmp_path: Path, fakerun: ModuleType, repo_root: Path) -> None:
     """Three processes creating and logging to one new store at once (parallel Hydra jobs) all succeed.
 

@@ -92,6 +92,7 @@ def test_a_truncated_checkpoint_is_one_line_with_the_loaders_reason(checkpoint, 
     assert "incomplete metadata, file not fully covered" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_a_gguf_cut_short_under_a_running_llamacpp_model_stops_the_run_in_one_line(tmp_path):
     pytest.importorskip("llama_cpp", reason="the llama.cpp backend needs llama-cpp-python")
     import shutil

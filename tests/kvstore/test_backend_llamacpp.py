@@ -144,6 +144,7 @@ def test_an_old_state_handle_is_refused_once_the_context_holds_another(be, ids):
         be.forward(ids[8:10], old)
 
 
+@pytest.mark.slow
 def test_the_position_sweep_on_llamacpp_reports_own_position_exact_and_other_offsets_refused(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "position_sweep.py"), "--backend", "llamacpp",

@@ -20,6 +20,7 @@ def test_a_missing_gguf_path_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundled_gguf_by_path_converts_once_and_verifies(tmp_path, monkeypatch):
     from kvstore.backends.packaged import BUNDLED, gguf_path
 

@@ -279,6 +279,7 @@ def test_a_library_built_into_s3_grafts_rows_identical_to_one_in_a_local_store(u
     assert {a for _, a, *_ in in_s3} <= {i.id for i in store.list()}
 
 
+@pytest.mark.slow
 def test_a_start_whose_port_was_taken_retries_on_fresh_ports_and_names_the_first_failure(tmp_path, capfd):
     """A port picked free can be taken before the server binds it: the start is retried once on fresh ports in a
     fresh folder, the first failure printed with the end of weed's log; when every attempt fails, the error carries

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,6 +51,7 @@ def test_bench_writes_summary_with_every_figure_and_plots(tmp_path):
     assert not (tmp_path / "_bench_store").exists()
 
 
+@pytest.mark.slow
 def test_bench_context_writes_the_curve(tmp_path):
     _run("context.py", "--model", "tiny-gemma3", "--artifacts", "200", "--total-tokens", "5000",
          "--checkpoints", "10,100,200", "--out", str(tmp_path))

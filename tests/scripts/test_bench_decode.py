@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_bench_decode_reports_every_figure_and_writes_json(tmp_path):
     out = tmp_path / "decode.json"
     proc = subprocess.run([

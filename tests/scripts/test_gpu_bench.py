@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvstore.testing.random_models import kv_bytes, model_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(tmp_path):
     out = tmp_path / "gpu.json"
     proc = subprocess.run([sys.executable, "-m", "scripts.gpu_bench", "--device", "cpu", "--small",

@@ -16,6 +16,7 @@ SCRIPT = "scripts.position_sweep"  # run as `python -m scripts.position_sweep` f
 
 
 @pytest.mark.parametrize("mode", [[], ["--batch-invariant"]], ids=["default", "batch-invariant"])
+@pytest.mark.slow
 def test_position_sweep_offset_zero_is_exact_and_plot_is_written(tmp_path, mode):
     problems = tmp_path / "problems.jsonl"
     problems.write_text(json.dumps({"id": "t-1", "problem": "What is $6 \\times 7$?",

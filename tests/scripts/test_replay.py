@@ -238,6 +238,7 @@ def test_register_then_replay_on_the_tiny_model(tmp_path):
     assert "replay: native FAIL" in r.stdout
 
 
+@pytest.mark.slow
 def test_the_batch_invariant_mode_registers_and_replays_under_its_own_key(tmp_path):
     """Issue 43: `--profile native+batch_invariant` is the native kernel profile with determinism.batch_invariant=true,
     registered beside the default mode's `native` (never replacing it) and replayed like any profile."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "scripts.verify_graft"  # run as `python -m scripts.verify_graft` from the checkout
 
@@ -67,6 +69,7 @@ def test_grafts_across_the_sliding_window_are_byte_identical_on_tiny_gemma3(tmp_
     assert any(r["crosses_window"] for r in report["per_sample"])
 
 
+@pytest.mark.slow
 def test_grafts_are_byte_identical_on_tiny_llama(tmp_path):
     proc, report = _run(tmp_path, "tiny-llama", 6, "--max-prefix-tokens", "60")
     _assert_all_exact(proc, report, "tiny-llama", 6)
@@ -86,6 +89,7 @@ def _run_any(tmp_path: Path, model: str, *extra: str) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.slow
 def test_an_architecture_that_needs_eager_is_refused_in_one_line_then_grafts_exactly_with_the_flag(tmp_path):
     from kvstore.backends.transformers.tiny import save_architecture
 
@@ -102,6 +106,7 @@ def test_an_architecture_that_needs_eager_is_refused_in_one_line_then_grafts_exa
     assert proc.stdout.strip().splitlines()[-1].startswith("graft: 2/2 SHA-256 equal")
 
 
+@pytest.mark.slow
 def test_an_architecture_whose_cache_cannot_be_captured_is_refused_in_one_line(tmp_path):
     from kvstore.backends.transformers.tiny import save_architecture
 

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.skipif(not INSTALLED and os.environ.get("CI") != "true",
                     reason="the 1.5B model is not installed here (make setup-models); CI installs it and runs this")
+@pytest.mark.slow
 def test_grafts_on_the_1_5b_model_are_byte_identical_when_restored_in_another_process(tmp_path):
     out = tmp_path / "v.json"
     proc = subprocess.run(
