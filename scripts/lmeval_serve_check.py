@@ -102,7 +102,7 @@ def main() -> int:
                      "--output_path", str(where), "--log_samples"], out / f"lmeval-{cond}-{mode}.log",
                     env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
                 secs = round(time.monotonic() - t0, 1)
-                r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "scripts/lmeval_compare.py", "--lmeval",
+                r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "scripts.lmeval_compare", "--lmeval",
                                     str(where), "--run", str(runs[(cond, mode)])], capture_output=True, text=True,
                                    cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
                 last = (r.stdout.strip().splitlines() or [r.stderr.strip()])[-1]
