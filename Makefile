@@ -71,10 +71,8 @@ test:
 	.venv/bin/ruff check kvstore harness scripts tests
 	$(PY) -m pytest -q --durations=25 $(ARGS)
 
-test-all:
-	@$(MAKE) --no-print-directory -j2 setup-models setup-vllm-or-skip
-	.venv/bin/ruff check kvstore harness scripts tests
-	KVGRAFT_SLOW=1 $(PY) -m pytest -q --durations=25 $(ARGS)
+test-all: export KVGRAFT_SLOW := 1
+test-all: test
 
 setup-vllm-or-skip:
 	@$(MAKE) --no-print-directory setup-vllm || echo "make setup-vllm failed: the vLLM tests will say so in a skip line"
