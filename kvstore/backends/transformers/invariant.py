@@ -69,16 +69,59 @@ def one_thread() -> Iterator[None]:
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` with the rows padded to a whole number of `TILE`-row tiles (one GEMM call): each
-    row's bits are the same whatever other rows share the call. A call of at most `ONE_THREAD_ROWS` padded rows runs
-    on one thread (`one_thread`: the same bits, no barrier)."""
+    row's bits are the same whatever other rows share the call. A call of at most `ONE_THREAD_ROWS` padded rows (a
+    decode step) is one product per intra-op thread, each over its own share of the output columns (`split_linear`:
+    the same bits, measured per weight shape, `splits`), else one product on one thread (`one_thread`)."""
     lead = x.shape[:-1]
     x2, rows = _pad_rows(x.reshape(-1, x.shape[-1]))
     if x2.shape[0] <= ONE_THREAD_ROWS and x2.device.type == "cpu":
-        with one_thread():
-            out = F.linear(x2, weight, bias)
+        parts = splits(weight, bias)
+        if parts > 1:
+            out = split_linear(x2, weight, bias, parts)
+        else:
+            with one_thread():
+                out = F.linear(x2, weight, bias)
     else:
         out = F.linear(x2, weight, bias)
     return out[:rows].reshape(*lead, weight.shape[0])
+
+
+def split_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> torch.Tensor:
+    """`F.linear(x2, weight, bias)` for a few rows as `parts` products over consecutive shares of the output columns,
+    batched in one call (torch runs a batch's products on its intra-op threads, one each; MKL does not thread a
+    product of 4 rows). Measured on MKL sgemm (AMD EPYC, fp32): a column's bits do not depend on how many other
+    columns share the product, for the shapes of the 270M and the 1.5B (2, 4 and 8 shares, 4 to 16 rows, with and
+    without bias), so this gives `F.linear`'s bits at about half its time on 2 threads. Not assumed: `splits` checks
+    it for each weight shape before it is used."""
+    out_features, inp = weight.shape
+    w3 = weight.view(parts, out_features // parts, inp).transpose(1, 2)
+    xe = x2.expand(parts, *x2.shape)
+    y = torch.bmm(xe, w3) if bias is None else torch.baddbmm(bias.view(parts, 1, out_features // parts), xe, w3)
+    return y.transpose(0, 1).reshape(x2.shape[0], out_features)
+
+
+_SPLITS: dict[tuple[int, int, bool, int], bool] = {}  # (out, in, bias?, parts) -> split_linear gives F.linear's bits
+
+
+def splits(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """How many column shares a small tiled product of `weight` runs in (`split_linear`): one per intra-op thread
+    where, for this weight shape and thread count, the split product was measured to give `F.linear`'s bits on every
+    row count up to `ONE_THREAD_ROWS` (once per shape, on this weight and fixed pseudo-random rows); 1 otherwise (a
+    shape whose share falls to another kernel path, as MKL's for a few columns: seen at 8 columns of a 32 x 64
+    weight)."""
+    parts = torch.get_num_threads()
+    out_features, inp = weight.shape
+    if parts < 2 or out_features % parts or weight.device.type != "cpu" or not weight.is_contiguous():
+        return 1
+    key = (out_features, inp, bias is not None, parts)
+    if key not in _SPLITS:
+        gen = torch.Generator().manual_seed(20261204)
+        x = torch.randn(ONE_THREAD_ROWS, inp, generator=gen, dtype=weight.dtype)
+        with torch.inference_mode():
+            whole = F.linear(x, weight, bias)
+            _SPLITS[key] = all(torch.equal(split_linear(x[:r], weight, bias, parts), whole[:r])
+                               for r in range(TILE, ONE_THREAD_ROWS + 1, TILE))
+    return parts if _SPLITS[key] else 1
 
 
 def tiled_head(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -142,13 +185,11 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     # rows in (query, group) order: a chunk of queries is a contiguous run of rows
     qg = query.reshape(b, kvh, groups, q, d).transpose(2, 3)
     pad_back = total - lead - kv
-    kp = F.pad(key, (0, 0, lead, pad_back))
-    vp = F.pad(torch.cat([value, value.new_ones(b, kvh, kv, 1)], dim=-1), (0, 0, lead, pad_back))
     outs = []
     for q0 in range(0, q, QUERY_CHUNK):
         rows_q = qg[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, d)
         rows_vis = F.pad(vis[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, kv), (lead, pad_back), value=False)
-        outs.append(_attend(rows_q, rows_vis, kp, vp, scaling, softcap))
+        outs.append(_attend(rows_q, rows_vis, key, value, lead, scaling, softcap))
     out = torch.cat(outs, dim=2).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
     return out.transpose(1, 2).contiguous(), None
 
@@ -241,12 +282,33 @@ def _ragged_rows(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return torch.cat(outs), None
 
 
-def _attend(qg: torch.Tensor, vis: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, scaling: float,
+def _blocks(t: torch.Tensor, lead: int, i0: int, i1: int, ones: bool = False) -> torch.Tensor:
+    """Key blocks i0..i1 of `t` (B, KVH, kv, X) as (B, KVH, i1 - i0, KEY_BLOCK, X), block i holding the keys at
+    padded positions [i * KEY_BLOCK, (i + 1) * KEY_BLOCK) where key 0 sits at padded position `lead`. Blocks wholly
+    inside the keys are a view (no copy); a partial block (the first when lead > 0, the last when the keys end inside
+    it) is a zero-padded copy. `ones`: a ones column appended (zero where padded), the block's sum of weights."""
+    b, kvh, kv, x = t.shape
+    start, end = i0 * KEY_BLOCK - lead, i1 * KEY_BLOCK - lead  # key indices the blocks span
+    if start >= 0 and end <= kv and not ones:
+        return t[:, :, start:end].reshape(b, kvh, i1 - i0, KEY_BLOCK, x)
+    lo, hi = max(start, 0), min(end, kv)
+    part = t[:, :, lo:hi]
+    if ones:
+        part = torch.cat([part, part.new_ones(b, kvh, hi - lo, 1)], dim=-1)
+    return F.pad(part, (0, 0, lo - start, end - hi)).reshape(b, kvh, i1 - i0, KEY_BLOCK, x + ones)
+
+
+def _attend(qg: torch.Tensor, vis: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lead: int, scaling: float,
             softcap: float | None) -> torch.Tensor:
-    """Rows `qg` (B, KVH, rows, D) against the block-aligned keys `kp` (B, KVH, total, D) and values with a ones
-    column `vp` (B, KVH, total, Dv + 1), `vis` (B, KVH, rows, total) saying which key each row sees."""
+    """Rows `qg` (B, KVH, rows, D) against the keys `key` (B, KVH, kv, D) and values `value` (B, KVH, kv, Dv), key 0
+    at padded position `lead` of the block-aligned layout; `vis` (B, KVH, rows, total) says which padded position
+    each row sees. Each block's products have one fixed shape, (M, D) x (D, KEY_BLOCK) and (M, KEY_BLOCK) x
+    (KEY_BLOCK, Dv) plus the block's sum of weights (a product with ones); the blocks wholly inside the
+    keys are read in place (views: no copy of the cache per call), the partial first and last blocks are padded
+    copies (`_blocks`). A column's bits do not depend on which other columns or blocks share the product (measured;
+    tests/kvstore/test_invariant_attention.py checks these against the padded-copy layout bit for bit)."""
     b, kvh, rows, d = qg.shape
-    dv = vp.shape[-1] - 1
+    kv, dv = key.shape[2], value.shape[-1]
     pad = (-rows) % TILE
     if pad:  # whole tiles of rows (module doc); the padded rows see nothing and are dropped
         qg = torch.cat([qg, qg.new_zeros(b, kvh, pad, d)], dim=2)
@@ -254,35 +316,51 @@ def _attend(qg: torch.Tensor, vis: torch.Tensor, kp: torch.Tensor, vp: torch.Ten
     m_rows = rows + pad
     blocks = vis.shape[-1] // KEY_BLOCK
     # skip the blocks no row here can see (they would add exactly nothing)
-    seen = vis.reshape(b, kvh, m_rows, blocks, KEY_BLOCK).any(dim=-1).any(dim=2).any(dim=1).any(dim=0)
-    idx = torch.nonzero(seen).flatten()
-    b0, b1 = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 1)
+    seen = vis.reshape(-1, blocks, KEY_BLOCK).any(dim=-1).any(dim=0).tolist()
+    b0 = seen.index(True) if True in seen else 0
+    b1 = blocks - seen[::-1].index(True) if True in seen else 1
     nb = b1 - b0
-    kb = kp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, d)
-    vb = vp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, dv + 1)
     mb = vis[..., b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, m_rows, nb, KEY_BLOCK).transpose(2, 3)
+    # the blocks in up to three runs: a partial first block, the whole blocks (views), a partial last block
+    whole0, whole1 = (1 if lead else 0), (lead + kv) // KEY_BLOCK
+    runs = [(b0, min(b1, whole0)), (max(b0, whole0), min(b1, whole1)), (max(b0, whole0, whole1), b1)]
+    runs = [(i0, i1) for i0, i1 in runs if i0 < i1]
+    qb = qg.unsqueeze(2)
 
-    # per block, products of a fixed shape: (M, D) x (D, KEY_BLOCK) and (M, KEY_BLOCK) x (KEY_BLOCK, Dv + 1)
-    s = torch.matmul(qg.unsqueeze(2), kb.transpose(-1, -2)) * scaling  # (B, KVH, nb, M, KEY_BLOCK)
+    # per block, products of a fixed shape (scores, then weighted values and the sum of weights)
+    s = torch.cat([torch.matmul(qb, _blocks(key, lead, i0, i1).transpose(-1, -2)) for i0, i1 in runs], dim=2)
+    s = s * scaling  # (B, KVH, nb, M, KEY_BLOCK)
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     s = s.masked_fill_(~mb, float("-inf"))
     m = s.amax(dim=-1, keepdim=True)
-    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    m_safe = m.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)  # an infinite maximum as 0, the rest as it is
     p = torch.exp_(s.sub_(m_safe))
-    o = torch.matmul(p, vb)  # (B, KVH, nb, M, Dv + 1): the weighted values and, last, the block's sum of weights
+    parts, at = [], 0
+    for i0, i1 in runs:
+        pr = p[:, :, at : at + i1 - i0]
+        at += i1 - i0
+        whole = whole0 <= i0 and i1 <= whole1
+        if whole:  # values in place; the sum of weights as a product of its own, two columns wide: a one-column
+            # product of a single block goes to a matrix-vector kernel with other bits (measured), two do not
+            ones = p.new_ones(b, kvh, i1 - i0, KEY_BLOCK, 2)
+            parts.append(torch.cat([torch.matmul(pr, _blocks(value, lead, i0, i1)), torch.matmul(pr, ones)[..., :1]],
+                                   -1))
+        else:
+            parts.append(torch.matmul(pr, _blocks(value, lead, i0, i1, ones=True)))
+    o = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # (B, KVH, nb, M, Dv + 1)
 
     # combine the blocks in position order (online softmax): acc <- acc * exp(run_m - new) + o_i * exp(m_i - new).
     # The running maxima and every factor are computed for all blocks at once (the same elementwise ops on the same
     # values, so the same bits); only the recurrence itself, two operations a block, stays a loop.
     new = torch.cummax(m, dim=2).values
     run = torch.cat([torch.full_like(m[:, :, :1], float("-inf")), new[:, :, :-1]], dim=2)
-    new_safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+    new_safe = new.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)
     keep = torch.exp(run - new_safe)
     add = o * torch.exp(m - new_safe)
     acc = torch.zeros_like(o[:, :, 0])
-    for i in range(nb):
-        acc = acc * keep[:, :, i] + add[:, :, i]
+    for k, a in zip(keep.unbind(2), add.unbind(2), strict=True):  # in place: the same two roundings a block
+        acc.mul_(k).add_(a)
     return (acc[..., :dv] / acc[..., dv:])[:, :, :rows]
 
 
