@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kvstore.backends.transformers import invariant
 from kvstore.backends.transformers.invariant import KEY_BLOCK, QUERY_CHUNK, TILE, invariant_attention
 
 
@@ -106,8 +107,12 @@ CASES = [  # (rows b, heads, kv heads, head dim, queries, keys, last position, w
 ]
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "copied"])
 @pytest.mark.parametrize("case", CASES, ids=[f"b{c[0]}-q{c[4]}-kv{c[5]}-last{c[6]}" for c in CASES])
-def test_in_place_blocks_give_the_padded_copy_layouts_bits(case):
+def test_in_place_blocks_give_the_padded_copy_layouts_bits(case, in_place, monkeypatch):
+    """Both ways the keys are laid out (read in place from IN_PLACE_KEYS keys up, one padded copy below) on every
+    case: each gives the reference's bits."""
+    monkeypatch.setattr(invariant, "IN_PLACE_KEYS", 0 if in_place else 10**9)
     b, h, kvh, d, q, kv, last, window, softcap = case
     gen = torch.Generator().manual_seed(sum(case[:7]))
     query = torch.randn(b, h, q, d, generator=gen)

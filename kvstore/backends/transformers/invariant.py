@@ -37,6 +37,7 @@ import torch.nn.functional as F
 TILE = 4  # rows per tile: MKL's sgemm gives a row the same bits for every multiple of 4 rows (module doc)
 KEY_BLOCK = 64  # keys per attention block, aligned to absolute positions 0, 64, 128, ...
 QUERY_CHUNK = 256  # queries attended together (a chunk skips the key blocks none of its queries sees)
+IN_PLACE_KEYS = 1024  # from this many keys the whole key blocks are read in place, below it all are copied (`_attend`)
 ONE_THREAD_ROWS = 16  # tiled products of at most this many rows run on one thread (`one_thread`)
 HEAD_TILE = 4  # the LM head's columns per tile (`tiled_head`)
 HEAD_CHUNK = 8  # the LM head's rows per call: 4 and 8 columns share a row's bits, 12 and more do not
@@ -73,31 +74,38 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     decode step) is one product per intra-op thread, each over its own share of the output columns (`split_linear`:
     the same bits, measured per weight shape, `splits`), else one product on one thread (`one_thread`)."""
     lead = x.shape[:-1]
-    x2, rows = _pad_rows(x.reshape(-1, x.shape[-1]))
-    if x2.shape[0] <= ONE_THREAD_ROWS and x2.device.type == "cpu":
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    pad = (-rows) % TILE if rows else TILE
+    if rows + pad <= ONE_THREAD_ROWS and x2.device.type == "cpu":
+        xp = F.pad(x2, (0, 0, 0, pad)) if pad else x2  # zero rows: the tile (module doc)
         parts = splits(weight, bias)
         if parts > 1:
-            out = split_linear(x2, weight, bias, parts)
+            out = split_linear(xp, weight, bias, parts, rows)
         else:
             with one_thread():
-                out = F.linear(x2, weight, bias)
+                out = F.linear(xp, weight, bias)[:rows]
     else:
-        out = F.linear(x2, weight, bias)
-    return out[:rows].reshape(*lead, weight.shape[0])
+        xp = F.pad(x2, (0, 0, 0, pad)) if pad else x2
+        out = F.linear(xp, weight, bias)[:rows]
+    return out.reshape(*lead, weight.shape[0])
 
 
-def split_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> torch.Tensor:
-    """`F.linear(x2, weight, bias)` for a few rows as `parts` products over consecutive shares of the output columns,
-    batched in one call (torch runs a batch's products on its intra-op threads, one each; MKL does not thread a
-    product of 4 rows). Measured on MKL sgemm (AMD EPYC, fp32): a column's bits do not depend on how many other
-    columns share the product, for the shapes of the 270M and the 1.5B (2, 4 and 8 shares, 4 to 16 rows, with and
-    without bias), so this gives `F.linear`'s bits at about half its time on 2 threads. Not assumed: `splits` checks
-    it for each weight shape before it is used."""
+def split_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int,
+                 rows: int | None = None) -> torch.Tensor:
+    """`F.linear(x2, weight, bias)[:rows]` for a few rows as `parts` products over consecutive shares of the output
+    columns, batched in one call (torch runs a batch's products on its intra-op threads, one each; MKL does not
+    thread a product of 4 rows). Measured on MKL sgemm (AMD EPYC, fp32): a column's bits do not depend on how many
+    other columns share the product, for the shapes of the 270M and the 1.5B (2, 4 and 8 shares, 4 to 16 rows, with
+    and without bias), so this gives `F.linear`'s bits at about half its time on 2 threads. Not assumed: `splits`
+    checks it for each weight shape before it is used."""
     out_features, inp = weight.shape
-    w3 = weight.view(parts, out_features // parts, inp).transpose(1, 2)
+    share = out_features // parts
+    w3 = weight.view(parts, share, inp).transpose(1, 2)
     xe = x2.expand(parts, *x2.shape)
-    y = torch.bmm(xe, w3) if bias is None else torch.baddbmm(bias.view(parts, 1, out_features // parts), xe, w3)
-    return y.transpose(0, 1).reshape(x2.shape[0], out_features)
+    y = torch.bmm(xe, w3) if bias is None else torch.baddbmm(bias.view(parts, 1, share), xe, w3)
+    rows = x2.shape[0] if rows is None else rows
+    return y[:, :rows].transpose(0, 1).reshape(rows, out_features)
 
 
 _SPLITS: dict[tuple[int, int, bool, int], bool] = {}  # (out, in, bias?, parts) -> split_linear gives F.linear's bits
@@ -111,9 +119,12 @@ def splits(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     weight)."""
     parts = torch.get_num_threads()
     out_features, inp = weight.shape
+    key = (out_features, inp, bias is not None, parts)
+    known = _SPLITS.get(key)
+    if known is not None and weight.is_contiguous():
+        return parts if known else 1
     if parts < 2 or out_features % parts or weight.device.type != "cpu" or not weight.is_contiguous():
         return 1
-    key = (out_features, inp, bias is not None, parts)
     if key not in _SPLITS:
         gen = torch.Generator().manual_seed(20261204)
         x = torch.randn(ONE_THREAD_ROWS, inp, generator=gen, dtype=weight.dtype)
@@ -282,20 +293,24 @@ def _ragged_rows(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     return torch.cat(outs), None
 
 
-def _blocks(t: torch.Tensor, lead: int, i0: int, i1: int, ones: bool = False) -> torch.Tensor:
+def _blocks(t: torch.Tensor, lead: int, i0: int, i1: int, ones: bool = False, copy: bool = False) -> torch.Tensor:
     """Key blocks i0..i1 of `t` (B, KVH, kv, X) as (B, KVH, i1 - i0, KEY_BLOCK, X), block i holding the keys at
     padded positions [i * KEY_BLOCK, (i + 1) * KEY_BLOCK) where key 0 sits at padded position `lead`. Blocks wholly
     inside the keys are a view (no copy); a partial block (the first when lead > 0, the last when the keys end inside
-    it) is a zero-padded copy. `ones`: a ones column appended (zero where padded), the block's sum of weights."""
+    it) is a zero-padded copy, as is every block with `copy`. `ones`: a ones column appended (zero where padded), the
+    block's sum of weights."""
     b, kvh, kv, x = t.shape
     start, end = i0 * KEY_BLOCK - lead, i1 * KEY_BLOCK - lead  # key indices the blocks span
-    if start >= 0 and end <= kv and not ones:
+    if start >= 0 and end <= kv and not ones and not copy:
         return t[:, :, start:end].reshape(b, kvh, i1 - i0, KEY_BLOCK, x)
     lo, hi = max(start, 0), min(end, kv)
-    part = t[:, :, lo:hi]
+    out = t.new_empty(b, kvh, end - start, x + ones)  # written once: zeros where padded, the keys, the ones column
+    out[:, :, : lo - start] = 0
+    out[:, :, hi - start :] = 0
+    out[:, :, lo - start : hi - start, :x] = t[:, :, lo:hi]
     if ones:
-        part = torch.cat([part, part.new_ones(b, kvh, hi - lo, 1)], dim=-1)
-    return F.pad(part, (0, 0, lo - start, end - hi)).reshape(b, kvh, i1 - i0, KEY_BLOCK, x + ones)
+        out[:, :, lo - start : hi - start, x] = 1
+    return out.view(b, kvh, i1 - i0, KEY_BLOCK, x + ones)
 
 
 def _attend(qg: torch.Tensor, vis: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lead: int, scaling: float,
@@ -321,14 +336,20 @@ def _attend(qg: torch.Tensor, vis: torch.Tensor, key: torch.Tensor, value: torch
     b1 = blocks - seen[::-1].index(True) if True in seen else 1
     nb = b1 - b0
     mb = vis[..., b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, m_rows, nb, KEY_BLOCK).transpose(2, 3)
-    # the blocks in up to three runs: a partial first block, the whole blocks (views), a partial last block
+    # the blocks in up to three runs: a partial first block, the whole blocks (views), a partial last block; below
+    # IN_PLACE_KEYS keys, one padded copy of them all (fewer operations where a copy costs less than they do)
     whole0, whole1 = (1 if lead else 0), (lead + kv) // KEY_BLOCK
-    runs = [(b0, min(b1, whole0)), (max(b0, whole0), min(b1, whole1)), (max(b0, whole0, whole1), b1)]
-    runs = [(i0, i1) for i0, i1 in runs if i0 < i1]
+    if kv < IN_PLACE_KEYS:
+        whole0, whole1 = b1, b0  # no run is read in place
+        runs = [(b0, b1)]
+    else:
+        runs = [(b0, min(b1, whole0)), (max(b0, whole0), min(b1, whole1)), (max(b0, whole0, whole1), b1)]
+        runs = [(i0, i1) for i0, i1 in runs if i0 < i1]
     qb = qg.unsqueeze(2)
 
     # per block, products of a fixed shape (scores, then weighted values and the sum of weights)
-    s = torch.cat([torch.matmul(qb, _blocks(key, lead, i0, i1).transpose(-1, -2)) for i0, i1 in runs], dim=2)
+    s = torch.cat([torch.matmul(qb, _blocks(key, lead, i0, i1, copy=whole1 < whole0).transpose(-1, -2))
+                   for i0, i1 in runs], dim=2)
     s = s * scaling  # (B, KVH, nb, M, KEY_BLOCK)
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
