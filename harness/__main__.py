@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from harness.config.exact import resolve as resolve_exact_default
 from harness.config.schema import check_overrides, compose_config, typed
 from harness.errors import ConfigError, debugging, exit_on_error
 from harness.errors import plain as plain_text
@@ -78,6 +79,7 @@ def _discard(out: Path, multirun: bool) -> None:
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out, multirun = Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN
+    resolve_exact_default(cfg, list(hc.overrides.task))  # off where this job's setup has no mode (config/exact.py)
     try:
         if profile_problems(cfg.determinism.profile):
             _discard(out, multirun)  # enter_profile re-executes the command, which claims its own folder

@@ -40,6 +40,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from harness.config.exact import EXACT_DEFAULT
+from harness.config.exact import resolve as resolve_exact_default
 from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
 from harness.config.identity import recorded_config
@@ -155,10 +157,14 @@ _DETERMINISM_BOUNDS = {
     "threads": {"at_least": 1, "hint": "torch intra-op threads"},
     "prefill_chunk": {"at_least": 1, "hint": "tokens per prefill step"},
 }
+#: The harness's own defaults where they differ from the engine's: the batch-invariant mode is on (the exact default,
+#: issue 52: harness.config.exact; kvstore.Determinism keeps false, the value an artifact's absent setting means).
+_HARNESS_DEFAULTS = {"batch_invariant": EXACT_DEFAULT}
 DeterminismConfig = dataclasses.make_dataclass(
     "DeterminismConfig",
     [(f.name, typing.get_type_hints(Determinism)[f.name],
-      bounded(f.default, **_DETERMINISM_BOUNDS[f.name]) if f.name in _DETERMINISM_BOUNDS else field(default=f.default))
+      bounded(f.default, **_DETERMINISM_BOUNDS[f.name]) if f.name in _DETERMINISM_BOUNDS
+      else field(default=_HARNESS_DEFAULTS.get(f.name, f.default)))
      for f in dataclasses.fields(Determinism)],
 )
 DeterminismConfig.__module__ = __name__
@@ -494,6 +500,8 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "confi
     check_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="kvgraft"):
-            return compose(config_name=config_name, overrides=overrides)
+            cfg = compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(f"bad override in {' '.join(overrides) or '(none)'}: {_one_line(exc)}") from None
+    resolve_exact_default(cfg, overrides)  # the exact default off where the setup has no mode (harness.config.exact)
+    return cfg

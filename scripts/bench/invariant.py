@@ -5,6 +5,7 @@ invariant/default time ratios (goal, issue 52: prefill <= 1.1x, decode <= 1.3x),
 and the load average, and written to --out.
 
     .venv/bin/python -m scripts.bench.invariant [--model gemma3-270m] [--sizes 512,2048] [--repeats 3]
+    .venv/bin/python scripts/bench/invariant.py ...   (the same)
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, load_backend
-from kvstore.backends.transformers.gguf import BUNDLED
-from scripts.bench.common import clock, machine_info, token_stream
+if not __package__:  # run as a file (python scripts/bench/invariant.py): the repo root first, as `python -m` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness.experiments.text import DEFAULT_PROBLEMS  # noqa: E402
+from kvstore import Determinism, load_backend  # noqa: E402
+from kvstore.backends.transformers.gguf import BUNDLED  # noqa: E402
+from scripts.bench.common import clock, machine_info, token_stream  # noqa: E402
 
 GOALS = {"prefill": 1.1, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time
 

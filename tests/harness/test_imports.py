@@ -89,9 +89,10 @@ def test_library_does_not_import_run():
 
 def test_the_config_schema_is_a_leaf():
     """harness/config/schema.py imports no harness module but the exception family, the execution schema, the field
-    declarations and the run identity, and those import no harness module but the exception family."""
+    declarations, the run identity and the exact default, and those import no harness module but the exception
+    family."""
     graph = import_graph()
-    leaves = ("harness.config.execution", "harness.config.fields", "harness.config.identity")
+    leaves = ("harness.config.execution", "harness.config.fields", "harness.config.identity", "harness.config.exact")
     harness = {m for m in graph["harness.config.schema"] if m.startswith("harness")}
     assert harness <= {"harness.errors", *leaves}, harness
     for leaf in leaves:

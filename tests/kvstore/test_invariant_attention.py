@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from kvstore.backends.transformers import invariant
-from kvstore.backends.transformers.invariant import KEY_BLOCK, QUERY_CHUNK, TILE, invariant_attention
+from kvstore.backends.transformers.invariant import KEY_BLOCK, TILE, invariant_attention
+
+QUERY_CHUNK = 256  # the reference's query chunk (the module's own is smaller: a row's bits do not depend on it)
 
 
 def _reference(query, key, value, mask, scaling, softcap, last):
@@ -101,7 +103,7 @@ CASES = [  # (rows b, heads, kv heads, head dim, queries, keys, last position, w
     (1, 4, 1, 64, 70, 70, 69, None, None),  # a prefill of 70 queries
     (1, 4, 1, 64, 3, 64, 63, None, None),  # 12 rows against a single whole block (no matrix-vector kernel)
     (1, 2, 1, 64, 2, 64, 127, None, None),  # 4 rows, a single whole block after the first
-    (1, 2, 2, 32, 300, 300, 299, None, None),  # 2 query chunks (QUERY_CHUNK 256)
+    (1, 2, 2, 32, 300, 300, 299, None, None),  # 2 of the reference's query chunks, 5 of the module's
     (1, 4, 1, 32, 300, 600, 599, 128, None),  # 2 query chunks past a 128-token window
     (1, 4, 2, 32, 40, 200, 400, 200, 30.0),  # a later prefill chunk in a sliding cache, lead 9
 ]
