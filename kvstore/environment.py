@@ -149,9 +149,24 @@ def current_environment(device: Any = None) -> ComputeEnvironment:
     )
 
 
-def environment_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+#: The facts that name the CPU rather than the bits its kernels compute. The batch-invariant mode is bound by its own
+#: measured numerics fingerprint instead (kvstore/backends/transformers/invariant.py `numerics_fingerprint`: the
+#: mode's kernels at the model's shapes), so between two CPUs whose fingerprints for the mode are equal its
+#: artifacts graft and its replay registrations are checks (issue 52); the default mode stays bound to them all.
+CPU_IDENTITY = ("cpu_vendor", "cpu_model", "aten_cpu_capability", "device_name")
+
+
+def is_batch_invariant(determinism: Any) -> bool:
+    """Whether recorded settings (an artifact's or a registration's determinism dict) are the batch-invariant mode."""
+    return isinstance(determinism, dict) and determinism.get("batch_invariant") is True
+
+
+def environment_differences(recorded: dict[str, Any], current: dict[str, Any],
+                            batch_invariant: bool = False) -> list[str]:
     """Each binding fact that differs between a recorded environment (an artifact's) and `current`, as
-    "environment.<field>: artifact X, this process Y" (empty when they agree).
+    "environment.<field>: artifact X, this process Y" (empty when they agree). `batch_invariant` (both sides in
+    the mode): the CPU's names (`CPU_IDENTITY`) are not compared; its numerics fingerprint, which the caller checks,
+    is the evidence.
 
     A recorded environment without `format` was written before this value existed (kvstore/FORMAT.md,
     "Environment binding"): it is compared on the fields it has (`cpu_isa` read as `aten_cpu_capability`), its
@@ -160,7 +175,8 @@ def environment_differences(recorded: dict[str, Any], current: dict[str, Any]) -
     legacy = "format" not in recorded
     rec, cur = _normalized(recorded), _normalized(current)
     out = []
-    for key in sorted((set(rec) | set(cur)) - set(_INFORMATIONAL)):
+    skip = set(_INFORMATIONAL) | (set(CPU_IDENTITY) if batch_invariant else set())
+    for key in sorted((set(rec) | set(cur)) - skip):
         if key not in rec:
             if legacy and key not in _LEGACY_UNSET:
                 continue

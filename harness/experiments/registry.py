@@ -20,6 +20,11 @@ The registry (scripts/replay_registry.json, committed), format "kvgraft-replay/2
 A profile holds one registration per compute environment: two registrations of a profile never have equal
 environments (`kvstore.environment.environment_differences` empty) and equal numerics fingerprints.
 
+In the batch-invariant mode (a `+batch_invariant` profile) a registration is this machine's check when the environment
+agrees except for the CPU's names (kvstore.environment.CPU_IDENTITY) and the mode's numerics fingerprint is equal:
+the mode's bits move between such CPUs (issue 52), so every such registration must reproduce. Registering still
+keeps one registration per CPU (names compared), so a second machine kind adds its own beside the first.
+
 `numerics_sha256` (kvstore.environment.numerics_fingerprint: a fixed battery of the model's kernels run in the
 profile's settings) is what makes a registration this machine's: two machines whose environment records agree can
 still compute other bits (issue 41: an AMD EPYC family 23 against an AMD EPYC registration, every recorded field
@@ -103,8 +108,8 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
         if registered.get(key) != measured.get(key):
             out.problems.append(f"{key} {str(registered.get(key))[:12]} registered, {str(measured.get(key))[:12]} now")
     reg_env, now_env = registered.get("environment", {}), measured.get("environment", {})
-    out.environment_differences = environment_differences(reg_env, now_env) + _numerics_differences(registered,
-                                                                                                    measured)
+    out.environment_differences = environment_differences(reg_env, now_env, _both_invariant(registered, measured)) + (
+        _numerics_differences(registered, measured))
     differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}
     for key in sorted(set(reg_env) | set(now_env)):
         out.environment.append((key, reg_env.get(key), now_env.get(key), key not in differing))
@@ -220,6 +225,14 @@ def replay_profile(registrations: list[dict[str, Any]], measured: dict[str, Any]
     return out
 
 
+def _both_invariant(registered: dict[str, Any], measured: dict[str, Any]) -> bool:
+    """Both registrations in the batch-invariant mode: their environments are compared without the CPU's names, the
+    mode's numerics fingerprint deciding which machines compute its bits alike (kvstore.environment.CPU_IDENTITY)."""
+    from kvstore.environment import is_batch_invariant
+
+    return is_batch_invariant(registered.get("determinism")) and is_batch_invariant(measured.get("determinism"))
+
+
 def register(reg: dict[str, Any], profile: str, measured: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """`reg` (format 2, as read_registry returns it) with `measured` as `profile`'s registration for its
     environment: it replaces the one whose environment matches (True), or is appended (False). Other
@@ -229,7 +242,7 @@ def register(reg: dict[str, Any], profile: str, measured: dict[str, Any]) -> tup
     registrations = reg.setdefault("profiles", {}).setdefault(profile, [])
     for i, old in enumerate(registrations):
         if not environment_differences(old.get("environment", {}), measured.get("environment", {})) and not (
-                _numerics_differences(old, measured)):
+                _numerics_differences(old, measured)):  # the CPU's names too: another CPU's registration is kept
             registrations[i] = measured
             return reg, True
     registrations.append(measured)

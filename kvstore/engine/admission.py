@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
-from kvstore.environment import environment_differences, numerics_differences, numerics_of_tags
+from kvstore.environment import (
+    environment_differences,
+    is_batch_invariant,
+    numerics_differences,
+    numerics_of_tags,
+)
 from kvstore.errors import EnvironmentMismatchError, IncompatibleError, KVStoreError, ValidationError
 from kvstore.format.artifact import NumericsRecord, Snapshot, check_snapshot
 
@@ -49,8 +54,16 @@ def settings_differences(recorded: Any, current: dict[str, Any]) -> list[str]:
 def artifact_differences(snapshot: Snapshot, backend: Backend) -> list[str]:
     """Every recorded setting and environment fact that differs, named (settings first)."""
     env = snapshot.environment if isinstance(snapshot.environment, dict) else {}
-    return settings_differences(snapshot.determinism, backend.settings()) + environment_differences(
-        env, backend.environment())
+    settings = backend.settings()
+    return settings_differences(snapshot.determinism, settings) + environment_differences(
+        env, backend.environment(), both_invariant(snapshot.determinism, settings))
+
+
+def both_invariant(recorded: Any, current: Any) -> bool:
+    """Whether an artifact's recorded settings and the engine's are both the batch-invariant mode: its environment
+    is then compared without the CPU's names, its numerics fingerprint for the mode being the evidence
+    (kvstore.environment.CPU_IDENTITY)."""
+    return is_batch_invariant(recorded) and is_batch_invariant(current)
 
 
 @dataclass(frozen=True)
@@ -135,7 +148,7 @@ def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
             f"be byte-identical to the fresh reference: {'; '.join(settings)}. Load the model with the artifact's "
             "settings or deposit the artifact again under the current ones")))
     env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
-                                  me.environment)
+                                  me.environment, both_invariant(snapshot.determinism, me.settings))
     if env:
         out.append(Difference("environment", (
             f"{name}: the artifact was deposited in another compute environment, so a graft would not be "
@@ -174,7 +187,8 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
     for d in admission_differences(snapshot, backend, token_ids):
         if d.fact == "environment" and allow_environment_mismatch:
             env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
-                                          backend.environment())
+                                          backend.environment(), both_invariant(snapshot.determinism,
+                                                                                backend.settings()))
             warnings.warn(f"{snapshot.model_name or 'artifact'}: grafted across compute environments (not guaranteed "
                           f"exact): {'; '.join(env)}", RuntimeWarning, stacklevel=2)
             continue

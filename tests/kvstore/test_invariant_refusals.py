@@ -69,3 +69,29 @@ def test_every_forward_is_confirmed_to_have_gone_through_the_invariant_attention
 
         fm.model.set_attn_implementation(ATTENTION)
     forward(fm, IDS, new_cache(fm))
+
+
+def _skewed(orig, when):
+    """`orig` with a one-ulp-scale change where `when(args)` holds: a kernel path with other bits at some shape."""
+    def call(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        return out + 1e-6 if when(args) else out
+    return call
+
+
+@pytest.mark.parametrize("target, when, says", [
+    ("linear", lambda a: a[0].shape[0] == 8, "other bits at 8 rows than among 64"),
+    ("linear", lambda a: a[0].shape[0] == 4 and torch.get_num_threads() == 1, "other bits on one thread"),
+    ("mm", lambda a: a[1].shape[1] == 4, "the LM head's rows"),
+])
+def test_a_machine_whose_kernels_move_a_rows_bits_is_refused_at_load(monkeypatch, target, when, says):
+    """Issue 52: the row-tile property is checked at load on the model's own weights (check_tiles), not assumed: a
+    BLAS that gives a row other bits at another row count, on one thread, or in the LM head's narrow product is
+    refused in one line before anything is computed in the mode."""
+    from kvstore import SettingsError
+
+    module = torch.nn.functional if target == "linear" else torch
+    monkeypatch.setattr(module, target, _skewed(getattr(module, target), when))
+    with pytest.raises(SettingsError, match=says) as e:
+        load_frozen_model("tiny-gemma3", INVARIANT)
+    assert "\n" not in str(e.value) and "leave determinism.batch_invariant off" in str(e.value)

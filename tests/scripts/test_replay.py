@@ -258,3 +258,46 @@ def test_the_batch_invariant_mode_registers_and_replays_under_its_own_key(tmp_pa
     assert r.returncode == 0, r.stdout + r.stderr
     assert "profile native+batch_invariant: 5/5 reproduced; environment matches the registered one -> PASS" in r.stdout
     assert "replay: native PASS, native+batch_invariant PASS" in r.stdout
+
+
+def _mode(entry: dict) -> dict:
+    """`entry` registered in the batch-invariant mode (its recorded determinism says so)."""
+    return {**entry, "determinism": {**Determinism(batch_invariant=True).to_dict()}}
+
+
+ZEN5 = {**ENV, "cpu_model": "AMD EPYC 9R45 (Zen 5)", "device_name": "AMD EPYC 9R45 (Zen 5)",
+        "aten_cpu_capability": "AVX512" if ENV["aten_cpu_capability"] != "AVX512" else "AVX2"}
+
+
+def test_in_the_mode_another_cpu_with_an_equal_fingerprint_is_a_check_that_must_reproduce():
+    """Issue 52: the mode's bits move between CPUs whose numerics fingerprint for the mode is equal. Two
+    registrations (this machine's and another CPU kind's, same mode fingerprint): both are checks, both reproduce,
+    PASS; where the other CPU's hashes are not reproduced here the replay fails, naming it."""
+    regs = [_mode(_entry(ZEN5)), _mode(_entry(ENV))]
+    out = replay_registry.replay_profile(regs, _mode(_entry(ENV)), "native+batch_invariant")
+    assert out.passed and len(out.checks) == 2 and not out.others
+    assert out.verdict() == ("profile native+batch_invariant: 2 registrations match this machine's environment: "
+                             "3/3 reproduced, 3/3 reproduced -> PASS")
+    moved = [_mode(_entry(ZEN5, first="zz")), _mode(_entry(ENV))]
+    out = replay_registry.replay_profile(moved, _mode(_entry(ENV)), "native+batch_invariant")
+    assert not out.passed and out.verdict().endswith("2/3 reproduced, 3/3 reproduced -> FAIL")
+
+
+def test_in_the_mode_another_fingerprint_or_the_default_mode_keeps_the_cpu_binding():
+    # the mode with another fingerprint for it: a measurement, not a check
+    out = replay_registry.replay_profile([_mode(_entry(ZEN5, numerics="z" * 64)), _mode(_entry(ENV))],
+                                         _mode(_entry(ENV)), "native+batch_invariant")
+    assert len(out.checks) == 1 and len(out.others) == 1
+    # the default mode: another CPU is another environment whatever its fingerprint
+    out = replay_registry.replay_profile([_entry(ZEN5), _entry(ENV)], _entry(ENV), "native")
+    assert len(out.checks) == 1 and len(out.others) == 1
+    assert "environment.cpu_model" in " ".join(out.others[0].environment_differences)
+
+
+def test_registering_the_mode_on_a_second_cpu_kind_appends_beside_the_first():
+    reg = {"format": replay_registry.REGISTRY_FORMAT, "params": {}, "profiles": {}}
+    reg, replaced = replay_registry.register(reg, "native+batch_invariant", _mode(_entry(ZEN5)))
+    reg, replaced = replay_registry.register(reg, "native+batch_invariant", _mode(_entry(ENV)))
+    assert not replaced and len(reg["profiles"]["native+batch_invariant"]) == 2
+    reg, replaced = replay_registry.register(reg, "native+batch_invariant", _mode(_entry(ENV, first="new")))
+    assert replaced and len(reg["profiles"]["native+batch_invariant"]) == 2

@@ -404,10 +404,12 @@ def register() -> None:
 
 
 def install(model: torch.nn.Module) -> None:
-    """Switch `model` to the batch-invariant mode: tiled linear layers (LM head included) and `ATTENTION`."""
+    """Switch `model` to the batch-invariant mode: tiled linear layers (LM head included) and `ATTENTION`, after
+    `check_tiles` measured that this machine's kernels keep a row's bits at the tiles the mode uses."""
     refuse_unsupported(model)
     register()
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    check_tiles(model, head)
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             forward = _head_forward if module is head else _tiled_forward
@@ -417,6 +419,62 @@ def install(model: torch.nn.Module) -> None:
     else:  # pragma: no cover - transformers without set_attn_implementation
         model.config._attn_implementation = ATTENTION
     _confirm_every_forward(model)  # confirmed at run time, every forward, not assumed (issue 51, item 6)
+
+
+def check_tiles(model: torch.nn.Module, head: torch.nn.Module | None = None) -> None:
+    """The mode's premise, measured on this machine at load instead of assumed (issue 52): for every linear layer's
+    weight shape, on its own weight and fixed pseudo-random rows, a row's bits are the same at 4, 8 and 12 rows as
+    among 64, on one thread as on the process's threads, and in the column-split product where `splits` uses it;
+    the LM head's (`tiled_head`) at 1, 4, 5 and 8 rows; the block attention's for a query alone and among 12. A
+    SettingsError in one line where one differs (another BLAS, another kernel path): the mode cannot be exact here."""
+    from kvstore.errors import SettingsError
+
+    def refuse(what: str) -> None:
+        raise SettingsError(f"determinism.batch_invariant=true: on this machine {what}, so the mode's fixed tiles "
+                            "would not keep a row's bits (kvstore/backends/transformers/invariant.py); leave "
+                            "determinism.batch_invariant off here")
+
+    gen = torch.Generator().manual_seed(20261204)
+    seen: set[tuple] = set()
+    with torch.inference_mode():
+        for name, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear) or module is head or module.weight.device.type != "cpu":
+                continue
+            w, bias = module.weight, module.bias
+            key = (tuple(w.shape), bias is not None, w.dtype)
+            if key in seen:
+                continue
+            seen.add(key)
+            x = torch.randn(64, w.shape[1], generator=gen, dtype=w.dtype)
+            whole = F.linear(x, w, bias)
+            for rows in (TILE, 2 * TILE, 3 * TILE):
+                if not torch.equal(F.linear(x[:rows], w, bias), whole[:rows]):
+                    refuse(f"a row of the {w.shape[0]} x {w.shape[1]} product ({name}) has other bits at {rows} rows "
+                           "than among 64")
+            with one_thread():
+                if not torch.equal(F.linear(x[:TILE], w, bias), whole[:TILE]):
+                    refuse(f"the {w.shape[0]} x {w.shape[1]} product ({name}) gives a row other bits on one thread")
+            if not torch.equal(tiled_linear(x[:1], w, bias), whole[:1]):  # the decode path (`splits` measured it)
+                refuse(f"the one-row product {w.shape[0]} x {w.shape[1]} ({name}) differs from the row among 64")
+        if isinstance(head, torch.nn.Linear) and head.weight.device.type == "cpu":
+            w = head.weight
+            x = torch.randn(HEAD_CHUNK, w.shape[1], generator=gen, dtype=w.dtype)
+            whole = tiled_head(x, w, head.bias)
+            for rows in (1, TILE + 1):
+                if not torch.equal(tiled_head(x[:rows], w, head.bias), whole[:rows]):
+                    refuse(f"the LM head's rows ({w.shape[0]} x {w.shape[1]}) have other bits at {rows} rows than "
+                           f"at {HEAD_CHUNK}")
+        config = getattr(model, "config", None)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        hd = getattr(text, "head_dim", None) or 64
+        heads = getattr(text, "num_attention_heads", 4) or 4
+        kvh = getattr(text, "num_key_value_heads", heads) or heads
+        q, k, v = (torch.randn(1, n, KEY_BLOCK + 12, hd, generator=gen) for n in (heads, kvh, kvh))
+        pos = torch.arange(KEY_BLOCK, KEY_BLOCK + 12).unsqueeze(0)
+        many = invariant_attention(torch.nn.Module(), q[:, :, -12:], k, v, None, position_ids=pos)[0]
+        one = invariant_attention(torch.nn.Module(), q[:, :, -1:], k, v, None, position_ids=pos[:, -1:])[0]
+        if not torch.equal(one[:, 0], many[:, -1]):
+            refuse(f"the block attention ({heads} heads of {hd}) gives a query alone other bits than among 12")
 
 
 def refuse_unsupported(model: torch.nn.Module) -> None:
