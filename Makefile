@@ -137,8 +137,10 @@ setup-ray: setup
 bench-scaleout: setup-s3
 	$(PY) -m scripts.bench.scaleout --out runs/bench $(ARGS)
 
+# Graft vs the cold one-pass prefill of the whole prompt in another process, in the exact default
+# (determinism.batch_invariant); ARGS=--no-batch-invariant for the split-schedule reference alone
 verify-graft: setup
-	$(PY) -m scripts.verify_graft --samples 50 --out runs/verify_graft.json $(ARGS)
+	$(PY) -m scripts.verify_graft --samples 50 --batch-invariant --out runs/verify_graft.json $(ARGS)
 
 # The same exactness driver on llama.cpp (scripts/verify_graft.py --backend llamacpp)
 verify-llamacpp: setup

@@ -41,8 +41,9 @@ class Determinism:
     batch_invariant: every forward batch-invariant (transformers on CPU, float32): linear layers in fixed row tiles
         and an attention over fixed key blocks aligned to absolute positions, so a row's bits do not depend on how
         many rows or tokens share its call (one-pass prefill == chunked == token-by-token == batched rows;
-        kvstore/backends/transformers/invariant.py). Recorded only when true, so the default mode's dicts, artifact
-        ids and hashes are those from before it existed.
+        kvstore/backends/transformers/invariant.py). Recorded only when true, so the dicts, artifact ids and hashes
+        made without it are those from before it existed. False here (the value an absent record means); the
+        harness's default is true wherever the setup has the mode (harness/config/exact.py, issue 52).
     allow_environment_mismatch: graft artifacts deposited in another compute environment anyway (the result
         is then not guaranteed exact); not recorded, not part of equality.
     """

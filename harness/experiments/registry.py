@@ -228,7 +228,7 @@ def replay_profile(registrations: list[dict[str, Any]], measured: dict[str, Any]
 def _both_invariant(registered: dict[str, Any], measured: dict[str, Any]) -> bool:
     """Both registrations in the batch-invariant mode: their environments are compared without the CPU's names, the
     mode's numerics fingerprint deciding which machines compute its bits alike (kvstore.environment.CPU_IDENTITY)."""
-    from kvstore.environment import is_batch_invariant
+    from kvstore import is_batch_invariant
 
     return is_batch_invariant(registered.get("determinism")) and is_batch_invariant(measured.get("determinism"))
 

@@ -17,8 +17,11 @@ import statistics
 import sys
 from pathlib import Path
 
-if not __package__:  # run as a file (python scripts/bench/invariant.py): the repo root first, as `python -m` has it
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if __name__ == "__main__" and not __package__:  # run as a file (python scripts/bench/invariant.py): run it as the
+    # module, from the checkout, as `python -m scripts.bench.invariant` does (its imports name the `scripts` package)
+    _root = str(Path(__file__).resolve().parents[2])
+    os.execve(sys.executable, [sys.executable, "-m", "scripts.bench.invariant", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_root, os.environ.get("PYTHONPATH")]))})
 
 from harness.experiments.text import DEFAULT_PROBLEMS  # noqa: E402
 from kvstore import Determinism, load_backend  # noqa: E402
