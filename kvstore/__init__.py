@@ -29,7 +29,7 @@ _FACE: dict[str, tuple[str, ...]] = {
     # the model, its pinned settings and the machine it runs on
     "kvstore.determinism": ("Determinism",),
     "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
-                            "is_batch_invariant",
+                            "both_invariant",
                             "numerics_differences", "numerics_of_tags", "numerics_tag", "profile_problems"),
     # the backend seam and the registry
     "kvstore.engine.protocol": ("Backend", "BatchedRows", "Continuation", "InEngineBatches", "InEngineDecoding",

@@ -156,9 +156,11 @@ def current_environment(device: Any = None) -> ComputeEnvironment:
 CPU_IDENTITY = ("cpu_vendor", "cpu_model", "aten_cpu_capability", "device_name")
 
 
-def is_batch_invariant(determinism: Any) -> bool:
-    """Whether recorded settings (an artifact's or a registration's determinism dict) are the batch-invariant mode."""
-    return isinstance(determinism, dict) and determinism.get("batch_invariant") is True
+def both_invariant(recorded: Any, current: Any) -> bool:
+    """Whether two recorded settings (determinism dicts: an artifact's or a registration's, and the engine's or the
+    recomputation's) are both the batch-invariant mode: their environments are then compared without the CPU's
+    names (`CPU_IDENTITY`), the mode's numerics fingerprint being the evidence."""
+    return all(isinstance(d, dict) and d.get("batch_invariant") is True for d in (recorded, current))
 
 
 def environment_differences(recorded: dict[str, Any], current: dict[str, Any],

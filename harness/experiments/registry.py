@@ -101,15 +101,16 @@ class Outcome:
 
 def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) -> Outcome:
     """Compare one registration of a profile with the same computation done now (both as `measure` returns)."""
-    from kvstore import environment_differences
+    from kvstore import both_invariant, environment_differences
 
     out = Outcome(profile, source=source_of(registered), registered_at=registered.get("registered_at"))
     for key in ("model_fingerprint", "tokenizer_fingerprint"):
         if registered.get(key) != measured.get(key):
             out.problems.append(f"{key} {str(registered.get(key))[:12]} registered, {str(measured.get(key))[:12]} now")
     reg_env, now_env = registered.get("environment", {}), measured.get("environment", {})
-    out.environment_differences = environment_differences(reg_env, now_env, _both_invariant(registered, measured)) + (
-        _numerics_differences(registered, measured))
+    mode = both_invariant(registered.get("determinism"), measured.get("determinism"))  # CPU names not binding
+    out.environment_differences = environment_differences(reg_env, now_env, mode) + _numerics_differences(registered,
+                                                                                                          measured)
     differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}
     for key in sorted(set(reg_env) | set(now_env)):
         out.environment.append((key, reg_env.get(key), now_env.get(key), key not in differing))
@@ -223,14 +224,6 @@ def replay_profile(registrations: list[dict[str, Any]], measured: dict[str, Any]
         o = compare(registration, measured, profile)
         (out.checks if o.matches_environment else out.others).append(o)
     return out
-
-
-def _both_invariant(registered: dict[str, Any], measured: dict[str, Any]) -> bool:
-    """Both registrations in the batch-invariant mode: their environments are compared without the CPU's names, the
-    mode's numerics fingerprint deciding which machines compute its bits alike (kvstore.environment.CPU_IDENTITY)."""
-    from kvstore import is_batch_invariant
-
-    return is_batch_invariant(registered.get("determinism")) and is_batch_invariant(measured.get("determinism"))
 
 
 def register(reg: dict[str, Any], profile: str, measured: dict[str, Any]) -> tuple[dict[str, Any], bool]:

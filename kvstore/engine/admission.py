@@ -22,8 +22,8 @@ from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
 from kvstore.environment import (
+    both_invariant,
     environment_differences,
-    is_batch_invariant,
     numerics_differences,
     numerics_of_tags,
 )
@@ -58,12 +58,6 @@ def artifact_differences(snapshot: Snapshot, backend: Backend) -> list[str]:
     return settings_differences(snapshot.determinism, settings) + environment_differences(
         env, backend.environment(), both_invariant(snapshot.determinism, settings))
 
-
-def both_invariant(recorded: Any, current: Any) -> bool:
-    """Whether an artifact's recorded settings and the engine's are both the batch-invariant mode: its environment
-    is then compared without the CPU's names, its numerics fingerprint for the mode being the evidence
-    (kvstore.environment.CPU_IDENTITY)."""
-    return is_batch_invariant(recorded) and is_batch_invariant(current)
 
 
 @dataclass(frozen=True)

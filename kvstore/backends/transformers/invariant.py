@@ -120,12 +120,9 @@ def splits(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     weight)."""
     parts = torch.get_num_threads()
     out_features, inp = weight.shape
-    key = (out_features, inp, bias is not None, parts)
-    known = _SPLITS.get(key)
-    if known is not None and weight.is_contiguous():
-        return parts if known else 1
     if parts < 2 or out_features % parts or weight.device.type != "cpu" or not weight.is_contiguous():
         return 1
+    key = (out_features, inp, bias is not None, parts)
     if key not in _SPLITS:
         gen = torch.Generator().manual_seed(20261204)
         x = torch.randn(ONE_THREAD_ROWS, inp, generator=gen, dtype=weight.dtype)
