@@ -15,7 +15,9 @@ The registry (scripts/replay_registry.json, committed), format "kvgraft-replay/2
                                  "graft_equal"}, ...],
                     "decode": [{"problem_id", "prompt_tokens", "prompt_sha256", "first_logits_sha256",
                                 "token_ids"}, ...],
-                    "seconds", "registered_at"}
+                    "seconds", "registered_at",
+                    "numerics_former": [...]}    # optional: the same machine's fingerprints under earlier formats
+                                                 # of the battery (the mode's: kvgraft-numerics-invariant/1)
 
 A profile holds one registration per compute environment: two registrations of a profile never have equal
 environments (`kvstore.environment.environment_differences` empty) and equal numerics fingerprints.
@@ -32,7 +34,8 @@ equal, native 49/55). A registration matches only when its environment AND its n
 machine's; one registered before the fingerprint existed has none, so it cannot say whether this machine computes
 its bits: it is a measurement, never the check (register this machine to get one). So a machine whose numerics
 differ from every registration is told "no registration matches", never a hash mismatch under an environment
-called equal. Format "kvgraft-replay/1" (the same, with
+called equal. A registration recorded under an earlier format of the battery matches a machine whose fingerprint
+under that format is the one recorded (`numerics_former` of the measurement). Format "kvgraft-replay/1" (the same, with
 one registration per profile instead of a list) is read as a one-element list; writing always writes format 2.
 
 --register computes this machine's hashes under the profile and REPLACES the profile's registration whose
@@ -137,12 +140,13 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
 
 def _numerics_differences(registered: dict[str, Any], measured: dict[str, Any]) -> list[str]:
     """Why the registration's numerics are not known to be this machine's: its fingerprint differs, or it has none
-    (registered before the fingerprint existed). Empty when both have the same one."""
+    (registered before the fingerprint existed). Empty when both have the same one, or the registration's is this
+    machine's under an earlier format of the battery (`numerics_former`, kvstore's Backend.former_numerics)."""
     reg, now = registered.get("numerics_sha256"), measured.get("numerics_sha256")
     if reg is None:
         return ["numerics_sha256: not recorded by the registration (registered before numerics fingerprints), so it "
                 "cannot say this machine computes its bits"]
-    if reg != now:
+    if reg != now and reg not in measured.get("numerics_former", ()):
         return [f"numerics_sha256: registered {reg[:16]}, this machine {str(now)[:16]}"]
     return []
 

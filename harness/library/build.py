@@ -309,7 +309,8 @@ def _reusable(store, ids: list[int], fm: Backend) -> Reuse | None:
         if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
             continue
         if not [d for d in admission_differences(snap, fm) if d.fact != "numerics"]:  # this backend, same facts
-            return Reuse(str(aid), numerics_evidence_problem(snap.numerics, fm.numerics()), dict(snap.extra))
+            return Reuse(str(aid), numerics_evidence_problem(snap.numerics, fm.numerics(), former=fm.former_numerics()),
+                         dict(snap.extra))
     return None
 
 
@@ -337,7 +338,7 @@ def _evidence_kinds(suspects: list[Reuse]) -> str:
 
 def _numerics_problem(snap: Snapshot, fm: Backend) -> list[str]:
     """Why `snap`'s numerics record (attached by store.get) does not show this backend's numerics ([]: it does)."""
-    problem = numerics_evidence_problem(snap.numerics, fm.numerics())
+    problem = numerics_evidence_problem(snap.numerics, fm.numerics(), former=fm.former_numerics())
     return [problem] if problem else []
 
 

@@ -76,12 +76,13 @@ class Facts:
     vocab_size: int = 0
     layout: list[dict[str, Any]] | None = None
     numerics: str | None = None  # the engine's measured numerics fingerprint; None: it measures none
+    former_numerics: tuple[str, ...] = ()  # its fingerprints under earlier battery formats (Backend.former_numerics)
 
     @classmethod
     def of(cls, backend: Backend) -> Facts:
         return cls(backend.name, backend.model_name, backend.fingerprint, backend.tokenizer_fingerprint,
                    backend.dtype, backend.settings(), backend.environment(), backend.vocab_size(),
-                   numerics=backend.numerics())
+                   numerics=backend.numerics(), former_numerics=backend.former_numerics())
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
             f"guaranteed byte-identical to the fresh reference: {'; '.join(env)}. Deposit it again here, or run "
             "where it was deposited, or graft anyway with allow_environment_mismatch=True, which marks the graft "
             "not guaranteed exact")))
-    numerics = numerics_evidence_problem(snapshot.numerics, me.numerics, name)
+    numerics = numerics_evidence_problem(snapshot.numerics, me.numerics, name, me.former_numerics)
     if numerics:
         out.append(Difference("numerics", numerics))
     if out:  # the format, the vocabulary and the tokens are read once every recorded fact agrees
@@ -193,14 +194,16 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
         raise d.error()
 
 
-def numerics_evidence_problem(record: NumericsRecord | None, current: str | None, name: str = "artifact") -> str:
+def numerics_evidence_problem(record: NumericsRecord | None, current: str | None, name: str = "artifact",
+                              former: tuple[str, ...] = ()) -> str:
     """Why the numerics evidence of an artifact does not show it was computed under this engine's numerics
     fingerprint `current` ("" when it does). The rule (docs/reliability.md, issue 51): absent evidence is not
     evidence. An engine that measures a fingerprint admits an artifact only when exactly one is recorded for it and
     that one is its own; no record, a record that could not be read, or several (a forged one beside the real
     one reads the same as two machines' claims) are refused, each naming what to do. An engine that measures none
     (llama.cpp, vLLM, fake: their evidence is the environment record in the artifact's bytes) refuses an artifact
-    whose record names a fingerprint it cannot confirm."""
+    whose record names a fingerprint it cannot confirm. `former`: this engine's fingerprints under earlier formats of
+    its battery (`Backend.former_numerics`); a record of one of them is this machine's too, as when it was recorded."""
     fix = ("re-verify it by reproduction on this machine (`kvstore reverify ID`, or rebuild the library with "
            "`python -m harness.library`: each recomputes the prefix, compares the bytes and records what it "
            "measured) or deposit it again here")
@@ -226,7 +229,7 @@ def numerics_evidence_problem(record: NumericsRecord | None, current: str | None
         return (f"{name}: its numerics record in {record.source} names {len(fps)} fingerprints "
                 f"({', '.join(f[:16] for f in fps)}); an artifact is computed under one, so the record is forged or "
                 f"damaged and proves nothing: {fix}")
-    diffs = numerics_differences(fps, current)
+    diffs = [] if fps[0] in former else numerics_differences(fps, current)
     if diffs:
         return (f"{name}: the artifact was deposited on a machine whose kernels compute other bits, so a graft would "
                 f"not be byte-identical to the fresh reference here: {diffs[0]}. Deposit it again on this machine, "
@@ -246,7 +249,7 @@ def check_numerics(tags: Any, backend: Backend, name: str = "artifact", *,
     identities and resume keys of the default path do not move (kvstore/FORMAT.md section 8)."""
     record = (NumericsRecord((), source, "the lookup failed") if tags is None else
               NumericsRecord(tuple(numerics_of_tags(tags)), source))
-    problem = numerics_evidence_problem(record, backend.numerics(), name)
+    problem = numerics_evidence_problem(record, backend.numerics(), name, backend.former_numerics())
     if not problem:
         return
     if not allow_environment_mismatch:

@@ -210,6 +210,12 @@ class Backend(ABC):
         a backend that measures none: its artifacts are then compared on the environment record only."""
         return None
 
+    def former_numerics(self) -> tuple[str, ...]:
+        """This process's numerics fingerprints under earlier formats of its battery: a record made under one of
+        them shows this machine's bits as it did when recorded, so admission and the replay registry accept it beside
+        `numerics()`. Default (): one format."""
+        return ()
+
     def row_schedule(self) -> str | None:
         """How this backend computes a decoded row, named once it changed after runs were recorded (a run's
         comparable and resume keys and its manifest record it, so rows of two schedules are never compared or

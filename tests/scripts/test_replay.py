@@ -301,3 +301,14 @@ def test_registering_the_mode_on_a_second_cpu_kind_appends_beside_the_first():
     assert not replaced and len(reg["profiles"]["native+batch_invariant"]) == 2
     reg, replaced = replay_registry.register(reg, "native+batch_invariant", _mode(_entry(ENV, first="new")))
     assert replaced and len(reg["profiles"]["native+batch_invariant"]) == 2
+
+
+def test_a_registration_under_the_batterys_former_format_is_this_machines_when_that_fingerprint_is():
+    """The mode's battery changed format (kvgraft-numerics-invariant/2): a registration recorded under /1 is this
+    machine's check when the machine's /1 fingerprint (`numerics_former` of the measurement) is the one recorded; a
+    /1 fingerprint of another machine stays a measurement."""
+    now = {**_mode(_entry(ENV, numerics="2" * 64)), "numerics_former": ["1" * 64]}
+    out = replay_registry.replay_profile([_mode(_entry(ENV, numerics="1" * 64))], now, "native+batch_invariant")
+    assert out.passed and len(out.checks) == 1
+    out = replay_registry.replay_profile([_mode(_entry(ENV, numerics="9" * 64))], now, "native+batch_invariant")
+    assert not out.passed and not out.checks and len(out.others) == 1

@@ -100,6 +100,10 @@ class TransformersBackend(Backend, RaggedRows, Repositioning):
         numerics_fingerprint; measured once per model, on first use)."""
         return self.fm.numerics_sha256
 
+    def former_numerics(self) -> tuple[str, ...]:
+        """The mode's fingerprints under its battery's earlier formats (FrozenModel.former_numerics)."""
+        return self.fm.former_numerics
+
     def batch_invariant(self) -> bool:
         """determinism.batch_invariant: every forward batch-invariant (invariant.py), the mode the tests show."""
         return bool(self.fm.determinism.batch_invariant)

@@ -504,22 +504,33 @@ def check_invariant_device(source: str, device: str) -> None:
             "use device=cpu or leave determinism.batch_invariant off")
 
 
-NUMERICS_FORMAT = "kvgraft-numerics-invariant/1"  # the mode's battery below; a change to it is a new format
+NUMERICS_FORMAT = "kvgraft-numerics-invariant/2"  # the mode's battery below; a change to it is a new format
+#: Earlier formats of the battery, still measured so that a record made under one of them is recognised
+#: (`former_numerics_fingerprints`). /1 also hashed torch.softmax, a kernel the mode never runs (its attention
+#: combines blocks itself) and whose bits differ between ATen's AVX2 and AVX-512 builds: two CPUs that computed
+#: every bit of the mode alike (`make replay` 55/55, AMD Zen 3 AVX2 against Zen 5 AVX-512) got two /1 fingerprints.
+FORMER_NUMERICS_FORMATS = ("kvgraft-numerics-invariant/1",)
 
 
-def numerics_fingerprint(dims: dict[str, int]) -> str:
+def numerics_fingerprint(dims: dict[str, int], fmt: str = NUMERICS_FORMAT) -> str:
     """The mode's numerics fingerprint: SHA-256 of a fixed battery of the kernels the mode runs, in this process's
     settings, on fixed pseudo-random inputs (the default mode's is kvstore.environment.numerics_fingerprint, on the
     default kernels, and stays as it was). Its tiled products at the model's shapes (`tiled_linear`: 1 row on one
     thread, 7 and 64 rows on the process's threads), its LM head (`tiled_head`, 1 and 7 rows, a slice of the
     vocabulary), its block attention (`invariant_attention`: a one-query decode step past two key blocks and a
-    causal prefill of 70 queries), an RMS norm and a softmax. Two machines whose bits agree here computed the mode's
-    layers alike (`make replay` checks the whole model)."""
+    causal prefill of 70 queries), an RMS norm, the MLP activations transformers' decoders use (tanh GELU, SiLU)
+    and rotary cos/sin. Only kernels the mode runs: two machines whose bits agree here computed the mode's layers
+    alike (`make replay` checks the whole model). `fmt` an earlier format (FORMER_NUMERICS_FORMATS): that battery,
+    byte for byte as it was."""
     import hashlib
     import json
 
+    if fmt != NUMERICS_FORMAT and fmt not in FORMER_NUMERICS_FORMATS:
+        raise ValueError(f"numerics battery format {fmt!r} is not one of "
+                         f"{(NUMERICS_FORMAT, *FORMER_NUMERICS_FORMATS)}")
+    first = fmt == "kvgraft-numerics-invariant/1"
     gen = torch.Generator(device="cpu").manual_seed(20261203)
-    h = hashlib.sha256(NUMERICS_FORMAT.encode() + json.dumps(dims, sort_keys=True).encode())
+    h = hashlib.sha256(fmt.encode() + json.dumps(dims, sort_keys=True).encode())
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.05
@@ -544,10 +555,26 @@ def numerics_fingerprint(dims: dict[str, int]) -> str:
                 eat(tiled_head(x, head))
             var = x.pow(2).mean(-1, keepdim=True)
             eat(x * torch.rsqrt(var + 1e-6))  # RMS norm
-            eat(torch.softmax(x * 3.0, dim=-1))
+            if first:
+                eat(torch.softmax(x * 3.0, dim=-1))
+            else:
+                eat(F.gelu(up * 40.0, approximate="tanh"))
+                eat(F.silu(up * 40.0))
+        if not first:  # rotary: positions x inverse frequencies, then cos and sin (far positions included)
+            inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+            freqs = torch.arange(0, 40000, 97, dtype=torch.float32)[:, None] * inv_freq[None]
+            eat(freqs.cos())
+            eat(freqs.sin())
         for q, keys in ((1, 2 * KEY_BLOCK + 3), (70, 70)):
             query, key, value = rand(1, heads, q, hd), rand(1, kv, keys, hd), rand(1, kv, keys, hd)
             pos = torch.arange(keys - q, keys).unsqueeze(0)
             eat(invariant_attention(torch.nn.Module(), query, key, value, None, scaling=hd ** -0.5,
                                     position_ids=pos)[0])
     return h.hexdigest()
+
+
+def former_numerics_fingerprints(dims: dict[str, int]) -> tuple[str, ...]:
+    """This process's fingerprints under the battery's earlier formats (FORMER_NUMERICS_FORMATS): an artifact or a
+    registration that recorded one of them was measured alike on this machine, so it is admitted as it was when
+    recorded (records and registrations made before a format change keep their standing)."""
+    return tuple(numerics_fingerprint(dims, fmt) for fmt in FORMER_NUMERICS_FORMATS)

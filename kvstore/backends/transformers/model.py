@@ -79,6 +79,21 @@ class FrozenModel:
             self.__dict__["numerics"] = sha
         return sha
 
+    @property
+    def former_numerics(self) -> tuple[str, ...]:
+        """This process's fingerprints under earlier formats of the mode's battery
+        (invariant.former_numerics_fingerprints); none for the default mode, whose battery has one format."""
+        former = self.__dict__.get("former_numerics")
+        if former is None:
+            former = ()
+            if self.determinism.batch_invariant:
+                from kvstore.backends.transformers.invariant import former_numerics_fingerprints
+                from kvstore.environment import numerics_battery_dims
+
+                former = former_numerics_fingerprints(numerics_battery_dims(self.config))
+            self.__dict__["former_numerics"] = former
+        return former
+
     def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of `text`. `special` is accepted for the Backend seam; the tokenizer parses control tokens
         written in the text either way (as it always has here: the bundled model's ids stay the same)."""
