@@ -68,3 +68,26 @@ def load_model(c: Config) -> Backend:
     if "device" in {f.name for f in dataclasses.fields(settings_class(str(c.model.backend)))}:
         check_device(c.model.device)  # before anything loads
     return load_backend(str(c.model.backend), **backend_settings(c))
+
+
+def check_given_backend(c: Config, fm: Backend) -> None:
+    """A ConfigError, in one line, when a backend handed to a run (the compare job's, a Ray actor's, a caller's
+    `fm=`) computes under other settings than the config the run records: its manifest, comparable and resume keys
+    would then name a computation that did not happen. Compared: the batch-invariant mode
+    (determinism.batch_invariant, every backend), and for a backend whose settings take the determinism group
+    (transformers) every pinned setting its `settings()` records. (The backend's own name and settings are what the
+    manifest's `inputs.determinism` and the keys record, from the backend itself.)"""
+    problems = []
+    if fm.batch_invariant() != bool(c.determinism.batch_invariant):
+        problems.append(f"determinism.batch_invariant={str(c.determinism.batch_invariant).lower()}, the backend given "
+                        f"runs {'the mode' if fm.batch_invariant() else 'without the mode'}")
+    det = backend_settings(c).get("determinism")
+    if isinstance(det, Determinism):
+        have = fm.settings()
+        for key, value in det.to_dict().items():
+            if key in have and have[key] != value:
+                problems.append(f"determinism.{key}={value!r}, the backend given has {have[key]!r}")
+    if problems:
+        raise ConfigError(f"the model handed to this run was loaded under other settings than its config records "
+                          f"({'; '.join(problems)}); load it from this config (harness.config.load_model) or set "
+                          "the config to the model's settings")

@@ -41,7 +41,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from harness.config.identity import RunIdentity
-from harness.config.model import load_model
+from harness.config.model import check_given_backend, load_model
 from harness.config.schema import Config, recorded, typed
 from harness.errors import ConfigError, RunFolderError, RunInterrupted, Terminated
 from harness.errors import console as terminal_console
@@ -295,7 +295,10 @@ def run_rows(
     problems = load_problems(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
-    fm = fm if fm is not None else load_model(c)
+    if fm is None:
+        fm = load_model(c)
+    else:
+        check_given_backend(c, fm)  # the rows are the given model's: the config must record its settings
     check_capabilities(fm, c.decoding.batch_size, c.run.in_flight)  # what the run asks of the backend, asked once
     identity = RunIdentity(fm, c.run.in_flight)
     problems = fit_context(problems, fm, c)

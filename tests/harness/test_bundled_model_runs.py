@@ -28,6 +28,7 @@ def fm():
 def _cfg(tmp: Path, *extra: str):
     return compose_config([
         f"project_root={REPO}", f"runs_dir={tmp}/runs", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        "determinism.batch_invariant=false",  # the mode of the model fixture these runs are handed
         f"library.root={tmp}/library", f"library.store={tmp}/store", "library.dataset.limit=6", *extra,
     ])
 

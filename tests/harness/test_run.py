@@ -27,6 +27,7 @@ def fm():
 def _cfg(tmp: Path, *extra: str):
     return compose_config([
         "model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp}/runs", "dataset.limit=3",
+        "determinism.batch_invariant=false",  # the mode of the model fixture these runs are handed
         "decoding.max_new_tokens=6", f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"library.root={tmp}/library",
         f"library.store={tmp}/store", *extra,
     ])

@@ -72,7 +72,8 @@ def fm():
 
 
 def _cfg(runs: Path, *extra: str):
-    return compose_config(["model=tiny_gemma3", "dataset.limit=10", "decoding.max_new_tokens=4", "tracking=off",
+    return compose_config(["model=tiny_gemma3", "determinism.batch_invariant=false", "dataset.limit=10",
+                           "decoding.max_new_tokens=4", "tracking=off",
                            f"runs_dir={runs}", f"project_root={REPO}", *extra])
 
 

@@ -172,7 +172,8 @@ def test_a_prompt_longer_than_the_context_is_refused_by_default(short_fm):
 
 
 def test_truncate_cuts_the_problem_to_fit_and_records_it(short_fm, tmp_path):
-    overrides = ["model=tiny_gemma3", "decoding.max_new_tokens=8", "run.context_overflow=truncate"]
+    overrides = ["model=tiny_gemma3", "decoding.max_new_tokens=8", "run.context_overflow=truncate",
+                 "determinism.batch_invariant=false"]  # the fixture's mode
     c = typed(compose_config(overrides))
     (p,) = fit_context([_long(200)], short_fm, c)
     info = p.source["context_overflow"]
