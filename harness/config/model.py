@@ -82,11 +82,12 @@ def check_given_backend(c: Config, fm: Backend) -> None:
         problems.append(f"determinism.batch_invariant={str(c.determinism.batch_invariant).lower()}, the backend given "
                         f"runs {'the mode' if fm.batch_invariant() else 'without the mode'}")
     det = backend_settings(c).get("determinism")
-    if isinstance(det, Determinism):
-        have = fm.settings()
-        for key, value in det.to_dict().items():
-            if key in have and have[key] != value:
-                problems.append(f"determinism.{key}={value!r}, the backend given has {have[key]!r}")
+    if isinstance(det, Determinism):  # the backend records its settings as a Determinism does (transformers)
+        given = Determinism.from_dict(fm.settings())
+        for f in dataclasses.fields(Determinism):
+            want, have = getattr(det, f.name), getattr(given, f.name)
+            if f.name != "allow_environment_mismatch" and want != have:  # a policy, not a recorded setting
+                problems.append(f"determinism.{f.name}={want!r}, the backend given has {have!r}")
     if problems:
         raise ConfigError(f"the model handed to this run was loaded under other settings than its config records "
                           f"({'; '.join(problems)}); load it from this config (harness.config.load_model) or set "
