@@ -86,7 +86,8 @@ def check_given_backend(c: Config, fm: Backend) -> None:
         given = Determinism.from_dict(fm.settings())
         for f in dataclasses.fields(Determinism):
             want, have = getattr(det, f.name), getattr(given, f.name)
-            if f.name != "allow_environment_mismatch" and want != have:  # a policy, not a recorded setting
+            # the mode is compared above for every backend; allow_environment_mismatch is a policy, not recorded
+            if f.name not in ("batch_invariant", "allow_environment_mismatch") and want != have:
                 problems.append(f"determinism.{f.name}={want!r}, the backend given has {have!r}")
     if problems:
         raise ConfigError(f"the model handed to this run was loaded under other settings than its config records "

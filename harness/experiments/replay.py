@@ -100,8 +100,9 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     out: dict[str, Any] = {"model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
                            "determinism": fm.settings(), "environment": fm.environment(),
                            "numerics_sha256": fm.numerics(), "samples": [], "decode": []}
-    if fm.former_numerics():  # the same machine's fingerprints under the battery's earlier formats
-        out["numerics_former"] = list(fm.former_numerics())
+    former = fm.former_numerics()  # the same machine's fingerprints under the battery's earlier formats
+    if former:
+        out["numerics_former"] = list(former)
     t0 = time.perf_counter()
     for s in samples:
         c = check_graft(fm, s.prefix, s.suffix)

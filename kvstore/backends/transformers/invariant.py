@@ -528,7 +528,7 @@ def numerics_fingerprint(dims: dict[str, int], fmt: str = NUMERICS_FORMAT) -> st
     if fmt != NUMERICS_FORMAT and fmt not in FORMER_NUMERICS_FORMATS:
         raise ValueError(f"numerics battery format {fmt!r} is not one of "
                          f"{(NUMERICS_FORMAT, *FORMER_NUMERICS_FORMATS)}")
-    first = fmt == "kvgraft-numerics-invariant/1"
+    first = fmt == FORMER_NUMERICS_FORMATS[0]  # /1: the softmax, no activations or rotary
     gen = torch.Generator(device="cpu").manual_seed(20261203)
     h = hashlib.sha256(fmt.encode() + json.dumps(dims, sort_keys=True).encode())
 
