@@ -36,6 +36,32 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
+def _value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in `argv` (`--flag V` or `--flag=V`), or None."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def served_chat_template(args: argparse.Namespace, argv: list[str], text: object) -> str:
+    """The chat template the server applies (its --chat-template; else the model's own; else, for vLLM's bundled
+    model, the template kvstore's server gives it): a chat request's text as sent is its messages through it."""
+    path = _value(argv, "--chat-template")
+    if path:
+        return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else path
+    own = getattr(text, "chat_template", lambda: None)()
+    if own:
+        return str(own)
+    if args.backend == "vllm" and not args.model:
+        from kvstore.backends.vllm import CHAT_TEMPLATE
+
+        return Path(CHAT_TEMPLATE).read_text(encoding="utf-8")
+    return ""
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
@@ -67,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     served = ServedLibrary(args.library, store, args.retrieval, text, template)
     served.audit()
     settings = {"library": str(Path(args.library).resolve()), "store": store, "retrieval": args.retrieval,
-                "backend": args.backend,
+                "backend": args.backend, "chat_template": served_chat_template(args, [*rest, *extra], text),
+                "context": _value(rest, "--max-model-len") or _value(extra, "--max-model-len") or getattr(
+                    text, "context", 0),
                 "model": args.model, "model_name": args.model_name, "template": template,
                 "journal": str(Path(args.journal).resolve()) if args.journal else ""}
     lib = served.library
