@@ -128,6 +128,27 @@ class ServedLibrary:
         self._shingles = [(shingles(e.problem), e) for e in self.library.entries]
         head, sep, tail = template.partition("{problem}")
         self._around = (head, tail) if sep else None
+        self._sealed = self._seal()
+
+    def _seal(self) -> str:
+        """SHA-256 of the library folder's manifest and index bytes as they are now ("" when unreadable)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        try:
+            for name in ("manifest.json", "index.jsonl"):
+                h.update((self.library.path / name).read_bytes())
+        except OSError:
+            return ""
+        return h.hexdigest()
+
+    def changed(self) -> str | None:
+        """Why the library cannot be served now: its folder's manifest or index changed (or went) since it was opened
+        and audited; None when they are the bytes audited."""
+        if self._seal() == self._sealed:
+            return None
+        return (f"library {self.library.path} changed since the server opened and audited it (manifest.json or "
+                "index.jsonl): nothing is grafted from it; restart the server to audit it again")
 
     def audit(self) -> None:
         """LibraryError in one line unless the library (its manifest and index already checked against their hashes

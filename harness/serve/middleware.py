@@ -137,6 +137,7 @@ class LibraryMiddleware:
 
             text = load_text_model(cfg["backend"], model=cfg.get("model", ""), model_name=cfg["model_name"])
             served = ServedLibrary(cfg["library"], cfg["store"], cfg["retrieval"], text, cfg["template"])
+            served.audit()  # in the process that serves it: the bytes served are the bytes audited
         self.served = served
 
     # ------------------------------------------------------------------ ASGI

@@ -291,7 +291,7 @@ def test_the_problem_is_found_by_content_whatever_the_wording(fake, problems, li
     """Item 1: every wording of a library problem (another template, a space more, a full stop, a LaTeX delimiter,
     case and line breaks, full-width forms; a system message; few-shot examples before it) finds that problem."""
     served = ServedLibrary(lib, str(tmp_path / "store"), "held-out", fake, TEMPLATE)
-    for i, p in enumerate(problems):
+    for p in problems:
         shots = "".join(f"Question: {q.problem}\nAnswer: {q.answer}\n\n" for q in problems if q.id != p.id)
         for text in [*wordings(p), shots + f"Question: {p.problem}\nAnswer:"]:
             found = served.find(text)
@@ -466,3 +466,21 @@ def test_the_near_duplicate_threshold_joins_no_two_bundled_problems():
               or max(containment(shingles(a.problem), shingles(b.problem)),
                      containment(shingles(b.problem), shingles(a.problem))) >= NEAR_DUPLICATE]
     assert all(len(shingles(p.problem)) >= MIN_SHINGLES for p in ps) and joined == []
+
+
+def test_the_twin_check_counts_grafted_rows_and_is_not_ok_on_none():
+    """Item 7: two runs with nothing grafted (or no rows at all) are not a passed twin check."""
+    from harness.compare.pairing import pair
+
+    assert pair([], []).ok is False and pair([], []).grafted == 0
+
+
+def test_a_library_folder_changed_after_start_is_refused_per_request(mw, problems, lib):
+    """Item 4: the bytes served are the bytes audited: an index edited while serving grafts nothing, in one line."""
+    call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem}).encode())
+    assert "kv_transfer_params" in mw.app.bodies[-1][1]
+    (lib / "index.jsonl").write_text((lib / "index.jsonl").read_text() + "\n")
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem}).encode())
+    note = _note(out)
+    assert status == 200 and note["outcome"] == "refused" and "changed since the server" in note["why"]
+    assert "kv_transfer_params" not in mw.app.bodies[-1][1]
