@@ -2,10 +2,13 @@
 LIBRARY=... RETRIEVAL=...`, which `python -m harness.serve` starts with `--middleware
 harness.serve.middleware.LibraryMiddleware`; its settings come in the environment variable ENV, as JSON).
 
-For a POST to /v1/completions or /v1/chat/completions whose JSON body carries no `kv_transfer_params` of its own:
+For a POST to /v1/completions or /v1/chat/completions (one with `kv_transfer_params` of its own is a 400 naming
+them: the library decides what grafts; a lone surrogate, an empty text, a context past the model's: a 400):
 
-- the problem is found by harness.serve.library's rule; the entry is chosen and the context composed by the graft
-  condition's own code (ServedLibrary.compose);
+- the problem is found by harness.serve.library's rule, by content (ServedLibrary.find); the entry is chosen and
+  the context composed by the graft condition's own code (ServedLibrary.retrieve / compose, in a worker thread):
+  the entry's tokens, then the client's text as sent (a chat request's messages through the server's chat
+  template);
 - graft (the served model name): the prompt becomes the context's token ids and `kv_transfer_params` name the entry's
   artifact and its tokens (`kvgraft_graft`, `kvgraft_tokens`): the connector admits it (bytes re-hashed, every
   binding checked) and loads its whole blocks, as it does for the harness's own vLLM backend;
@@ -14,16 +17,17 @@ For a POST to /v1/completions or /v1/chat/completions whose JSON body carries no
   nothing is grafted;
 - every such request gets a fresh `cache_salt`, so no request reuses blocks another one computed or grafted (as the
   harness starts every row from an empty prefix cache): its output is the harness's row for the same context;
-- the non-streamed response's `kv_transfer_params` gain `kvgraft_library` (the retrieval, the condition, and the
-  entry: its id, its problem's id, its artifact, its tokens, how it matched; or `why` nothing was grafted), next to
-  the connector's own `kvgraft_grafted` / `kvgraft_refused`; the server's journal (--journal) gets one `library`
-  line per request with the response id;
+- the non-streamed response's `kv_transfer_params` gain `kvgraft_library` (the retrieval, the condition, the
+  problem found, the entry: its id, its problem's id, its artifact, its tokens, how it matched; the `outcome`:
+  grafted, in context, refused, not grafted, unconfirmed; and `why`), next to the connector's own
+  `kvgraft_grafted` / `kvgraft_refused`; the server's journal (--journal) gets one `library` line per request with
+  the response id;
 - a chat request is answered through the completions route on the composed token ids (the harness composes no chat
   turn for a base model) and its answer returned as a chat completion; a streamed chat request is refused (400).
 
-A request with no problem the rule finds, or one with `kv_transfer_params` of its own, is served as sent (without a
-library graft) and says why. A library entry whose artifact cannot be read (removed, corrupted) while serving is
-refused for that request only: the query prompt is served alone, the response names the entry and the refusal.
+A request with no problem the rule can tell is served as sent (without a library graft) and says why (held-out and
+random: fail closed). A library entry whose artifact cannot be read (removed, corrupted) while serving is refused for
+that request only: the client's text is served alone, the response names the entry and the refusal.
 """
 
 from __future__ import annotations
