@@ -356,6 +356,7 @@ class LibraryMiddleware:
             return
         told = (response or {}).get("kv_transfer_params") or {}
         line = {"event": "library", "time": round(time.time(), 3), "response": (response or {}).get("id"),
+                "library": self.served.library.manifest_sha256,
                 **note, "grafted": told.get("kvgraft_grafted"), "refused": told.get(REFUSED)}
         try:
             with open(self.journal, "a", encoding="utf-8") as f:

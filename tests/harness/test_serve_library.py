@@ -484,3 +484,27 @@ def test_a_library_folder_changed_after_start_is_refused_per_request(mw, problem
     note = _note(out)
     assert status == 200 and note["outcome"] == "refused" and "changed since the server" in note["why"]
     assert "kv_transfer_params" not in mw.app.bodies[-1][1]
+
+
+def test_lmeval_compare_refuses_two_samples_files_and_a_journal_of_another_retrieval(tmp_path):
+    """Item 7: the samples file is the one run's (never the newest of several), and the server's journal must be of
+    the run's retrieval and library."""
+    from harness.errors import HarnessError
+    from scripts.lmeval_compare import journal_entries, lmeval_samples
+
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "samples_kvgraft_original_x.jsonl").write_text(json.dumps(
+            {"doc": {"id": "kvg-001"}, "resps": [["7"]], "correct": 1.0}) + "\n")
+    assert lmeval_samples(tmp_path / "a") == {"kvg-001": ("7", 1.0)}
+    with pytest.raises(HarnessError, match="2 samples files"):
+        lmeval_samples(tmp_path)
+    j = tmp_path / "journal.jsonl"
+    j.write_text(json.dumps({"event": "library", "retrieval": "recurring", "library": "ab" * 32,
+                             "problem": {"problem_id": "kvg-001"}, "entry": {"entry": "e1"}}) + "\n")
+    assert journal_entries(j, "recurring", "ab" * 32) == {"kvg-001": {"e1"}}
+    with pytest.raises(HarnessError, match="RETRIEVAL=recurring"):
+        journal_entries(j, "held-out", "ab" * 32)
+    with pytest.raises(HarnessError, match="served library"):
+        journal_entries(j, "recurring", "cd" * 32)
