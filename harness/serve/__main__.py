@@ -17,6 +17,7 @@ from pathlib import Path
 from harness.errors import ConfigError, exit_on_error
 from harness.serve.library import RETRIEVAL_MODES, ServedLibrary, retrieval_settings
 from harness.serve.middleware import ENV, INCONTEXT_SUFFIX
+from harness.serve.supervise import supervise
 
 MIDDLEWARE = "harness.serve.middleware.LibraryMiddleware"
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.retrieval == "none":
         if args.library:
             raise ConfigError(f"RETRIEVAL=none serves no library, but LIBRARY={args.library} is given; drop one")
-        os.execv(sys.executable, command + (["--", *extra] if extra else []))
+        return supervise(command + (["--", *extra] if extra else []))
     retrieval_settings(args.retrieval)  # an unknown name: one line
     if not args.library:
         raise ConfigError(f"RETRIEVAL={args.retrieval} needs LIBRARY=<library folder> (make library builds one)")
@@ -103,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
           f"artifact), RETRIEVAL={args.retrieval}; graft: model {args.model_name!r}, in-context control: model "
           f"{args.model_name + INCONTEXT_SUFFIX!r}", flush=True)
     os.environ[ENV] = json.dumps(settings)
-    os.execv(sys.executable, command + ["--graft", "marked", "--", *extra, "--middleware", MIDDLEWARE])
-    return 0
+    return supervise(command + ["--graft", "marked", "--", *extra, "--middleware", MIDDLEWARE])
 
 
 if __name__ == "__main__":
