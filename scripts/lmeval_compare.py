@@ -33,16 +33,41 @@ def cut(text: str, stops: list[str]) -> str:
 
 
 def lmeval_samples(folder: Path) -> dict[str, tuple[str, float]]:
-    """problem id -> (lm-eval's response, its metric) from the newest samples file under `folder`."""
-    files = sorted(folder.rglob("samples_kvgraft_original_*.jsonl"), key=lambda p: p.stat().st_mtime)
+    """problem id -> (lm-eval's response, its metric) from the one samples file under `folder` (several: a
+    HarnessError, never the newest by mtime)."""
+    files = sorted(folder.rglob("samples_kvgraft_original_*.jsonl"))
     if not files:
         raise HarnessError(f"{folder}: no samples_kvgraft_original_*.jsonl; run lm-eval with --log_samples "
                            f"--output_path {folder}")
+    if len(files) > 1:
+        raise HarnessError(f"{folder}: {len(files)} samples files ({files[0].name}, {files[1].name}, ...); give the "
+                           "--output_path of one lm-eval run")
     out = {}
-    for line in files[-1].read_text(encoding="utf-8").splitlines():
+    for line in files[0].read_text(encoding="utf-8").splitlines():
         s = json.loads(line)
         resp = s["resps"][0][0] if isinstance(s["resps"][0], list) else s["resps"][0]
         out[str(s["doc"]["id"])] = (str(resp), float(s["correct"]))
+    return out
+
+
+def journal_entries(path: Path, retrieval: str, library_sha256: str) -> dict[str, set[str]]:
+    """problem id -> the entries the server's journal says it retrieved for that problem (`library` lines); a
+    HarnessError when a line names another retrieval or library than the run's."""
+    out: dict[str, set[str]] = {}
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        row = json.loads(line) if line.strip() else {}
+        if row.get("event") != "library":
+            continue
+        if row.get("retrieval") != retrieval:
+            raise HarnessError(f"{path}, line {i}: the server ran RETRIEVAL={row.get('retrieval')}, the run is "
+                               f"{retrieval}; compare lm-eval against the run of the same retrieval")
+        if library_sha256 and row.get("library") not in (None, library_sha256):
+            raise HarnessError(f"{path}, line {i}: the server served library {str(row.get('library'))[:12]}, the run "
+                               f"read {library_sha256[:12]}; serve the run's library")
+        pid = (row.get("problem") or {}).get("problem_id")
+        entry = (row.get("entry") or {}).get("entry")
+        if pid and entry:
+            out.setdefault(str(pid), set()).add(str(entry))
     return out
 
 
@@ -51,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lmeval", required=True, help="lm-eval's --output_path of the run")
     p.add_argument("--run", required=True, help="the harness's run folder of the same condition")
+    p.add_argument("--journal", default="", help="the server's journal (make serve ARGS=\"--journal FILE\"): each "
+                   "sample paired by the entry the server retrieved for its problem")
     args = p.parse_args(argv)
     run = RunFolder(Path(args.run))
     check = audit(run)
@@ -59,6 +86,22 @@ def main(argv: list[str] | None = None) -> None:
     stops = list(run.read_config().get("prompt", {}).get("stop", ["\n"]))
     rows = run.read_rows()
     theirs = lmeval_samples(Path(args.lmeval))
+    unknown = sorted(set(theirs) - {r.problem_id for r in rows})
+    if unknown:
+        raise HarnessError(f"{args.lmeval}: its samples name {len(unknown)} problem(s) the run lacks ({unknown[0]}, "
+                           "...): not this run's samples")
+    if args.journal:
+        cfg = run.read_config().get("library", {}) or {}
+        mode = (("random" if cfg.get("retrieval") == "random" else "held-out") if cfg.get("exclude_self")
+                else "recurring")
+        sealed = str((run.read_manifest().get("library") or {}).get("manifest_sha256") or "")
+        served = journal_entries(Path(args.journal), mode, sealed)
+        for r in rows:
+            mine = r.completion.retrieval.entry_id if r.completion.retrieval else None
+            if r.problem_id in theirs and served.get(r.problem_id, set()) != ({mine} if mine else set()):
+                raise HarnessError(f"{args.journal}: problem {r.problem_id}: the server retrieved "
+                                   f"{sorted(served.get(r.problem_id, set()))}, the run's row read {mine}; not the "
+                                   "same condition")
     same, differ, ours_correct, theirs_correct = 0, [], 0, 0.0
     for r in rows:
         mine = cut(r.completion.text, stops)

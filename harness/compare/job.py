@@ -320,6 +320,10 @@ def main(argv: list[str] | None = None) -> Comparison:
             f"{len(differing)} row(s) differ from their twin (see {out}): {shown}. The graft must "
             "give exactly the in-context rows; run `make verify-graft` and report these rows"
         )
+    empty = [plan.pairs[k][0] for k, p in pairings.items() if p.grafted == 0]
+    if empty:
+        raise PairingError(f"{', '.join(empty)}: no row grafted anything, so its twin check proves nothing (see "
+                           f"{out}); check the library and retrieval (library.retrieval=none grafts nothing)")
     return result
 
 

@@ -6,6 +6,7 @@ chose the first token); anything else is a defect of the engine, never noise.
     result = pair(graft_rows, incontext_rows)        # harness.record.rows.Row, in memory (harness/compare/job.py)
     result = pair_folders(graft_folder, incontext_folder)   # from the recorded rows, no model (scripts/rescore.py)
     result.identical, result.differing                # counts; result.differences names each differing row
+    result.grafted, result.ok                         # rows that grafted tokens; ok: none differs and some grafted
 
 The compare folder's re-check (every run re-audited and re-paired, every figure recomputed) is
 harness/compare/comparison.py.
@@ -30,10 +31,13 @@ class Pairing:
     identical: int
     differing: int
     differences: list[str] = field(default_factory=list)  # "problem_id=..., sample=...: <what differs>"
+    grafted: int | None = field(default=None, compare=False)  # rows that grafted tokens (None: read back, not counted)
 
     @property
     def ok(self) -> bool:
-        return self.differing == 0
+        """No row differs, and (where counted) at least one row grafted: two rows with nothing grafted prove
+        nothing about a graft."""
+        return self.differing == 0 and (self.grafted is None or self.grafted > 0)
 
     def to_json(self) -> dict[str, Any]:
         return {"identical_rows": self.identical, "differing_rows": self.differing, "differences": self.differences}
@@ -71,7 +75,8 @@ def pair(graft: Sequence[Row], incontext: Sequence[Row]) -> Pairing:
             differences.append(f"{label}: " + "; ".join(why))
         else:
             identical += 1
-    return Pairing(identical, len(differences), differences)
+    grafted = sum(1 for r in (*graft, *incontext) if r.completion.grafted_tokens > 0)
+    return Pairing(identical, len(differences), differences, grafted)
 
 
 def pair_folders(graft: RunFolder, incontext: RunFolder) -> Pairing:

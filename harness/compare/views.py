@@ -190,8 +190,10 @@ def print_comparison(title: str, result: Comparison, *, misses: Sequence[str] = 
     for group, p in (result.pairs or {}).items():
         style = "green" if p.pairing.ok else "bold red"
         first, twin = plan.pairs.get(group, (group, "its twin"))
+        grafted = "" if p.pairing.grafted is None else (
+            f"; {p.pairing.grafted} grafted" if p.pairing.grafted else "; NOTHING grafted: the pair proves nothing")
         console.print(f"[{style}]{first}: {p.pairing.identical}/{p.rows} rows identical to {twin} "
-                      f"(token ids and first-logits SHA-256)[/]")
+                      f"(token ids and first-logits SHA-256{grafted})[/]")
     if misses:
         console.print(f"[bold]misses[/] ({len(misses)}: graft wrong or not identical to its twin):")
         for line in misses[:_MAX_MISSES]:

@@ -39,7 +39,7 @@ import re
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,9 +218,11 @@ class Library:
             "retrieval": self.retrieval,
         }
 
-    def retrieve(self, problem: Problem) -> Match | None:
+    def retrieve(self, problem: Problem, exclude: Collection[str] = ()) -> Match | None:
         """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
-        otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded."""
+        otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded.
+        `exclude`: entry ids never retrieved either when exclude_self (the library-aware server's content exclusion:
+        every library problem found in a request, and its near duplicates, harness/serve/library.py)."""
         fp = problem.fingerprint
         exclude_self = self.exclude_self
         if not exclude_self and fp in self._by_fp:
@@ -235,7 +237,7 @@ class Library:
         if self.retrieval == "none":
             return None
         if self.retrieval == "random":  # the control: any other verified entry, the same one for a problem every run
-            other = random_other_entry(self.entries, problem)
+            other = random_other_entry(self.entries, problem, exclude=exclude if exclude_self else ())
             return Match(other, 0.0, "random") if other is not None else None
         if self._bm25 is None:
             from rank_bm25 import BM25Okapi
@@ -244,7 +246,7 @@ class Library:
         scores = self._bm25.get_scores(_words(problem.problem))
         best, best_score = None, float("-inf")
         for e, s in zip(self.entries, scores):
-            if exclude_self and (e.problem_fingerprint == fp or e.problem_id == problem.id):
+            if exclude_self and (e.problem_fingerprint == fp or e.problem_id == problem.id or e.entry_id in exclude):
                 continue
             if s > best_score:
                 best, best_score = e, float(s)

@@ -7,6 +7,7 @@ RETRIEVAL=recurring|held-out|random` (docs/vllm.md, "Any evaluation harness").
                    query_prompt, graft_context)
     middleware.py  LibraryMiddleware: ASGI middleware in vLLM's API server that applies it to every completion and
                    chat request, names the entry in the response's kv_transfer_params and journals it
+    supervise.py   supervise: the server run under a subreaper, so its engine ends with it whatever signal ends it
     __main__.py    `python -m harness.serve --library FOLDER --retrieval MODE --backend B --server MODULE [server
                    args]`: the audit, then the backend's server with the middleware (what `make serve LIBRARY=` runs)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from harness.errors import ConfigError, exit_on_error
 from harness.serve.library import RETRIEVAL_MODES, ServedLibrary, retrieval_settings
 from harness.serve.middleware import ENV, INCONTEXT_SUFFIX
+from harness.serve.supervise import supervise
 
 MIDDLEWARE = "harness.serve.middleware.LibraryMiddleware"
 
@@ -36,6 +37,32 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_known_args(argv)
 
 
+def _value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in `argv` (`--flag V` or `--flag=V`), or None."""
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def served_chat_template(args: argparse.Namespace, argv: list[str], text: object) -> str:
+    """The chat template the server applies (its --chat-template; else the model's own; else, for vLLM's bundled
+    model, the template kvstore's server gives it): a chat request's text as sent is its messages through it."""
+    path = _value(argv, "--chat-template")
+    if path:
+        return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else path
+    own = getattr(text, "chat_template", lambda: None)()
+    if own:
+        return str(own)
+    if args.backend == "vllm" and not args.model:
+        from kvstore.backends.vllm import CHAT_TEMPLATE
+
+        return Path(CHAT_TEMPLATE).read_text(encoding="utf-8")
+    return ""
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
@@ -50,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.retrieval == "none":
         if args.library:
             raise ConfigError(f"RETRIEVAL=none serves no library, but LIBRARY={args.library} is given; drop one")
-        os.execv(sys.executable, command + (["--", *extra] if extra else []))
+        return supervise(command + (["--", *extra] if extra else []))
     retrieval_settings(args.retrieval)  # an unknown name: one line
     if not args.library:
         raise ConfigError(f"RETRIEVAL={args.retrieval} needs LIBRARY=<library folder> (make library builds one)")
@@ -67,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     served = ServedLibrary(args.library, store, args.retrieval, text, template)
     served.audit()
     settings = {"library": str(Path(args.library).resolve()), "store": store, "retrieval": args.retrieval,
-                "backend": args.backend,
+                "backend": args.backend, "chat_template": served_chat_template(args, [*rest, *extra], text),
+                "context": _value(rest, "--max-model-len") or _value(extra, "--max-model-len") or getattr(
+                    text, "context", 0),
                 "model": args.model, "model_name": args.model_name, "template": template,
                 "journal": str(Path(args.journal).resolve()) if args.journal else ""}
     lib = served.library
@@ -75,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
           f"artifact), RETRIEVAL={args.retrieval}; graft: model {args.model_name!r}, in-context control: model "
           f"{args.model_name + INCONTEXT_SUFFIX!r}", flush=True)
     os.environ[ENV] = json.dumps(settings)
-    os.execv(sys.executable, command + ["--graft", "marked", "--", *extra, "--middleware", MIDDLEWARE])
-    return 0
+    return supervise(command + ["--graft", "marked", "--", *extra, "--middleware", MIDDLEWARE])
 
 
 if __name__ == "__main__":

@@ -1,31 +1,40 @@
 """A library served behind the endpoint: opened and audited once, then one entry per request, chosen and composed by
-the graft condition's own code (harness.run.conditions.retrieve_entry / query_prompt / graft_context).
+the graft condition's own code (harness.run.conditions.retrieve_entry / graft_context).
 
-The rule that finds a request's problem (docs/vllm.md, "Any evaluation harness"):
+The rule that finds a request's problem by its content (docs/vllm.md, "The rule that finds a request's problem"):
 
-1. the text: a completion's `prompt` when it is one string (or a list of exactly one string); a chat request's last
-   `user` message when its content is one string (or a list of text parts, joined). Anything else (token ids,
-   several prompts, no user message) has no problem: it is served as sent, without a graft, and says so;
-2. the problem: when the text is the prompt template (prompt.template, the harness's `answer` prompt by default)
-   rendered around some text X, exactly (the template's text before `{problem}` and after it), X; otherwise the
-   whole text, stripped of surrounding whitespace (an empty text has no problem);
-3. the request's problem id: the library entry's own when the problem's fingerprint (whitespace-collapsed,
-   lower-cased text) is one of the library's problems, else `request-<fingerprint[:12]>`; its gold answer is the
-   entry's (a request carries none; nothing is scored on the server).
+1. the texts: a completion's `prompt` when it is one string (or a list of exactly one string); a chat request's
+   messages whose content is a string or a list of text parts; the asked text is the prompt, or the last user
+   message. Anything else (token ids, several prompts, no user message) has no problem the rule can tell;
+2. every text is compared in its normal form (harness.library.content.normal: NFKC, LaTeX delimiters dropped, case
+   folded, whitespace removed). A library problem is *in the request* when its normal form is inside the normal
+   form of any of its texts (system message and few-shot examples included), or when at least NEAR_DUPLICATE of its
+   3-word shingles are in the request's (a near duplicate);
+3. the problem asked: the library problem whose normal form ends last in the asked text, unless the text after it
+   repeats the words that lead into it (`Question:` of a few-shot example: another question follows) or is longer
+   than TAIL_CHARS normal characters; then (or when no library problem is in the asked text) the asked text itself:
+   after the last library problem and its lead-in when there is one, and inside the prompt template when the text
+   is the template (prompt.template) rendered around some X, exactly: X; empty: no problem;
+4. the request's problem id: the library entry's own for a library problem, else `request-<fingerprint[:12]>`; its
+   gold answer is the entry's (a request carries none; nothing is scored on the server).
 
 Then the retrieval (RETRIEVAL: recurring = library.exclude_self false, BM25 for a problem not in the library;
-held-out = exclude_self true, BM25; random = exclude_self true, a random other entry) and the composition (the
-entry's tokens, then the query prompt's) are the graft condition's, called here, not copied.
+held-out = exclude_self true, BM25; random = exclude_self true, a random other entry; held-out and random also
+exclude every library problem in the request, rule 2) and the composition (the entry's tokens, then the client's text
+as sent) are the graft condition's, called here, not copied. Under held-out and random a request whose problem the
+rule cannot tell is served without a graft (fail closed).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, LibraryError
 from harness.library.build import Library, Match
+from harness.library.content import MIN_SHINGLES, NEAR_DUPLICATE, containment, contains, normal, normal_map, shingles
 from harness.run.conditions import graft_context, query_prompt, retrieve_entry
 from harness.task.problems import Problem, problem_fingerprint
 from kvstore import KVStoreError, open_store
@@ -37,11 +46,41 @@ RETRIEVAL_MODES: dict[str, tuple[bool, str]] = {
     "random": (True, "random"),
 }
 CONDITIONS = ("graft", "incontext")
+#: after the asked library problem, at most this many normal-form characters of wording (an instruction, `Answer:`)
+TAIL_CHARS = 300
+_LEAD_IN = re.compile(r"([^\W\d_]{3,}:?)$")  # the word (and colon) right before a problem: `question:`, `problem:`
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the rule found in a request: the problem asked (None: it cannot be told, `why`), how (`library`: a library
+    problem by its normal form; `text`: the asked text, no library problem), and every library problem in the request
+    (entry id -> problem id and the share of its shingles found: 1.0 for its normal form), which held-out and random
+    never retrieve."""
+
+    problem: Problem | None
+    how: str = ""
+    present: dict[str, tuple[str, float]] = field(default_factory=dict)
+    why: str = ""
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        return frozenset(self.present)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"problem_id": None, "found": None}
+        if self.problem is not None:
+            out = {"problem_id": self.problem.id, "found": self.how, "fingerprint": self.problem.fingerprint[:16],
+                   "text": self.problem.problem[:80]}
+        out["in_request"] = sorted({pid for pid, _ in self.present.values()})
+        if self.why:
+            out["why"] = self.why
+        return out
 
 
 @dataclass
 class Composed:
-    """What a request becomes: the problem found, the entry chosen, the context's token ids (entry + query)."""
+    """What a request becomes: the problem found, the entry chosen, the context's token ids (entry + the text)."""
 
     problem: Problem
     prompt: str
@@ -67,22 +106,49 @@ def retrieval_settings(mode: str) -> tuple[bool, str]:
 class ServedLibrary:
     """A library folder opened for the served model `text` (kvstore.load_text_model) and audited (`audit`)."""
 
-    def __init__(self, path: str | Path, store: str, mode: str, text: Any, template: str) -> None:
+    def __init__(self, path: str | Path, store: str, mode: str, text: Any, template: str,
+                 library: Library | None = None) -> None:
         exclude_self, retrieval = retrieval_settings(mode)
-        folder = Path(path)
-        if not (folder / "manifest.json").is_file():
-            raise LibraryError(f"LIBRARY={path}: no manifest.json there; give a library folder (one that `make "
-                               "library` built, under library.root)")
-        try:
-            store_obj = open_store(store)
-        except KVStoreError as e:
-            raise LibraryError(f"LIBRARY={path}: its store {store} cannot be opened ({e}); give STORE= the store the "
-                               "library was built into") from e
-        self.library = Library(folder, store_obj, exclude_self=exclude_self, retrieval=retrieval)
+        if library is None:
+            folder = Path(path)
+            if not (folder / "manifest.json").is_file():
+                raise LibraryError(f"LIBRARY={path}: no manifest.json there; give a library folder (one that `make "
+                                   "library` built, under library.root)")
+            try:
+                store_obj = open_store(store)
+            except KVStoreError as e:
+                raise LibraryError(f"LIBRARY={path}: its store {store} cannot be opened ({e}); give STORE= the store "
+                                   "the library was built into") from e
+            library = Library(folder, store_obj, exclude_self=exclude_self, retrieval=retrieval)
+        self.library = library
         self.mode, self.text, self.template = mode, text, template
+        self.excludes = exclude_self
         self._own = {e.problem_fingerprint: e for e in self.library.entries}
+        self._normal = [(normal(e.problem), e) for e in self.library.entries]
+        self._shingles = [(shingles(e.problem), e) for e in self.library.entries]
         head, sep, tail = template.partition("{problem}")
         self._around = (head, tail) if sep else None
+        self._sealed = self._seal()
+
+    def _seal(self) -> str:
+        """SHA-256 of the library folder's manifest and index bytes as they are now ("" when unreadable)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        try:
+            for name in ("manifest.json", "index.jsonl"):
+                h.update((self.library.path / name).read_bytes())
+        except OSError:
+            return ""
+        return h.hexdigest()
+
+    def changed(self) -> str | None:
+        """Why the library cannot be served now: its folder's manifest or index changed (or went) since it was opened
+        and audited; None when they are the bytes audited."""
+        if self._seal() == self._sealed:
+            return None
+        return (f"library {self.library.path} changed since the server opened and audited it (manifest.json or "
+                "index.jsonl): nothing is grafted from it; restart the server to audit it again")
 
     def audit(self) -> None:
         """LibraryError in one line unless the library (its manifest and index already checked against their hashes
@@ -108,34 +174,79 @@ class ServedLibrary:
                                    "(`make library`) or give STORE= its store") from err
             lib.check_artifact(e, snap)
 
-    def problem(self, text: str) -> Problem | None:
-        """The request's problem by the module's rule (None for an empty text)."""
-        body = text
+    # ------------------------------------------------------------------ the rule (module docstring)
+    def find(self, asked: str, others: list[str] | tuple[str, ...] = ()) -> Found:
+        """The problem asked in `asked` (a completion's prompt, a chat request's last user message) and every library
+        problem in the request (`asked` and `others`: its other messages), by the module's rule."""
+        texts = [asked, *others]
+        whole = [normal(t) for t in texts]
+        present: dict[str, tuple[str, float]] = {}
+        for n, e in self._normal:
+            if any(contains(w, n) >= 0 for w in whole):
+                present[e.entry_id] = (e.problem_id, 1.0)
+        words = frozenset().union(*(shingles(t) for t in texts))
+        for s, e in self._shingles:
+            if e.entry_id not in present and len(s) >= MIN_SHINGLES:
+                share = containment(s, words)
+                if share >= NEAR_DUPLICATE:
+                    present[e.entry_id] = (e.problem_id, round(share, 3))
+        src, n_asked, where = normal_map(asked)
+        if not n_asked:
+            return Found(None, present=present, why="the asked text is empty")
+        last, end = None, -1
+        for n, e in self._normal:
+            at = contains(n_asked, n)
+            if at > end or (at == end >= 0 and last is not None and len(n) > len(normal(last.problem))):
+                last, end = e, at
+        rest = asked  # no library problem in it: the text as sent (the harness's problem text, for its own prompt)
+        if last is not None:
+            tail = n_asked[end:]
+            lead = _LEAD_IN.search(n_asked[: end - len(normal(last.problem))])
+            repeated = lead is not None and lead.group(1) in tail
+            if not repeated and len(tail) <= TAIL_CHARS:
+                return Found(Problem(id=last.problem_id, problem=last.problem, answer=last.answer), "library", present)
+            cut = end + (tail.rfind(lead.group(1)) + len(lead.group(1)) if repeated else 0)
+            rest = src[where[cut]:]
+        body = self._inside_template(rest).strip()
+        if not body:
+            return Found(None, present=present, why="no text after the last library problem in the asked text")
+        fp = problem_fingerprint(body)
+        own = self._own.get(fp)
+        if own is not None:  # the same text as a library problem's, whitespace and case aside
+            return Found(Problem(id=own.problem_id, problem=body, answer=own.answer), "library", present)
+        return Found(Problem(id=f"request-{fp[:12]}", problem=body, answer="0"), "text", present)
+
+    def _inside_template(self, text: str) -> str:
+        """X when `text` is the prompt template rendered around X, exactly; else `text`."""
         if self._around is not None:
             head, tail = self._around
             if len(text) >= len(head) + len(tail) and text.startswith(head) and text.endswith(tail):
-                body = text[len(head): len(text) - len(tail)]
-        body = body.strip()
-        if not body:
-            return None
-        fp = problem_fingerprint(body)
-        own = self._own.get(fp)
-        if own is not None:
-            return Problem(id=own.problem_id, problem=body, answer=own.answer)
-        return Problem(id=f"request-{fp[:12]}", problem=body, answer="0")
+                return text[len(head): len(text) - len(tail)]
+        return text
+
+    def problem(self, text: str) -> Problem | None:
+        """The problem the rule finds in a completion's prompt `text` alone (None: none)."""
+        return self.find(text).problem
 
     def query(self, problem: Problem) -> str:
-        """The query prompt alone (what the graft condition serves when it has no entry)."""
+        """The harness's query prompt for `problem` (prompt.template rendered)."""
         return query_prompt(self.template, problem)
 
-    def compose(self, problem: Problem, match: Match | None = None) -> Composed | None:
-        """The graft condition's entry and context for `problem` (None when retrieval finds no entry; `match` when
-        it was retrieved already); a KVStoreError or LibraryError when the entry's artifact cannot be read or does
-        not hold its tokens."""
+    def retrieve(self, found: Found) -> Match | None:
+        """The entry for the problem found: the graft condition's retrieval, never (held-out, random) a library
+        problem in the request."""
+        assert found.problem is not None
+        return self.library.retrieve(found.problem, exclude=found.excluded)
+
+    def compose(self, problem: Problem, match: Match | None = None, prompt: str | None = None) -> Composed | None:
+        """The graft condition's entry and context for `problem`: the entry's tokens, then `prompt` (the client's
+        text as sent; default: the harness's query prompt). None when retrieval finds no entry; `match` when it was
+        retrieved already. A KVStoreError or LibraryError when the entry's artifact cannot be read or does not hold
+        its tokens."""
         found = retrieve_entry(self.library, problem, match=match)
         if found is None:
             return None
         match, snapshot = found
-        prompt = query_prompt(self.template, problem)
+        prompt = query_prompt(self.template, problem) if prompt is None else prompt
         return Composed(problem, prompt, match, graft_context(self.text, None, snapshot, prompt),
                         int(snapshot.token_count))

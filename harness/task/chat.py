@@ -21,7 +21,7 @@ from typing import Any
 
 from harness.errors import ConfigError
 
-__all__ = ["CHAT_CHOICES", "ChatFrame", "chat_frame", "encode_entry", "encode_prompt", "encode_query"]
+__all__ = ["CHAT_CHOICES", "ChatFrame", "chat_frame", "encode_entry", "encode_prompt", "encode_query", "render_chat"]
 
 CHAT_CHOICES = (None, "model")
 _PLACEHOLDER = "\x00kvgraft-user-message\x00"
@@ -44,7 +44,9 @@ class ChatFrame:
         return hashlib.sha256(f"{self.prefix}\0{self.suffix}".encode()).hexdigest()
 
 
-def _render(template: str, message: str) -> str:
+def render_chat(template: str, messages: list[dict[str, str]]) -> str:
+    """`messages` (role, content) through the chat `template` in a sandbox, the assistant's turn opened, with no BOS
+    text (the backend's encode adds the BOS token, once; after a library entry, none)."""
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -53,9 +55,12 @@ def _render(template: str, message: str) -> str:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # as transformers renders templates
     env.globals["raise_exception"] = raise_exception
-    # bos_token empty: the backend's encode(add_bos=True) adds the BOS token, once
-    return env.from_string(template).render(messages=[{"role": "user", "content": message}],
-                                            add_generation_prompt=True, bos_token="", eos_token="")
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token="",
+                                            eos_token="")
+
+
+def _render(template: str, message: str) -> str:
+    return render_chat(template, [{"role": "user", "content": message}])
 
 
 def chat_frame(backend: Any, chat: str | None) -> ChatFrame | None:

@@ -168,7 +168,7 @@ def mw(fake, lib, tmp_path):
 def test_a_graft_request_names_the_entry_its_artifact_and_tokens(mw, problems, tmp_path):
     p = problems[0]
     status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": p.problem, "max_tokens": 4}).encode())
-    composed = mw.served.compose(mw.served.problem(p.problem))
+    composed = mw.served.compose(mw.served.problem(p.problem), prompt=p.problem)
     path, sent = mw.app.bodies[0]
     assert path == "/v1/completions" and sent["prompt"] == composed.context_ids and sent["max_tokens"] == 4
     assert sent["kv_transfer_params"] == {"kvgraft_graft": composed.match.entry.artifact_id,
@@ -188,7 +188,7 @@ def test_the_incontext_control_computes_the_entry_alone_then_the_context(mw, pro
     p = problems[2]
     status, out = call(mw, "/v1/completions", json.dumps({"model": "m" + INCONTEXT_SUFFIX, "prompt": p.problem,
                                                           "max_tokens": 4}).encode())
-    composed = mw.served.compose(mw.served.problem(p.problem))
+    composed = mw.served.compose(mw.served.problem(p.problem), prompt=p.problem)
     (_, first), (_, second) = mw.app.bodies
     assert first["prompt"] == composed.context_ids[: composed.entry_tokens] and first["max_tokens"] == 1
     assert second["prompt"] == composed.context_ids and "kv_transfer_params" not in second
@@ -197,10 +197,8 @@ def test_the_incontext_control_computes_the_entry_alone_then_the_context(mw, pro
     assert "kvgraft_grafted" not in out["kv_transfer_params"]
 
 
-@pytest.mark.parametrize("body", [{"model": "m", "prompt": [1, 2, 3]}, {"model": "m", "prompt": ["a", "b"]},
-                                  {"model": "m", "prompt": "   "},
-                                  {"model": "m", "prompt": "x", "kv_transfer_params": {"kvgraft_deposit": True}}])
-def test_a_request_without_a_problem_or_with_its_own_keys_is_served_as_sent_and_says_so(mw, body):
+@pytest.mark.parametrize("body", [{"model": "m", "prompt": [1, 2, 3]}, {"model": "m", "prompt": ["a", "b"]}])
+def test_a_request_without_a_problem_is_served_as_sent_and_says_so(mw, body):
     status, out = call(mw, "/v1/completions", json.dumps(body).encode())
     assert status == 200 and mw.app.bodies == [("/v1/completions", body)]
     note = out["kv_transfer_params"]["kvgraft_library"]
@@ -209,11 +207,11 @@ def test_a_request_without_a_problem_or_with_its_own_keys_is_served_as_sent_and_
 
 def test_an_entry_whose_artifact_was_removed_is_refused_for_that_request_only(mw, problems, tmp_path):
     p = problems[0]
-    aid = mw.served.compose(mw.served.problem(p.problem)).match.entry.artifact_id
+    aid = mw.served.compose(mw.served.problem(p.problem), prompt=p.problem).match.entry.artifact_id
     obj = next((tmp_path / "store" / "objects").rglob(aid[2:]))
     obj.rename(obj.with_name("gone"))
     status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": p.problem}).encode())
-    assert status == 200 and mw.app.bodies[0][1]["prompt"] == mw.served.query(p)  # the query alone
+    assert status == 200 and mw.app.bodies[0][1]["prompt"] == p.problem  # the client's text alone
     told = out["kv_transfer_params"]
     assert told["kvgraft_refused"][0]["artifact"] == aid and "NotFoundError" in told["kvgraft_refused"][0][
         "first_difference"]
@@ -228,7 +226,8 @@ def test_a_chat_request_is_answered_as_a_chat_completion_on_the_composed_context
     body = {"model": "m", "messages": [{"role": "user", "content": p.problem}], "max_completion_tokens": 5}
     status, out = call(mw, "/v1/chat/completions", json.dumps(body).encode())
     path, sent = mw.app.bodies[0]
-    assert path == "/v1/completions" and sent["prompt"] == mw.served.compose(mw.served.problem(p.problem)).context_ids
+    assert path == "/v1/completions" and sent["prompt"] == mw.served.compose(mw.served.problem(p.problem),
+                                                                             prompt=p.problem).context_ids
     assert sent["max_tokens"] == 5
     assert status == 200 and out["object"] == "chat.completion" and out["choices"][0]["message"]["content"] == " 7"
     assert "kvgraft_grafted" in out["kv_transfer_params"]
@@ -276,3 +275,236 @@ def test_vllm_sees_the_client_connected_while_it_computes(mw, problems):
 
     asyncio.run(mw({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive, send))
     assert seen == ["connected"]
+
+
+# ------------------------------------------------------------------ issue 60: any wording
+def wordings(p, template=TEMPLATE) -> list[str]:
+    """The same problem as other harnesses' users write it."""
+    latex = p.problem.replace("$", "\\(", 1).replace("$", "\\)", 1) if p.problem.count("$") >= 2 else p.problem
+    return [template.replace("{problem}", p.problem), f"Question: {p.problem}\nAnswer:",
+            template.replace("{problem}", p.problem) + " ", p.problem + ".", f"Problem: {latex}\nAnswer:",
+            "  " + p.problem.upper().replace(" ", "\n  ") + "\n\nGive only the integer answer.",
+            "Ｑ: " + p.problem.replace("1", "１")]
+
+
+def test_the_problem_is_found_by_content_whatever_the_wording(fake, problems, lib, tmp_path):
+    """Item 1: every wording of a library problem (another template, a space more, a full stop, a LaTeX delimiter,
+    case and line breaks, full-width forms; a system message; few-shot examples before it) finds that problem."""
+    served = ServedLibrary(lib, str(tmp_path / "store"), "held-out", fake, TEMPLATE)
+    for p in problems:
+        shots = "".join(f"Question: {q.problem}\nAnswer: {q.answer}\n\n" for q in problems if q.id != p.id)
+        for text in [*wordings(p), shots + f"Question: {p.problem}\nAnswer:"]:
+            found = served.find(text)
+            assert (found.problem.id, found.how) == (p.id, "library"), text
+        found = served.find(f"Solve it.\n\n{p.problem}", ["You are a careful mathematician."])  # chat
+        assert found.problem.id == p.id
+    # few-shot library examples before a problem the library does not hold: the asked one is the new text
+    shots = "".join(f"Question: {q.problem}\nAnswer: {q.answer}\n\n" for q in problems)
+    found = served.find(shots + "Question: What is the sum of 2 and 3?\nAnswer:")
+    assert found.how == "text" and found.problem.problem.startswith("What is the sum of 2 and 3?")
+    assert set(found.describe()["in_request"]) == {q.id for q in problems}
+
+
+def _note(out):
+    return out["kv_transfer_params"]["kvgraft_library"]
+
+
+def test_held_out_never_grafts_a_problem_in_the_request_whatever_the_wording(mw, problems, tmp_path):
+    """Item 2: under held-out no response names the own entry, nor an entry whose problem is elsewhere in the
+    request (few-shot examples, a system message), nor a near duplicate; the note names the problem found."""
+    for p in problems:
+        for text in wordings(p):
+            mw.app.bodies.clear()
+            status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": text}).encode())
+            note = _note(out)
+            assert status == 200 and note["problem"]["problem_id"] == p.id and note["entry"]["problem_id"] != p.id
+            assert note["outcome"] == "grafted"
+    a, b, c, d = problems
+    shots = f"Question: {a.problem}\nAnswer: {a.answer}\n\nQuestion: {b.problem}\nAnswer: {b.answer}\n\n"
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": shots + f"Question: {c.problem}"
+                                                                                          "\nAnswer:"}).encode())
+    assert _note(out)["entry"]["problem_id"] == d.id  # a, b (examples) and c (asked) all excluded
+    body = {"model": "m", "messages": [{"role": "system", "content": f"Example: {a.problem}"},
+                                       {"role": "user", "content": f"{b.problem}\n\nAnd now: {c.problem}"}]}
+    status, out = call(mw, "/v1/chat/completions", json.dumps(body).encode())
+    assert _note(out)["problem"]["problem_id"] == c.id and _note(out)["entry"]["problem_id"] == d.id
+    near = d.problem.replace(d.problem.split()[3], "seven", 1)  # one word changed: a near duplicate of d
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": f"{near}\n{a.problem}"}).encode())
+    assert d.id in _note(out)["problem"]["in_request"] and _note(out)["entry"]["problem_id"] not in (a.id, d.id)
+
+
+def test_held_out_fails_closed_when_the_problem_cannot_be_told(mw):
+    """Item 2: token ids (or several prompts) under held-out: nothing grafted, and the note says why."""
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": [5, 6, 7]}).encode())
+    note = _note(out)
+    assert status == 200 and note["entry"] is None and "fail closed" in note["why"]
+    assert "kv_transfer_params" not in mw.app.bodies[0][1]
+    line = json.loads(Path(mw.journal).read_text().splitlines()[-1])
+    assert "fail closed" in line["why"] and line["outcome"] == "not grafted"
+
+
+def test_the_clients_text_is_sent_after_the_entry_and_the_harness_prompt_equals_the_harness_row(
+        fake, problems, lib, tmp_path, mw):
+    """Item 3: the context is the entry's tokens then the client's text as sent (no kvgraft prompt around it); the
+    harness's own prompt gives the harness's own context; the in-context control reads the same text; a chat request
+    is its conversation as the chat template renders it."""
+    p = problems[1]
+    graft = Graft(fake, PromptConfig(), DecodingConfig(max_new_tokens=2), mw.served.library)
+    harness = graft.context(p)
+    for model in ("m", "m" + INCONTEXT_SUFFIX):
+        for text in (f"Question: {p.problem}\nAnswer:", TEMPLATE.replace("{problem}", p.problem)):
+            mw.app.bodies.clear()
+            call(mw, "/v1/completions", json.dumps({"model": model, "prompt": text}).encode())
+            sent = mw.app.bodies[-1][1]["prompt"]
+            entry = mw.served.library.store.get(_note_entry(mw, text)).token_ids
+            assert sent == list(entry) + fake.encode(text, add_bos=False)
+            if text.startswith("Problem:"):
+                assert sent == harness.context_ids
+    mw.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+    body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": p.problem}]}
+    mw.app.bodies.clear()
+    call(mw, "/v1/chat/completions", json.dumps(body).encode())
+    assert fake.decode(mw.app.bodies[-1][1]["prompt"]).endswith(f"<system>Be brief.\n<user>{p.problem}\n<assistant>")
+
+
+def _note_entry(mw, text: str) -> str:
+    found = mw.served.find(text)
+    return mw.served.retrieve(found).entry.artifact_id
+
+
+@pytest.mark.parametrize("model", ["m", "m" + INCONTEXT_SUFFIX])
+@pytest.mark.parametrize("keys", [{"kvgraft_graft": "0" * 64}, {"kvgraft_deposit": True, "kvgraft_tokens": 3}])
+def test_a_clients_own_kvgraft_keys_on_a_library_request_are_a_400_naming_them(mw, problems, model, keys):
+    """Item 5: the client cannot steer a library request, on either model name."""
+    status, out = call(mw, "/v1/completions", json.dumps({"model": model, "prompt": problems[0].problem,
+                                                          "kv_transfer_params": keys}).encode())
+    assert status == 400 and all(k in out["error"]["message"] for k in keys) and mw.app.bodies == []
+
+
+@pytest.mark.parametrize("extra,why", [({"echo": True, "logprobs": 1}, "echo"), ({"prompt_logprobs": 1}, "prompt_logprobs"),
+                                       ({"truncate_prompt_tokens": 10}, "truncat")])
+def test_every_response_says_what_happened_to_the_entry(mw, problems, extra, why):
+    """Item 6: a request vLLM would answer without the connector is not grafted and says why; a graft the
+    connector did not report is `unconfirmed`, never silence."""
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem,
+                                                          **extra}).encode())
+    note = _note(out)
+    assert note["outcome"] == "not grafted" and why in note["why"] and "kv_transfer_params" not in mw.app.bodies[0][1]
+
+    async def silent(scope, receive, send) -> None:  # noqa: ANN001 - a connector that said nothing (a stop string)
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": json.dumps({"id": "cmpl-2", "choices": []}).encode()})
+
+    mw.app = silent
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem}).encode())
+    assert _note(out)["outcome"] == "unconfirmed" and _note(out)["entry"] is not None
+
+
+@pytest.mark.parametrize("prompt,say", [('"\\ud800 x"', "lone surrogate"), ('"  \\n "', "empty")])
+def test_bad_text_is_a_400_in_one_line(mw, prompt, say):
+    """Item 7: a lone surrogate (JSON escape) and an empty text are a 400, not a 500 or a silent pass."""
+    status, out = call(mw, "/v1/completions", b'{"model": "m", "prompt": ' + prompt.encode() + b"}")
+    assert status == 400 and say in out["error"]["message"] and "\n" not in out["error"]["message"]
+    assert mw.app.bodies == []
+
+
+def test_a_context_past_the_models_is_a_400(mw, problems):
+    mw.context = 64
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem}).encode())
+    assert status == 400 and "context of 64" in out["error"]["message"] and mw.app.bodies == []
+
+
+def test_retrieval_runs_off_the_event_loop(mw, problems, monkeypatch):
+    """Item 7: a slow retrieval does not hold the event loop (another coroutine runs meanwhile)."""
+    import threading
+    import time
+
+    loop_threads = []
+    real = mw.served.find
+
+    def slow(*a, **k):
+        loop_threads.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mw.served, "find", slow)
+    ticks = []
+
+    async def both():
+        async def tick():
+            for _ in range(5):
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.02)
+
+        body = json.dumps({"model": "m", "prompt": problems[0].problem}).encode()
+        chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(m):
+            pass
+
+        await asyncio.gather(mw({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []},
+                                receive, send), tick())
+
+    asyncio.run(both())
+    assert loop_threads == [False] and ticks[-1] - ticks[0] < 0.25
+
+
+def test_the_near_duplicate_threshold_joins_no_two_bundled_problems():
+    """Item 2: the threshold's cost measured on the bundled problems: no two distinct problems are one (the 975
+    AIME problems: docs/vllm.md)."""
+    from itertools import combinations
+
+    from harness.library.content import MIN_SHINGLES, NEAR_DUPLICATE, containment, normal, shingles
+
+    ps = load_problems(str(REPO / "problems/kvgraft_original.jsonl"))
+    joined = [(a.id, b.id) for a, b in combinations(ps, 2)
+              if normal(a.problem) in normal(b.problem) or normal(b.problem) in normal(a.problem)
+              or max(containment(shingles(a.problem), shingles(b.problem)),
+                     containment(shingles(b.problem), shingles(a.problem))) >= NEAR_DUPLICATE]
+    assert all(len(shingles(p.problem)) >= MIN_SHINGLES for p in ps) and joined == []
+
+
+def test_the_twin_check_counts_grafted_rows_and_is_not_ok_on_none():
+    """Item 7: two runs with nothing grafted (or no rows at all) are not a passed twin check."""
+    from harness.compare.pairing import pair
+
+    assert pair([], []).ok is False and pair([], []).grafted == 0
+
+
+def test_a_library_folder_changed_after_start_is_refused_per_request(mw, problems, lib):
+    """Item 4: the bytes served are the bytes audited: an index edited while serving grafts nothing, in one line."""
+    call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem}).encode())
+    assert "kv_transfer_params" in mw.app.bodies[-1][1]
+    (lib / "index.jsonl").write_text((lib / "index.jsonl").read_text() + "\n")
+    status, out = call(mw, "/v1/completions", json.dumps({"model": "m", "prompt": problems[0].problem}).encode())
+    note = _note(out)
+    assert status == 200 and note["outcome"] == "refused" and "changed since the server" in note["why"]
+    assert "kv_transfer_params" not in mw.app.bodies[-1][1]
+
+
+def test_lmeval_compare_refuses_two_samples_files_and_a_journal_of_another_retrieval(tmp_path):
+    """Item 7: the samples file is the one run's (never the newest of several), and the server's journal must be of
+    the run's retrieval and library."""
+    from harness.errors import HarnessError
+    from scripts.lmeval_compare import journal_entries, lmeval_samples
+
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "samples_kvgraft_original_x.jsonl").write_text(json.dumps(
+            {"doc": {"id": "kvg-001"}, "resps": [["7"]], "correct": 1.0}) + "\n")
+    assert lmeval_samples(tmp_path / "a") == {"kvg-001": ("7", 1.0)}
+    with pytest.raises(HarnessError, match="2 samples files"):
+        lmeval_samples(tmp_path)
+    j = tmp_path / "journal.jsonl"
+    j.write_text(json.dumps({"event": "library", "retrieval": "recurring", "library": "ab" * 32,
+                             "problem": {"problem_id": "kvg-001"}, "entry": {"entry": "e1"}}) + "\n")
+    assert journal_entries(j, "recurring", "ab" * 32) == {"kvg-001": {"e1"}}
+    with pytest.raises(HarnessError, match="RETRIEVAL=recurring"):
+        journal_entries(j, "held-out", "ab" * 32)
+    with pytest.raises(HarnessError, match="served library"):
+        journal_entries(j, "recurring", "cd" * 32)

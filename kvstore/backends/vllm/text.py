@@ -44,6 +44,7 @@ class VllmText:
         hf = tokenizer if tokenizer is not None else tokenizer_for(self.folder)
         self.text = HFTokenizer(hf, set(), len(hf))  # the engine's one tokenizer path (VllmBackend.tokenizer())
         self.model_name = settings.model_name
+        self.context = int(settings.max_model_len)  # the engine's context in tokens, as the server starts it
         self.fingerprint = model_fingerprint(Path(self.folder))
         self.tokenizer_fingerprint = tokenizer_fingerprint(Path(self.folder))
 
