@@ -145,7 +145,7 @@ def _region_map(bs: int, d: int, key: Callable[[torch.Tensor, torch.Tensor], tor
     return of
 
 
-def _named_maps(bs: int, d: int) -> dict[str, Callable[[int], torch.Tensor]]:
+def named_maps(bs: int, d: int) -> dict[str, Callable[[int], torch.Tensor]]:
     """Human names for maps that are no view, read from vLLM's csrc/cpu (docs/vllm.md): used to NAME a learned map in
     logs and in `kv_layout`, never to decide whether a writer is learned (every permutation is)."""
     out = {}
@@ -442,7 +442,7 @@ def self_test(writer: Writer, like: torch.Tensor, block_size: int, isa: str = "u
     index = first.permute(0, 2, 1, 3).contiguous()  # (2, heads, bs, d)
     view = next((v for v in VIEWS if v.fits(like) and torch.equal(v.index_map(heads, bs, d), index)), None)
     name = view.name if view is not None else next(
-        (n for n, m in _named_maps(bs, d).items() if torch.equal(m(heads), index)), "learned/permutation")
+        (n for n, m in named_maps(bs, d).items() if torch.equal(m(heads), index)), "learned/permutation")
     layout = LearnedLayout(name, index.to(like.device), dtype, view)
     # the last round: random bytes read back through the map, and written through it, are the writer's exactly
     gen = torch.Generator().manual_seed(0)
