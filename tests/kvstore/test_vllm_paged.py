@@ -351,3 +351,9 @@ def test_vllms_own_cache_writers_are_learned_for_every_isa_this_build_has(tmp_pa
         if case["isa"] == "amx" and case["dtype"] == "bfloat16":  # the layout measured on an Intel Xeon with AMX
             assert case["name"].startswith("cpu_attn/amx[") and case["equals_source_formula"], case
     assert {c["isa"] for c in got["cases"]} >= {"vec", "vec16"}
+    # start_engine's pre-flight: the ISA vLLM picks for the bundled model here, learned before the engine starts; a
+    # writer that re-encodes stops the start with one line naming the ISA and what works instead
+    pre = got["preflight"]
+    assert pre["isa"] in ("vec", "vec16", "amx", "neon"), pre
+    assert pre["refused"] and "\n" not in pre["refused"] and f"attention ISA {pre['isa']}" in pre["refused"], pre
+    assert "re-encodes" in pre["refused"] and "--dtype float32" in pre["refused"], pre

@@ -62,8 +62,30 @@ def main(out_path: str) -> int:
                               "round_trip": ok, "probe_seconds": round(seconds, 3),
                               "equals_source_formula": formula is not None
                               and bool(torch.equal(formula(heads), layout.index.cpu()))})
+    # the pre-flight probe start_engine runs before vLLM starts (the bundled model's shape, the ISA vLLM picks here),
+    # then the same with vLLM's writer replaced by one that quantises to FP8: one IncompatibleError line
+    from kvstore.backends.vllm import VllmSettings
+    from kvstore.backends.vllm.launch import preflight_layout
+    from kvstore.errors import IncompatibleError
+
+    t0 = time.perf_counter()
+    preflight = {"isa": preflight_layout(VllmSettings(store="unused")), "seconds": round(time.perf_counter() - t0, 3)}
+    real = ops.cpu_attn_reshape_and_cache
+
+    def quantising(key, value, key_cache, value_cache, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        q = [x.to(torch.float8_e4m3fn).to(x.dtype) for x in (key, value)]
+        real(q[0], q[1], key_cache, value_cache, *args, **kwargs)
+
+    ops.cpu_attn_reshape_and_cache = quantising
+    try:
+        preflight_layout(VllmSettings(store="unused"))
+        preflight["refused"] = None
+    except IncompatibleError as e:
+        preflight["refused"] = str(e)
+    finally:
+        ops.cpu_attn_reshape_and_cache = real
     with open(out_path, "w", encoding="utf-8") as f:
-        json.dump({"cases": cases, "absent": absent}, f, indent=1)
+        json.dump({"cases": cases, "absent": absent, "preflight": preflight}, f, indent=1)
     return 0
 
 
