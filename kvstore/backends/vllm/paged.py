@@ -202,11 +202,12 @@ class LearnedLayout:
                                     f"{self.dtype}; learn it for this layer (paged.self_test)")
 
     def _gather_index(self, cache: torch.Tensor, blk: torch.Tensor, off: torch.Tensor):  # noqa: ANN202
-        """Advanced-indexing coordinates of positions (blk, off) for every (kv, head, token, dim): (2, heads, n, d)."""
-        idx = self.index.to(cache.device)[:, :, off, :]  # (2, heads, n, d)
+        """Where every (kv, head, token, dim) of positions (blk, off) lives: for a contiguous cache one flat index
+        into cache.view(-1) (a 1-D gather, the fast one), else 4-D coordinates; each (2, heads, n, d)."""
+        idx = self.index.to(cache.device)[:, :, off, :]  # (2, heads, n, d) within-block offsets
         b = blk.view(1, 1, -1, 1)
         if cache.is_contiguous():
-            return (b, idx)  # into cache.view(blocks, -1)
+            return (b * cache[0].numel() + idx,)
         _, bs, two_d = cache.shape[1:]
         return (b, idx // (bs * two_d), (idx // two_d) % bs, idx % two_d)
 
@@ -218,7 +219,8 @@ class LearnedLayout:
             return self.view.read(cache, block_ids, start, end)
         blk, off = _slots(block_ids, start, end, self.shape[1], cache.device)
         coords = self._gather_index(cache, blk, off)
-        both = cache.view(cache.shape[0], -1)[coords] if len(coords) == 2 else cache[coords]  # (2, heads, n, d)
+        both = (cache.view(-1).index_select(0, coords[0].flatten()).view(coords[0].shape) if len(coords) == 1
+                else cache[coords])  # (2, heads, n, d)
         return both[0].unsqueeze(0).contiguous().cpu(), both[1].unsqueeze(0).contiguous().cpu()
 
     def write(self, cache: torch.Tensor, block_ids: list[int], start: int, keys_in: torch.Tensor,
@@ -236,8 +238,8 @@ class LearnedLayout:
         blk, off = _slots(block_ids, start, start + keys_in.shape[2], self.shape[1], cache.device)
         coords = self._gather_index(cache, blk, off)
         both = torch.stack([keys_in[0], values_in[0]]).to(cache.device)  # (2, heads, n, d)
-        if len(coords) == 2:
-            cache.view(cache.shape[0], -1)[coords] = both
+        if len(coords) == 1:
+            cache.view(-1).index_copy_(0, coords[0].flatten(), both.flatten())
         else:
             cache[coords] = both
 
@@ -251,8 +253,8 @@ class LearnedLayout:
             return
         blk, off = _slots(block_ids, start, end, self.shape[1], cache.device)
         coords = self._gather_index(cache, blk, off)
-        if len(coords) == 2:
-            cache.view(cache.shape[0], -1)[coords] = 0
+        if len(coords) == 1:
+            cache.view(-1)[coords[0]] = 0
         else:
             cache[coords] = 0
 
