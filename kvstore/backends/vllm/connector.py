@@ -450,7 +450,7 @@ class KvgraftConnector(KVConnectorBase_V1):
                 raise IncompatibleError(f"KvgraftConnector: layer {name} cache has shape {tuple(c.shape)}; expected "
                                         f"(blocks, kv_heads, {self._block_size}, 2 * head_dim)")
             key = (tuple(c.shape[1:]), c.dtype, c.stride(), str(c.device), type(layer.impl).__name__,
-                   str(getattr(layer, "isa", "unknown")))
+                   str(getattr(layer, "isa", None) or type(layer.impl).__name__))  # a GPU backend: its class
             if key not in learned:
                 def writer(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, s: torch.Tensor,
                            layer: Any = layer) -> None:
