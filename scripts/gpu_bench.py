@@ -29,9 +29,9 @@ Per model:
    until the window is >= 0.5 s (NVML's counter updates every 10-100 ms).
 0. first (issue 59), the vLLM connector's paged-layout probe on this device (`paged_probe`):
    `kvstore.backends.vllm.paged.self_test` learns the layout of cache writers on device tensors (the GPU's logical
-   NHD and HND write, vLLM's `reshape_and_cache_flash` where vLLM is installed, and the AMX block layout as a
-   gather/scatter case), each round-tripped bit for bit, with the probe's seconds and read/write GB/s of the view
-   (fast path) against the gather/scatter path through the learned index.
+   NHD and HND write as vLLM's `reshape_and_cache_flash` lays it out (vLLM itself is not on the GPU machine), and the
+   AMX block layout as a gather/scatter case), each round-tripped bit for bit, with the probe's seconds and
+   read/write GB/s of the view (fast path) against the gather/scatter path through the learned index.
 Every printed figure names the device kind ([cuda] or [cpu]); a CPU run is a dry run of the pipeline, not a GPU
 figure.
 Writes one JSON (--out). --budget-s stops starting new measurements when the run gets near its time limit
@@ -227,20 +227,6 @@ def _amx_writer(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, slo
         flat[(slots // bs).view(-1, 1, 1), index[kv][:, t, :].permute(1, 0, 2)] = x
 
 
-def _vllm_flash_writer():  # noqa: ANN202
-    """vLLM's own `reshape_and_cache_flash` where vLLM (a CUDA build) is installed, else None."""
-    try:
-        from vllm import _custom_ops as ops
-    except ImportError:
-        return None
-
-    def writer(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
-        kc, vc = cache.transpose(1, 2).split(key.shape[-1], dim=-1)
-        one = torch.ones((), device=cache.device)
-        ops.reshape_and_cache_flash(key, value, kc, vc, slots, "auto", one, one)
-    return writer
-
-
 def _gbps(nbytes: int, fn, device: str, repeats: int = 5) -> float:  # noqa: ANN001
     fn()
     sync(device)
@@ -265,12 +251,9 @@ def paged_probe(device: str, heads: int, block: int, head_dim: int, tokens: int,
     probe's seconds, a bit-for-bit round trip of `tokens` positions over blocks out of order, and read/write GB/s
     through the learned layout (the view where the map is one) and through its index (gather/scatter)."""
     writers = {"flash-HND": (_flash_writer, "HND"), "flash-NHD": (_flash_writer, "NHD"), "amx": (_amx_writer, "HND")}
-    vllm_writer = _vllm_flash_writer()
-    if vllm_writer is not None and device.startswith("cuda"):
-        writers["vllm-reshape_and_cache_flash-NHD"] = (vllm_writer, "NHD")
     nblocks = -(-tokens // block) + 2
     out: dict = {"shape": {"kv_heads": heads, "block_size": block, "head_dim": head_dim, "tokens": tokens,
-                           "dtype": str(dtype).removeprefix("torch.")}, "vllm": vllm_writer is not None, "writers": {}}
+                           "dtype": str(dtype).removeprefix("torch.")}, "writers": {}}
     for name, (writer, order) in writers.items():
         if order == "NHD":
             like = torch.zeros(nblocks, block, heads, 2 * head_dim, dtype=dtype, device=device).transpose(1, 2)

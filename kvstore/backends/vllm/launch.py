@@ -119,12 +119,13 @@ def preflight_layout(settings: VllmSettings) -> str | None:
     import json
 
     import torch
-    from vllm import _custom_ops as ops
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return None
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    # vLLM's CPU attention module: its ISA choice and the op its do_kv_cache_update calls have no public name (vLLM
+    # internals, read as attributes of that module, the same objects the engine's worker uses)
+    import vllm.v1.attention.backends.cpu_attn as cpu_attn
 
     from kvstore.backends.vllm.paged import self_test
 
@@ -136,13 +137,13 @@ def preflight_layout(settings: VllmSettings) -> str | None:
     dtype = getattr(torch, settings.dtype, None) if settings.dtype != "auto" else None
     if not (kv_heads and head_dim and isinstance(dtype, torch.dtype)):
         return None
-    isa = _get_attn_isa(dtype, settings.block_size, head_dim)
+    isa = cpu_attn._get_attn_isa(dtype, settings.block_size, head_dim)
 
     def writer(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
         nb, h, bs, _ = cache.shape  # as CPUAttentionBackendImpl.do_kv_cache_update views a layer cache
         key_cache, value_cache = cache.view(nb, h, 2 * bs, -1).chunk(2, dim=2)
-        ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0,
-                                       kv_cache_dtype="auto")
+        cpu_attn.ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0,
+                                                kv_cache_dtype="auto")
 
     like = torch.zeros(1, int(kv_heads), settings.block_size, 2 * int(head_dim), dtype=dtype)
     self_test(writer, like, settings.block_size, isa)
