@@ -27,6 +27,11 @@ Per model:
    warm page cache; the host-to-device copy is in the graft part;
 4. energy (NVML on CUDA, else RAPL, else declared unavailable): joules per recompute and per graft, repeated
    until the window is >= 0.5 s (NVML's counter updates every 10-100 ms).
+0. first (issue 59), the vLLM connector's paged-layout probe on this device (`paged_probe`):
+   `kvstore.backends.vllm.paged.self_test` learns the layout of cache writers on device tensors (the GPU's logical
+   NHD and HND write as vLLM's `reshape_and_cache_flash` lays it out (vLLM itself is not on the GPU machine), and the
+   AMX block layout as a gather/scatter case), each round-tripped bit for bit, with the probe's seconds and
+   read/write GB/s of the view (fast path) against the gather/scatter path through the learned index.
 Every printed figure names the device kind ([cuda] or [cpu]); a CPU run is a dry run of the pipeline, not a GPU
 figure.
 Writes one JSON (--out). --budget-s stops starting new measurements when the run gets near its time limit
@@ -58,6 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 from harness.run.energy import make_meter  # noqa: E402
 from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit  # noqa: E402
 from kvstore.backends.transformers import TransformersBackend, layout_string  # noqa: E402
+from kvstore.backends.vllm.paged import LearnedLayout, named_maps, self_test  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import current_environment  # noqa: E402
@@ -200,6 +206,92 @@ RANDOM_WEIGHTS = ("random weights in the published configurations, built on the 
                   "depend on shapes and kernels, not on trained values")
 
 
+def _flash_writer(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """vLLM's GPU `reshape_and_cache_flash` in torch: the logical (blocks, heads, block, 2 * head_dim) cache, per
+    token the key's head_dim elements then the value's, whatever the stride order (NHD or HND)."""
+    d, bs = key.shape[-1], cache.shape[2]
+    kc, vc = cache.transpose(1, 2).split(d, dim=-1)  # (blocks, block, heads, head_dim) each
+    kc[slots // bs, slots % bs] = key
+    vc[slots // bs, slots % bs] = value
+
+
+def _amx_writer(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """vLLM's CPU "amx" block layout (csrc/cpu/cpu_attn_amx.hpp), scattered on any device: no view reads it."""
+    nb, heads, bs, two_d = cache.shape
+    d = two_d // 2
+    place = named_maps(bs, d)["cpu_attn/amx[keys(block/16,head_dim/2,16,2);values(head_dim/16,block/2,16,2)]"]
+    index = place(heads).to(cache.device)  # (2, heads, bs, d)
+    flat = cache.view(nb, -1)
+    t = slots % bs
+    for kv, x in enumerate((key, value)):  # x: (tokens, heads, d)
+        flat[(slots // bs).view(-1, 1, 1), index[kv][:, t, :].permute(1, 0, 2)] = x
+
+
+def _gbps(nbytes: int, fn, device: str, repeats: int = 5) -> float:  # noqa: ANN001
+    fn()
+    sync(device)
+    t0 = clock(device)
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    return nbytes * repeats / max(clock(device) - t0, 1e-9) / 1e9
+
+
+def _speeds(layout: LearnedLayout, cache: torch.Tensor, blank: torch.Tensor, block_ids: list[int],
+            kv: tuple[torch.Tensor, torch.Tensor], nbytes: int, device: str) -> tuple[float, float]:
+    """Read and write GB/s of `layout` over every position `kv` holds."""
+    n = kv[0].shape[2]
+    return (_gbps(nbytes, lambda: layout.read(cache, block_ids, 0, n), device),
+            _gbps(nbytes, lambda: layout.write(blank, block_ids, 0, *kv), device))
+
+
+def paged_probe(device: str, heads: int, block: int, head_dim: int, tokens: int,
+                dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The vLLM connector's layout probe on `device` (issue 59): per writer, the layout learned, its SHA-256, the
+    probe's seconds, a bit-for-bit round trip of `tokens` positions over blocks out of order, and read/write GB/s
+    through the learned layout (the view where the map is one) and through its index (gather/scatter)."""
+    writers = {"flash-HND": (_flash_writer, "HND"), "flash-NHD": (_flash_writer, "NHD"), "amx": (_amx_writer, "HND")}
+    nblocks = -(-tokens // block) + 2
+    out: dict = {"shape": {"kv_heads": heads, "block_size": block, "head_dim": head_dim, "tokens": tokens,
+                           "dtype": str(dtype).removeprefix("torch.")}, "writers": {}}
+    for name, (writer, order) in writers.items():
+        if order == "NHD":
+            like = torch.zeros(nblocks, block, heads, 2 * head_dim, dtype=dtype, device=device).transpose(1, 2)
+        else:
+            like = torch.zeros(nblocks, heads, block, 2 * head_dim, dtype=dtype, device=device)
+        try:
+            t0 = time.perf_counter()
+            layout = self_test(writer, like, block, name)
+            sync(device)
+            probe_s = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - recorded, never silent: the probe's refusal is the finding
+            out["writers"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            continue
+        block_ids = torch.randperm(nblocks - 1, generator=torch.Generator().manual_seed(0)).tolist()
+        gen = torch.Generator().manual_seed(1)
+        k_in = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
+        v_in = torch.randn(tokens, heads, head_dim, generator=gen).to(dtype).to(device)
+        slots = torch.tensor([block_ids[p // block] * block + p % block for p in range(tokens)], device=device)
+        cache = torch.zeros_like(like)
+        writer(k_in, v_in, cache, slots)
+        k, v = layout.read(cache, block_ids, 0, tokens)
+        blank = torch.zeros_like(like)
+        layout.write(blank, block_ids, 0, k, v)
+        same = (torch.equal(k[0].permute(1, 0, 2).cpu().view(torch.int16 if dtype.itemsize == 2 else torch.int32),
+                            k_in.cpu().view(torch.int16 if dtype.itemsize == 2 else torch.int32))
+                and torch.equal(blank.cpu().contiguous().view(torch.uint8), cache.cpu().contiguous().view(torch.uint8)))
+        nbytes = 2 * tokens * heads * head_dim * dtype.itemsize
+        gather = LearnedLayout(layout.name, layout.index, layout.dtype, None)
+        row = {"layout": layout.name, "sha256": layout.digest, "fast_path": layout.view is not None,
+               "probe_s": probe_s, "round_trip": bool(same)}
+        row["read_GBps"], row["write_GBps"] = _speeds(layout, cache, blank, block_ids, (k, v), nbytes, device)
+        if layout.view is not None:  # the same map through its index: what the fast path saves
+            row["gather_read_GBps"], row["scatter_write_GBps"] = _speeds(gather, cache, blank, block_ids, (k, v),
+                                                                         nbytes, device)
+        out["writers"][name] = row
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     deadline = t_start + args.budget_s
@@ -220,6 +312,8 @@ def run(args: argparse.Namespace) -> dict:
                      "determinism": det.to_dict()},
         "models": {}, "skipped": [],
     }
+    # first: the vLLM connector's paged-layout probe on this device (issue 59), seconds on any device
+    out["paged_probe"] = (paged_probe(dev, 2, 32, 64, 256) if args.small else paged_probe(dev, 8, 32, 128, 8192))
     work = Path(tempfile.mkdtemp(prefix="kvgraft-gpu-bench-", dir=args.work))
     rng = random.Random(args.seed)
     try:
@@ -278,6 +372,16 @@ def report_lines(result: dict) -> list[str]:
     k = f"[{result['device_kind']}]"
     lines = [f"{k} {result['device']}; torch {result['torch']}, transformers {result['transformers']}, CUDA "
              f"{result['cuda']}, python {result['python']} (recorded, not required)", f"{k} {result['weights']}"]
+    probe = result.get("paged_probe", {})
+    for name, r in probe.get("writers", {}).items():
+        if "error" in r:
+            lines.append(f"{k} paged probe {name}: refused: {r['error']}")
+            continue
+        extra = (f" (its index: read {r['gather_read_GBps']:.2f}, write {r['scatter_write_GBps']:.2f} GB/s)"
+                 if "gather_read_GBps" in r else "")
+        lines.append(f"{k} paged probe {name}: learned {r['layout'][:60]} in {r['probe_s'] * 1e3:.0f} ms, round "
+                     f"trip {'bit for bit' if r['round_trip'] else 'DIFFERS'}; read {r['read_GBps']:.2f}, write "
+                     f"{r['write_GBps']:.2f} GB/s{extra}")
     for name, m in result["models"].items():
         exact = ", ".join(f"{dt} {ex.get('equal')}/{ex.get('samples')}" if "error" not in ex else f"{dt} error: "
                           f"{ex['error'][:200]}" for dt, ex in m["exactness"].items())

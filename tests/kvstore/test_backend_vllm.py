@@ -1,4 +1,4 @@
-"""The vLLM backend: the paged-KV layout codec (pure torch, runs everywhere), the admission check on synthetic
+"""The vLLM backend: the admission check on synthetic
 artifacts, and the KvgraftConnector in a real vLLM engine (tests/kvstore/vllm_cases.py, run inside .venv-vllm
 once for the module: one engine start): a graft equals the engine's own prefix-cache hit byte for byte; a
 tampered, a foreign-model, a foreign-settings and a foreign-layout artifact are each refused at admission in one
@@ -19,119 +19,19 @@ import torch
 
 from kvstore.backends import backend_names, settings_class
 from kvstore.backends.vllm.identity import EngineIdentity
-from kvstore.backends.vllm.paged import LAYOUTS, PagedLayout, self_test
 from kvstore.backends.vllm.settings import VllmBackendSettings
 from kvstore.engine.admission import admission_differences
-from kvstore.errors import IncompatibleError
 from kvstore.format.artifact import LayerKV, NumericsRecord, Snapshot
 
-TRANSPOSED = LAYOUTS[0]
-
-
-def _cache(blocks: int = 4, heads: int = 2, bs: int = 32, d: int = 8, dtype: torch.dtype = torch.bfloat16):
-    return torch.randn(blocks, heads, bs, 2 * d).to(dtype)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: x.name.split("/")[0] + ("-transposed" if x.keys_transposed else ""))
-def test_paged_read_then_write_restores_every_byte(layout: PagedLayout) -> None:
-    cache = _cache()
-    k, v = layout.read(cache, [3, 1, 0], 5, 70)  # positions 5..69 over three blocks, out of order
-    assert k.shape == v.shape == (1, 2, 65, 8)
-    blank = torch.zeros_like(cache)
-    layout.write(blank, [3, 1, 0], 5, k, v)
-    again = layout.read(blank, [3, 1, 0], 5, 70)
-    assert torch.equal(again[0].view(torch.int16), k.view(torch.int16))
-    assert torch.equal(again[1].view(torch.int16), v.view(torch.int16))
-    assert not blank[2].any()  # block 2 is not the request's: untouched
-
-
-def test_paged_transposed_keys_are_head_dim_major_within_a_block() -> None:
-    cache = torch.zeros(1, 1, 32, 16)  # one block, one head, head_dim 8: keys region (8, 32), values (32, 8)
-    keys = torch.arange(8.0).view(1, 1, 1, 8)
-    TRANSPOSED.write(cache, [0], 3, keys, -keys)
-    region = cache.view(1, 1, 2, 32 * 8)
-    assert torch.equal(region[0, 0, 0].view(8, 32)[:, 3], torch.arange(8.0))  # token 3's key: column 3
-    assert torch.equal(region[0, 0, 1].view(32, 8)[3], -torch.arange(8.0))   # its value: row 3
-
-
-def test_paged_zero_clears_only_the_given_positions() -> None:
-    cache = _cache(dtype=torch.float32)
-    keep = TRANSPOSED.read(cache, [0, 1], 40, 64)
-    TRANSPOSED.zero(cache, [0, 1], 0, 40)
-    k, v = TRANSPOSED.read(cache, [0, 1], 0, 40)
-    assert not k.any() and not v.any()
-    assert all(torch.equal(a, b) for a, b in zip(TRANSPOSED.read(cache, [0, 1], 40, 64), keep))
-
-
-def test_paged_positions_past_the_blocks_are_refused() -> None:
-    with pytest.raises(IncompatibleError, match=r"do not fit the request's 1 blocks of 32 tokens"):
-        TRANSPOSED.read(_cache(), [0], 0, 33)
-
-
-def _cpu_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The key and value caches as vLLM's CPU_ATTN `do_kv_cache_update` views a layer cache."""
-    nb, heads, bs, _ = cache.shape
-    kc, vc = cache.view(nb, heads, 2 * bs, -1).chunk(2, dim=2)
-    return kc, vc
-
-
-def test_self_test_names_the_layout_a_writer_uses_and_refuses_an_unknown_one() -> None:
-    def transposing(k, v, cache, slots):  # noqa: ANN001  (writes as vLLM's "vec" kernel was measured to)
-        kc, vc = _cpu_views(cache)
-        bs = kc.shape[2]
-        for t, s in enumerate(slots.tolist()):
-            kc[s // bs].view(kc.shape[1], -1, bs)[:, :, s % bs] = k[t]
-            vc[s // bs, :, s % bs] = v[t]
-
-    assert self_test(transposing, _cache(), 32) is TRANSPOSED
-
-    def scrambling(k, v, cache, slots):  # noqa: ANN001  (values written to the wrong slot)
-        kc, vc = _cpu_views(cache)
-        for t, s in enumerate(slots.tolist()):
-            vc[(s + 1) // kc.shape[2] % kc.shape[0], :, (s + 1) % kc.shape[2]] = v[t]
-
-    with pytest.raises(IncompatibleError, match="in no layout the connector knows"):
-        self_test(scrambling, _cache(), 32)
-
-
-def _flash_writer(k, v, cache, slots):  # noqa: ANN001
-    """A reference for vLLM's GPU `reshape_and_cache_flash` as FlashAttention/Triton call it (vllm 0.32):
-    `(B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D))`, slot s = block * block_size + offset."""
-    d = k.shape[-1]
-    kc, vc = cache.transpose(1, 2).split(d, dim=-1)
-    bs = cache.shape[2]
-    for t, s in enumerate(slots.tolist()):
-        kc[s // bs, s % bs] = k[t]
-        vc[s // bs, s % bs] = v[t]
-
-
-@pytest.mark.parametrize("order", ["HND", "NHD"])
-def test_self_test_finds_the_interleaved_gpu_layout_whatever_the_stride_order(order: str) -> None:
-    # a GPU backend's layer cache: logical (blocks, heads, block, 2*D), stored heads-major (HND) or token-major (NHD)
-    like = torch.zeros(4, 2, 32, 16, dtype=torch.bfloat16)
-    if order == "NHD":
-        like = torch.zeros(4, 32, 2, 16, dtype=torch.bfloat16).transpose(1, 2)
-    layout = self_test(_flash_writer, like, 32)
-    assert layout.interleaved and layout.name.startswith("interleaved/")
-    # read/write round trip on a cache of that stride order, positions over three blocks out of order
-    cache = torch.randn(like.shape).to(torch.bfloat16)
-    if order == "NHD":
-        cache = cache.transpose(1, 2).contiguous().transpose(1, 2)
-    assert cache.stride() == like.stride()
-    k, v = layout.read(cache, [3, 1, 0], 5, 70)
-    blank = torch.zeros_like(like)
-    layout.write(blank, [3, 1, 0], 5, k, v)
-    again = layout.read(blank, [3, 1, 0], 5, 70)
-    assert torch.equal(again[0].view(torch.int16), k.view(torch.int16))
-    assert torch.equal(again[1].view(torch.int16), v.view(torch.int16))
-    assert not blank[2].any()
+# the name artifacts record as determinism.kv_layout for vLLM's "vec" CPU kernel (kvstore.backends.vllm.paged.VIEWS)
+VEC_LAYOUT = "cpu_attn/blocks,heads[keys(head_dim,block);values(block,head_dim)]"
 
 
 def _identity_and_snapshot() -> tuple[EngineIdentity, Snapshot]:
     layout = [{"kind": "sliding", "window": 512}, {"kind": "full", "window": None}]
     settings = {"backend": "vllm", "threads": 2, "deterministic_algorithms": False, "attn_implementation": "CPU_ATTN",
                 "dtype": "bfloat16", "prefill_chunk": 8192, "block_size": 128, "batch_invariant": False,
-                "kv_layout": TRANSPOSED.name}
+                "kv_layout": VEC_LAYOUT}
     env = {"format": "kvgraft-env/1", "device_kind": "cpu", "cpu_model": "AMD EPYC", "torch_threads": 2}
     me = EngineIdentity("a" * 64, "b" * 64, settings, env, layout, "m")
     kv = torch.zeros(1, 1, 128, 4, dtype=torch.bfloat16)

