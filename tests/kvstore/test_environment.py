@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvstore import Determinism, IncompatibleError, SettingsError, from_bytes, to_bytes
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens, environment_fingerprint, graft_snapshot
-from kvstore.engine.verify import check_graft
+from kvstore.backends.transformers import deposit_tokens, environment_fingerprint, graft_snapshot
 from kvstore.environment import (
     ENVIRONMENT_FORMAT,
     PROFILES,
