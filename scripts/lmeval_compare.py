@@ -20,8 +20,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError, exit_on_error
-from harness.record.audit import audit
-from harness.record.folder import RunFolder
+from harness.record.audit import audited
 
 
 def cut(text: str, stops: list[str]) -> str:
@@ -52,12 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lmeval", required=True, help="lm-eval's --output_path of the run")
     p.add_argument("--run", required=True, help="the harness's run folder of the same condition")
     args = p.parse_args(argv)
-    run = RunFolder(Path(args.run))
-    check = audit(run)
-    if not check.ok:
-        raise HarnessError(f"{run.path}: the audit found {len(check.findings)} finding(s), first: {check.findings[0]}")
-    stops = list(run.read_config().get("prompt", {}).get("stop", ["\n"]))
-    rows = run.read_rows()
+    run = audited(Path(args.run), "lmeval_compare")  # the rows and config of the bytes audited (one read: issue 61)
+    stops = list(run.config.get("prompt", {}).get("stop", ["\n"]))
+    rows = run.rows
     theirs = lmeval_samples(Path(args.lmeval))
     same, differ, ours_correct, theirs_correct = 0, [], 0, 0.0
     for r in rows:
