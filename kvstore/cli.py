@@ -3,7 +3,9 @@
     kvstore [--store DIR] [--model SOURCE] deposit --text "..." [--tag T ...]   # prints the artifact id
     kvstore deposit --backend llamacpp --setting n_ctx=8192 --text "..."          # any registered backend
             [--attn-implementation eager] [--dtype bfloat16] [--threads N] [--prefill-chunk N] [--profile P]
-    kvstore reverify ID ... [--model SOURCE | --backend NAME ...]   # recompute, compare bytes, record numerics
+            [--batch-invariant]                                       # the batch-invariant mode (the exact default)
+    kvstore reverify ID ...    # recompute with the artifact's own backend, model and recorded settings (the mode
+                               # included), compare bytes, record the numerics measured; a contradicting flag refused
     kvstore ls [--tag T] [--json]
     kvstore show ID [--json]
     kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged

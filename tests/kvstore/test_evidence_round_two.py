@@ -178,3 +178,15 @@ def test_reverify_takes_the_model_and_the_mode_from_the_record(tmp_path):
     r = _cli("--store", str(store.root), "--model", "tiny-llama", "reverify", aid)
     assert r.returncode == 2 and "nothing recomputed: give --model with the artifact's own model" in r.stderr
     assert "DIFFERS" not in r.stdout
+
+
+def test_the_measurement_is_issued_in_one_place():
+    """The capability is held by the measuring code: only the transformers capture imports `issue` (a new caller
+    is a new door, and must be argued for here)."""
+    import re
+
+    callers = sorted(str(p.relative_to(REPO)) for top in ("kvstore", "harness", "scripts")
+                     for p in (REPO / top).rglob("*.py")
+                     if re.search(r"from kvstore\.format\.measured import[^\n]*\bissue\b|measured\.issue\(",
+                                  p.read_text(encoding="utf-8")))
+    assert callers == ["kvstore/backends/transformers/capture.py"]
