@@ -11,7 +11,8 @@ those, bound to the id of the bytes it is putting. Everything else is a claim, a
 to a put, a `NumericsRecord` built by hand (or copied: a copy is not the issued object), a record read from another
 store or a bundle, one issued in another process (a worker's, pickled back), and a measured snapshot whose tensors
 or metadata changed after capture (other bytes, another id). The one caller of `issue` is
-kvstore/backends/transformers/capture.py (tests/kvstore/test_evidence_round_two.py checks it): the capture that measured.
+kvstore/backends/transformers/capture.py, the capture that measured (tests/kvstore/test_evidence_round_two.py
+checks it).
 
 What it cannot tell: code in the same process that edits the engine's own cache between its prefill and its capture
 (that is the engine computing other bytes, like an edit of the loaded weights in memory).
