@@ -338,7 +338,7 @@ def _evidence_kinds(suspects: list[Reuse]) -> str:
 
 def _numerics_problem(snap: Snapshot, fm: Backend) -> list[str]:
     """Why `snap`'s numerics record (attached by store.get) does not show this backend's numerics ([]: it does)."""
-    problem = numerics_evidence_problem(snap.numerics, fm.numerics(), former=fm.former_numerics())
+    problem = numerics_evidence_problem(snap.numerics, fm.numerics(), "numerics", former=fm.former_numerics())
     return [problem] if problem else []
 
 
