@@ -3,7 +3,9 @@
     kvstore [--store DIR] [--model SOURCE] deposit --text "..." [--tag T ...]   # prints the artifact id
     kvstore deposit --backend llamacpp --setting n_ctx=8192 --text "..."          # any registered backend
             [--attn-implementation eager] [--dtype bfloat16] [--threads N] [--prefill-chunk N] [--profile P]
-    kvstore reverify ID ... [--model SOURCE | --backend NAME ...]   # recompute, compare bytes, record numerics
+            [--batch-invariant]                                       # the batch-invariant mode (the exact default)
+    kvstore reverify ID ...    # recompute with the artifact's own backend, model and recorded settings (the mode
+                               # included), compare bytes, record the numerics measured; a contradicting flag refused
     kvstore ls [--tag T] [--json]
     kvstore show ID [--json]
     kvstore verify [ID ...]          # all artifacts when no id is given; exit 1 if any is damaged
@@ -22,6 +24,7 @@ deposit in one line naming the layer (docs/exactness.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -120,13 +123,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _backend_options(d: argparse.ArgumentParser) -> None:
     """The backend and determinism options of the commands that compute (deposit, reverify)."""
-    d.add_argument("--backend", default="transformers", metavar="NAME",
-                   help="the engine that computes it (kvstore.backends: transformers, the default; llamacpp; fake)")
+    d.add_argument("--backend", default=None, metavar="NAME",
+                   help="the engine that computes it (kvstore.backends: transformers, the default; llamacpp; fake); "
+                        "reverify: the artifact's own")
     d.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting of a backend other than transformers (its Settings dataclass), e.g. n_ctx=8192 "
                         "or gguf=/models/x.gguf; VALUE is read as JSON when it parses (repeatable)")
-    d.add_argument("--profile", default="native", choices=["native", "portable"],
-                   help="determinism.profile: the kernel paths (kvstore/environment.py)")
+    d.add_argument("--profile", default=None, choices=["native", "portable"],
+                   help="determinism.profile: the kernel paths (kvstore/environment.py; default native)")
+    d.add_argument("--batch-invariant", action="store_true", default=None,
+                   help="determinism.batch_invariant: the batch-invariant mode (the harness's exact default; "
+                        "transformers on CPU, float32)")
     d.add_argument("--attn-implementation", choices=list(ATTN_IMPLEMENTATIONS), default=None,
                    help="determinism.attn_implementation (default sdpa; some architectures need eager)")
     d.add_argument("--dtype", default=None, help="determinism.dtype: float32 (default), bfloat16 or float16")
@@ -147,8 +154,9 @@ def _global_options(p: argparse.ArgumentParser, top: bool) -> None:
     store = os.environ.get("KVGRAFT_STORE", "runs/store")
     p.add_argument("--store", metavar="DIR", default=store if top else argparse.SUPPRESS,
                    help=f"store directory (default: $KVGRAFT_STORE or runs/store; now {store})")
-    p.add_argument("--model", metavar="SOURCE", default=BUNDLED if top else argparse.SUPPRESS,
-                   help=f"model for deposit: {BUNDLED} (default), tiny-gemma3, tiny-llama or a local HF folder")
+    p.add_argument("--model", metavar="SOURCE", default=None if top else argparse.SUPPRESS,
+                   help=f"model for deposit: {BUNDLED} (default), tiny-gemma3, tiny-llama or a local HF folder; "
+                        "reverify: the artifact's own (its recorded name, checked against its fingerprint)")
 
 
 def resolve_id(store: LocalStore, given: str) -> ArtifactId:
@@ -201,7 +209,6 @@ def backend_settings(args) -> dict:
     """The keyword settings of `kvstore.load_backend(args.backend, ...)`: for a backend whose settings are a source
     and the determinism settings (transformers) --model and the determinism flags; for another backend each --setting
     KEY=VALUE (VALUE as JSON when it parses, else a string). Read off its Settings dataclass, no backend named."""
-    import dataclasses
 
     from kvstore.backends import settings_class
     from kvstore.determinism import Determinism
@@ -210,7 +217,7 @@ def backend_settings(args) -> dict:
         if args.setting:
             raise KVStoreError(f"--setting is for backends other than {args.backend}; give --model and the "
                                "determinism flags (--dtype, --threads, ...) instead")
-        return {"source": args.model, "determinism": Determinism(**determinism_options(args))}
+        return {"source": args.model or BUNDLED, "determinism": Determinism(**determinism_options(args))}
     out: dict = {}
     for item in args.setting:
         key, sep, value = item.partition("=")
@@ -228,7 +235,8 @@ def _deposit(args) -> int:
     from kvstore.engine.deposit import deposit
     from kvstore.environment import enter_profile
 
-    enter_profile(args.profile)  # re-executes with the profile's kernel variables when not set
+    args.backend = args.backend or "transformers"
+    enter_profile(args.profile or "native")  # re-executes with the profile's kernel variables when not set
     if os.environ.get("KVGRAFT_DEBUG", "") in ("", "0"):  # transformers' notes on fallback kernels are not ours
         from transformers.utils import logging as hf_logging
 
@@ -245,46 +253,111 @@ def _deposit(args) -> int:
 
 def _reverify(args) -> int:
     """Re-verify each artifact by reproduction (issue 51: absent evidence is not evidence): its token ids are
-    prefilled again here from position 0 with its own `extra`, captured, and the bytes compared with the stored
-    ones (their ids). Equal: the numerics fingerprint measured here replaces the artifact's numerics record (a
-    graft here then admits it). Other bytes: nothing is recorded, exit 1: the artifact is not this machine's."""
+    prefilled again here from position 0 with its own `extra`, by its own backend, model and recorded settings (the
+    mode included: issue 61), captured, and the bytes compared with the stored ones (their ids). A flag that
+    contradicts the record, or a model whose fingerprint is not the recorded one, is refused naming both: nothing is
+    recomputed. Equal: the recomputed snapshot is put, and its capture's measured numerics replace the artifact's
+    record (a graft here then admits it). Other bytes: nothing is recorded, exit 1: the artifact is not this
+    machine's."""
     from kvstore.backends import load_backend
     from kvstore.engine.deposit import deposit
     from kvstore.environment import enter_profile
     from kvstore.format.artifact import to_bytes
 
-    enter_profile(args.profile)
     store = _store(args)
     ids = [resolve_id(store, i) for i in args.ids]
-    be = load_backend(args.backend, **backend_settings(args))
-    sha = be.numerics()
+    plans = {aid: _recorded_plan(args, aid, read_metadata(store.get_bytes(aid))) for aid in ids}
+    profiles = sorted({plan[2] for plan in plans.values()})
+    if len(profiles) > 1:
+        raise KVStoreError(f"the artifacts were computed under profiles {profiles}; one process runs one profile: "
+                           "re-verify them in one call per profile")
+    enter_profile(profiles[0])  # the record's kernel paths (re-executes when they are not in force)
+    loaded: dict[str, object] = {}
     failed = 0
     for aid in ids:
+        name, settings, _profile, meta = plans[aid]
+        key = json.dumps([name, repr(settings)])
+        if key not in loaded:
+            loaded[key] = load_backend(name, **settings)
+        be = loaded[key]
+        _check_recorded(be, aid, meta)
         snap = store.get(aid)
         if snap.start_position != 0:
             failed += 1
             print(f"REFUSED {aid}: it starts at position {snap.start_position}; only a prefix computed from position 0 "
                   "can be recomputed")
             continue
-        again = ArtifactId.of(to_bytes(deposit(be, snap.token_ids, snap.extra)))
+        fresh = deposit(be, snap.token_ids, snap.extra)
+        again = ArtifactId.of(to_bytes(fresh))
+        sha = be.numerics()
         if again != aid:
             failed += 1
-            print(f"DIFFERS {aid}: recomputed here with {be.model_name} ({be.name}), its {snap.token_count} tokens "
-                  f"give other bytes ({again[:12]}...): nothing recorded; deposit it again here to graft it here")
+            print(f"DIFFERS {aid}: recomputed here with its own model {be.model_name} ({be.name}) and recorded "
+                  f"settings, its {snap.token_count} tokens give other bytes ({again[:12]}...): nothing recorded; "
+                  "deposit it again here to graft it here")
         elif sha is None:
             print(f"SAME    {aid}: reproduced byte for byte; the {be.name} backend measures no numerics "
                   "fingerprint, so nothing is recorded")
         else:
-            store.record_numerics(aid, sha)
+            store.put(fresh)  # the same bytes: its capture's measured record replaces the stored one
             print(f"SAME    {aid}: reproduced byte for byte here; numerics:{sha[:16]} recorded (what was measured)")
     return 1 if failed else 0
+
+
+def _recorded_plan(args, aid: str, meta: dict) -> tuple[str, dict, str, dict]:
+    """(backend, its load_backend settings, profile, the record) for recomputing an artifact from its own record:
+    the backend, the model and every pinned setting it recorded. A flag that says otherwise is refused naming both."""
+    from kvstore.backends import settings_class
+    from kvstore.determinism import Determinism
+
+    det = meta.get("determinism") if isinstance(meta.get("determinism"), dict) else {}
+    name = det.get("backend", "transformers")
+    if args.backend is not None and args.backend != name:
+        raise KVStoreError(f"artifact {aid[:12]}: --backend {args.backend} contradicts its record (made by the {name} "
+                           "backend); reverify recomputes with the artifact's own backend: drop --backend")
+    if {"source", "determinism"} <= {f.name for f in dataclasses.fields(settings_class(name))}:
+        if args.setting:
+            raise KVStoreError(f"--setting is for backends other than {name}; reverify takes {name}'s settings from "
+                               "the artifact's record")
+        recorded = {k: v for k, v in det.items() if k != "backend"}
+        try:
+            determinism = Determinism.from_dict(recorded)
+        except KVStoreError as e:
+            raise KVStoreError(f"artifact {aid[:12]}: its recorded settings cannot be run here ({e})") from None
+        given = {**determinism_options(args)}
+        for key, value in given.items():
+            have = getattr(determinism, key)
+            if value != have:
+                flag = "--" + key.replace("_", "-")
+                raise KVStoreError(f"artifact {aid[:12]}: {flag} {value!r} contradicts its recorded determinism.{key} "
+                                   f"{have!r}; reverify recomputes under the artifact's own settings: drop {flag}")
+        source = args.model or meta.get("model_name") or BUNDLED
+        return name, {"source": source, "determinism": determinism}, determinism.profile, meta
+    return name, backend_settings(argparse.Namespace(**{**vars(args), "backend": name})), \
+        str(det.get("profile", "native")), meta
+
+
+def _check_recorded(be, aid: str, meta: dict) -> None:
+    """Refuse (KVStoreError, one line naming both) a loaded backend whose model or pinned settings are not the
+    artifact's record: recomputing under them would blame the bytes for a difference of the model or settings."""
+    from kvstore.engine.admission import settings_differences
+
+    if be.fingerprint != meta.get("model_fingerprint"):
+        raise KVStoreError(f"artifact {aid[:12]}: computed with model {meta.get('model_name')!r} (fingerprint "
+                           f"{str(meta.get('model_fingerprint'))[:12]}), the model loaded is {be.model_name!r} "
+                           f"({be.fingerprint[:12]}); nothing recomputed: give --model with the artifact's own model")
+    diffs = settings_differences(meta.get("determinism"), be.settings())
+    if diffs:
+        raise KVStoreError(f"artifact {aid[:12]}: the backend loaded runs other settings than the artifact records "
+                           f"({'; '.join(diffs)}); nothing recomputed: give the recorded settings")
 
 
 def determinism_options(args) -> dict:
     """The determinism settings given on the command line (--profile, --attn-implementation, --dtype, --threads,
     --prefill-chunk), as Determinism keyword arguments; the others keep their defaults."""
     given = {"profile": args.profile, "attn_implementation": args.attn_implementation, "dtype": args.dtype,
-             "threads": args.threads, "prefill_chunk": args.prefill_chunk}
+             "threads": args.threads, "prefill_chunk": args.prefill_chunk,
+             "batch_invariant": getattr(args, "batch_invariant", None)}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -485,6 +558,9 @@ def _import(args) -> int:
     n, new = len(info.artifacts), len(info.added)
     print(f"imported {n} artifacts into {store.root}: {new} new, {n - new} already present "
           f"(bundle sha256 {info.sha256})")
+    if info.claims:
+        print(f"{len(info.claims)} numerics record(s) in the bundle are another machine's claim, not recorded here: a "
+              "graft refuses those artifacts until `kvstore reverify ID` reproduces them here", file=sys.stderr)
     if info.attachments_dir is not None:
         print(f"attachments {', '.join(sorted(info.attachments))} written to {info.attachments_dir}")
     elif info.attachments:

@@ -65,6 +65,8 @@ _LEGACY_NAMES = {"cpu_isa": "aten_cpu_capability"}
 # Kernel-path fields an old artifact did not record: no code set those variables then, so they were unset
 # unless the shell set them; compared as unset (a portable process is refused such an artifact).
 _LEGACY_UNSET = ("mkl_cbwr", "onednn_max_cpu_isa")
+# Fields that record wrote only on CUDA: absent from a CPU record of then, they were None (they do not apply)
+_CUDA_ONLY = ("gpu_capability", "cuda", "cudnn", "cublas", "driver")
 _REEXEC_MARK = "KVGRAFT_PROFILE_REEXEC"
 _pinned_before_torch: dict[str, str] = {}
 
@@ -156,11 +158,16 @@ def current_environment(device: Any = None) -> ComputeEnvironment:
 CPU_IDENTITY = ("cpu_vendor", "cpu_model", "aten_cpu_capability", "device_name")
 
 
-def both_invariant(recorded: Any, current: Any) -> bool:
-    """Whether two recorded settings (determinism dicts: an artifact's or a registration's, and the engine's or the
-    recomputation's) are both the batch-invariant mode: their environments are then compared without the CPU's
-    names (`CPU_IDENTITY`), the mode's numerics fingerprint being the evidence."""
-    return all(isinstance(d, dict) and d.get("batch_invariant") is True for d in (recorded, current))
+def both_invariant(recorded: Any, current: Any, numerics: tuple[Any, Any] = (None, None)) -> bool:
+    """Whether the CPU's names (`CPU_IDENTITY`) may be left out of comparing two environments: both recorded settings
+    (determinism dicts: an artifact's or a registration's, and the engine's or the recomputation's) are the
+    batch-invariant mode AND `numerics` is a numerics fingerprint measured on both sides, the same one (the record's,
+    and this engine's). The exemption is the mode's measured evidence, never a settings key (issue 61): an engine
+    that measures none (vLLM, whose own VLLM_BATCH_INVARIANT is recorded as `batch_invariant`; llama.cpp) or a side
+    with no record compares every identity field."""
+    a, b = numerics
+    measured = isinstance(a, str) and len(a) == 64 and a == b
+    return measured and all(isinstance(d, dict) and d.get("batch_invariant") is True for d in (recorded, current))
 
 
 def environment_differences(recorded: dict[str, Any], current: dict[str, Any],
@@ -176,19 +183,56 @@ def environment_differences(recorded: dict[str, Any], current: dict[str, Any],
     """
     legacy = "format" not in recorded
     rec, cur = _normalized(recorded), _normalized(current)
-    out = []
+    out = record_problems(recorded)  # the record's own format first (issue 61)
+    if out:
+        return out + [f"environment.{k}: artifact '<not recorded>', this process {v!r}" for k, v in sorted(cur.items())
+                      if k not in _INFORMATIONAL and k not in rec]
     skip = set(_INFORMATIONAL) | (set(CPU_IDENTITY) if batch_invariant else set())
-    for key in sorted((set(rec) | set(cur)) - skip):
-        if key not in rec:
-            if legacy and key not in _LEGACY_UNSET:
-                continue
-            a = None if legacy else "<not recorded>"
+    required = {_LEGACY_NAMES.get(k, k) for k in _record_fields(recorded)}  # a field its format holds is never skipped
+    for key in sorted((set(rec) | set(cur) | required) - skip):
+        if key not in rec:  # a record of before kvgraft-env/1: its format says which it left unset (module note)
+            unset = _LEGACY_UNSET + (_CUDA_ONLY if rec.get("device_kind") == "cpu" else ())
+            a = None if legacy and key in unset else "<not recorded>"
         else:
             a = rec[key]
         b = cur.get(key, "<not recorded>")
         if a != b:
             out.append(f"environment.{key}: artifact {a!r}, this process {b!r}")
     return out
+
+
+#: The binding fields each environment record format holds (issue 61: a record missing one is a difference, never
+#: skipped). A record without `format` is one of those written before the format existed: the transformers record of
+#: before kvgraft-env/1 (`_LEGACY_FIELDS`: only kvgraft-kv/1 artifacts can hold one) or a scripted engine's
+#: {"backend": name} (kvstore.backends.fake, its whole record).
+ENVIRONMENT_FIELDS: dict[str, tuple[str, ...]] = {
+    ENVIRONMENT_FORMAT: ("aten_cpu_capability", "cpu_model", "cpu_vendor", "device_kind", "device_name", "machine",
+                         "mkl_cbwr", "onednn_max_cpu_isa", "torch", "torch_threads", "transformers"),
+}
+_LEGACY_FIELDS = ("cpu_isa", "device_kind", "device_name", "machine", "torch", "transformers")
+
+
+def _record_fields(recorded: dict[str, Any]) -> tuple[str, ...]:
+    """The binding fields a record's own format holds (a record without `format`: module ENVIRONMENT_FIELDS note)."""
+    fmt = recorded.get("format")
+    if fmt is None:
+        return () if set(recorded) == {"backend"} else _LEGACY_FIELDS
+    return ENVIRONMENT_FIELDS.get(fmt, ())
+
+
+def record_problems(recorded: Any) -> list[str]:
+    """What makes an environment record unreadable as a record, as "environment.format: ..." lines (empty: it names
+    a format this code knows, or is one written before formats existed): an empty record, not a mapping, or an
+    unknown `format`. Its missing binding fields are differences of `environment_differences` (issue 61)."""
+    if not isinstance(recorded, dict) or not recorded:
+        got = "<empty record>" if isinstance(recorded, dict) else type(recorded).__name__
+        return [f"environment.format: artifact {got}, this process {ENVIRONMENT_FORMAT!r} (an environment record names "
+                "its format and its binding facts; deposit it again here)"]
+    fmt = recorded.get("format")
+    if fmt is not None and fmt not in ENVIRONMENT_FIELDS:
+        return [f"environment.format: artifact {fmt!r}, this process {ENVIRONMENT_FORMAT!r} (a format this code does "
+                "not know: deposit it again here)"]
+    return []
 
 
 def _normalized(env: dict[str, Any]) -> dict[str, Any]:

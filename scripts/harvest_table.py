@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.record.folder import RunFolder
+from harness.record.audit import audited
 from harness.record.metrics import summarize_scores, wilson_interval
 from harness.record.rows import Row
 from scripts.scales_table import emit_table, read_compare
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args(argv)
-    t = loop_table(RunFolder(args.samples).read_rows(), read_compare(args.compare)[0])
+    # the sampling run audited, and its rows taken from the bytes audited (issue 61)
+    t = loop_table(audited(args.samples, "harvest_table").rows, read_compare(args.compare)[0])
     text = markdown(t)
     emit_table(text, t, args.json, args.markdown)
     return 0

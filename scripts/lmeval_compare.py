@@ -20,8 +20,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError, exit_on_error
-from harness.record.audit import audit
-from harness.record.folder import RunFolder
+from harness.record.audit import audited
 
 
 def cut(text: str, stops: list[str]) -> str:
@@ -79,12 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--journal", default="", help="the server's journal (make serve ARGS=\"--journal FILE\"): each "
                    "sample paired by the entry the server retrieved for its problem")
     args = p.parse_args(argv)
-    run = RunFolder(Path(args.run))
-    check = audit(run)
-    if not check.ok:
-        raise HarnessError(f"{run.path}: the audit found {len(check.findings)} finding(s), first: {check.findings[0]}")
-    stops = list(run.read_config().get("prompt", {}).get("stop", ["\n"]))
-    rows = run.read_rows()
+    run = audited(Path(args.run), "lmeval_compare")  # the rows and config of the bytes audited (one read: issue 61)
+    stops = list(run.config.get("prompt", {}).get("stop", ["\n"]))
+    rows = run.rows
     theirs = lmeval_samples(Path(args.lmeval))
     unknown = sorted(set(theirs) - {r.problem_id for r in rows})
     if unknown:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from harness.compare.audit import audited_comparison
 from harness.compare.comparison import Comparison
-from harness.compare.pairing import pair_folders
+from harness.compare.pairing import pair
 from harness.errors import HarnessError, LibraryError, plain
 from harness.library.build import Library
 from harness.record.audit import audited
-from harness.record.folder import RunFolder
+from harness.record.folder import FinishedRun
 from harness.record.hashing import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +60,8 @@ def distribution(values: list[int]) -> dict:
             "max": s[-1], "mean": round(sum(s) / len(s), 2), "histogram": dict(sorted(Counter(s).items()))}
 
 
-def group_report(run: Path, entries: dict[str, dict], show: int) -> dict:
-    rows = RunFolder(run).read_rows()
+def group_report(run: FinishedRun, entries: dict[str, dict], show: int) -> dict:
+    rows = run.rows  # the rows of the bytes audited (issue 61)
     toks = [r.completion.decode_tokens for r in rows]
     misses, copied, from_self = [], 0, 0
     for r in rows:
@@ -109,25 +109,26 @@ def main(argv: list[str] | None = None) -> int:
         except HarnessError as exc:
             raise SystemExit(f"error: {plain(str(exc))}") from None
         comp = Comparison.from_json(checked.raw)
-        runs = {k: r.folder.path for k, r in checked.runs.items() if k in comp.runs}
+        runs = {k: r for k, r in checked.runs.items() if k in comp.runs}  # the records of the bytes audited
     elif args.graft:
-        runs = {**_labelled(args.graft, "graft"), **_labelled(args.incontext, "incontext")}
+        paths = {**_labelled(args.graft, "graft"), **_labelled(args.incontext, "incontext")}
         if args.baseline:
-            runs["baseline"] = args.baseline
+            paths["baseline"] = args.baseline
+        runs = {}
+        for label, path in paths.items():  # each read once: audited, and its records taken from those bytes
+            try:
+                runs[label] = audited(path, f"scale_report ({label})")
+            except HarnessError as exc:
+                raise SystemExit(f"error: {plain(str(exc))}") from None
     else:
         raise SystemExit("give a compare folder, or --graft GROUP=RUN_FOLDER (and --baseline, --incontext)")
-    for label, path in runs.items():
-        try:
-            audited(path, f"scale_report ({label})")
-        except HarnessError as exc:
-            raise SystemExit(f"error: {plain(str(exc))}") from None
     graft_runs = {k: v for k, v in runs.items() if k.startswith("graft")}
-    lib = find_library(RunFolder(next(iter(graft_runs.values()))).read_manifest(), args.library_root)
+    lib = find_library(next(iter(graft_runs.values())).manifest, args.library_root)
     entries = {e.entry_id: e.to_row() for e in lib.entries}
     report = {"compare": str(args.compare), "library": str(lib.path), "groups": {}, "pairings": {}}
     base = runs.get("baseline")
     if base:
-        b = RunFolder(base).read_rows()
+        b = base.rows
         report["baseline"] = {"rows": len(b), "correct": sum(r.correct for r in b),
                               "decode_tokens": distribution([r.completion.decode_tokens for r in b]),
                               "decode_tokens_total": sum(r.completion.decode_tokens for r in b),
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, run in sorted(runs.items()):
         twin = label.replace("incontext", "graft")
         if label.startswith("incontext") and twin in graft_runs:
-            p = pair_folders(RunFolder(graft_runs[twin]), RunFolder(run))
+            p = pair(graft_runs[twin].rows, run.rows)
             report["pairings"][twin] = p.to_json()
             say(f"{twin} vs {label}: {p.identical} rows identical (completion token ids and first-logits SHA-256), "
                   f"{p.differing} differing")

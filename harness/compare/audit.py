@@ -18,7 +18,7 @@ JSON, not as a typed Comparison: a damaged or edited file must still be diffed f
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,9 @@ class ComparisonCheck:
     runs: dict[str, RunCheck]
     pairs: dict[str, Any]
     located: dict[str, str] | None = None  # label -> the folder re-checked, and how it was found
+    # the compare folder and each run folder as read by the check (RunFolder.held: the bytes audited), for readers
+    compare: RunFolder | None = None
+    held: dict[str, RunFolder] = field(default_factory=dict)
 
 
 def locate_runs(compare_dir: Path, comp: dict[str, Any]) -> dict[str, tuple[Path, str]]:
@@ -124,7 +127,7 @@ def _check_run(label: str, folder: RunFolder, comp: dict[str, Any], recorded_man
 def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
     """Re-check a compare job's folder without the model (module docstring). Raises RunFolderError when
     comparison.json is missing or unreadable; every other discrepancy is a finding naming the field."""
-    folder = RunFolder(compare_dir)
+    folder = RunFolder(compare_dir).held()  # every file read once: what is checked is what a reader gets (issue 61)
     comp = folder.read_json(COMPARISON)
     findings: list[str] = []
     runs = comp.get("runs") if isinstance(comp.get("runs"), dict) else {}
@@ -151,10 +154,11 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
     summaries: dict[str, Summary] = {}
     manifests: dict[str, str] = {}
     located = locate_runs(folder.path, comp)
+    held = {label: RunFolder(located[label][0]).held() for label in runs}
     for label in runs:
         path, _ = located[label]
         _check_location(label, runs[label], located[label], findings)
-        run = RunFolder(path)
+        run = held[label]
         try:
             checks[label] = audit(run)
         except RunFolderError as exc:
@@ -171,7 +175,7 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
     for key, (first, twin) in plan.pairs.items():
         if first in runs and twin in runs:
             try:
-                pairings[key] = pair_folders(RunFolder(located[first][0]), RunFolder(located[twin][0]))
+                pairings[key] = pair_folders(held[first], held[twin])
             except RunFolderError as exc:
                 findings.append(f"comparison.json pairs.{key}: cannot re-pair its runs ({exc})")
                 continue
@@ -198,7 +202,8 @@ def audit_comparison(compare_dir: str | Path) -> ComparisonCheck:
             findings.append(f"comparison.json: ... and {len(diffs) - _MAX_FIELD_MESSAGES} more fields differ")
     return ComparisonCheck(ok=not findings, findings=findings, runs=checks,
                            pairs={g: p.to_json() for g, p in pairings.items()},
-                           located={k: f"{p} ({how})" for k, (p, how) in located.items()})
+                           located={k: f"{p} ({how})" for k, (p, how) in located.items()}, compare=folder,
+                           held=held)
 
 
 def _short(value: Any) -> str:
@@ -228,6 +233,6 @@ def audited_comparison(compare_dir: str | Path, reader: str) -> AuditedCompariso
     check = audit_comparison(path)
     if not check.ok:
         raise RunFolderError(refusal(path, check.findings, reader))
-    raw = RunFolder(path).read_json(COMPARISON)
-    runs = {label: RunFolder(found).finished() for label, (found, _) in locate_runs(path, raw).items()}
+    raw = check.compare.read_json(COMPARISON)  # the bytes the check read, not a second read
+    runs = {label: run.finished() for label, run in check.held.items()}
     return AuditedComparison(path, raw, runs)

@@ -111,7 +111,11 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
         if registered.get(key) != measured.get(key):
             out.problems.append(f"{key} {str(registered.get(key))[:12]} registered, {str(measured.get(key))[:12]} now")
     reg_env, now_env = registered.get("environment", {}), measured.get("environment", {})
-    mode = both_invariant(registered.get("determinism"), measured.get("determinism"))  # CPU names not binding
+    reg_n, now_n = registered.get("numerics_sha256"), measured.get("numerics_sha256")
+    if reg_n in measured.get("numerics_former", ()):
+        reg_n = now_n  # this machine's under an earlier battery format (as _numerics_differences reads it)
+    # CPU names not binding only on the mode's measured evidence, the same fingerprint on both sides (issue 61)
+    mode = both_invariant(registered.get("determinism"), measured.get("determinism"), (reg_n, now_n))
     out.environment_differences = environment_differences(reg_env, now_env, mode) + _numerics_differences(registered,
                                                                                                           measured)
     differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}

@@ -340,7 +340,7 @@ def _evidence_kinds(suspects: list[Reuse]) -> str:
 
 def _numerics_problem(snap: Snapshot, fm: Backend) -> list[str]:
     """Why `snap`'s numerics record (attached by store.get) does not show this backend's numerics ([]: it does)."""
-    problem = numerics_evidence_problem(snap.numerics, fm.numerics(), former=fm.former_numerics())
+    problem = numerics_evidence_problem(snap.numerics, fm.numerics(), "numerics", former=fm.former_numerics())
     return [problem] if problem else []
 
 
@@ -463,8 +463,25 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
         "store": str(store.root),
         "skipped": skipped,
     }
+    kept = _existing_store(out_dir)
+    if kept is not None and kept != manifest["store"]:
+        # the library of this identity exists: its manifest (which runs name by its SHA-256) is not rewritten to
+        # name another store (issue 61); this build's deposits are in that other store
+        print(f"library {lib_cfg.name}: {out_dir} already holds this library (its manifest names store {kept}); "
+              f"left as it is: the entries deposited into {store.root} are there too, and runs keep naming the "
+              "existing manifest", flush=True)
+        return out_dir
     _write_library(out_dir, manifest, rows, fm)
     return out_dir
+
+
+def _existing_store(out_dir: Path) -> str | None:
+    """The store a complete library folder's manifest names (None: no manifest there, or not readable as one)."""
+    try:
+        found = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(found.get("store")) if isinstance(found, dict) and "store" in found else None
 
 
 def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: Backend) -> None:

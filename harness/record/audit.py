@@ -522,7 +522,7 @@ def audited(path: str | Path | RunFolder, reader: str) -> FinishedRun:
     takes its rows from here. `reader` names the reader in the refusal. A RunFolderError in one line when the folder
     is missing, unfinished (an interrupted run's rows are not figures), or does not re-check (naming the first
     difference); nothing is read from a folder that was edited."""
-    folder = path if isinstance(path, RunFolder) else RunFolder(Path(path))
+    folder = (path if isinstance(path, RunFolder) else RunFolder(Path(path))).held()  # one read: audited = used
     if not folder.path.is_dir():
         raise RunFolderError(f"{folder.path}: no such run folder; {reader} reads a finished run folder "
                              "(runs/<condition>/<stamp>/, holding manifest.json)")

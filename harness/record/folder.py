@@ -86,6 +86,15 @@ class RunFolder:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock_fd: int | None = None
+        self._held: dict[str, bytes] | None = None  # `held`: the bytes of each file as first read
+
+    def held(self) -> RunFolder:
+        """The same folder read once: each file's bytes are kept as first read, and every later read of it returns
+        those bytes. An audit and the records taken after it then see the same bytes (issue 61: a reader uses the
+        bytes it audited, never a second read a writer could have changed in between)."""
+        folder = RunFolder(self.path)
+        folder._held = {}
+        return folder
 
     @classmethod
     def new(cls, runs_dir: str | Path, condition: str, label: str | None = None) -> RunFolder:
@@ -284,9 +293,14 @@ class RunFolder:
     # --- reading ----------------------------------------------------------------------------------------
 
     def read_bytes(self, name: str) -> bytes:
+        if self._held is not None and name in self._held:
+            return self._held[name]
         path = self.file(name)
         try:
-            return path.read_bytes()
+            data = path.read_bytes()
+            if self._held is not None:
+                self._held[name] = data
+            return data
         except FileNotFoundError:
             raise RunFolderError(
                 f"{path}: file is missing; a complete run folder has it (harness/RUN_FORMAT.md). "

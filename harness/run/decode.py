@@ -19,6 +19,7 @@ backend (rows of a problem together, problems in flight) is checked once, before
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ def _pick_rows(
     """
     if strategy == "greedy":
         return [int(t) for t in torch.argmax(logits, dim=-1)]
-    probs = torch.softmax(logits.double() / max(temperature, 1e-6), dim=-1)
+    probs = fixed_order_softmax(logits, temperature)
     picks = []
     for r in range(probs.shape[0]):
         if top_p < 1.0:
@@ -85,6 +86,49 @@ def _pick_rows(
         j = int(torch.multinomial(vals, 1, generator=gens[r]))
         picks.append(j if ids is None else int(ids[j]))
     return picks
+
+
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # fdlibm's split of ln 2
+_INV_LN2 = 1.44269504088896338700e00
+# exp(r) on |r| <= ln2/2 as Taylor terms 1/k!, k = 0..17: Horner's rule (below 2^-53 relative after the 17th term)
+_EXP_TERMS = tuple(1.0 / math.factorial(k) for k in range(18))
+
+
+def _fixed_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp of float64 `x` (<= 0) from IEEE elementwise operations only (each correctly rounded, so the same bits
+    whatever vector width ATen's build uses): range reduction by ln 2, a fixed polynomial, and the power of two built
+    from its exponent bits. Below -708 (a probability under 1e-307 of the largest) it is 0."""
+    k = torch.round(x * _INV_LN2)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = torch.full_like(r, _EXP_TERMS[-1])
+    for c in reversed(_EXP_TERMS[:-1]):
+        p = p * r + c
+    kk = k.clamp(min=-1022).to(torch.int64)
+    two_k = ((kk + 1023) << 52).view(torch.float64)
+    return torch.where(x < -708.0, torch.zeros_like(p), p * two_k)
+
+
+def _fixed_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum over the last dim of `x` in one fixed pairwise order (zero-padded to a power of two, then halves
+    added elementwise): the same bits whatever ATen's vectorised reductions would do. Shape (rows, 1)."""
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    y = torch.nn.functional.pad(x, (0, width - n))
+    while y.shape[-1] > 1:
+        half = y.shape[-1] // 2
+        y = y[..., :half] + y[..., half:]
+    return y
+
+
+def fixed_order_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) in float64, rows of `logits` (rows, vocab), computed from correctly rounded
+    elementwise operations in a fixed order (`_fixed_exp`, `_fixed_sum`), so that a sampled run draws the same tokens
+    under ATen's AVX2 and AVX-512 builds (issue 61; torch.softmax's vectorised exp and sum give other last bits per
+    build). Equal to torch.softmax within a few ulp."""
+    z = logits.double() / max(temperature, 1e-6)
+    z = z - z.max(dim=-1, keepdim=True).values  # exact: the max, then one rounding per element
+    e = _fixed_exp(z)
+    return e / _fixed_sum(e)
 
 
 def _pick(

@@ -39,7 +39,7 @@ from kvstore.errors import BundleError, KVStoreError, NotFoundError
 from kvstore.format.artifact import from_bytes
 from kvstore.format.canonical import canonical_json
 from kvstore.format.ids import ArtifactId, id_to_relpath
-from kvstore.store.base import Store
+from kvstore.store.base import NUMERICS_PREFIX, Store
 
 BUNDLE_FORMAT = "kvgraft-bundle/2"
 # format -> the manifest key (and member folder) of the attachments: /1 called them "library" (then always the
@@ -67,6 +67,9 @@ class BundleInfo:
     attachments: dict[str, str]  # name -> SHA-256 of the attachment's bytes (empty without attachments)
     added: tuple[str, ...] = ()  # import: the ids the target store did not have before
     attachments_dir: Path | None = None  # import: the folder the attachments were written to (None: not written)
+    # import: ids whose `numerics:` tags in the bundle were not recorded here: another machine's claim, never this
+    # store's record (issue 61); a graft refuses them until re-verified here (`kvstore reverify ID`)
+    claims: tuple[str, ...] = ()
 
 
 def _canonical(obj: object) -> bytes:
@@ -169,7 +172,8 @@ def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | 
         try:
             groups: dict[tuple[str, ...], list[dict]] = {}
             for e in new + stray:  # stray: an object without its index row (an earlier import killed mid-way)
-                groups.setdefault(tuple(e["tags"]), []).append(e)
+                # a numerics tag is another machine's claim (a manifest is re-sealable): not written (issue 61)
+                groups.setdefault(tuple(t for t in e["tags"] if not t.startswith(NUMERICS_PREFIX)), []).append(e)
             for tags, group in groups.items():
                 for batch in _batches(group):  # put_many holds its batch in memory: bound it
                     store.put_many(_reread(f, offsets, batch, str(path)), tags)
@@ -182,7 +186,8 @@ def import_bundle(path: str | os.PathLike, store: Store, attachments_dir: str | 
     listed = manifest[ATTACHMENTS_KEY[manifest["format"]]] or {}
     return BundleInfo(path, digest, manifest["manifest_sha256"], ids, sum(e["size"] for e in entries),
                       {n: e["sha256"] for n, e in listed.items()}, tuple(e["id"] for e in new),
-                      target if files else None)
+                      target if files else None,
+                      tuple(e["id"] for e in entries if any(t.startswith(NUMERICS_PREFIX) for t in e["tags"])))
 
 
 def _batches(entries: list[dict]) -> Iterator[list[dict]]:

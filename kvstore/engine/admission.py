@@ -56,7 +56,19 @@ def artifact_differences(snapshot: Snapshot, backend: Backend) -> list[str]:
     env = snapshot.environment if isinstance(snapshot.environment, dict) else {}
     settings = backend.settings()
     return settings_differences(snapshot.determinism, settings) + environment_differences(
-        env, backend.environment(), both_invariant(snapshot.determinism, settings))
+        env, backend.environment(), both_invariant(snapshot.determinism, settings, measured_numerics(
+            snapshot.numerics, backend.numerics(), backend.former_numerics())))
+
+
+def measured_numerics(record: NumericsRecord | None, current: str | None,
+                      former: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
+    """(the record's numerics fingerprint, this engine's) as `both_invariant` takes them: the record's one
+    fingerprint (one of this engine's former ones counts as its current one, as admission reads it), or None where
+    there is no single readable record; None for an engine that measures none."""
+    if current is None or record is None or record.error is not None or len(record.fingerprints) != 1:
+        return None, current
+    fp = record.fingerprints[0]
+    return (current if fp in former else fp), current
 
 
 
@@ -143,7 +155,8 @@ def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
             f"be byte-identical to the fresh reference: {'; '.join(settings)}. Load the model with the artifact's "
             "settings or deposit the artifact again under the current ones")))
     env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
-                                  me.environment, both_invariant(snapshot.determinism, me.settings))
+                                  me.environment, both_invariant(snapshot.determinism, me.settings, measured_numerics(
+                                      snapshot.numerics, me.numerics, me.former_numerics)))
     if env:
         out.append(Difference("environment", (
             f"{name}: the artifact was deposited in another compute environment, so a graft would not be "
@@ -182,8 +195,9 @@ def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = No
     for d in admission_differences(snapshot, backend, token_ids):
         if d.fact == "environment" and allow_environment_mismatch:
             env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
-                                          backend.environment(), both_invariant(snapshot.determinism,
-                                                                                backend.settings()))
+                                          backend.environment(), both_invariant(
+                                              snapshot.determinism, backend.settings(), measured_numerics(
+                                                  snapshot.numerics, backend.numerics(), backend.former_numerics())))
             warnings.warn(f"{snapshot.model_name or 'artifact'}: grafted across compute environments (not guaranteed "
                           f"exact): {'; '.join(env)}", RuntimeWarning, stacklevel=2)
             continue

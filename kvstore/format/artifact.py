@@ -80,8 +80,14 @@ class NumericsRecord:
     fingerprints: tuple[str, ...]
     source: str
     error: str | None = None
-    measured: bool = False  # True: measured by this process, which computed the bytes (a put then replaces the
-    #                         store's record with it); False: a record read elsewhere (a put adds it, as it travels)
+    # the capability issued by the code that measured it (kvstore/format/measured.py `issue`, bound to the bytes):
+    # only a record carrying it is written by a put; any other record is a claim and is not written (issue 61)
+    measurement: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def measured(self) -> bool:
+        """Whether this record carries a measurement (a store checks it was issued here, for these bytes)."""
+        return self.measurement is not None
 
 
 @dataclass

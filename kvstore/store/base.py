@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from kvstore.errors import FormatError, IntegrityError, InvalidIdError, KVStoreError, NotFoundError
 from kvstore.format.artifact import NumericsRecord, Snapshot, from_bytes, guard, to_bytes, tokens_sha256
 from kvstore.format.ids import ArtifactId
+from kvstore.format.measured import measured_fingerprint
 
 
 @dataclass(frozen=True)
@@ -78,23 +79,33 @@ def check_tags(tags: Iterable[str]) -> tuple[str, ...]:
 
 
 def check_numerics_tags(tags: tuple[str, ...], doing: str) -> None:
-    """KVStoreError for a `numerics:` tag given to a plain tagging call: the numerics record is a measurement,
-    written only by what measured it (a deposit's put, `record_numerics` after a reproduction)."""
+    """KVStoreError for a `numerics:` tag given as a tag (add_tags, put, put_bytes, put_many): the numerics record
+    is a measurement, written only from a measured snapshot's record (a deposit's put, or the put of a recomputation
+    that reproduced the bytes: kvstore/format/measured.py), never from a string."""
     bad = [t for t in tags if t.startswith(NUMERICS_PREFIX)]
     if bad:
         raise KVStoreError(
             f"{doing}: {bad[0][:40]!r} is a numerics record, not a free tag: it is written only by what measured it "
-            "(a deposit, or a re-verification that recomputed the artifact here: Store.record_numerics); deposit "
-            "the artifact again on the machine instead of tagging it")
+            "(a deposit's put, or `kvstore reverify ID`, which recomputes the artifact here and puts what it "
+            "measured); deposit the artifact again on this machine instead of tagging it")
 
 
-def snapshot_numerics_tags(snapshot: Snapshot) -> tuple[str, ...]:
-    """The `numerics:` tags a put records for a snapshot: the fingerprints its record carries (measured by the
-    process that captured it, or read from the store it came from: the record travels with the artifact)."""
-    rec = snapshot.numerics
-    if rec is None or rec.error is not None:
-        return ()
-    return tuple(NUMERICS_PREFIX + f for f in rec.fingerprints)
+def claim_problem(record: NumericsRecord | None, aid: str) -> str:
+    """Why `record_numerics` will not write `record` for `aid` ("" when it will)."""
+    if measured_fingerprint(record, aid) is None:
+        return (f"artifact {aid}: the numerics record offered ({type(record).__name__}) is not a measurement this "
+                "process issued for these bytes (a capture's): a claim is not recorded (issue 61); recompute the "
+                "artifact here (`kvstore reverify ID`) and put what was measured")
+    return ""
+
+
+def snapshot_numerics_tags(snapshot: Snapshot, aid: str) -> tuple[str, ...]:
+    """The `numerics:` tag a put records for a snapshot stored as `aid`: the fingerprint of the measurement its
+    record carries, issued in this process by the capture that computed exactly these bytes (kvstore/format/
+    measured.py); () for every other record: one read from another store or a bundle, built by hand, pickled from
+    another process, or a capture changed since. Those are claims, and a claim is not a record (issue 61)."""
+    fp = measured_fingerprint(snapshot.numerics, aid)
+    return (NUMERICS_PREFIX + fp,) if fp else ()
 
 
 class Store(ABC):
@@ -133,15 +144,22 @@ class Store(ABC):
         """Tag a stored artifact (its bytes are not read). NotFoundError."""
 
     def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
-        """Store a snapshot; returns its id. Putting an existing artifact only adds tags."""
+        """Store a snapshot; returns its id. Putting an existing artifact only adds tags. A `numerics:` tag is
+        refused (check_numerics_tags); the snapshot's own measured record is written (snapshot_numerics_tags)."""
         with guard("snapshot to store"):
             data = to_bytes(snapshot)
-        return self.put_bytes(data, (*tuple(tags), *snapshot_numerics_tags(snapshot)))
+        tags = check_tags(tags)
+        check_numerics_tags(tags, "putting an artifact")
+        aid = self.put_bytes(data, tags)
+        if snapshot_numerics_tags(snapshot, aid):
+            self.record_numerics(aid, snapshot.numerics)
+        return aid
 
     def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
         """Store many snapshots (or artifact bytes), each with `tags`; their ids in order. Same result as a
         loop of put/put_bytes; a store may batch it (LocalStore indexes them in one transaction)."""
-        tags = tuple(tags)
+        tags = check_tags(tags)
+        check_numerics_tags(tags, "putting artifacts")
         return [self.put(x, tags) if isinstance(x, Snapshot) else self.put_bytes(x, tags) for x in items]
 
     def get(self, aid: str) -> Snapshot:
@@ -166,9 +184,11 @@ class Store(ABC):
         return NumericsRecord(tuple(sorted(t[len(NUMERICS_PREFIX):] for t in tags if t.startswith(NUMERICS_PREFIX))),
                               where)
 
-    def record_numerics(self, aid: str, fingerprint: str) -> None:
-        """Record that the artifact was measured under `fingerprint` (computed here, its bytes equal): replaces
-        every numerics tag it had. Only a deposit or a re-verification by reproduction calls it. NotFoundError."""
+    def record_numerics(self, aid: str, record: NumericsRecord) -> None:
+        """Write the numerics record of a stored artifact from `record`, which must carry a measurement issued in
+        this process for exactly its bytes (kvstore/format/measured.py; a capture's): it replaces every numerics tag
+        the artifact had. Anything else (a fingerprint string, a record read elsewhere or built by hand) is refused
+        (KVStoreError): a re-verification puts the recomputed snapshot, whose capture measured it. NotFoundError."""
         raise KVStoreError(f"{self!r} cannot record numerics; re-deposit the artifact into a writable store")
 
     def size(self, aid: str) -> int:
@@ -194,4 +214,4 @@ class Store(ABC):
 
 
 __all__ = ["NUMERICS_PREFIX", "ArtifactInfo", "IndexRow", "Store", "admit", "check_id", "check_numerics_tags",
-           "check_tags", "snapshot_numerics_tags"]
+           "check_tags", "claim_problem", "snapshot_numerics_tags"]

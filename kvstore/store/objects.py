@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, MutableMapping
 
 from kvstore.errors import KVStoreError, NotFoundError, ReadOnlyStoreError
-from kvstore.format.artifact import Snapshot, from_bytes, guard, to_bytes
+from kvstore.format.artifact import NumericsRecord, Snapshot, from_bytes, guard, to_bytes
 from kvstore.format.ids import ArtifactId, id_to_relpath, relpath_to_id
 from kvstore.store.base import (
     NUMERICS_PREFIX,
@@ -37,6 +37,7 @@ from kvstore.store.base import (
     check_id,
     check_numerics_tags,
     check_tags,
+    claim_problem,
     snapshot_numerics_tags,
 )
 from kvstore.store.byte_store import ByteStore
@@ -67,41 +68,46 @@ class ObjectStore(Store):
     # ------------------------------------------------------------------------------------------- writes
     def put_bytes(self, data: bytes, tags: Iterable[str] = ()) -> ArtifactId:
         self._writable("put an artifact")
-        return self._put([data], check_tags(tags))[0]
+        return self._put([data], self._tags(tags, "putting an artifact"))[0]
 
     def put(self, snapshot: Snapshot, tags: Iterable[str] = ()) -> ArtifactId:
         self._writable("put an artifact")
-        return self._put([snapshot], check_tags(tags))[0]
+        return self._put([snapshot], self._tags(tags, "putting an artifact"))[0]
+
+    @staticmethod
+    def _tags(tags: Iterable[str], doing: str) -> tuple[str, ...]:
+        """Checked tags, without a `numerics:` one: a numerics record is written only from a measurement (issue 61)."""
+        out = check_tags(tags)
+        check_numerics_tags(out, doing)
+        return out
 
     def put_many(self, items: Iterable[Snapshot | bytes], tags: Iterable[str] = ()) -> list[ArtifactId]:
         """Every item admitted first, then every object created, then all rows indexed at once (one transaction
         where the index has them). If indexing fails, the objects this call created are removed again."""
         self._writable("put artifacts")
-        return self._put(items, check_tags(tags))
+        return self._put(items, self._tags(tags, "putting artifacts"))
 
     def _put(self, items: Iterable[Snapshot | bytes], tags: tuple[str, ...]) -> list[ArtifactId]:
         batch = []
-        # the numerics record each snapshot carries goes with it: one measured by this process (a capture)
-        # replaces what the store recorded (the bytes were just computed here); one read elsewhere is added
-        records: dict[ArtifactId, tuple[bool, tuple[str, ...]]] = {}
+        # a snapshot's numerics record is written only when it is a measurement this process issued for exactly these
+        # bytes (a capture's: it replaces what the store recorded); any other record is a claim and is not written:
+        # one read from another store or a bundle, built by hand, or pickled from a worker (issue 61)
+        records: dict[ArtifactId, tuple[str, ...]] = {}
         for x in items:
             if isinstance(x, Snapshot):
                 with guard("snapshot to store"):
                     data = to_bytes(x)
                 snap = admit(data, verify_tensors=False)  # tensor hashes were just computed from these tensors
-                extra = snapshot_numerics_tags(x)
             else:
-                data, snap, extra = x, admit(x), ()
+                data, snap = x, admit(x)
             aid = ArtifactId.of(data)
             batch.append((aid, data, IndexRow.of(aid, len(data), snap)))
-            if extra:
-                records[aid] = (bool(x.numerics and x.numerics.measured), extra)
-        self._publish(batch, tags)
-        for aid, (measured, extra) in records.items():
+            measured = snapshot_numerics_tags(x, aid) if isinstance(x, Snapshot) else ()
             if measured:
-                self.index.replace_tags(aid, NUMERICS_PREFIX, extra)
-            else:
-                self.index.add_tags(aid, extra)
+                records[aid] = measured
+        self._publish(batch, tags)
+        for aid, measured in records.items():
+            self.index.replace_tags(aid, NUMERICS_PREFIX, measured)
         return [aid for aid, _, _ in batch]
 
     def _publish(self, batch: list[tuple[ArtifactId, bytes | memoryview, IndexRow]], tags: tuple[str, ...]) -> None:
@@ -138,14 +144,16 @@ class ObjectStore(Store):
         self.info(aid)
         self.index.add_tags(aid, tags)
 
-    def record_numerics(self, aid: str, fingerprint: str) -> None:
-        """Record that the artifact's bytes were computed under `fingerprint` (kvstore.environment.
-        numerics_fingerprint) in this process: its numerics tags are replaced by this one. Called by a deposit
-        that measured it, or a re-verification that recomputed the artifact and got its bytes. NotFoundError."""
+    def record_numerics(self, aid: str, record: NumericsRecord) -> None:
+        """Write the artifact's numerics record from a measurement issued in this process for its bytes (Store.
+        record_numerics): its numerics tags are replaced by that fingerprint. A claim is refused. NotFoundError."""
         self._writable("record an artifact's numerics")
-        aid, (tag,) = ArtifactId(aid), check_tags([NUMERICS_PREFIX + str(fingerprint)])
+        aid = ArtifactId(aid)
+        problem = claim_problem(record, aid)
+        if problem:
+            raise KVStoreError(problem)
         self.info(aid)
-        self.index.replace_tags(aid, NUMERICS_PREFIX, (tag,))
+        self.index.replace_tags(aid, NUMERICS_PREFIX, (NUMERICS_PREFIX + record.fingerprints[0],))
 
     def remove(self, aid: str) -> None:
         """Delete the row and tags first (the artifact leaves every listing), then the object. NotFoundError."""

@@ -124,8 +124,8 @@ class CachedStore(Store):
     def numerics_record(self, aid: str):
         return self.inner.numerics_record(aid)
 
-    def record_numerics(self, aid: str, fingerprint: str) -> None:
-        self.inner.record_numerics(aid, fingerprint)
+    def record_numerics(self, aid: str, record) -> None:
+        self.inner.record_numerics(aid, record)
 
     def __len__(self) -> int:
         return len(self.inner)

@@ -48,7 +48,7 @@ from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, deposit,
 from kvstore.atomic import atomic_write
 from kvstore.engine.verify import graft_logits, logits_sha256, reference_logits
 from kvstore.environment import cpu_name
-from kvstore.format.artifact import from_bytes
+from kvstore.format.artifact import NumericsRecord, from_bytes
 
 MODELS = ("tiny-gemma3", "tiny-llama")
 PREFIX = {"tiny-gemma3": 24, "tiny-llama": 12}
@@ -330,6 +330,12 @@ def _measured(parsed, captured):
     return parsed
 
 
+def _with_record(snap, fingerprint: str):
+    """`snap` with an in-memory numerics record naming `fingerprint` (the fuzz's own claim: never written)."""
+    snap.numerics = NumericsRecord((fingerprint,), "the fuzz: the original's capture, attached in memory")
+    return snap
+
+
 def graft_and_continue(b: Base, snap) -> torch.Tensor:
     """Graft as the harness does and run the suffix from where the cache says it is (cache.get_seq_length(),
     which a sliding layer derives from its cumulative_length): the suffix logits (1, SUFFIX, vocab)."""
@@ -342,9 +348,6 @@ def run_one(b: Base, mutant: bytes, store, local: LocalStore | None) -> str:
     try:
         try:
             aid = store.put_bytes(mutant)
-            # the numerics record of the process that computed the original (the mutations are of the format, and
-            # admission's numerics check would otherwise refuse every mutant first: issue 51)
-            store.record_numerics(aid, b.be.numerics())
         except KVStoreError as e:
             outcome = f"refused_admission:{type(e).__name__}"
             if local is not None:
@@ -357,7 +360,10 @@ def run_one(b: Base, mutant: bytes, store, local: LocalStore | None) -> str:
         if local is not None:
             local.remove(local.put_bytes(mutant))
         try:
-            logits = graft_and_continue(b, store.get(aid))
+            # the mutant read back carries the original capture's numerics record, attached in memory only (the
+            # mutations are of the format, and admission's numerics check would otherwise refuse every mutant first;
+            # a store never records a numerics record it did not measure: issue 61)
+            logits = graft_and_continue(b, _with_record(store.get(aid), b.be.numerics()))
         except KVStoreError as e:
             return f"refused_graft:{type(e).__name__}"
         finally:

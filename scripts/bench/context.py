@@ -38,10 +38,10 @@ from kvstore import (
     Backend,
     Determinism,
     LocalStore,
+    Snapshot,
     atomic_write,
     deposit,
     load_backend,
-    numerics_tag,
     to_bytes,
     tokens_sha256,
 )
@@ -94,22 +94,28 @@ def vocab_and_bos(be: Backend) -> tuple[int, int | None]:
     return be.vocab_size(), (head[0] if head else None)
 
 
-def deposit_batch(be: Backend, indices: list[int], lengths: list[int]) -> list[bytes]:
-    """Artifact bytes of the given plan entries: prefill + capture + serialize, one sequence at a time."""
+def deposit_batch(be: Backend, indices: list[int], lengths: list[int]) -> list[Snapshot]:
+    """Snapshots of the given plan entries (prefill + capture, one sequence at a time), each carrying the numerics
+    record its capture measured: a put in this process records it (issue 61)."""
     vocab, bos = vocab_and_bos(be)
-    return [to_bytes(deposit(be, sequence(i, n, vocab, bos))) for i, n in zip(indices, lengths, strict=True)]
+    return [deposit(be, sequence(i, n, vocab, bos)) for i, n in zip(indices, lengths, strict=True)]
 
 
-_WORKER_BACKEND = None
+_WORKER = None
 
 
-def _worker_init(model: str, determinism: dict) -> None:
-    global _WORKER_BACKEND
-    _WORKER_BACKEND = load_backend("transformers", source=model, determinism=Determinism.from_dict(determinism))
+def _worker_init(model: str, determinism: dict, root: str) -> None:
+    global _WORKER
+    _WORKER = (load_backend("transformers", source=model, determinism=Determinism.from_dict(determinism)),
+               LocalStore(root))
 
 
-def _worker_batch(job: tuple[list[int], list[int]]) -> tuple[str, list[bytes]]:
-    return _WORKER_BACKEND.fingerprint, deposit_batch(_WORKER_BACKEND, *job)
+def _worker_batch(job: tuple[list[int], list[int]]) -> tuple[str, int]:
+    """Deposit and put a batch in the worker: the process that computed the bytes measured their numerics, so its put
+    records them; the parent never stamps its own fingerprint on bytes a worker computed (issue 61)."""
+    be, store = _WORKER
+    store.put_many(deposit_batch(be, *job), tags=["bench-context"])
+    return be.fingerprint, len(job[0])
 
 
 class Filler:
@@ -131,11 +137,12 @@ class Filler:
         if self.workers > 1 and (self.pool is not None or len(indices) >= self.POOL_MIN):
             if self.pool is None:
                 ctx = multiprocessing.get_context("spawn")
-                self.pool = ctx.Pool(self.workers, _worker_init, (self.backend.model_name, self.backend.settings()))
-            for fingerprint, batch in self.pool.imap(_worker_batch, jobs):
+                self.pool = ctx.Pool(self.workers, _worker_init,
+                                     (self.backend.model_name, self.backend.settings(), str(self.store.root)))
+            for fingerprint, n in self.pool.imap(_worker_batch, jobs):
                 if fingerprint != self.backend.fingerprint:
                     raise RuntimeError("a worker built a different model (fingerprints differ); use --workers 1")
-                yield batch
+                yield n  # stored by the worker
         else:
             for job in jobs:
                 yield deposit_batch(self.backend, *job)
@@ -147,11 +154,11 @@ class Filler:
         def writer() -> None:
             while (batch := q.get()) is not None:
                 try:
-                    # bytes this machine's model just computed: recorded with the numerics it measured (issue 51)
-                    self.store.put_many(batch, tags=["bench-context", numerics_tag(self.backend.numerics())])
+                    if not isinstance(batch, int):  # snapshots this process captured: their measured records go in
+                        self.store.put_many(batch, tags=["bench-context"])
                 except BaseException as e:  # surfaced on the main thread
                     errors.append(e)
-                bar.update(len(batch))
+                bar.update(batch if isinstance(batch, int) else len(batch))
 
         t0 = time.perf_counter()
         th = threading.Thread(target=writer, daemon=True)
@@ -160,7 +167,7 @@ class Filler:
             for batch in self._batches(indices):
                 if errors:
                     break
-                self.deposited += len(batch)
+                self.deposited += batch if isinstance(batch, int) else len(batch)
                 q.put(batch)
         finally:
             q.put(None)
@@ -175,9 +182,11 @@ class Filler:
             self.pool.join()
 
 
-def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarray, into: dict) -> None:
+def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarray, into: dict,
+            records: LocalStore | None = None) -> None:
     """Time lookup (find_tokens + info) and restore (get + graft) of the plan entries `picks`; append the latencies
-    to `into` and raise its peak-memory marks."""
+    to `into` and raise its peak-memory marks. `records`: the store whose numerics records the copies' artifacts
+    (the same bytes, the same ids) are admitted on, read in the restore's time (None: `store`'s own)."""
     vocab, bos = vocab_and_bos(be)
     seqs = [sequence(i, int(lengths[i]), vocab, bos) for i in picks]
     shas = [tokens_sha256(s) for s in seqs]
@@ -192,7 +201,10 @@ def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarra
         ids = store.find_tokens(sha)
         store.info(ids[0])
         t1 = time.perf_counter()
-        cache = be.graft(store.get(ids[0]), seq)
+        snap = store.get(ids[0])
+        if records is not None:
+            snap.numerics = records.numerics_record(ids[0])  # the record of the store its deposit wrote it in
+        cache = be.graft(snap, seq)
         t2 = time.perf_counter()
         into["lookup"].append(t1 - t0)
         into["restore"].append(t2 - t1)
@@ -209,16 +221,14 @@ def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarra
 
 
 def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
-    """A fresh store holding exactly `ids` (bytes copied and verified on the way, nothing recomputed), each with the
-    numerics record it had in `src` (a copy that dropped it would be refused at graft: issue 51)."""
+    """A fresh store holding exactly `ids` (bytes copied and verified on the way, nothing recomputed). No numerics
+    record is written to it (a copy carries none: issue 61); `measure` reads each artifact's record from the store
+    that measured it (`records`)."""
     shutil.rmtree(dst_root, ignore_errors=True)
     dst = LocalStore(dst_root)
     for start in range(0, len(ids), BATCH):
         batch = ids[start : start + BATCH]
         dst.put_many([src.get_bytes(a) for a in batch], tags=["bench-context"])
-        for a in batch:
-            for fp in src.numerics_record(a).fingerprints:
-                dst.record_numerics(a, fp)
     return dst
 
 
@@ -338,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     per_round = -(-args.samples // ROUNDS)
     for _ in range(ROUNDS):
         for c in rng.sample(checkpoints, len(checkpoints)):
-            measure(be, stores[c][0], [rng.randrange(c) for _ in range(per_round)], lengths, raw[c])
+            measure(be, stores[c][0], [rng.randrange(c) for _ in range(per_round)], lengths, raw[c],
+                    None if stores[c][0] is store else store)
     points = []
     for c in checkpoints:
         r, (st, kind) = raw[c], stores[c]

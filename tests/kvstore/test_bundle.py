@@ -374,6 +374,9 @@ bundle, root, files, aid, prefix, suffix = sys.argv[1], sys.argv[2], sys.argv[3]
 be = load_backend("transformers", source="tiny-gemma3")
 store = LocalStore(root)
 info = import_bundle(bundle, store, attachments_dir=files)
+assert info.claims == (aid,) and store.numerics_record(aid).fingerprints == ()  # another machine's claim (issue 61)
+from kvstore import deposit
+assert store.put(deposit(be, prefix)) == aid  # re-verified here by reproduction: the same bytes, measured
 g = graft_logits(be, prefix, suffix, store=store, artifact_id=aid).logits
 r = reference_logits(be, prefix, suffix)
 print(json.dumps({"added": list(info.added), "graft": logits_sha256(g), "reference": logits_sha256(r)}))

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvstore import Determinism, IncompatibleError, SettingsError, from_bytes, to_bytes
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens, environment_fingerprint, graft_snapshot
-from kvstore.engine.verify import check_graft
+from kvstore.backends.transformers import deposit_tokens, environment_fingerprint, graft_snapshot
 from kvstore.environment import (
     ENVIRONMENT_FORMAT,
     PROFILES,
@@ -96,7 +95,10 @@ def test_the_opt_in_does_not_excuse_other_settings(tiny_gemma3):
         graft_snapshot(other, tiny_gemma3, token_ids=IDS, allow_environment_mismatch=True)
 
 
-def test_an_artifact_recorded_before_the_environment_value_is_compared_on_its_own_fields(tiny_gemma3):
+def test_an_artifact_recorded_before_the_environment_value_is_read_by_its_format_and_refused(tiny_gemma3):
+    """A record of before kvgraft-env/1 is read by what that format held (issue 61: never "missing = skip"): its
+    kernel variables and CUDA facts were unset on a CPU then, so they compare as unset; the CPU vendor, model and
+    thread count it never recorded are differences, so it is refused even on the machine that made it."""
     now = environment_fingerprint(tiny_gemma3.device)
     legacy_env = {"cpu_isa": now["aten_cpu_capability"], "device_kind": "cpu", "device_name": now["device_name"],
                   "machine": now["machine"], "python": "3.0.0", "torch": now["torch"],
@@ -104,19 +106,21 @@ def test_an_artifact_recorded_before_the_environment_value_is_compared_on_its_ow
     snap = deposit_tokens(tiny_gemma3, IDS[:20])
     legacy_det = {k: v for k, v in snap.determinism.items() if k != "profile"}
     legacy = from_bytes(to_bytes(dataclasses.replace(snap, environment=legacy_env, determinism=legacy_det)))
-    legacy.numerics = snap.numerics  # computed by this process: its measured numerics record (issue 51)
-    check = check_graft(TransformersBackend.of(tiny_gemma3), IDS[:20], IDS[20:], snapshot=legacy)  # same machine: still exact
-    assert check.equal
-    other_isa = "AVX2" if now["aten_cpu_capability"] == "AVX512" else "AVX512"
-    moved = _elsewhere(legacy, cpu_isa=other_isa)
-    with pytest.raises(IncompatibleError, match=f"environment.aten_cpu_capability: artifact '{other_isa}'"):
-        graft_snapshot(moved, tiny_gemma3, token_ids=IDS)
-    # the kernel variables it did not record were unset then: a portable process does not match it
+    legacy.numerics = snap.numerics
+    with pytest.raises(IncompatibleError, match="environment.cpu_model: artifact '<not recorded>'"):
+        graft_snapshot(legacy, tiny_gemma3, token_ids=IDS)
     portable = {**now, "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2"}
     assert environment_differences(legacy_env, portable) == [
+        f"environment.cpu_model: artifact '<not recorded>', this process {now['cpu_model']!r}",
+        f"environment.cpu_vendor: artifact '<not recorded>', this process {now['cpu_vendor']!r}",
         "environment.mkl_cbwr: artifact None, this process 'AVX2'",
         "environment.onednn_max_cpu_isa: artifact None, this process 'AVX2'",
+        f"environment.torch_threads: artifact '<not recorded>', this process {now['torch_threads']!r}",
     ]
+    missing = {k: v for k, v in legacy_env.items() if k != "torch"}
+    assert f"environment.torch: artifact '<not recorded>', this process {now['torch']!r}" in environment_differences(
+        missing, now)
+    assert environment_differences({}, now)[0].startswith("environment.format: artifact <empty record>")
 
 
 def test_a_new_style_environment_missing_a_field_is_a_difference():

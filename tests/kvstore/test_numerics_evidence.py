@@ -2,8 +2,8 @@
 (its store's `numerics:` tags, attached to every snapshot a store reads, and to every capture by the process that
 measured it) is checked by the one admission, so by every path that grafts: kvstore's graft, check_graft, the
 restore worker, the fake / llama.cpp backends (which measure none) and vLLM's connector (its Facts). No record, a
-record that cannot be read, or two fingerprints are refused in one line; the record travels with the artifact
-through bundles and stores; the tagging API cannot write one; `kvstore reverify` records only what it measured."""
+record that cannot be read, or two fingerprints are refused in one line; a record read elsewhere (a bundle,
+another store) is a claim, not recorded (issue 61); the tagging API cannot write one; `kvstore reverify` records only what it measured."""
 
 from __future__ import annotations
 
@@ -100,19 +100,20 @@ def test_a_snapshot_parsed_from_bytes_carries_no_evidence(be, stored):
         graft(be, from_bytes(store.get_bytes(aid)), IDS)
 
 
-def test_the_record_travels_through_a_bundle_and_a_memory_store(be, stored, tmp_path):
+def test_a_record_read_elsewhere_arrives_as_a_claim_and_is_re_verified_before_a_graft(be, stored, tmp_path):
     store, aid = stored
     export_bundle(store, [aid], tmp_path / "b.kvb")
     other = LocalStore(tmp_path / "other")
-    import_bundle(tmp_path / "b.kvb", other)
-    assert other.get(aid).numerics.fingerprints == (be.numerics(),)
-    graft(be, other.get(aid), IDS)
-    mem = MemoryStore()
-    mem.put(other.get(aid))  # a snapshot read from one store, put into another: its record goes with it
-    graft(be, mem.get(aid), IDS)
-    _strip(other)  # a copy that dropped it is refused, not trusted
+    info = import_bundle(tmp_path / "b.kvb", other)
+    assert info.claims == (aid,) and other.get(aid).numerics.fingerprints == ()  # another machine's claim (issue 61)
     with pytest.raises(EnvironmentMismatchError, match="no numerics record"):
         graft(be, other.get(aid), IDS)
+    mem = MemoryStore()
+    mem.put(store.get(aid))  # a snapshot read from one store, put into another: its record is a claim there too
+    with pytest.raises(EnvironmentMismatchError, match="no numerics record"):
+        graft(be, mem.get(aid), IDS)
+    mem.put(deposit_tokens(be.fm, IDS))  # reproduced here: the same bytes, measured, recorded
+    graft(be, mem.get(aid), IDS)
 
 
 def test_an_engine_that_measures_none_refuses_a_record_it_cannot_confirm(be, stored):

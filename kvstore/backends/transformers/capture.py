@@ -21,7 +21,8 @@ from transformers import DynamicCache
 from kvstore.backends.transformers.cache_state import fill_layer, prefix_state, state_differences, summary, uncaptured
 from kvstore.backends.transformers.model import WINDOWED, FrozenModel, cache_kwargs, environment_fingerprint
 from kvstore.errors import CaptureError, IncompatibleError
-from kvstore.format.artifact import LayerKV, NumericsRecord, Snapshot
+from kvstore.format.artifact import LayerKV, Snapshot
+from kvstore.format.measured import issue
 
 CAPTURABLE = ("full", "sliding", "chunked")  # layer kinds whose whole state is keys, values, cumulative_length
 
@@ -90,7 +91,7 @@ def capture_snapshot(
 
     Raises CaptureError (a KVStoreError) when the cache holds state the snapshot cannot hold (module docstring)."""
     layers = capture_layers(fm, cache, len(token_ids))
-    return Snapshot(
+    snapshot = Snapshot(
         token_ids=list(token_ids),
         start_position=start_position,
         layers=layers,
@@ -101,9 +102,11 @@ def capture_snapshot(
         environment=environment_fingerprint(fm.device),
         model_name=fm.name,
         extra=dict(extra or {}),
-        # the evidence of its numerics: measured by this process, which computed it (a put records it as a tag)
-        numerics=NumericsRecord((fm.numerics_sha256,), "measured by the process that computed it", measured=True),
     )
+    # the evidence of its numerics: measured by this process, which computed it, bound to these bytes (a put records
+    # it as a tag; the one issuer of a measured record: kvstore/format/measured.py, issue 61)
+    snapshot.numerics = issue(fm.numerics_sha256, snapshot, "measured by the process that computed it")
+    return snapshot
 
 
 def deposit_tokens(fm: FrozenModel, token_ids: list[int], extra: dict | None = None) -> Snapshot:
