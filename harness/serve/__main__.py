@@ -48,19 +48,13 @@ def _value(argv: list[str], flag: str) -> str | None:
 
 
 def served_chat_template(args: argparse.Namespace, argv: list[str], text: object) -> str:
-    """The chat template the server applies (its --chat-template; else the model's own; else, for vLLM's bundled
-    model, the template kvstore's server gives it): a chat request's text as sent is its messages through it."""
+    """The chat template the server applies (its --chat-template, else the one the backend's text model says it
+    serves): a chat request's text as sent is its messages through it."""
     path = _value(argv, "--chat-template")
     if path:
         return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else path
-    own = getattr(text, "chat_template", lambda: None)()
-    if own:
-        return str(own)
-    if args.backend == "vllm" and not args.model:
-        from kvstore.backends.vllm import CHAT_TEMPLATE
-
-        return Path(CHAT_TEMPLATE).read_text(encoding="utf-8")
-    return ""
+    own = getattr(text, "chat_template", lambda: None)()  # the backend's text model knows its served template
+    return str(own) if own else ""
 
 
 @exit_on_error

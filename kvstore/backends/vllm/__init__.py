@@ -31,7 +31,7 @@ REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBac
 
 _EXPORTS = {"VllmBackendSettings": "settings", "VllmSettings": "settings", "VllmBackend": "backend",
             "start_engine": "launch", "engine_kwargs": "launch", "model_folder": "launch",
-            "KvgraftConnector": "connector", "journal": "connector", "VllmText": "text", "CHAT_TEMPLATE": "serve"}
+            "KvgraftConnector": "connector", "journal": "connector", "VllmText": "text"}
 TEXT_MODEL = "kvstore.backends.vllm.text:load_text"  # kvstore.backends.load_text_model: the model without an engine
 __all__ = sorted(_EXPORTS)
 
