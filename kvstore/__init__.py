@@ -36,7 +36,8 @@ _FACE: dict[str, tuple[str, ...]] = {
                                 "RaggedRows", "Registered", "Repositioning", "RowsRequest", "Stepwise",
                                 "artifact_backend", "supports_batched_rows", "supports_in_flight"),
     "kvstore.engine.text": ("HFTokenizer", "Tokenizer"),
-    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "batched_rows_refusal",
+    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
+                         "batched_rows_refusal",
                          "in_flight_refusal", "load_backend", "load_text_model", "settings_class"),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "NumericsRecord", "Snapshot", "from_bytes", "read_metadata", "to_bytes",

@@ -54,6 +54,7 @@ from harness.compare.comparison import Comparison, JobLoad, LibraryRecord, RunLo
 from harness.compare.mlflow_runs import log_comparison
 from harness.compare.pairing import pair
 from harness.compare.plan import Plan
+from harness.config.exact import print_note
 from harness.config.identity import BATCH_DEPENDENT, RunIdentity
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
@@ -216,10 +217,13 @@ class Unfinished:
 def main(argv: list[str] | None = None) -> Comparison:
     """Run the compare job with Hydra overrides `argv` (default: the command line); return the comparison."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = compose_config(argv)
+    notes: list[str] = []
+    cfg = compose_config(argv, notes=notes)
     c = typed(cfg)
     plan = plan_of(c)
     enter_profile(c.determinism.profile)  # re-executes with the profile's kernel variables when not set
+    for note in notes:
+        print_note(note)  # the exact default's one line (harness.config.exact), once, after any re-execution
     root = Path(c.project_root)
     runs = root / c.runs_dir
     check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
