@@ -28,8 +28,8 @@ from typing import Any
 _FACE: dict[str, tuple[str, ...]] = {
     # the model, its pinned settings and the machine it runs on
     "kvstore.determinism": ("Determinism",),
-    "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
-                            "both_invariant",
+    "kvstore.environment": ("KERNEL_RECORD", "PORTABLE_PROFILES", "PROFILES", "UNVERSIONED_KERNEL", "cpu_name",
+                            "enter_profile", "environment_differences", "both_invariant", "recorded_kernel",
                             "numerics_differences", "numerics_of_tags", "numerics_tag", "profile_problems"),
     # the backend seam and the registry
     "kvstore.engine.protocol": ("Backend", "BatchedRows", "Continuation", "InEngineBatches", "InEngineDecoding",

@@ -188,6 +188,33 @@ def recorded_variables() -> dict[str, str] | None:
 CPU_IDENTITY = ("cpu_vendor", "cpu_model", "aten_cpu_capability", "device_name")
 
 
+#: Where a record of the batch-invariant mode (an artifact's `determinism`, a backend's `settings()`, a run's
+#: manifest, a replay registration) names the version of the kernel that computed it (issue 58): a change that moves
+#: the mode's bits is a new version, and a record of another version is refused by admission
+#: (kvstore.engine.admission.settings_differences), never assumed. Recorded only when it is not UNVERSIONED_KERNEL.
+KERNEL_RECORD = "batch_invariant_kernel"
+#: The kernel every record of the mode made before versions were recorded ran (MKL's sgemm in fixed row tiles and the
+#: block attention, issues 43-52): a record of the mode without KERNEL_RECORD names it, so those records keep their
+#: bytes, ids and keys, and are told apart from a newer kernel's.
+UNVERSIONED_KERNEL = "mkl-tiles/0"
+
+
+def with_kernel(record: dict, kernel: str) -> dict:
+    """`record` (a Determinism's dict, changed in place and returned) naming the mode's `kernel` when it records the
+    mode and the kernel is not UNVERSIONED_KERNEL (what a record without it means)."""
+    if record.get("batch_invariant") is True and kernel != UNVERSIONED_KERNEL:
+        record[KERNEL_RECORD] = kernel
+    return record
+
+
+def recorded_kernel(record: Any) -> str | None:
+    """The mode's kernel a recorded determinism names: None when it is not a record of the mode, its KERNEL_RECORD,
+    else UNVERSIONED_KERNEL (recorded before kernel versions were)."""
+    if not isinstance(record, dict) or record.get("batch_invariant") is not True:
+        return None
+    return str(record.get(KERNEL_RECORD, UNVERSIONED_KERNEL))
+
+
 def both_invariant(recorded: Any, current: Any) -> bool:
     """Whether two recorded settings (determinism dicts: an artifact's or a registration's, and the engine's or the
     recomputation's) are both the batch-invariant mode: their environments are then compared without the CPU's

@@ -46,8 +46,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from harness.config.model import load_model
 from harness.config.exact import print_note
+from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error, plain
 from harness.library.random_entry import random_other_entry
