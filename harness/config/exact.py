@@ -37,7 +37,7 @@ _PATH = ("determinism", "batch_invariant")
 @dataclass(frozen=True)
 class ConfigFiles:
     """The config files a composition read: the primary config's name, each group's chosen option (Hydra's
-    `runtime.choices`) and the folders they were read from (its `file://` config sources)."""
+    `runtime.choices`) and the folders they were read from (its config sources on disk)."""
 
     primary: str = "config"
     choices: Mapping[str, str | None] = field(default_factory=dict)
@@ -46,7 +46,8 @@ class ConfigFiles:
     @classmethod
     def of_hydra(cls, hydra: Any) -> ConfigFiles:
         """From Hydra's own config node (HydraConfig.get(), or a composed config's `hydra` node)."""
-        roots = [Path(str(s.path)) for s in hydra.runtime.config_sources if str(s.schema) == "file" and s.path]
+        roots = [Path(str(s.path)) for s in hydra.runtime.config_sources  # the folders (not pkg:// or structured)
+                 if s.path and str(s.schema) not in ("pkg", "structured") and Path(str(s.path)).is_dir()]
         return cls(str(hydra.job.config_name or "config"), dict(hydra.runtime.choices), roots)
 
 
