@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from harness.config.exact import ConfigFiles, print_note
 from harness.config.exact import resolve as resolve_exact_default
 from harness.config.schema import check_overrides, compose_config, typed
 from harness.errors import ConfigError, debugging, exit_on_error
@@ -79,11 +80,13 @@ def _discard(out: Path, multirun: bool) -> None:
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out, multirun = Path(hc.runtime.output_dir), hc.mode == RunMode.MULTIRUN
-    resolve_exact_default(cfg, list(hc.overrides.task))  # off where this job's setup has no mode (config/exact.py)
     try:
+        # off where the mode cannot hold and the job did not ask for it; refused where it asked (config/exact.py)
+        note = resolve_exact_default(cfg, list(hc.overrides.task), ConfigFiles.of_hydra(hc))
         if profile_problems(cfg.determinism.profile):
             _discard(out, multirun)  # enter_profile re-executes the command, which claims its own folder
         enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
+        print_note(note)  # once, in the process that runs the job
         # a single run resumes an interrupted sibling with the same config; a sweep job keeps its own folder
         run(cfg, out, resume_from=None if multirun else out.parent)
     except BaseException:

@@ -28,15 +28,16 @@ from typing import Any
 _FACE: dict[str, tuple[str, ...]] = {
     # the model, its pinned settings and the machine it runs on
     "kvstore.determinism": ("Determinism",),
-    "kvstore.environment": ("PORTABLE_PROFILES", "PROFILES", "cpu_name", "enter_profile", "environment_differences",
-                            "both_invariant",
+    "kvstore.environment": ("KERNEL_RECORD", "PORTABLE_PROFILES", "PROFILES", "UNVERSIONED_KERNEL", "cpu_name",
+                            "enter_profile", "environment_differences", "both_invariant", "recorded_kernel",
                             "numerics_differences", "numerics_of_tags", "numerics_tag", "profile_problems"),
     # the backend seam and the registry
     "kvstore.engine.protocol": ("Backend", "BatchedRows", "Continuation", "InEngineBatches", "InEngineDecoding",
                                 "RaggedRows", "Registered", "Repositioning", "RowsRequest", "Stepwise",
                                 "artifact_backend", "supports_batched_rows", "supports_in_flight"),
     "kvstore.engine.text": ("HFTokenizer", "Tokenizer"),
-    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "batched_rows_refusal",
+    "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
+                         "batched_rows_refusal",
                          "in_flight_refusal", "load_backend", "load_text_model", "settings_class"),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "NumericsRecord", "Snapshot", "from_bytes", "read_metadata", "to_bytes",

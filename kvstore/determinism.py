@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kvstore.environment import PROFILES, check_profile
+from kvstore.environment import KERNEL_RECORD, PROFILES, check_profile
 from kvstore.errors import SettingsError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,9 +103,12 @@ class Determinism:
 
     @classmethod
     def from_dict(cls, d: dict) -> Determinism:
-        """The settings recorded by `to_dict` (missing keys take their defaults; an unknown key is an error)."""
+        """The settings recorded by `to_dict` or by a backend's `settings()` (missing keys take their defaults; an
+        unknown key is an error). The mode's kernel version (KERNEL_RECORD) is a fact of the code that computed, not a
+        setting to choose: it is read past here, and admission compares it (`recorded_kernel`)."""
         if not isinstance(d, dict):
             raise SettingsError(f"determinism settings must be a mapping of field -> value, got {type(d).__name__}")
+        d = {k: v for k, v in d.items() if k != KERNEL_RECORD}
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(k) for k in d if k not in known)
         if unknown:
@@ -131,7 +134,6 @@ class Determinism:
         torch.set_grad_enabled(False)
 
 
-#: Why the engines other than transformers cannot run determinism.batch_invariant on the CPU (one line each).
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

@@ -9,6 +9,8 @@ know of that selects the arithmetic:
     device kind and name; machine; CPU vendor and model;
     the kernel paths in force: ATen's CPU capability, MKL_CBWR (MKL's conditional numerical reproducibility),
     ONEDNN_MAX_CPU_ISA (oneDNN's instruction-set cap);
+    every other variable that moves MKL's, oneDNN's or ATen's bits, when set (`RECORDED_VARIABLES`:
+    MKL_ENABLE_INSTRUCTIONS, MKL's thread and stripe counts, oneDNN's older DNNL_ names and fp32 math mode, ...);
     torch and transformers versions; torch's intra-op threads;
     on CUDA: GPU name and compute capability, CUDA, cuDNN, cuBLAS and driver versions.
 
@@ -57,6 +59,24 @@ PROFILES: dict[str, dict[str, str]] = {
 # docs/exactness.md, "Exactness that travels"). "portable" still pins the kernel paths; it promises nothing across
 # vendors.
 PORTABLE_PROFILES: tuple[str, ...] = ()
+#: Every other variable that moves the bits MKL, oneDNN or ATen compute (or which of them computes a product), read
+#: in the libraries torch 2.13's CPU wheel links (the names in libtorch_cpu.so; oneDNN reads ONEDNN_X, else DNNL_X).
+#: No profile pins them: each is recorded in the environment when set (`ComputeEnvironment.variables`) and binds like
+#: any recorded fact, so a run or an artifact made under one names it. Recorded only when set: a process without
+#: any records what every environment recorded before they were (absent = unset). MKL_ENABLE_INSTRUCTIONS=AVX2 moved
+#: the mode's numerics fingerprint on an Intel Xeon (DESIGN.md, seventh round); on AMD EPYC MKL runs its generic
+#: path and none of them moved a bit (docs/exactness.md). OMP_NUM_THREADS is not here: torch's intra-op threads,
+#: which it sets, are recorded (`torch_threads`), and Ray sets it per task.
+RECORDED_VARIABLES = (
+    "MKL_ENABLE_INSTRUCTIONS",  # the highest instruction set MKL dispatches to (AVX2, AVX512, ...)
+    "MKL_DEBUG_CPU_TYPE",  # MKL < 2020.1: the CPU type MKL assumes (a known switch on AMD)
+    "MKL_NUM_THREADS", "MKL_DYNAMIC", "MKL_NUM_STRIPES", "MKL_THREADING_LAYER",  # how MKL splits a product
+    "MKL_DOMAIN_NUM_THREADS",
+    "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS", "DNNL_CPU_ISA_HINTS",  # oneDNN's instruction set (older names too)
+    "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE",  # float32 products in bf16/tf32 arithmetic
+    "TORCH_MKLDNN_MATMUL_MIN_DIM", "TORCH_MKLDNN_MATMUL_MIN_SIZE",  # which products ATen hands to oneDNN
+    "TORCH_LINEAR_FLATTEN_3D",  # how ATen folds a 3-d input of a linear layer into one product
+)
 
 # Fields recorded for information only: they do not select the arithmetic.
 _INFORMATIONAL = ("format", "python", "profile")
@@ -96,11 +116,16 @@ class ComputeEnvironment:
     cudnn: str | None = None
     cublas: str | None = None
     driver: str | None = None
+    variables: dict[str, str] | None = None  # RECORDED_VARIABLES set in this process (name -> value); None: none
     format: str = ENVIRONMENT_FORMAT
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable dict recorded in artifacts and manifests (sorted keys)."""
-        return dict(sorted(asdict(self).items()))
+        """The stable dict recorded in artifacts and manifests (sorted keys; `variables` only when one is set, so
+        the record of a process without any is what it was before they were recorded)."""
+        d = asdict(self)
+        if not d["variables"]:
+            del d["variables"]
+        return dict(sorted(d.items()))
 
     @property
     def id(self) -> str:
@@ -147,8 +172,15 @@ def current_environment(device: Any = None) -> ComputeEnvironment:
         torch_threads=torch.get_num_threads(),
         python=platform.python_version(),
         profile=profile_of_variables(kernel),
+        variables=recorded_variables(),
         **cuda,
     )
+
+
+def recorded_variables() -> dict[str, str] | None:
+    """The RECORDED_VARIABLES set in this process (name -> value, sorted), or None when none is."""
+    found = {v: os.environ[v] for v in sorted(RECORDED_VARIABLES) if v in os.environ}
+    return found or None
 
 
 #: The facts that name the CPU rather than the bits its kernels compute. The batch-invariant mode is bound by its own
@@ -156,6 +188,33 @@ def current_environment(device: Any = None) -> ComputeEnvironment:
 #: mode's kernels at the model's shapes), so between two CPUs whose fingerprints for the mode are equal its
 #: artifacts graft and its replay registrations are checks (issue 52); the default mode stays bound to them all.
 CPU_IDENTITY = ("cpu_vendor", "cpu_model", "aten_cpu_capability", "device_name")
+
+
+#: Where a record of the batch-invariant mode (an artifact's `determinism`, a backend's `settings()`, a run's
+#: manifest, a replay registration) names the version of the kernel that computed it (issue 58): a change that moves
+#: the mode's bits is a new version, and a record of another version is refused by admission
+#: (kvstore.engine.admission.settings_differences), never assumed. Recorded only when it is not UNVERSIONED_KERNEL.
+KERNEL_RECORD = "batch_invariant_kernel"
+#: The kernel every record of the mode made before versions were recorded ran (MKL's sgemm in fixed row tiles and the
+#: block attention, issues 43-52): a record of the mode without KERNEL_RECORD names it, so those records keep their
+#: bytes, ids and keys, and are told apart from a newer kernel's.
+UNVERSIONED_KERNEL = "mkl-tiles/0"
+
+
+def with_kernel(record: dict, kernel: str) -> dict:
+    """`record` (a Determinism's dict, changed in place and returned) naming the mode's `kernel` when it records the
+    mode and the kernel is not UNVERSIONED_KERNEL (what a record without it means)."""
+    if record.get("batch_invariant") is True and kernel != UNVERSIONED_KERNEL:
+        record[KERNEL_RECORD] = kernel
+    return record
+
+
+def recorded_kernel(record: Any) -> str | None:
+    """The mode's kernel a recorded determinism names: None when it is not a record of the mode, its KERNEL_RECORD,
+    else UNVERSIONED_KERNEL (recorded before kernel versions were)."""
+    if not isinstance(record, dict) or record.get("batch_invariant") is not True:
+        return None
+    return str(record.get(KERNEL_RECORD, UNVERSIONED_KERNEL))
 
 
 def both_invariant(recorded: Any, current: Any, numerics: tuple[Any, Any] = (None, None)) -> bool:
@@ -179,7 +238,9 @@ def environment_differences(recorded: dict[str, Any], current: dict[str, Any],
 
     A recorded environment without `format` was written before this value existed (kvstore/FORMAT.md,
     "Environment binding"): it is compared on the fields it has (`cpu_isa` read as `aten_cpu_capability`), its
-    unrecorded MKL_CBWR / ONEDNN_MAX_CPU_ISA as unset, and facts it never recorded are not compared.
+    unrecorded MKL_CBWR / ONEDNN_MAX_CPU_ISA as unset, and facts it never recorded are not compared. A variable of
+    RECORDED_VARIABLES one side does not record was unset there (recorded only when set), named
+    "environment.variables.<NAME>: artifact None, this process 'AVX2'".
     """
     legacy = "format" not in recorded
     rec, cur = _normalized(recorded), _normalized(current)
@@ -190,6 +251,11 @@ def environment_differences(recorded: dict[str, Any], current: dict[str, Any],
     skip = set(_INFORMATIONAL) | (set(CPU_IDENTITY) if batch_invariant else set())
     required = {_LEGACY_NAMES.get(k, k) for k in _record_fields(recorded)}  # a field its format holds is never skipped
     for key in sorted((set(rec) | set(cur) | required) - skip):
+        if key.startswith(_VARIABLE):  # recorded only when set: absent on one side means unset there
+            a, b = rec.get(key), cur.get(key)
+            if a != b:
+                out.append(f"environment.{key}: artifact {a!r}, this process {b!r}")
+            continue
         if key not in rec:  # a record of before kvgraft-env/1: its format says which it left unset (module note)
             unset = _LEGACY_UNSET + (_CUDA_ONLY if rec.get("device_kind") == "cpu" else ())
             a = None if legacy and key in unset else "<not recorded>"
@@ -235,8 +301,19 @@ def record_problems(recorded: Any) -> list[str]:
     return []
 
 
+_VARIABLE = "variables."  # a recorded variable's key in `_normalized`: "variables.MKL_ENABLE_INSTRUCTIONS"
+
+
 def _normalized(env: dict[str, Any]) -> dict[str, Any]:
-    return {_LEGACY_NAMES.get(k, k): v for k, v in env.items()}
+    """The record with legacy names read as today's, and `variables` as one key per variable (compared one by one;
+    its absence is every variable unset)."""
+    out = {_LEGACY_NAMES.get(k, k): v for k, v in env.items() if k != "variables"}
+    variables = env.get("variables")
+    if isinstance(variables, dict):
+        out.update({_VARIABLE + str(k): v for k, v in variables.items()})
+    elif variables is not None:  # not the recorded form: compared as it is, so it differs from any process's
+        out[_VARIABLE.rstrip(".")] = variables
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ numerics

@@ -54,6 +54,7 @@ from harness.compare.comparison import Comparison, JobLoad, LibraryRecord, RunLo
 from harness.compare.mlflow_runs import log_comparison
 from harness.compare.pairing import pair
 from harness.compare.plan import Plan
+from harness.config.exact import print_note
 from harness.config.identity import BATCH_DEPENDENT, RunIdentity
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
@@ -68,14 +69,16 @@ from harness.run.loop import comparable_key, console, rows_depend_on_batch, run_
 from harness.task.chat import chat_frame
 from harness.task.problems import check_problem_sets
 from harness.tracking.store import default_tracking_uri
-from kvstore import enter_profile
+from kvstore import enter_profile, recorded_kernel
 
 
 def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: None,
-                  condition: str = Baseline.name) -> RunFolder | None:
+                  condition: str = Baseline.name, settings: dict[str, Any] | None = None) -> RunFolder | None:
     """The newest complete baseline run folder under `runs` whose comparable_key is `key` and that re-scores
     (harness.record.audit: every hash, row and figure of it re-checked); `say` is told why each other candidate is not
-    reused. None when no candidate passes (the caller then runs a fresh baseline)."""
+    reused. None when no candidate passes (the caller then runs a fresh baseline). `settings` (the backend's): a
+    run of the batch-invariant mode made by another version of its kernel (kvstore.recorded_kernel; the comparable
+    key, which runs made before keep, does not hold it) is not reused: its rows are another kernel's bits."""
     found = []
     for folder in RunFolder.find(runs):
         try:
@@ -91,6 +94,10 @@ def find_baseline(runs: Path, key: str, say: Callable[[str], None] = lambda _: N
             say(f"baseline {folder.path} not reused: {exc}")
             continue
         if check.ok:
+            made, now = recorded_kernel(folder.read_manifest()["inputs"].get("determinism")), recorded_kernel(settings)
+            if made != now and None not in (made, now):
+                say(f"baseline {folder.path} not reused: computed by the mode's kernel {made}, this process runs {now}")
+                continue
             return folder
         more = f" (and {len(check.findings) - 1} more finding(s))" if len(check.findings) > 1 else ""
         say(f"baseline {folder.path} not reused: it does not re-score: {check.findings[0]}{more}")
@@ -216,10 +223,13 @@ class Unfinished:
 def main(argv: list[str] | None = None) -> Comparison:
     """Run the compare job with Hydra overrides `argv` (default: the command line); return the comparison."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    cfg = compose_config(argv)
+    notes: list[str] = []
+    cfg = compose_config(argv, notes=notes)
     c = typed(cfg)
     plan = plan_of(c)
     enter_profile(c.determinism.profile)  # re-executes with the profile's kernel variables when not set
+    for note in notes:
+        print_note(note)  # the exact default's one line (harness.config.exact), once, after any re-execution
     root = Path(c.project_root)
     runs = root / c.runs_dir
     check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
@@ -245,7 +255,8 @@ def main(argv: list[str] | None = None) -> Comparison:
     run_ids: dict[str, str | None] = {}
     loads: dict[str, RunLoad] = {}
     base = plan.baseline
-    found = find_baseline(runs, key, condition=base, say=lambda why: console.print(f"[yellow]{why}[/]"))
+    found = find_baseline(runs, key, condition=base, say=lambda why: console.print(f"[yellow]{why}[/]"),
+                          settings=fm.settings())
     if found is None:
         console.print(f"[bold]no matching {base} run that re-scores: running the {base} first[/]")
         start = _load()

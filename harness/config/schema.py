@@ -40,7 +40,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config.exact import EXACT_DEFAULT
+from harness.config.exact import EXACT_DEFAULT, ConfigFiles
 from harness.config.exact import resolve as resolve_exact_default
 from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
@@ -489,19 +489,29 @@ def _field_note(key: str) -> str:
     return field_note(Config, key)
 
 
-def compose_config(overrides: list[str] | None = None, config_name: str = "config"):
+def compose_config(overrides: list[str] | None = None, config_name: str = "config",
+                   notes: list[str] | None = None):
     """Compose the config tree without Hydra's app runner (for library/compare CLIs and tests). A bad override
-    is one ConfigError line (with the near miss for a misspelt key), never a traceback."""
+    is one ConfigError line (with the near miss for a misspelt key), never a traceback. The exact default is decided
+    here (harness.config.exact.resolve: off where the mode cannot hold, a ConfigError where it was asked for there);
+    its one line, when there is one, is appended to `notes` for the entry point to print (once, after its profile
+    re-execution: harness.config.exact.print_note)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
     check_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="kvgraft"):
-            cfg = compose(config_name=config_name, overrides=overrides)
+            cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(f"bad override in {' '.join(overrides) or '(none)'}: {_one_line(exc)}") from None
-    resolve_exact_default(cfg, overrides)  # the exact default off where the setup has no mode (harness.config.exact)
+    files = ConfigFiles.of_hydra(cfg.hydra)  # which files it read: one that sets the mode asks for it
+    with open_dict(cfg):
+        del cfg["hydra"]
+    note = resolve_exact_default(cfg, overrides, files)
+    if note and notes is not None:
+        notes.append(note)
     return cfg

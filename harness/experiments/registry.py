@@ -22,6 +22,10 @@ The registry (scripts/replay_registry.json, committed), format "kvgraft-replay/2
 A profile holds one registration per compute environment: two registrations of a profile never have equal
 environments (`kvstore.environment.environment_differences` empty) and equal numerics fingerprints.
 
+A registration of the batch-invariant mode made by another version of the mode's kernel (its `determinism` records
+`batch_invariant_kernel`; one recorded before versions ran kvstore's UNVERSIONED_KERNEL) is never compared with the
+recomputation: NOT COMPARABLE, never this machine's check, and --register keeps it beside this kernel's (issue 58).
+
 In the batch-invariant mode (a `+batch_invariant` profile) a registration is this machine's check when the environment
 agrees except for the CPU's names (kvstore.environment.CPU_IDENTITY) and the mode's numerics fingerprint is equal:
 the mode's bits move between such CPUs (issue 52), so every such registration must reproduce. Registering still
@@ -110,14 +114,17 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
     for key in ("model_fingerprint", "tokenizer_fingerprint"):
         if registered.get(key) != measured.get(key):
             out.problems.append(f"{key} {str(registered.get(key))[:12]} registered, {str(measured.get(key))[:12]} now")
+    kernel = _kernel_difference(registered, measured)
+    if kernel:  # another kernel of the mode: not this machine's check, and none of its hashes is compared
+        out.problems.append(kernel)
     reg_env, now_env = registered.get("environment", {}), measured.get("environment", {})
     reg_n, now_n = registered.get("numerics_sha256"), measured.get("numerics_sha256")
     if reg_n in measured.get("numerics_former", ()):
         reg_n = now_n  # this machine's under an earlier battery format (as _numerics_differences reads it)
     # CPU names not binding only on the mode's measured evidence, the same fingerprint on both sides (issue 61)
     mode = both_invariant(registered.get("determinism"), measured.get("determinism"), (reg_n, now_n))
-    out.environment_differences = environment_differences(reg_env, now_env, mode) + _numerics_differences(registered,
-                                                                                                          measured)
+    out.environment_differences = (environment_differences(reg_env, now_env, mode)
+                                   + _numerics_differences(registered, measured) + ([kernel] if kernel else []))
     differing = {d.split(":", 1)[0].removeprefix("environment.") for d in out.environment_differences}
     for key in sorted(set(reg_env) | set(now_env)):
         out.environment.append((key, reg_env.get(key), now_env.get(key), key not in differing))
@@ -140,6 +147,19 @@ def compare(registered: dict[str, Any], measured: dict[str, Any], profile: str) 
     if not out.rows:
         out.problems.append("the registry lists no samples for this profile")
     return out
+
+
+def _kernel_difference(registered: dict[str, Any], measured: dict[str, Any]) -> str:
+    """Why a registration of the batch-invariant mode was computed by another version of the mode's kernel than the
+    recomputation (kvstore.recorded_kernel: one that records none ran UNVERSIONED_KERNEL), or "". Such a
+    registration is never compared: its hashes are another kernel's bits (issue 58)."""
+    from kvstore import KERNEL_RECORD, recorded_kernel
+
+    reg, now = recorded_kernel(registered.get("determinism")), recorded_kernel(measured.get("determinism"))
+    if reg is None or now is None or reg == now:
+        return ""
+    return (f"determinism.{KERNEL_RECORD}: registered {reg}, now {now} (another kernel of the mode computes other "
+            "bits: register this one)")
 
 
 def _numerics_differences(registered: dict[str, Any], measured: dict[str, Any]) -> list[str]:
@@ -243,7 +263,8 @@ def register(reg: dict[str, Any], profile: str, measured: dict[str, Any]) -> tup
     registrations = reg.setdefault("profiles", {}).setdefault(profile, [])
     for i, old in enumerate(registrations):
         if not environment_differences(old.get("environment", {}), measured.get("environment", {})) and not (
-                _numerics_differences(old, measured)):  # the CPU's names too: another CPU's registration is kept
+                _numerics_differences(old, measured)) and not _kernel_difference(old, measured):
+            # the CPU's names too: another CPU's registration is kept, and another kernel's of the mode
             registrations[i] = measured
             return reg, True
     registrations.append(measured)

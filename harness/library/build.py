@@ -46,6 +46,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from harness.config.exact import print_note
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error, plain
@@ -660,8 +661,11 @@ def main(argv: list[str] | None = None) -> None:
     (--redeposit: re-deposit its entries that this environment cannot graft exactly, keeping entry ids)."""
     args = list(sys.argv[1:] if argv is None else argv)
     redeposit = "--redeposit" in args
-    cfg = compose_config([a for a in args if a != "--redeposit"])
+    notes: list[str] = []
+    cfg = compose_config([a for a in args if a != "--redeposit"], notes=notes)
     enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
+    for note in notes:
+        print_note(note)  # the exact default's one line (harness.config.exact), once, after any re-execution
     root = Path(cfg.project_root)
     c = typed(cfg)
     check_problem_sets(c, root, dataset=False)  # its problem file refuses here, before the model is loaded

@@ -24,8 +24,9 @@ from typing import Any
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batched_rows_refusal", "in_flight_refusal",
-           "load_backend", "load_text_model", "registered", "settings_class"]
+__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
+           "batched_rows_refusal", "in_flight_refusal", "load_backend", "load_text_model", "registered",
+           "settings_class"]
 
 DEFAULT = "transformers"
 
@@ -67,6 +68,12 @@ def backend_missing(name: str) -> str | None:
 def batch_invariant_refusal(name: str) -> str | None:
     """The one-line refusal of determinism.batch_invariant=true on backend `name`, or None when it offers it."""
     return registered(name).batch_invariant_refusal()
+
+
+def batch_invariant_unavailable(name: str) -> str | None:
+    """Why determinism.batch_invariant, which backend `name` offers, cannot hold on this machine (one line: its
+    kernel's own check, e.g. no C compiler or a failed self-check), or None. Asked lazily: it may build or measure."""
+    return registered(name).mode_unavailable()
 
 
 def in_flight_refusal(name: str, in_flight: int) -> str | None:

@@ -22,10 +22,12 @@ from typing import Any
 
 from kvstore.engine.protocol import Backend, artifact_backend
 from kvstore.environment import (
+    KERNEL_RECORD,
     both_invariant,
     environment_differences,
     numerics_differences,
     numerics_of_tags,
+    recorded_kernel,
 )
 from kvstore.errors import EnvironmentMismatchError, IncompatibleError, KVStoreError, ValidationError
 from kvstore.format.artifact import NumericsRecord, Snapshot, check_snapshot
@@ -38,13 +40,19 @@ RECORDED_DEFAULTS: dict[str, Any] = {"profile": "native"}
 def settings_differences(recorded: Any, current: dict[str, Any]) -> list[str]:
     """Each pinned setting that differs between an artifact's `determinism` and a backend's `settings()`, as
     "determinism.<field>: artifact X, this process Y" (empty when all agree). Types count: a recorded 1 is not the
-    setting True. The one rule every backend's admission uses."""
+    setting True. Where both are the batch-invariant mode, the versions of its kernel too (`recorded_kernel`: a
+    record without one ran UNVERSIONED_KERNEL), so an artifact of another kernel is refused, never assumed. The one
+    rule every backend's admission uses."""
     rec = dict(recorded) if isinstance(recorded, dict) else {}
     for key, value in RECORDED_DEFAULTS.items():
         if key in current:
             rec.setdefault(key, value)
     out = []
-    for key in sorted(set(rec) | set(current)):
+    kernels = recorded_kernel(rec), recorded_kernel(current)
+    if None not in kernels and kernels[0] != kernels[1]:
+        out.append(f"determinism.{KERNEL_RECORD}: artifact {kernels[0]!r}, this process {kernels[1]!r} (another "
+                   "version of the mode's kernel computes other bits)")
+    for key in sorted((set(rec) | set(current)) - {KERNEL_RECORD}):
         a, b = rec.get(key, "<not recorded>"), current.get(key, "<not set>")
         if a != b or type(a) is not type(b):
             out.append(f"determinism.{key}: artifact {a!r}, this process {b!r}")

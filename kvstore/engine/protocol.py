@@ -111,6 +111,9 @@ class Registered:
               get a Python that has it (said when it is missing, before anything loads);
     batch_invariant: "" when the backend offers determinism.batch_invariant (kvstore/determinism.py), else why it
               cannot (said in the one-line refusal before anything loads);
+    invariant_check: "module:function" -> why the mode cannot hold on this machine (one line) or None, for a backend
+              that offers it ("" = nothing to check before loading): asked lazily, only of a run that would run the
+              mode (`mode_unavailable`), so composing a config stays cheap;
     backend:  "module:Class", the Backend class the loader returns (its capabilities are read off the class before
               anything loads: `in_flight_refusal`, `batched_rows_refusal`; "" = not declared, asked of the loaded
               backend instead); a module that imports no engine at import time."""
@@ -122,6 +125,7 @@ class Registered:
     install: str = ""
     batch_invariant: str = "it does not implement a batch-invariant computation"
     backend: str = ""
+    invariant_check: str = ""
 
     def backend_class(self) -> type:
         """The Backend class this entry loads (imported, nothing loaded)."""
@@ -151,6 +155,15 @@ class Registered:
         return (f"determinism.batch_invariant=true on the {self.name} backend: it cannot offer a batch-invariant "
                 f"computation on the CPU ({self.batch_invariant}); use a backend that offers it (transformers) or "
                 "leave determinism.batch_invariant off")
+
+    def mode_unavailable(self) -> str | None:
+        """Why determinism.batch_invariant cannot hold on this machine for this backend (its `invariant_check`, asked
+        now: it may measure), or None where nothing is known against it. A backend without the mode is
+        `batch_invariant_refusal`'s question, not this one."""
+        if self.batch_invariant or not self.invariant_check:
+            return None
+        module, _, attr = self.invariant_check.partition(":")
+        return getattr(importlib.import_module(module), attr)()
 
     def missing(self) -> str | None:
         """Why this backend cannot load in this Python (its `requires` module is not importable), or None."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.experiments import registry as replay_registry
-from kvstore import Determinism
+from kvstore import KERNEL_RECORD, UNVERSIONED_KERNEL, Determinism
 from kvstore.backends.transformers import environment_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -312,3 +312,27 @@ def test_a_registration_under_the_batterys_former_format_is_this_machines_when_t
     assert out.passed and len(out.checks) == 1
     out = replay_registry.replay_profile([_mode(_entry(ENV, numerics="9" * 64))], now, "native+batch_invariant")
     assert not out.passed and not out.checks and len(out.others) == 1
+
+
+def _kernel(entry: dict, kernel: str) -> dict:
+    """`entry` of the mode recorded by version `kernel` of its kernel (kvstore.KERNEL_RECORD)."""
+    return {**entry, "determinism": {**entry["determinism"], KERNEL_RECORD: kernel}}
+
+
+def test_a_registration_of_another_kernel_of_the_mode_is_never_compared():
+    """Issue 58: the mode's kernel version is part of its recorded determinism. A registration made by the MKL-tile
+    kernel (recorded before versions: none named) against a recomputation by a new kernel, same environment and
+    every hash equal: not this machine's check (NOT COMPARABLE, named), so the replay says to register this kernel;
+    --register keeps it beside the new kernel's registration."""
+    old, now = _mode(_entry(ENV)), _kernel(_mode(_entry(ENV)), "fixed-dot16/1")
+    out = replay_registry.replay_profile([old], now, "native+batch_invariant")
+    assert not out.passed and not out.checks and len(out.others) == 1
+    assert out.others[0].counted() == (
+        f"NOT COMPARABLE: determinism.{KERNEL_RECORD}: registered {UNVERSIONED_KERNEL}, now fixed-dot16/1 (another "
+        "kernel of the mode computes other bits: register this one)")
+    assert "no registration matches" in out.verdict() and out.verdict().endswith("-> FAIL")
+    reg = {"format": replay_registry.REGISTRY_FORMAT, "params": {}, "profiles": {"native+batch_invariant": [old]}}
+    reg, replaced = replay_registry.register(reg, "native+batch_invariant", now)
+    assert not replaced and reg["profiles"]["native+batch_invariant"] == [old, now]
+    out = replay_registry.replay_profile(reg["profiles"]["native+batch_invariant"], now, "native+batch_invariant")
+    assert out.passed and len(out.checks) == 1 and len(out.others) == 1  # the new kernel's registration is the check

@@ -74,7 +74,7 @@ class TransformersBackend(Backend, RaggedRows, Repositioning):
         return self.fm.determinism.dtype
 
     def settings(self) -> dict:
-        return self.fm.determinism.to_dict()
+        return self.fm.recorded_settings()  # the Determinism's dict (and the mode's kernel version)
 
     def environment(self) -> dict:
         return environment_fingerprint(self.fm.device)

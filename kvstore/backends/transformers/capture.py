@@ -98,7 +98,7 @@ def capture_snapshot(
         model_fingerprint=fm.fingerprint,
         tokenizer_fingerprint=fm.tokenizer_fingerprint,
         dtype=fm.determinism.dtype,
-        determinism=fm.determinism.to_dict(),
+        determinism=fm.recorded_settings(),
         environment=environment_fingerprint(fm.device),
         model_name=fm.name,
         extra=dict(extra or {}),

@@ -34,7 +34,7 @@ from kvstore.backends.transformers.lm_head import block_lm_head
 from kvstore.backends.transformers.tiny import TINY, build_tiny
 from kvstore.determinism import ATTN_IMPLEMENTATIONS, Determinism
 from kvstore.engine.weights import PinnedWeights, weight_files
-from kvstore.environment import current_environment
+from kvstore.environment import current_environment, with_kernel
 from kvstore.errors import KVStoreError, ModelLoadError, SettingsError, UnsupportedModelError
 
 
@@ -58,6 +58,17 @@ class FrozenModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def recorded_settings(self) -> dict:
+        """The settings this model computes under, as its artifacts, runs and registrations record them: the
+        Determinism's dict, and in the batch-invariant mode the version of the mode's kernel where it is not the one
+        records made before versions name (kvstore.environment.with_kernel; invariant.KERNEL)."""
+        d = self.determinism.to_dict()
+        if self.determinism.batch_invariant:
+            from kvstore.backends.transformers.invariant import KERNEL
+
+            d = with_kernel(d, KERNEL)
+        return d
 
     @property
     def numerics_sha256(self) -> str:
