@@ -14,7 +14,7 @@ from kvstore import Determinism, IncompatibleError, SettingsError
 from kvstore.backends.transformers.backend import TransformersBackend
 from kvstore.backends.transformers.capture import deposit_tokens, forward, new_cache
 from kvstore.backends.transformers.graft import graft_snapshot
-from kvstore.backends.transformers.invariant import KEY_BLOCK, one_thread, tiled_head, tiled_linear
+from kvstore.backends.transformers.invariant import KEY_BLOCK, fixed_linear
 from kvstore.backends.transformers.model import load_frozen_model
 from kvstore.testing.random_models import build_random_model
 
