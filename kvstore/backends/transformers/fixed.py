@@ -17,7 +17,10 @@ What they compute, exactly (float32, round to nearest even; fma is one rounding)
 
 The same roundings run for every output whatever tile it falls in: AVX-512 (one zmm per 16 lanes), AVX2 + FMA
 (two ymm, lanes 0-7 and 8-15) and the scalar reference (fmaf) give the same bits (tests/kvstore/test_fixed.py).
-Threads split the outputs, never a sum (OpenMP, on the process's intra-op thread count).
+Threads split the outputs, never a sum: OpenMP regions on torch.get_num_threads() threads, in torch's own OpenMP
+runtime (its libgomp.so.1 is loaded before the kernel, so the kernel's reference to that name resolves to it: one
+thread pool for torch and the kernel). A product too small to gain from threads runs on the calling thread; the
+split changes which thread computes an output, never how.
 
 The C source is compiled at first use with the system C compiler (`CC`, default gcc) into
 `$KVGRAFT_CACHE/kernels` (default ~/.cache/kvgraft/kernels), the file named by the SHA-256 of the source, the flags
