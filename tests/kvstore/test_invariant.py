@@ -14,7 +14,7 @@ from kvstore import Determinism, IncompatibleError, SettingsError
 from kvstore.backends.transformers.backend import TransformersBackend
 from kvstore.backends.transformers.capture import deposit_tokens, forward, new_cache
 from kvstore.backends.transformers.graft import graft_snapshot
-from kvstore.backends.transformers.invariant import KEY_BLOCK, one_thread, tiled_head, tiled_linear
+from kvstore.backends.transformers.invariant import KEY_BLOCK, fixed_linear
 from kvstore.backends.transformers.model import load_frozen_model
 from kvstore.testing.random_models import build_random_model
 
@@ -68,29 +68,30 @@ def test_the_default_mode_is_not_batch_invariant_here():
         check_property(load_frozen_model("tiny-gemma3", Determinism(prefill_chunk=0)))
 
 
-def test_tiled_rows_do_not_depend_on_the_row_count():
+def test_a_rows_bits_do_not_depend_on_the_row_count():
     torch.manual_seed(0)
     w, b, x = torch.randn(96, 48), torch.randn(96), torch.randn(70, 48)
-    whole = tiled_linear(x, w, b)
+    whole = fixed_linear(x, w, b)
     for m in (1, 2, 3, 5, 9, 13, 33):
-        assert torch.equal(tiled_linear(x[:m], w, b), whole[:m]), m
+        assert torch.equal(fixed_linear(x[:m], w, b), whole[:m]), m
 
 
 def test_the_one_row_paths_keep_a_rows_bits():
-    """The one-row step's kernels: the LM head's `weight @ rows^T` in chunks (1 row == the row among 70, at every
-    position of a chunk) and a small tiled product on one thread == the same product on the process's threads."""
+    """The one-row step's products: a wide (LM head) product's row alone == the row among 70, at every position;
+    a small product on one thread == the same product on the process's threads."""
     torch.manual_seed(0)
     w, b, x = torch.randn(3000, 48), torch.randn(3000), torch.randn(70, 48)
-    whole = tiled_head(x, w, b)
-    for m in (1, 2, 3, 4, 5, 8, 9, 13, 33):
-        assert torch.equal(tiled_head(x[:m], w, b), whole[:m]), m
-    for r in (5, 7, 12, 69):
-        assert torch.equal(tiled_head(x[r : r + 1], w, b)[0], whole[r]), r
+    whole = fixed_linear(x, w, b)
+    for r in (0, 5, 7, 12, 69):
+        assert torch.equal(fixed_linear(x[r : r + 1], w, b)[0], whole[r]), r
     w2 = torch.randn(96, 48)
-    many = torch.nn.functional.linear(torch.cat([x[:4], x]), w2)  # 74 rows: the process's threads
-    with one_thread():
-        assert torch.get_num_threads() == 1
-        assert torch.equal(tiled_linear(x[:1], w2), many[:1])
+    many = fixed_linear(torch.cat([x[:4], x]), w2)  # 74 rows: the process's threads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(fixed_linear(x[:1], w2), many[:1])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_setting_is_recorded_only_when_true_and_checked():

@@ -1,9 +1,10 @@
-"""The batch-invariant attention reads the cache's keys and values in place (issue 52): the whole key blocks are views,
-only the partial first and last blocks are padded copies, and each block's sum of weights is its own one-column
-product. These must be the bits of the layout it replaced, which padded a copy of every key and value (plus a ones
-column) per call: that layout is kept here as the reference and compared bit for bit over the shapes that matter
-(one decode query and prefills of several query chunks; key 0 at every kind of block offset; sliding-window masks;
-logit soft-capping; grouped and plain heads; several rows).
+"""The batch-invariant attention reads the cache's keys and values in place and skips what no row sees (issue 52,
+then issue 58's fixed-order kernel): the scores only for the keys of the blocks some row sees, the values read where
+they are, blocks no row of a query chunk sees not computed. These must be the bits of the plain layout: every key
+and value padded into whole blocks (zeros where no key is), every block of every row computed, all queries in one
+call. That layout is kept here as the reference, through the same kernel (fixed.py), and compared bit for bit over
+the shapes that matter (one decode query and prefills of several query chunks; key 0 at every kind of block offset;
+sliding-window masks; logit soft-capping; grouped and plain heads; several rows).
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvstore.backends.transformers import invariant
-from kvstore.backends.transformers.invariant import KEY_BLOCK, TILE, invariant_attention
-
-QUERY_CHUNK = 256  # the reference's query chunk (the module's own is smaller: a row's bits do not depend on it)
+from kvstore.backends.transformers import fixed
+from kvstore.backends.transformers.invariant import KEY_BLOCK, invariant_attention
 
 
 def _reference(query, key, value, mask, scaling, softcap, last):
-    """The padded-copy layout (kvgraft before issue 52), verbatim in its arithmetic."""
+    """The padded layout: every key and value in whole blocks, every block, one call for all queries."""
     b, h, q, d = query.shape
     kvh, kv, dv = key.shape[1], key.shape[2], value.shape[-1]
     groups = h // kvh
@@ -27,54 +26,30 @@ def _reference(query, key, value, mask, scaling, softcap, last):
     lead = first_key % KEY_BLOCK
     blocks = -(-(lead + kv) // KEY_BLOCK)
     total = blocks * KEY_BLOCK
-    vis = mask[..., -kv:]
-    vis = vis.expand(b, h, q, kv).reshape(b, kvh, groups, q, kv).transpose(2, 3)
-    qg = query.reshape(b, kvh, groups, q, d).transpose(2, 3)
     pad_back = total - lead - kv
-    kp = F.pad(key, (0, 0, lead, pad_back))
-    vp = F.pad(torch.cat([value, value.new_ones(b, kvh, kv, 1)], dim=-1), (0, 0, lead, pad_back))
-    outs = []
-    for q0 in range(0, q, QUERY_CHUNK):
-        rows_q = qg[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, d)
-        rows_vis = F.pad(vis[:, :, q0 : q0 + QUERY_CHUNK].reshape(b, kvh, -1, kv), (lead, pad_back), value=False)
-        outs.append(_reference_attend(rows_q, rows_vis, kp, vp, scaling, softcap))
-    out = torch.cat(outs, dim=2).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
-    return out.transpose(1, 2).contiguous()
-
-
-def _reference_attend(qg, vis, kp, vp, scaling, softcap):
-    b, kvh, rows, d = qg.shape
-    dv = vp.shape[-1] - 1
-    pad = (-rows) % TILE
-    if pad:
-        qg = torch.cat([qg, qg.new_zeros(b, kvh, pad, d)], dim=2)
-        vis = torch.cat([vis, vis.new_zeros(b, kvh, pad, vis.shape[-1])], dim=2)
-    m_rows = rows + pad
-    blocks = vis.shape[-1] // KEY_BLOCK
-    seen = vis.reshape(b, kvh, m_rows, blocks, KEY_BLOCK).any(dim=-1).any(dim=2).any(dim=1).any(dim=0)
-    idx = torch.nonzero(seen).flatten()
-    b0, b1 = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 1)
-    nb = b1 - b0
-    kb = kp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, d)
-    vb = vp[:, :, b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, nb, KEY_BLOCK, dv + 1)
-    mb = vis[..., b0 * KEY_BLOCK : b1 * KEY_BLOCK].reshape(b, kvh, m_rows, nb, KEY_BLOCK).transpose(2, 3)
-    s = torch.matmul(qg.unsqueeze(2), kb.transpose(-1, -2)) * scaling
+    vis = mask[..., -kv:].expand(b, h, q, kv).reshape(b, kvh, groups, q, kv).transpose(2, 3).reshape(b * kvh, -1, kv)
+    vis = F.pad(vis, (lead, pad_back), value=False)
+    qg = query.reshape(b, kvh, groups, q, d).transpose(2, 3).reshape(b * kvh, -1, d)
+    kp = F.pad(key, (0, 0, lead, pad_back)).reshape(b * kvh, total, d)
+    vp = F.pad(value, (0, 0, lead, pad_back)).reshape(b * kvh, total, dv)
+    s = fixed.dot16(qg, kp) * scaling
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
-    s = s.masked_fill_(~mb, float("-inf"))
+    s = s.masked_fill(~vis, float("-inf")).view(b * kvh, -1, blocks, KEY_BLOCK)
     m = s.amax(dim=-1, keepdim=True)
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp_(s.sub_(m_safe))
-    o = torch.matmul(p, vb)
+    p = torch.exp(s - m_safe).view(b * kvh, -1, total)
+    o = fixed.chain_blocks(p, vp, KEY_BLOCK, 0)  # (B*KVH, rows, blocks, dv + 1)
     new = torch.cummax(m, dim=2).values
     run = torch.cat([torch.full_like(m[:, :, :1], float("-inf")), new[:, :, :-1]], dim=2)
     new_safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
     keep = torch.exp(run - new_safe)
     add = o * torch.exp(m - new_safe)
     acc = torch.zeros_like(o[:, :, 0])
-    for i in range(nb):
+    for i in range(blocks):
         acc = acc * keep[:, :, i] + add[:, :, i]
-    return (acc[..., :dv] / acc[..., dv:])[:, :, :rows]
+    out = (acc[..., :dv] / acc[..., dv:]).reshape(b, kvh, q, groups, dv).transpose(2, 3).reshape(b, h, q, dv)
+    return out.transpose(1, 2).contiguous()
 
 
 def _mask(b, q, kv, last, window):
@@ -109,12 +84,8 @@ CASES = [  # (rows b, heads, kv heads, head dim, queries, keys, last position, w
 ]
 
 
-@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "copied"])
 @pytest.mark.parametrize("case", CASES, ids=[f"b{c[0]}-q{c[4]}-kv{c[5]}-last{c[6]}" for c in CASES])
-def test_in_place_blocks_give_the_padded_copy_layouts_bits(case, in_place, monkeypatch):
-    """Both ways the keys are laid out (read in place from IN_PLACE_KEYS keys up, one padded copy below) on every
-    case: each gives the reference's bits."""
-    monkeypatch.setattr(invariant, "IN_PLACE_KEYS", 0 if in_place else 10**9)
+def test_in_place_keys_and_skipped_blocks_give_the_padded_layouts_bits(case):
     b, h, kvh, d, q, kv, last, window, softcap = case
     gen = torch.Generator().manual_seed(sum(case[:7]))
     query = torch.randn(b, h, q, d, generator=gen)

@@ -72,26 +72,33 @@ def test_every_forward_is_confirmed_to_have_gone_through_the_invariant_attention
 
 
 def _skewed(orig, when):
-    """`orig` with a one-ulp-scale change where `when(args)` holds: a kernel path with other bits at some shape."""
-    def call(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        return out + 1e-6 if when(args) else out
+    """fixed.dot16 with a one-ulp-scale change where `when(x, isa_name, threads)` holds: a compiled kernel that
+    departs from its scalar reference (a miscompile, a CPU that computes otherwise)."""
+    def call(x, w, bias=None, *, isa_name=None, threads=None):
+        out = orig(x, w, bias, isa_name=isa_name, threads=threads)
+        return out + 1e-6 if when(x, isa_name, threads) else out
     return call
 
 
-@pytest.mark.parametrize("target, when, says", [
-    ("linear", lambda a: a[0].shape[0] == 8, "other bits at 8 rows than among 64"),
-    ("linear", lambda a: a[0].shape[0] == 4 and torch.get_num_threads() == 1, "other bits on one thread"),
-    ("mm", lambda a: a[1].shape[1] == 4, "the LM head's rows"),
+@pytest.mark.parametrize("when, says", [
+    (lambda x, isa, t: isa != "scalar" and x.shape[0] == 1024, "at 1024 rows differs from the kernel's scalar"),
+    (lambda x, isa, t: isa != "scalar" and t == 1 and x.shape[0] == 64, "differs between 1 and"),
+    (lambda x, isa, t: isa != "scalar" and x.shape[0] == 67, "golden battery differs from its scalar reference"),
 ])
-def test_a_machine_whose_kernels_move_a_rows_bits_is_refused_at_load(monkeypatch, target, when, says):
-    """Issue 52: the row-tile property is checked at load on the model's own weights (check_tiles), not assumed: a
-    BLAS that gives a row other bits at another row count, on one thread, or in the LM head's narrow product is
-    refused in one line before anything is computed in the mode."""
+def test_a_kernel_that_departs_from_its_reference_is_refused_at_load(monkeypatch, when, says):
+    """Issue 58: what the mode computes is measured at load (check_kernel): the compiled kernel against its scalar
+    reference on a golden battery and on the model's own weights at 1 to 4,096 rows, on 1 thread and the process's.
+    A kernel that departs anywhere is refused in one line before anything is computed in the mode, and
+    `unavailable()` says the same line."""
     from kvstore import SettingsError
+    from kvstore.backends.transformers import fixed, invariant
 
-    module = torch.nn.functional if target == "linear" else torch
-    monkeypatch.setattr(module, target, _skewed(getattr(module, target), when))
+    if "between 1" in says and torch.get_num_threads() < 2:
+        pytest.skip("one intra-op thread here: the thread-count comparison needs two")
+    monkeypatch.setattr(fixed, "dot16", _skewed(fixed.dot16, when))
+    monkeypatch.setattr(invariant, "_CORE", {})  # measure again (once per process otherwise)
     with pytest.raises(SettingsError, match=says) as e:
         load_frozen_model("tiny-gemma3", INVARIANT)
     assert "\n" not in str(e.value) and "leave determinism.batch_invariant off" in str(e.value)
+    if "golden" in says:
+        assert invariant.unavailable() == str(e.value)
