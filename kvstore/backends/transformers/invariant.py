@@ -510,14 +510,3 @@ def former_numerics_fingerprints(dims: dict[str, int]) -> tuple[str, ...]:
     58 (their kernels are no longer the mode's; see FORMER_NUMERICS_FORMATS)."""
     return tuple(numerics_fingerprint(dims, fmt) for fmt in FORMER_NUMERICS_FORMATS)
 
-
-# --- placeholders (branch r58, issue 58): k58's fixed-order kernel defines KERNEL and unavailable; on merge keep
-# k58's and drop this block.
-#: The mode's kernel version, recorded with its determinism (kvstore.determinism.KERNEL_RECORD) where it is not
-#: UNVERSIONED_KERNEL, the MKL-tile kernel every record of the mode made before versions ran.
-KERNEL = "fixed-dot16/1"
-
-
-def unavailable() -> str | None:
-    """Why the mode cannot hold on this machine (one line: no C compiler, the kernel's self-check failed), or None."""
-    return None
