@@ -38,7 +38,9 @@ _FACE: dict[str, tuple[str, ...]] = {
     "kvstore.engine.text": ("HFTokenizer", "Tokenizer"),
     "kvstore.backends": ("backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
                          "batched_rows_refusal",
-                         "in_flight_refusal", "load_backend", "load_text_model", "settings_class"),
+                         "in_flight_refusal", "load_backend", "load_text_model", "settings_class",
+                         "settings_for"),
+    "kvstore.backends.settings": ("BackendSettings", "ModelChoice"),
     # the artifact and its bytes
     "kvstore.format.artifact": ("FORMAT", "NumericsRecord", "Snapshot", "from_bytes", "read_metadata", "to_bytes",
                                 "tokens_sha256"),

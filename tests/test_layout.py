@@ -249,3 +249,36 @@ def test_the_layout_check_of_backend_facts_can_fail(tmp_path):
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "getattr" and any(_is_backend(x) for x in ast.walk(n.args[0]))]
     assert re.search(r"settings\(\)\s*(\.get\(|\[)", bad) and len(calls) == 2
+
+
+def _settings_dispatch(text: str) -> list[int]:
+    """Lines that guess a backend from its Settings class's fields: `fields(...)` of a `settings_class(...)` (the
+    Settings class asked for its fields by name), or `.field_names()` of one."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            inner = [n for a in node.args for n in ast.walk(a) if isinstance(n, ast.Call)]
+            asks_class = any((isinstance(c.func, ast.Name) and c.func.id == "settings_class")
+                             or (isinstance(c.func, ast.Attribute) and c.func.attr == "settings_class") for c in inner)
+            if (name == "fields" and asks_class) or name == "field_names":
+                found.append(node.lineno)
+    return found
+
+
+def test_no_code_outside_the_backends_chooses_a_backend_by_its_settings_fields():
+    """A backend's settings come from its own Settings class (`kvstore.settings_for(name, ModelChoice(...))`, the
+    class's `from_config`); nothing outside kvstore/backends reads a Settings class's fields to guess which backend it
+    is (the class answers: `takes_device()`, `pins_determinism()`)."""
+    own = REPO / "kvstore" / "backends"
+    found = [f"{p.relative_to(REPO)}:{line}" for p in _files("kvstore", "harness", "scripts") if own not in p.parents
+             for line in _settings_dispatch(p.read_text(encoding="utf-8"))]
+    assert not found, f"settings read by field name outside kvstore/backends: {found}"
+
+
+def test_the_settings_dispatch_check_can_fail():
+    """The check above finds the old way (a module that reads a Settings class's fields)."""
+    bad = ("import dataclasses\nfrom kvstore import settings_class\n"
+           "def f(name):\n    return 'device' in {f.name for f in dataclasses.fields(settings_class(name))}\n")
+    assert _settings_dispatch(bad) == [4]

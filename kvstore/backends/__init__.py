@@ -21,12 +21,13 @@ import importlib
 import pkgutil
 from typing import Any
 
+from kvstore.backends.settings import BackendSettings, ModelChoice
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
 __all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
            "batched_rows_refusal", "in_flight_refusal", "load_backend", "load_text_model", "registered",
-           "settings_class"]
+           "settings_class", "settings_for"]
 
 DEFAULT = "transformers"
 
@@ -55,9 +56,18 @@ def registered(name: str) -> Registered:
     return entry
 
 
-def settings_class(name: str) -> type:
+def settings_class(name: str) -> type[BackendSettings]:
     """Backend `name`'s Settings dataclass."""
     return registered(name).settings_class()
+
+
+def settings_for(name: str, choice: ModelChoice) -> BackendSettings:
+    """Backend `name`'s settings from a run's choices (kvstore.backends.settings): its Settings class's
+    `from_config`; a SettingsError naming the backend when the choice gives it a setting it does not have."""
+    try:
+        return settings_class(name).from_config(choice)
+    except SettingsError as e:
+        raise SettingsError(f"backend {name!r}: {e}") from None
 
 
 def backend_missing(name: str) -> str | None:
