@@ -282,3 +282,40 @@ def test_the_settings_dispatch_check_can_fail():
     bad = ("import dataclasses\nfrom kvstore import settings_class\n"
            "def f(name):\n    return 'device' in {f.name for f in dataclasses.fields(settings_class(name))}\n")
     assert _settings_dispatch(bad) == [4]
+
+
+#: An engine's handles and the transformers-only extras: read only in kvstore/backends/<engine> (its `bare` module is
+#: how a benchmark reaches the engine alone: `kvstore.backend_tools(name).bare`).
+ENGINE_HANDLES = {"llm", "ll", "ctx", "cfg", "fm", "torch_model", "layer_layout", "device", "sampling_params"}
+
+
+def _engine_reaches(text: str) -> list[str]:
+    """`be.llm`, `fm.layer_layout()`, `self.backend.cfg`...: an engine handle or extra read off a backend."""
+    return [f"{node.lineno} .{node.attr}" for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Attribute) and node.attr in ENGINE_HANDLES
+            and (isinstance(node.value, ast.Name) and node.value.id in {"be", "fm", "backend"}
+                 or isinstance(node.value, ast.Attribute) and node.value.attr in {"backend", "fm", "be"})]
+
+
+def test_nothing_outside_an_engine_folder_reads_its_handles_or_imports_its_folder():
+    """No `.llm` / `.ll` / `.ctx` / `.cfg` / `.fm` / `.torch_model()` / `.layer_layout()` / `.device` read off a
+    backend outside kvstore/backends (facts are the base's methods: `sliding_window()`, `layer_kinds()`), and no
+    script or harness module imports `kvstore.backends.<engine>`: an engine's own names come from its class
+    (`kvstore.backend_tools(name)`)."""
+    own = REPO / "kvstore" / "backends"
+    builds = REPO / "kvstore" / "testing"  # random-weight models: a transformers FrozenModel assembled (its `fm`)
+    found = [f"{p.relative_to(REPO)}:{hit}" for p in _files("kvstore", "harness", "scripts")
+             if own not in p.parents and builds not in p.parents
+             for hit in _engine_reaches(p.read_text(encoding="utf-8"))]
+    engines = {p.name for p in own.iterdir() if (p / "__init__.py").is_file()}
+    found += [f"{p.relative_to(REPO)}:{node.lineno} imports {module}" for p in _files("harness", "scripts")
+              for module, _, node in _imports(p)
+              if module.split(".")[:2] == ["kvstore", "backends"] and len(module.split(".")) > 2
+              and module.split(".")[2] in engines]
+    assert not found, f"an engine's handles or folder reached from outside it: {found}"
+
+
+def test_the_engine_reach_check_can_fail():
+    """The check above finds the old way (a benchmark reading vLLM's engine and llama.cpp's context)."""
+    bad = "def f(be, fm):\n    be.llm.generate([])\n    return fm.layer_layout(), be.ll.llama_token, be.device\n"
+    assert sorted(_engine_reaches(bad)) == ["2 .llm", "3 .device", "3 .layer_layout", "3 .ll"]

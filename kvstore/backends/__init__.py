@@ -19,27 +19,34 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
+from types import ModuleType
 from typing import Any
 
 from kvstore.backends.settings import BackendSettings, ModelChoice
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
-           "batched_rows_refusal", "in_flight_refusal", "load_backend", "load_text_model", "registered",
-           "settings_class", "settings_for"]
+__all__ = ["backend_missing", "backend_names", "backend_tools", "batch_invariant_refusal",
+           "batch_invariant_unavailable", "batched_rows_refusal", "in_flight_refusal", "load_backend",
+           "load_text_model", "registered", "settings_class", "settings_for"]
 
 DEFAULT = "transformers"
 
 
 @functools.cache
-def _registry() -> dict[str, Registered]:
-    found: dict[str, Registered] = {}
+def _declared() -> dict[str, tuple[Registered, str]]:
+    """Each backend's entry and the module (its folder's face, or its module) that declares it."""
+    found: dict[str, tuple[Registered, str]] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        entry = getattr(importlib.import_module(f"{__name__}.{info.name}"), "REGISTERED", None)
+        module = f"{__name__}.{info.name}"
+        entry = getattr(importlib.import_module(module), "REGISTERED", None)
         if isinstance(entry, Registered):
-            found[entry.name] = entry
+            found[entry.name] = (entry, module)
     return {name: found[name] for name in sorted(found, key=lambda n: (n != DEFAULT, n))}
+
+
+def _registry() -> dict[str, Registered]:
+    return {name: entry for name, (entry, _) in _declared().items()}
 
 
 def backend_names() -> tuple[str, ...]:
@@ -54,6 +61,14 @@ def registered(name: str) -> Registered:
         raise ModelLoadError(f"backend {name!r} is not one of {list(backend_names())}; load one of them "
                              "(a new backend declares REGISTERED in its folder: docs/extending.md)")
     return entry
+
+
+def backend_tools(name: str) -> ModuleType:
+    """Backend `name`'s own names: the face of its folder (or its module), which declares it; for a script that
+    measures that engine itself (vLLM's start_engine, llama.cpp's weight_buffers, each folder's `bare` module: the
+    engine alone on a loaded backend). Importing it loads no engine: its names load on first use."""
+    registered(name)  # a ModelLoadError naming the choices when there is none
+    return importlib.import_module(_declared()[name][1])
 
 
 def settings_class(name: str) -> type[BackendSettings]:

@@ -27,6 +27,8 @@ in `__init__` or as properties). Every other member is concrete, a fact asked as
     rows_depend_on_batch(n)       n > 1 and not batch_invariant(): rows of n contexts decoded together may differ
                                   in their bits from one context at a time
     pinned_weights()              None: no weight files pinned (kvstore.engine.weights.PinnedWeights otherwise)
+    sliding_window()              None: no sliding layer (or the engine does not say)
+    layer_kinds()                 None: the layer layout in one word ("SSSSSF..."), where the engine says it
 
 Capabilities (each an abstract mixin; a backend inherits the ones it does and writes their members):
 
@@ -249,6 +251,16 @@ class Backend(ABC):
     def pinned_weights(self) -> PinnedWeights | None:
         """The weight files this model was loaded from, pinned at load (kvstore.engine.weights), or None when there
         are none to watch (a scripted model, an engine that owns its files)."""
+        return None
+
+    def sliding_window(self) -> int | None:
+        """The smallest window of the model's sliding (or chunked) layers, or None: no sliding layer (or the engine
+        does not say)."""
+        return None
+
+    def layer_kinds(self) -> str | None:
+        """The model's layer layout in one word, a letter per layer (F full, S sliding, C chunked, ...: the
+        transformers folder's `layout_string`), or None when the engine does not say."""
         return None
 
     # ------------------------------------------------------------------ text, derived from the tokenizer
