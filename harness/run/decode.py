@@ -30,15 +30,12 @@ import torch
 from harness.errors import ConfigError, HarnessError
 from kvstore import (
     Backend,
-    BatchedRows,
     Continuation,
     InEngineBatches,
     InEngineDecoding,
     RowsRequest,
     Stepwise,
     logits_sha256,
-    supports_batched_rows,
-    supports_in_flight,
 )
 
 StopReason = Literal["eos", "stop", "length"]
@@ -279,8 +276,7 @@ def _generate_batch(
     if not isinstance(be, Stepwise):
         raise HarnessError(f"the {be.name} backend neither decodes in its engine (kvstore.InEngineDecoding) nor step "
                            "by step (kvstore.Stepwise); a backend declares one of them (docs/extending.md)")
-    if n > 1 and not isinstance(be, BatchedRows):
-        raise ConfigError(f"decoding.batch_size={n}: {batched_rows_refusal(be)}; set decoding.batch_size=1")
+    check_capabilities(be, n, 1)  # a direct caller's rows (a run asked this once already)
     return _decode_steps(be, [job], sampling, on_token=on_token, eos=eos)[0]
 
 
@@ -313,31 +309,16 @@ class Job:
     submitted: float = 0.0
 
 
-def in_flight_support(be: Backend) -> str | None:
-    """None when `be` can decode several contexts together (problems in flight: kvstore.RaggedRows or
-    kvstore.InEngineBatches), else why not, in one line."""
-    if supports_in_flight(type(be)):
-        return None
-    return (f"the {be.name} backend decodes one context at a time (it has neither kvstore.RaggedRows nor "
-            "kvstore.InEngineBatches)")
-
-
-def batched_rows_refusal(be: Backend) -> str | None:
-    """None when `be` decodes several rows of one context together (kvstore.BatchedRows or InEngineDecoding), else
-    why not, in one line."""
-    if supports_batched_rows(type(be)):
-        return None
-    return f"the {be.name} backend decodes one row at a time (it has no kvstore.BatchedRows)"
-
-
 def check_capabilities(be: Backend, batch_size: int, in_flight: int) -> None:
     """What a run asks of its backend, asked once before it decodes: several rows of a problem together
     (decoding.batch_size > 1) and several problems in flight (run.in_flight > 1); a ConfigError naming the key
-    otherwise."""
-    if batch_size > 1 and batched_rows_refusal(be) is not None:
-        raise ConfigError(f"decoding.batch_size={batch_size}: {batched_rows_refusal(be)}; set decoding.batch_size=1")
-    if in_flight > 1 and in_flight_support(be) is not None:
-        raise ConfigError(f"run.in_flight={in_flight}: {in_flight_support(be)}; set run.in_flight=1")
+    otherwise, in the class's own words (`Backend.batched_rows_refusal`, `Backend.in_flight_refusal`)."""
+    refused = be.batched_rows_refusal(batch_size)
+    if refused:
+        raise ConfigError(f"decoding.batch_size={batch_size}: {refused}; set decoding.batch_size=1")
+    refused = be.in_flight_refusal(in_flight)
+    if refused:
+        raise ConfigError(f"run.in_flight={in_flight}: {refused}; set run.in_flight=1")
 
 
 def generate_many(
@@ -363,9 +344,9 @@ def generate_many(
     for job in jobs:
         if not job.seeds:
             raise ConfigError("a job with no rows: give each job at least one seed")
-    why = in_flight_support(be)
-    if why is not None:
-        raise ConfigError(f"run.in_flight > 1: {why}; set run.in_flight=1")
+    refused = be.in_flight_refusal(max(2, len(jobs)))  # several contexts together (a run asked this once already)
+    if refused:
+        raise ConfigError(f"run.in_flight > 1: {refused}; set run.in_flight=1")
     if isinstance(be, InEngineBatches):
         return _continue_many(be, jobs, sampling, on_token=on_token, eos=eos)
     with torch.inference_mode():

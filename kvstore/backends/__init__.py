@@ -133,19 +133,10 @@ def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
 def load_text_model(name: str, **settings: Any) -> Any:
     """Backend `name`'s model without its engine (encode, decode, chat_template, fingerprint, tokenizer_fingerprint,
     model_name): what a front end that composes the engine's prompts in another process needs (the library-aware
-    server, harness.serve). Offered by a backend whose package declares TEXT_MODEL ("module:function"; vLLM's);
-    a ModelLoadError for the others."""
+    server, harness.serve). Its class's `load_text` (vLLM's; the base's refuses: a ModelLoadError)."""
     entry = registered(name)
     cls = entry.settings_class()
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}")
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if getattr(module, "REGISTERED", None) is entry:
-            loader = getattr(module, "TEXT_MODEL", None)
-            if loader is None:
-                break
-            mod, attr = loader.split(":")
-            return getattr(importlib.import_module(mod), attr)(cls(**settings))
-    raise ModelLoadError(f"backend {name!r} offers no model without its engine (TEXT_MODEL); use load_backend")
+    return entry.backend_class().load_text(cls(**settings))

@@ -32,8 +32,10 @@ REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBac
 _EXPORTS = {"VllmBackendSettings": "settings", "VllmSettings": "settings", "VllmBackend": "backend",
             "start_engine": "launch", "engine_kwargs": "launch", "model_folder": "launch",
             "KvgraftConnector": "connector", "journal": "connector", "VllmText": "text", "Server": "serve",
-            "LearnedLayout": "paged", "named_maps": "paged", "self_test": "paged"}
-TEXT_MODEL = "kvstore.backends.vllm.text:load_text"  # kvstore.backends.load_text_model: the model without an engine
+            "LearnedLayout": "paged", "named_maps": "paged", "self_test": "paged",
+            # the connector's wire: its request keys, its answers and the ASGI body reader (a front end's)
+            "GRAFT_MARK": "params", "GRAFT_TOKENS": "params", "GRAFTED": "params", "REFUSED": "params",
+            "read_body": "params"}
 __all__ = sorted([*_EXPORTS, "bare"])
 
 
