@@ -24,7 +24,6 @@ deposit in one line naming the layer (docs/exactness.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -205,29 +204,25 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
     return ids, {}
 
 
-def backend_settings(args) -> dict:
-    """The keyword settings of `kvstore.load_backend(args.backend, ...)`: for a backend whose settings are a source
-    and the determinism settings (transformers) --model and the determinism flags; for another backend each --setting
-    KEY=VALUE (VALUE as JSON when it parses, else a string). Read off its Settings dataclass, no backend named."""
-
-    from kvstore.backends import settings_class
+def flag_settings(args):
+    """The settings of `args.backend` from the flags, built by its own Settings class (kvstore.settings_for, no
+    backend named or guessed here): --model as the model's source, the determinism flags, and each --setting
+    KEY=VALUE by name (VALUE as JSON when it parses, else a string)."""
+    from kvstore.backends import settings_for
+    from kvstore.backends.settings import ModelChoice
     from kvstore.determinism import Determinism
 
-    if {"source", "determinism"} <= {f.name for f in dataclasses.fields(settings_class(args.backend))}:
-        if args.setting:
-            raise KVStoreError(f"--setting is for backends other than {args.backend}; give --model and the "
-                               "determinism flags (--dtype, --threads, ...) instead")
-        return {"source": args.model or BUNDLED, "determinism": Determinism(**determinism_options(args))}
-    out: dict = {}
+    named: dict = {}
     for item in args.setting:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise KVStoreError(f"--setting {item!r}: give KEY=VALUE, e.g. --setting n_ctx=8192")
         try:
-            out[key] = json.loads(value)
+            named[key] = json.loads(value)
         except ValueError:
-            out[key] = value
-    return out
+            named[key] = value
+    return settings_for(args.backend, ModelChoice(source=args.model or "", named=named,
+                                                  determinism=Determinism(**determinism_options(args))))
 
 
 def _deposit(args) -> int:
@@ -243,7 +238,7 @@ def _deposit(args) -> int:
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
     store = _store(args)
-    be = load_backend(args.backend, **backend_settings(args))
+    be = load_backend(args.backend, **flag_settings(args).keywords())
     ids, extra = _token_ids(args, be)
     aid = store.put(deposit(be, ids, extra), tags=args.tag)
     print(f"deposited {len(ids)} tokens with {be.model_name} ({be.name}) into {store.root}", file=sys.stderr)
@@ -307,7 +302,8 @@ def _reverify(args) -> int:
 def _recorded_plan(args, aid: str, meta: dict) -> tuple[str, dict, str, dict]:
     """(backend, its load_backend settings, profile, the record) for recomputing an artifact from its own record:
     the backend, the model and every pinned setting it recorded. A flag that says otherwise is refused naming both."""
-    from kvstore.backends import settings_class
+    from kvstore.backends import settings_class, settings_for
+    from kvstore.backends.settings import ModelChoice
     from kvstore.determinism import Determinism
 
     det = meta.get("determinism") if isinstance(meta.get("determinism"), dict) else {}
@@ -315,7 +311,7 @@ def _recorded_plan(args, aid: str, meta: dict) -> tuple[str, dict, str, dict]:
     if args.backend is not None and args.backend != name:
         raise KVStoreError(f"artifact {aid[:12]}: --backend {args.backend} contradicts its record (made by the {name} "
                            "backend); reverify recomputes with the artifact's own backend: drop --backend")
-    if {"source", "determinism"} <= {f.name for f in dataclasses.fields(settings_class(name))}:
+    if settings_class(name).pins_determinism():  # its recorded settings are a Determinism (transformers)
         if args.setting:
             raise KVStoreError(f"--setting is for backends other than {name}; reverify takes {name}'s settings from "
                                "the artifact's record")
@@ -332,8 +328,9 @@ def _recorded_plan(args, aid: str, meta: dict) -> tuple[str, dict, str, dict]:
                 raise KVStoreError(f"artifact {aid[:12]}: {flag} {value!r} contradicts its recorded determinism.{key} "
                                    f"{have!r}; reverify recomputes under the artifact's own settings: drop {flag}")
         source = args.model or meta.get("model_name") or BUNDLED
-        return name, {"source": source, "determinism": determinism}, determinism.profile, meta
-    return name, backend_settings(argparse.Namespace(**{**vars(args), "backend": name})), \
+        choice = ModelChoice(source=source, determinism=determinism)
+        return name, settings_for(name, choice).keywords(), determinism.profile, meta
+    return name, flag_settings(argparse.Namespace(**{**vars(args), "backend": name})).keywords(), \
         str(det.get("profile", "native")), meta
 
 

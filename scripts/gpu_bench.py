@@ -61,9 +61,7 @@ import transformers  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 from harness.run.energy import make_meter  # noqa: E402
-from kvstore import Determinism, LocalStore, atomic_write, check_graft, deposit  # noqa: E402
-from kvstore.backends.transformers import TransformersBackend, layout_string  # noqa: E402
-from kvstore.backends.vllm.paged import LearnedLayout, named_maps, self_test  # noqa: E402
+from kvstore import Backend, Determinism, LocalStore, atomic_write, backend_tools, check_graft, deposit  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import current_environment  # noqa: E402
@@ -86,7 +84,7 @@ def clock(device: str) -> float:
     return time.perf_counter()
 
 
-def exactness(args, be: TransformersBackend, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
+def exactness(args, be: Backend, name: str, work: Path, rng: random.Random, max_prefix: int) -> dict:
     """check_graft on random pairs, the graft half in kvstore's second-process restorer (the same model built
     there from the same spec, its fingerprint checked)."""
     store_dir = work / "exact"
@@ -146,7 +144,7 @@ def energy(device: str, fn, min_window_s: float = 0.5) -> dict:
             "joules_per_call": reading.joules / calls if reading.joules is not None else None}
 
 
-def ttft_row(args, be: TransformersBackend, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
+def ttft_row(args, be: Backend, work: Path, n: int, rng: random.Random, deadline: float) -> dict:
     dev = args.device
     vocab = be.vocab_size()
     prefix, nxt = [rng.randrange(vocab) for _ in range(n)], [rng.randrange(vocab)]
@@ -219,7 +217,8 @@ def _amx_writer(key: torch.Tensor, value: torch.Tensor, cache: torch.Tensor, slo
     """vLLM's CPU "amx" block layout (csrc/cpu/cpu_attn_amx.hpp), scattered on any device: no view reads it."""
     nb, heads, bs, two_d = cache.shape
     d = two_d // 2
-    place = named_maps(bs, d)["cpu_attn/amx[keys(block/16,head_dim/2,16,2);values(head_dim/16,block/2,16,2)]"]
+    maps = backend_tools("vllm").named_maps(bs, d)  # vLLM's CPU block layouts, by name
+    place = maps["cpu_attn/amx[keys(block/16,head_dim/2,16,2);values(head_dim/16,block/2,16,2)]"]
     index = place(heads).to(cache.device)  # (2, heads, bs, d)
     flat = cache.view(nb, -1)
     t = slots % bs
@@ -237,7 +236,7 @@ def _gbps(nbytes: int, fn, device: str, repeats: int = 5) -> float:  # noqa: ANN
     return nbytes * repeats / max(clock(device) - t0, 1e-9) / 1e9
 
 
-def _speeds(layout: LearnedLayout, cache: torch.Tensor, blank: torch.Tensor, block_ids: list[int],
+def _speeds(layout, cache: torch.Tensor, blank: torch.Tensor, block_ids: list[int],
             kv: tuple[torch.Tensor, torch.Tensor], nbytes: int, device: str) -> tuple[float, float]:
     """Read and write GB/s of `layout` over every position `kv` holds."""
     n = kv[0].shape[2]
@@ -261,7 +260,7 @@ def paged_probe(device: str, heads: int, block: int, head_dim: int, tokens: int,
             like = torch.zeros(nblocks, heads, block, 2 * head_dim, dtype=dtype, device=device)
         try:
             t0 = time.perf_counter()
-            layout = self_test(writer, like, block, name)
+            layout = backend_tools("vllm").self_test(writer, like, block, name)
             sync(device)
             probe_s = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - recorded, never silent: the probe's refusal is the finding
@@ -281,7 +280,7 @@ def paged_probe(device: str, heads: int, block: int, head_dim: int, tokens: int,
                             k_in.cpu().view(torch.int16 if dtype.itemsize == 2 else torch.int32))
                 and torch.equal(blank.cpu().contiguous().view(torch.uint8), cache.cpu().contiguous().view(torch.uint8)))
         nbytes = 2 * tokens * heads * head_dim * dtype.itemsize
-        gather = LearnedLayout(layout.name, layout.index, layout.dtype, None)
+        gather = backend_tools("vllm").LearnedLayout(layout.name, layout.index, layout.dtype, None)
         row = {"layout": layout.name, "sha256": layout.digest, "fast_path": layout.view is not None,
                "probe_s": probe_s, "round_trip": bool(same)}
         row["read_GBps"], row["write_GBps"] = _speeds(layout, cache, blank, block_ids, (k, v), nbytes, device)
@@ -323,9 +322,10 @@ def run(args: argparse.Namespace) -> dict:
                 continue
             t0 = time.perf_counter()
             be = build_random_model(name, args.small, det, dev, args.seed)
-            model = be.torch_model()
+            alone = backend_tools(be.name).bare  # the transformers model itself: its config, parameters
+            model = alone.model(be)
             m = out["models"][name] = {
-                "layers": layout_string(be.layer_layout()), "parameters": sum(p.numel() for p in model.parameters()),
+                "layers": be.layer_kinds(), "parameters": alone.parameter_count(be),
                 "kv_bytes_per_token_full": kv_bytes(model.config, 1), "build_s": time.perf_counter() - t0, "ttft": []}
             del model
             window = be.sliding_window()

@@ -96,21 +96,17 @@ def _cut(be, text: str, n: int, m: int) -> tuple[list[int], list[int]]:
     return ids[:n], ids[n : n + m]
 
 
-def backend_settings(args: argparse.Namespace) -> dict:
-    """The keywords of `kvstore.load_backend(args.backend, ...)` the flags give, those of the backend's own settings
-    (kvstore.settings_class): a checkpoint `source` (and the batch-invariant mode), or llama.cpp's context sized to
-    fit prefix + suffix (the bundled GGUF)."""
-    import dataclasses
-
-    from kvstore import Determinism, settings_class
+def flag_settings(args: argparse.Namespace):
+    """The settings of `args.backend` the flags give, built by its own Settings class (kvstore.settings_for): the
+    model (--model) and the batch-invariant mode, and the context a backend that sizes one takes (llama.cpp's
+    n_ctx, fitting prefix + suffix, and its prefill schedule)."""
+    from kvstore import Determinism, ModelChoice, settings_for
 
     n, m = args.prefix_tokens, args.suffix_tokens
-    given: dict = {"source": args.model, "n_ctx": max(1024, -(-(n + m + 1) // 256) * 256), "n_batch": 512,
-                   "n_ubatch": 512}
-    if args.batch_invariant:
-        given["determinism"] = Determinism(batch_invariant=True)
-    fields = {f.name for f in dataclasses.fields(settings_class(args.backend))}
-    return {k: v for k, v in given.items() if k in fields}
+    offered = {"n_ctx": max(1024, -(-(n + m + 1) // 256) * 256), "n_batch": 512, "n_ubatch": 512}
+    choice = ModelChoice(source=args.model, determinism=Determinism(batch_invariant=bool(args.batch_invariant)),
+                         offered=offered)
+    return settings_for(args.backend, choice)
 
 
 def _g(x: float) -> str:
@@ -163,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_invariant and (refusal := batch_invariant_refusal(args.backend)):
         raise SystemExit(f"--batch-invariant: {refusal}")
     err.print(f"loading {args.model} ({args.backend}) ...")
-    be = load_backend(args.backend, **backend_settings(args))
+    be = load_backend(args.backend, **flag_settings(args).keywords())
     prefix, suffix = _cut(be, source_text(args.problems), n, m)
     window = be.sliding_window()
     if window and n + m > window:

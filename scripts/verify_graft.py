@@ -126,26 +126,19 @@ def _g(x: float | None) -> str:
     return "-" if x is None else "0" if x == 0 else f"{x:.2g}"
 
 
-def backend_settings(args: argparse.Namespace) -> dict:
-    """The keywords of `kvstore.load_backend(args.backend, ...)` the flags give, those of the backend's own settings
-    (kvstore.settings_class: a checkpoint `source` and `determinism`, or a `gguf` file and llama.cpp's n_ctx ...);
-    JSON values: the restore worker loads the same backend from them."""
-    import dataclasses
+def flag_settings(args: argparse.Namespace):
+    """The settings of `args.backend` the flags give, built by its own Settings class (kvstore.settings_for): the
+    model (--model; --gguf too for a GGUF-reading backend), the determinism flags, and the context flags a backend
+    that has them takes (llama.cpp's n_ctx, n_batch = n_ubatch, threads, swa_full); a packaged model's file resolved
+    once here, so the restore worker loads the same file from the same values."""
+    from kvstore import ModelChoice, settings_for
 
-    from kvstore import settings_class
-
-    fields = {f.name for f in dataclasses.fields(settings_class(args.backend))}
-    given: dict = {"source": args.model or "gemma3-270m", "determinism": from_arguments(args).to_dict(),
-                   "n_ctx": args.n_ctx, "n_batch": args.n_batch, "n_ubatch": args.n_batch,
-                   "threads": args.threads or 2, "swa_full": not args.no_swa_full}
-    if "gguf" in fields:  # a GGUF file: a packaged model's name resolved to its file (assembled once)
-        from kvstore.backends.packaged import gguf_path, known_names
-
-        name = args.gguf or args.model or "gemma3-270m"
-        known = name in known_names()
-        given |= {"gguf": str(gguf_path(name)) if known else name,
-                  "model_name": f"{name}-gguf" if known else Path(name).stem}
-    return {k: v for k, v in given.items() if k in fields}
+    offered: dict = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "n_ubatch": args.n_batch,
+                     "threads": args.threads or 2, "swa_full": not args.no_swa_full}
+    if args.gguf:
+        offered["gguf"] = args.gguf
+    choice = ModelChoice(source=args.model or "gemma3-270m", determinism=from_arguments(args), offered=offered)
+    return settings_for(args.backend, choice).resolved()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,19 +147,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def verify_stepwise(args: argparse.Namespace) -> int:
     """check_graft on a step-wise backend, the graft half in the engine's second-process restorer."""
-    from kvstore import Determinism, LocalStore, atomic_write, check_graft, load_backend
-    from kvstore.backends.transformers.gguf import BUNDLED
+    from kvstore import LocalStore, atomic_write, check_graft, load_backend
     from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
     from kvstore.environment import cpu_name
     from kvstore.errors import RemoteGraftError
 
-    settings = backend_settings(args)  # JSON values, for the worker; the determinism dict made a Determinism here
-    local = {**settings, "determinism": Determinism.from_dict(settings["determinism"])} \
-        if "determinism" in settings else settings
-    model = settings.get("source") or settings.get("model_name")
+    settings = flag_settings(args)
+    model = args.gguf or args.model or "gemma3-270m"
 
-    def start_worker() -> RestoreWorker:
-        return RestoreWorker(ModelSpec.backend(args.backend, **settings), store.root, log_path=tmp / "worker.log")
+    def start_worker() -> RestoreWorker:  # JSON values, for the worker
+        return RestoreWorker(ModelSpec.backend(args.backend, **settings.json_keywords()), store.root,
+                             log_path=tmp / "worker.log")
 
     console = terminal_console(width=None if sys.stdout.isatty() else 150)
     err = terminal_console(stderr=True)
@@ -182,9 +173,9 @@ def verify_stepwise(args: argparse.Namespace) -> int:
         err.print(f"loading {model} ({args.backend}) ...")
         # The restoring process loads its own copy of the model alongside this one, except the bundled model on
         # transformers: its first load converts the GGUF into a cache, which one process should do alone.
-        if settings.get("source") != BUNDLED:
+        if model != "gemma3-270m":
             worker = start_worker()
-        be = load_backend(args.backend, **local)
+        be = load_backend(args.backend, **settings.keywords())
         load_s = time.perf_counter() - t_start
         if worker is None:
             worker = start_worker()

@@ -64,15 +64,16 @@ def phase(a: argparse.Namespace) -> int:
     from safetensors.torch import save_file
     from vllm import SamplingParams
 
-    from kvstore.backends.vllm import VllmSettings, start_engine
+    from kvstore import backend_tools
 
     samples = json.loads(Path(a.samples_file).read_text())
     role = "kv_producer" if a.phase == "a" else "kv_consumer"  # A never grafts: its cache is its own
-    settings = VllmSettings(store=str(a.store), role=role, deposit="marked", journal=a.journal,
-                            threads=a.threads or 2, max_logprobs=-1, logprobs_mode="raw_logits",
-                            dtype=a.dtype or "bfloat16")
+    engine = backend_tools("vllm")  # the engine's own launcher and settings
+    settings = engine.VllmSettings(store=str(a.store), role=role, deposit="marked", journal=a.journal,
+                                   threads=a.threads or 2, max_logprobs=-1, logprobs_mode="raw_logits",
+                                   dtype=a.dtype or "bfloat16")
     t0 = time.perf_counter()
-    llm = start_engine(settings)
+    llm = engine.start_engine(settings)
     started = time.perf_counter() - t0
     last = SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1)
     deposit = SamplingParams(max_tokens=1, temperature=0.0,
@@ -150,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from harness.experiments.text import DEFAULT_PROBLEMS, prefix_lengths, problem_texts
-    from kvstore.backends.vllm import VllmSettings, model_folder
-    from kvstore.backends.vllm.connector import journal
+    from kvstore import backend_tools
     from kvstore.engine.verify import compare_logits
     from kvstore.environment import cpu_name
 
@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     store = str(a.store) if a.store else str(tmp / "store")
     threads, dtype = a.threads or 2, a.dtype or "bfloat16"
     lo, hi = a.min_prefix_tokens or 128, a.max_prefix_tokens or 1400
-    folder = model_folder(VllmSettings())
+    engine = backend_tools("vllm")  # the engine's own launcher, settings and connector journal
+    folder = engine.model_folder(engine.VllmSettings())
     tok = AutoTokenizer.from_pretrained(folder)
 
     class Enc:
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verify_vllm: error: engine {ph} exited with status {rc}", file=sys.stderr)
             return 2
         runs[ph] = {"logits": load_file(lfile), "oneshot": load_file(lfile + ".oneshot") if ph == "a" else {},
-                    "journal": journal(jfile), "wall_s": time.perf_counter() - t,
+                    "journal": engine.journal(jfile), "wall_s": time.perf_counter() - t,
                     **json.loads(Path(lfile + ".json").read_text())}
     grafts = {e["request"]: e for e in runs["b"]["journal"] if e["event"] == "graft"}
     graft_tokens = sorted(e["tokens"] for e in grafts.values())

@@ -28,10 +28,11 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
-    from kvstore.backends.vllm import VllmSettings, model_folder, start_engine
+    from kvstore import backend_tools
     from kvstore.environment import cpu_name
 
-    folder = model_folder(VllmSettings())
+    engine = backend_tools("vllm")  # the engine's own launcher and settings
+    folder = engine.model_folder(engine.VllmSettings())
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
     ids = {code: tok(prompt(code))["input_ids"] for code in ("7391", "2468")}
@@ -39,7 +40,7 @@ def main() -> int:
         hf = {code: model(torch.tensor([x])).logits[0, -1].float() for code, x in ids.items()}
     del model
     moved = float((hf["7391"] - hf["2468"]).abs().max())
-    llm = start_engine(VllmSettings(dtype="float32", max_logprobs=-1, logprobs_mode="raw_logits",
+    llm = engine.start_engine(engine.VllmSettings(dtype="float32", max_logprobs=-1, logprobs_mode="raw_logits",
                                     enable_prefix_caching=False))
     out = llm.generate([{"prompt_token_ids": ids["7391"]}], SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1),
                        use_tqdm=False)[0]

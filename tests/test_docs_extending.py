@@ -11,7 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
-KINDS = ("a backend", "a capability of a backend", "a run setting", "a condition", "a metric", "a dataset")
+KINDS = ("a backend", "a setting of a backend", "a capability of a backend", "a run setting",
+         "a model setting every backend may read", "a condition", "a metric", "a dataset")
 
 
 def _table() -> dict[str, tuple[list[str], int]]:

@@ -249,3 +249,73 @@ def test_the_layout_check_of_backend_facts_can_fail(tmp_path):
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "getattr" and any(_is_backend(x) for x in ast.walk(n.args[0]))]
     assert re.search(r"settings\(\)\s*(\.get\(|\[)", bad) and len(calls) == 2
+
+
+def _settings_dispatch(text: str) -> list[int]:
+    """Lines that guess a backend from its Settings class's fields: `fields(...)` of a `settings_class(...)` (the
+    Settings class asked for its fields by name), or `.field_names()` of one."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            inner = [n for a in node.args for n in ast.walk(a) if isinstance(n, ast.Call)]
+            asks_class = any((isinstance(c.func, ast.Name) and c.func.id == "settings_class")
+                             or (isinstance(c.func, ast.Attribute) and c.func.attr == "settings_class") for c in inner)
+            if (name == "fields" and asks_class) or name == "field_names":
+                found.append(node.lineno)
+    return found
+
+
+def test_no_code_outside_the_backends_chooses_a_backend_by_its_settings_fields():
+    """A backend's settings come from its own Settings class (`kvstore.settings_for(name, ModelChoice(...))`, the
+    class's `from_config`); nothing outside kvstore/backends reads a Settings class's fields to guess which backend it
+    is (the class answers: `takes_device()`, `pins_determinism()`)."""
+    own = REPO / "kvstore" / "backends"
+    found = [f"{p.relative_to(REPO)}:{line}" for p in _files("kvstore", "harness", "scripts") if own not in p.parents
+             for line in _settings_dispatch(p.read_text(encoding="utf-8"))]
+    assert not found, f"settings read by field name outside kvstore/backends: {found}"
+
+
+def test_the_settings_dispatch_check_can_fail():
+    """The check above finds the old way (a module that reads a Settings class's fields)."""
+    bad = ("import dataclasses\nfrom kvstore import settings_class\n"
+           "def f(name):\n    return 'device' in {f.name for f in dataclasses.fields(settings_class(name))}\n")
+    assert _settings_dispatch(bad) == [4]
+
+
+#: An engine's handles and the transformers-only extras: read only in kvstore/backends/<engine> (its `bare` module is
+#: how a benchmark reaches the engine alone: `kvstore.backend_tools(name).bare`).
+ENGINE_HANDLES = {"llm", "ll", "ctx", "cfg", "fm", "torch_model", "layer_layout", "device", "sampling_params"}
+
+
+def _engine_reaches(text: str) -> list[str]:
+    """`be.llm`, `fm.layer_layout()`, `self.backend.cfg`...: an engine handle or extra read off a backend."""
+    return [f"{node.lineno} .{node.attr}" for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Attribute) and node.attr in ENGINE_HANDLES
+            and (isinstance(node.value, ast.Name) and node.value.id in {"be", "fm", "backend"}
+                 or isinstance(node.value, ast.Attribute) and node.value.attr in {"backend", "fm", "be"})]
+
+
+def test_nothing_outside_an_engine_folder_reads_its_handles_or_imports_its_folder():
+    """No `.llm` / `.ll` / `.ctx` / `.cfg` / `.fm` / `.torch_model()` / `.layer_layout()` / `.device` read off a
+    backend outside kvstore/backends (facts are the base's methods: `sliding_window()`, `layer_kinds()`), and no
+    script or harness module imports `kvstore.backends.<engine>`: an engine's own names come from its class
+    (`kvstore.backend_tools(name)`)."""
+    own = REPO / "kvstore" / "backends"
+    builds = REPO / "kvstore" / "testing"  # random-weight models: a transformers FrozenModel assembled (its `fm`)
+    found = [f"{p.relative_to(REPO)}:{hit}" for p in _files("kvstore", "harness", "scripts")
+             if own not in p.parents and builds not in p.parents
+             for hit in _engine_reaches(p.read_text(encoding="utf-8"))]
+    engines = {p.name for p in own.iterdir() if (p / "__init__.py").is_file()}
+    found += [f"{p.relative_to(REPO)}:{node.lineno} imports {module}" for p in _files("harness", "scripts")
+              for module, _, node in _imports(p)
+              if module.split(".")[:2] == ["kvstore", "backends"] and len(module.split(".")) > 2
+              and module.split(".")[2] in engines]
+    assert not found, f"an engine's handles or folder reached from outside it: {found}"
+
+
+def test_the_engine_reach_check_can_fail():
+    """The check above finds the old way (a benchmark reading vLLM's engine and llama.cpp's context)."""
+    bad = "def f(be, fm):\n    be.llm.generate([])\n    return fm.layer_layout(), be.ll.llama_token, be.device\n"
+    assert sorted(_engine_reaches(bad)) == ["2 .llm", "3 .device", "3 .layer_layout", "3 .ll"]

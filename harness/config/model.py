@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import Any
 
 from harness.config.schema import Config
 from harness.errors import ConfigError
-from kvstore import Backend, Determinism, load_backend, settings_class
-
-BUNDLED_SOURCE = "gemma3-270m"  # model.source of the bundled model: a GGUF-reading backend takes its own copy
+from kvstore import Backend, BackendSettings, Determinism, ModelChoice, load_backend, settings_class, settings_for
 
 
 def check_device(spec: str) -> None:
@@ -37,37 +34,27 @@ def check_device(spec: str) -> None:
                           f"({dev.type}:0..{count - 1})")
 
 
-def backend_settings(c: Config) -> dict[str, Any]:
-    """The keywords of `kvstore.load_backend(model.backend, ...)` the config names, read off the backend's Settings
-    dataclass (no backend is named here): its section `model.<backend>` when it has one (defaults when the config
-    gives none); then the top-level model fields a backend's settings declare: `source` (model.source), `device`
-    (model.device), `determinism` (the determinism group), `model_name` (model.name), and for a `gguf` left empty,
-    model.source when that is not the bundled model's name (transformers: source, device and determinism)."""
+def model_settings(c: Config) -> BackendSettings:
+    """The settings of the backend `model.backend` names, built by its own Settings class from the run's choices
+    (`from_config`: no backend is named here and none is guessed from its fields): the model's source, name and
+    device, the determinism group, and the backend's section `model.<backend>` when it has one (defaults when the
+    config gives none)."""
     m = c.model
     name = str(m.backend)
     section = getattr(m, name, None)
-    s = dataclasses.asdict(section) if section is not None else {}
-    s = {k: v.value if isinstance(v, Enum) else v for k, v in s.items()}  # closed choices as plain strings
-    fields = {f.name for f in dataclasses.fields(settings_class(name))}
-    if "source" in fields:
-        s["source"] = m.source
-    if "determinism" in fields:
-        s["determinism"] = Determinism(**dataclasses.asdict(c.determinism))
-    if "device" in fields:
-        s["device"] = m.device
-    if "gguf" in fields and not s.get("gguf") and m.source != BUNDLED_SOURCE:
-        s["gguf"] = m.source
-    if "model_name" in fields:
-        s["model_name"] = m.name
-    return s
+    named = dataclasses.asdict(section) if section is not None else {}
+    named = {k: v.value if isinstance(v, Enum) else v for k, v in named.items()}  # closed choices as plain strings
+    choice = ModelChoice(source=m.source, name=m.name, device=m.device,
+                         determinism=Determinism(**dataclasses.asdict(c.determinism)), named=named)
+    return settings_for(name, choice)
 
 
 def load_model(c: Config) -> Backend:
     """The backend the config names with its frozen model loaded (a backend that takes a device: the device checked
     first). Every harness function that takes a model takes this Backend, the one object of a loaded model."""
-    if "device" in {f.name for f in dataclasses.fields(settings_class(str(c.model.backend)))}:
+    if settings_class(str(c.model.backend)).takes_device():
         check_device(c.model.device)  # before anything loads
-    return load_backend(str(c.model.backend), **backend_settings(c))
+    return load_backend(str(c.model.backend), **model_settings(c).keywords())
 
 
 def check_given_backend(c: Config, fm: Backend) -> None:
@@ -81,8 +68,8 @@ def check_given_backend(c: Config, fm: Backend) -> None:
     if fm.batch_invariant() != bool(c.determinism.batch_invariant):
         problems.append(f"determinism.batch_invariant={str(c.determinism.batch_invariant).lower()}, the backend given "
                         f"runs {'the mode' if fm.batch_invariant() else 'without the mode'}")
-    det = backend_settings(c).get("determinism")
-    if isinstance(det, Determinism):  # the backend records its settings as a Determinism does (transformers)
+    det = model_settings(c).pinned_determinism()
+    if det is not None:  # the backend records its settings as a Determinism does (transformers)
         given = Determinism.from_dict(fm.settings())
         for f in dataclasses.fields(Determinism):
             want, have = getattr(det, f.name), getattr(given, f.name)

@@ -343,17 +343,17 @@ def validate(c: Config) -> None:
 
 def check_backend(m: ModelConfig, batch_invariant: bool = False, in_flight: int = 1, batch_size: int = 1) -> None:
     """A backend whose settings take no `device` (llama.cpp, vLLM's CPU build, the fake) runs on the CPU here:
-    model.device=cpu, a ConfigError naming model.device otherwise, before anything loads. Read off the backend's
-    Settings dataclass, no backend named. run.in_flight > 1 and decoding.batch_size > 1 on a backend whose class
-    decodes one context, one row at a time (llama.cpp) are refused here too, read off its class's capabilities (the
-    registry), before anything loads.
+    model.device=cpu, a ConfigError naming model.device otherwise, before anything loads. Asked of the backend's
+    Settings class (`takes_device()`), no backend named. run.in_flight > 1 and decoding.batch_size > 1 on a backend
+    whose class decodes one context, one row at a time (llama.cpp) are refused here too, read off its class's
+    capabilities (the registry), before anything loads.
     (model.backend's values and each section's ranges and choices are the schema's: `check_fields`, and OmegaConf at
     composition.)"""
     name = str(m.backend)
     refusal = batch_invariant_refusal(name) if batch_invariant else None
     if refusal:  # the backend's own word on why it cannot (its registry entry), before anything loads
         raise ConfigError(refusal)
-    if m.device != "cpu" and "device" not in {f.name for f in dataclasses.fields(settings_class(name))}:
+    if m.device != "cpu" and not settings_class(name).takes_device():
         raise ConfigError(f"model.device={m.device!r}: the {name} backend runs on the CPU here; use model.device=cpu")
     missing = backend_missing(name)  # an engine this Python lacks (vLLM outside .venv-vllm): one line, no load
     if missing:

@@ -76,11 +76,6 @@ def _ids_sha(ids: list[int]) -> str:
     return _sha(json.dumps(list(ids)).encode())
 
 
-def smallest_window(layout: list[dict]) -> int | None:
-    """The smallest window of a layer layout's windowed layers (None when there are none)."""
-    return min((x["window"] for x in layout if x["window"]), default=None)
-
-
 def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """The registered computations on this process's model (the transformers backend `_load_model` gives, its layer
     layout one of its facts): graft samples and greedy decodes, through the backend's verbs (the engine's own prefill
@@ -92,7 +87,7 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     from kvstore import check_graft, logits_sha256
 
     problems_path = REPO / params["problems"]
-    window = smallest_window(fm.layer_layout())
+    window = fm.sliding_window()
     scale = window or 512
     lo, hi = max(4, scale // 32), max(60, scale * 7 // 4)
     lengths = prefix_lengths(params["samples"], params["seed"], lo, hi, window)

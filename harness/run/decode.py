@@ -30,14 +30,12 @@ import torch
 from harness.errors import ConfigError, HarnessError
 from kvstore import (
     Backend,
-    BatchedRows,
+    Continuation,
     InEngineBatches,
     InEngineDecoding,
     RowsRequest,
     Stepwise,
     logits_sha256,
-    supports_batched_rows,
-    supports_in_flight,
 )
 
 StopReason = Literal["eos", "stop", "length"]
@@ -263,106 +261,41 @@ def _generate_batch(
     on_token: Callable[[int], None] | None,
     eos: set[int] | None,
 ) -> list[Generation]:
-    max_new_tokens, stop, strategy = sampling.max_new_tokens, list(sampling.stop), sampling.strategy
-    temperature, top_p = sampling.temperature, sampling.top_p
     t0 = time.perf_counter()
     if n < 1:
         raise ConfigError(f"batch of n={n} rows: use n >= 1")
     seeds = list(range(n)) if seeds is None else [int(s) for s in seeds]
     if len(seeds) != n:
         raise ConfigError(f"{len(seeds)} seeds for a batch of n={n} rows: give one seed per row")
+    job = Job(list(prompt_ids), seeds, cache, t0)
     if isinstance(be, InEngineDecoding):  # an engine that decodes whole requests itself: the same contract, there
-        return _continue_in_engine(be, prompt_ids, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
+        seen = prefilled_from(be, job)
+        rows = be.continue_rows(cache, job.prompt_ids, seeds, **_engine_sampling(be, sampling, eos))
+        return [finish(be, row, len(prompt_ids) - seen, seed, sampling, on_token)
+                for seed, row in zip(seeds, rows, strict=True)]
     if not isinstance(be, Stepwise):
         raise HarnessError(f"the {be.name} backend neither decodes in its engine (kvstore.InEngineDecoding) nor step "
                            "by step (kvstore.Stepwise); a backend declares one of them (docs/extending.md)")
-    if n > 1 and not isinstance(be, BatchedRows):
-        raise ConfigError(f"decoding.batch_size={n}: {batched_rows_refusal(be)}; set decoding.batch_size=1")
-    cache = cache if cache is not None else be.new_state()
-    seen = be.seen(cache)
-    if seen >= len(prompt_ids):
-        raise HarnessError(
-            f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
-        )
-    gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds] if strategy == "sample" else [None] * n
-    eos = be.eos_ids() if eos is None else set(eos)
-    stop = [s for s in stop if s]
-    # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
-    # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
-    tail = max((len(s) for s in stop), default=0) + 4
-
-    cache, logits = be.prefill(prompt_ids[seen:], cache)  # (1, vocab): shared by every row's first token
-    first_sha = logits_sha256(logits)
-    outs: list[list[int]] = [[] for _ in range(n)]
-    reasons: list[StopReason] = ["length"] * n
-    ttft = [0.0] * n
-    active = list(range(n))  # row ids still decoding, in cache-batch order
-    position = len(prompt_ids)
-    for step in range(max_new_tokens):
-        running: list[int] = []  # indices into `active` of rows that continue
-        rows = logits if logits.shape[0] == len(active) else logits.expand(len(active), -1)  # step 0: shared
-        picks = _pick_rows(rows, strategy, temperature, top_p, [gens[i] for i in active])
-        for j, i in enumerate(active):
-            tok = picks[j]
-            if step == 0:
-                ttft[i] = time.perf_counter() - t0
-            if tok in eos:
-                reasons[i] = "eos"
-                continue
-            outs[i].append(tok)
-            if stop and _first_stop(be.decode(outs[i][-tail:]), stop) is not None:
-                reasons[i] = "stop"
-                continue
-            running.append(j)
-        if on_token is not None:
-            on_token(len(active))
-        if not running or step + 1 == max_new_tokens:
-            break
-        if step == 0:
-            if len(running) > 1:
-                be.repeat_rows(cache, len(running))  # every row starts from the same context (BatchedRows)
-        elif len(running) < len(active):
-            be.keep_rows(cache, running)
-        active = [active[j] for j in running]
-        logits = be.step(cache, [outs[i][-1] for i in active], position + step)  # (rows, vocab)
-
-    gens_out = []
-    for i in range(n):
-        text = be.decode(outs[i])
-        hit = _first_stop(text, stop)
-        if hit is not None:
-            text = text[:hit]
-        gens_out.append(Generation(
-            outs[i], text, len(prompt_ids) - seen, len(outs[i]) + (reasons[i] == "eos"), reasons[i], first_sha,
-            ttft[i], seed=seeds[i] if strategy == "sample" else None,
-        ))
-    return gens_out
+    check_capabilities(be, n, 1)  # a direct caller's rows (a run asked this once already)
+    return _decode_steps(be, [job], sampling, on_token=on_token, eos=eos)[0]
 
 
-def _continue_in_engine(
-    be: InEngineDecoding,
-    prompt_ids: list[int],
-    seeds: list[int],
-    sampling: Sampling,
-    *,
-    cache,
-    on_token: Callable[[int], None] | None,
-    eos: set[int] | None,
-) -> list[Generation]:
-    """`generate_batch` on an InEngineDecoding backend (`continue_rows`, kvstore.engine.protocol): the engine
-    decodes every row (its own batching and sampler, seeded per row) and returns each row's tokens, stop reason and
-    first-logits SHA-256; the text is cut at the first stop string here, as in the stepping loop."""
-    seen = be.seen(cache) if cache is not None else 0
-    if seen >= len(prompt_ids):
-        raise HarnessError(
-            f"the cache already holds {seen} tokens of a {len(prompt_ids)}-token prompt; nothing to prefill"
-        )
-    stop = [s for s in sampling.stop if s]
-    rows = be.continue_rows(cache, list(prompt_ids), seeds, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
-                  strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
-                  eos=be.eos_ids() if eos is None else set(eos))
-    return [_generation(be, row, len(prompt_ids) - seen, seed, sampling, stop, on_token)
-            for seed, row in zip(seeds, rows, strict=True)]
+def _engine_sampling(be: Backend, sampling: Sampling, eos: set[int] | None) -> dict:
+    """The keywords an in-engine decode takes (`continue_rows`, `continue_many`): the budget, the stop strings, the
+    sampler and the EOS ids (the backend's unless given)."""
+    return dict(max_new_tokens=sampling.max_new_tokens, stop=tuple(s for s in sampling.stop if s),
+                strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
+                eos=be.eos_ids() if eos is None else set(eos))
+
+
+def prefilled_from(be: Backend, job: Job) -> int:
+    """How many tokens of `job`'s prompt its cache already holds (a graft; 0 without one); a HarnessError when it
+    holds all of them (nothing would be prefilled, so no logits to choose the first token from)."""
+    seen = be.seen(job.cache) if job.cache is not None else 0
+    if seen >= len(job.prompt_ids):
+        raise HarnessError(f"the cache already holds {seen} tokens of a {len(job.prompt_ids)}-token prompt; "
+                           "nothing to prefill")
+    return seen
 
 
 @dataclass
@@ -376,31 +309,16 @@ class Job:
     submitted: float = 0.0
 
 
-def in_flight_support(be: Backend) -> str | None:
-    """None when `be` can decode several contexts together (problems in flight: kvstore.RaggedRows or
-    kvstore.InEngineBatches), else why not, in one line."""
-    if supports_in_flight(type(be)):
-        return None
-    return (f"the {be.name} backend decodes one context at a time (it has neither kvstore.RaggedRows nor "
-            "kvstore.InEngineBatches)")
-
-
-def batched_rows_refusal(be: Backend) -> str | None:
-    """None when `be` decodes several rows of one context together (kvstore.BatchedRows or InEngineDecoding), else
-    why not, in one line."""
-    if supports_batched_rows(type(be)):
-        return None
-    return f"the {be.name} backend decodes one row at a time (it has no kvstore.BatchedRows)"
-
-
 def check_capabilities(be: Backend, batch_size: int, in_flight: int) -> None:
     """What a run asks of its backend, asked once before it decodes: several rows of a problem together
     (decoding.batch_size > 1) and several problems in flight (run.in_flight > 1); a ConfigError naming the key
-    otherwise."""
-    if batch_size > 1 and batched_rows_refusal(be) is not None:
-        raise ConfigError(f"decoding.batch_size={batch_size}: {batched_rows_refusal(be)}; set decoding.batch_size=1")
-    if in_flight > 1 and in_flight_support(be) is not None:
-        raise ConfigError(f"run.in_flight={in_flight}: {in_flight_support(be)}; set run.in_flight=1")
+    otherwise, in the class's own words (`Backend.batched_rows_refusal`, `Backend.in_flight_refusal`)."""
+    refused = be.batched_rows_refusal(batch_size)
+    if refused:
+        raise ConfigError(f"decoding.batch_size={batch_size}: {refused}; set decoding.batch_size=1")
+    refused = be.in_flight_refusal(in_flight)
+    if refused:
+        raise ConfigError(f"run.in_flight={in_flight}: {refused}; set run.in_flight=1")
 
 
 def generate_many(
@@ -426,19 +344,26 @@ def generate_many(
     for job in jobs:
         if not job.seeds:
             raise ConfigError("a job with no rows: give each job at least one seed")
-    why = in_flight_support(be)
-    if why is not None:
-        raise ConfigError(f"run.in_flight > 1: {why}; set run.in_flight=1")
+    refused = be.in_flight_refusal(max(2, len(jobs)))  # several contexts together (a run asked this once already)
+    if refused:
+        raise ConfigError(f"run.in_flight > 1: {refused}; set run.in_flight=1")
     if isinstance(be, InEngineBatches):
         return _continue_many(be, jobs, sampling, on_token=on_token, eos=eos)
     with torch.inference_mode():
-        return _generate_ragged(be, jobs, sampling, on_token=on_token, eos=eos)
+        return _decode_steps(be, jobs, sampling, on_token=on_token, eos=eos)
 
 
-def _generate_ragged(be, jobs: list[Job], sampling: Sampling, *, on_token: Callable[[int], None] | None,
-                     eos: set[int] | None) -> list[list[Generation]]:
+def _decode_steps(be, jobs: list[Job], sampling: Sampling, *, on_token: Callable[[int], None] | None,
+                  eos: set[int] | None) -> list[list[Generation]]:
+    """The one decode loop of a step-wise engine, for one context (`generate_batch`) or several (`generate_many`):
+    each context is prefilled (or its graft taken) alone, in its pinned schedule, and each job's first tokens picked
+    from its own logits; then the rows still running step together (one context: `step`, its rows repeated from the
+    shared context; several: their caches joined, `step_rows`, each row at its own positions) and a finished row
+    leaves the batch. A row ends at EOS, a stop string or its budget."""
     max_new_tokens, stop, strategy = sampling.max_new_tokens, [s for s in sampling.stop if s], sampling.strategy
     eos = be.eos_ids() if eos is None else set(eos)
+    # A stop string completed by the newest token lies within the last len(stop) characters, so decoding a tail
+    # of that many tokens (each is >= 1 character) finds it without re-decoding the whole text every step.
     tail = max((len(s) for s in stop), default=0) + 4
     # one entry per row of every job: (job index, row index in the job)
     owners = [(j, r) for j, job in enumerate(jobs) for r in range(len(job.seeds))]
@@ -466,11 +391,8 @@ def _generate_ragged(be, jobs: list[Job], sampling: Sampling, *, on_token: Calla
         n = len(job.seeds)
         t0 = job.submitted or time.perf_counter()
         cache = job.cache if job.cache is not None else be.new_state()
-        seen = be.seen(cache)
-        if seen >= len(job.prompt_ids):
-            raise HarnessError(f"the cache already holds {seen} tokens of a {len(job.prompt_ids)}-token prompt; "
-                               "nothing to prefill")
-        cache, logits = be.prefill(job.prompt_ids[seen:], cache)
+        seen = prefilled_from(be, job)
+        cache, logits = be.prefill(job.prompt_ids[seen:], cache)  # (1, vocab): shared by every row's first token
         shas.append(logits_sha256(logits))
         prefilled.append(len(job.prompt_ids) - seen)
         lengths.append(len(job.prompt_ids))
@@ -486,7 +408,7 @@ def _generate_ragged(be, jobs: list[Job], sampling: Sampling, *, on_token: Calla
             on_token(n)
         if going and max_new_tokens > 1:
             if len(going) > 1:
-                be.repeat_rows(cache, len(going))
+                be.repeat_rows(cache, len(going))  # every row starts from the same context (BatchedRows)
             caches.append(cache)
             running_rows += going
         first_row += n
@@ -500,8 +422,8 @@ def _generate_ragged(be, jobs: list[Job], sampling: Sampling, *, on_token: Calla
             positions = [lengths[owners[i][0]] + step - 1 for i in active]
             if joined:
                 logits = be.step_rows(state, tokens, positions)
-            else:  # one context: the single-job step, as generate_batch takes it
-                logits = be.step(state, tokens, positions[0])
+            else:  # one context: its rows at one position
+                logits = be.step(state, tokens, positions[0])  # (rows, vocab)
             picks = _pick_rows(logits, strategy, sampling.temperature, sampling.top_p, [gens[i] for i in active])
             keep = [k for k, (i, tok) in enumerate(zip(active, picks, strict=True)) if chosen(i, tok)]
             if on_token is not None:
@@ -514,49 +436,34 @@ def _generate_ragged(be, jobs: list[Job], sampling: Sampling, *, on_token: Calla
 
     out: list[list[Generation]] = [[] for _ in jobs]
     for i, (j, _) in enumerate(owners):
-        text = be.decode(outs[i])
-        hit = _first_stop(text, stop)
-        if hit is not None:
-            text = text[:hit]
-        out[j].append(Generation(
-            outs[i], text, prefilled[j], len(outs[i]) + (reasons[i] == "eos"), reasons[i], shas[j], ttft[i],
-            seed=seeds[i] if strategy == "sample" else None,
-        ))
+        row = Continuation(outs[i], reasons[i], shas[j], ttft[i])
+        out[j].append(finish(be, row, prefilled[j], seeds[i], sampling))
     return out
 
 
 def _continue_many(be: InEngineBatches, jobs: list[Job], sampling: Sampling, *,
                    on_token: Callable[[int], None] | None, eos: set[int] | None) -> list[list[Generation]]:
     """`generate_many` on an InEngineBatches backend (vLLM): every job's rows in one submission."""
-    stop = [s for s in sampling.stop if s]
-    requests = []
-    for job in jobs:
-        seen = be.seen(job.cache) if job.cache is not None else 0
-        if seen >= len(job.prompt_ids):
-            raise HarnessError(f"the cache already holds {seen} tokens of a {len(job.prompt_ids)}-token prompt; "
-                               "nothing to prefill")
-        requests.append(RowsRequest(job.cache, list(job.prompt_ids), list(job.seeds)))
-    answers = be.continue_many(requests, max_new_tokens=sampling.max_new_tokens, stop=tuple(stop),
-                               strategy=sampling.strategy, temperature=sampling.temperature, top_p=sampling.top_p,
-                               eos=be.eos_ids() if eos is None else set(eos))
+    seen = [prefilled_from(be, job) for job in jobs]
+    requests = [RowsRequest(job.cache, list(job.prompt_ids), list(job.seeds)) for job in jobs]
+    answers = be.continue_many(requests, **_engine_sampling(be, sampling, eos))
     if len(answers) != len(jobs):
         raise HarnessError(f"backend {be.name} answered {len(answers)} of {len(jobs)} jobs in flight")
-    out = []
-    for job, rows in zip(jobs, answers, strict=True):
-        seen = be.seen(job.cache) if job.cache is not None else 0
-        out.append([_generation(be, row, len(job.prompt_ids) - seen, seed, sampling, stop, on_token)
-                    for seed, row in zip(job.seeds, rows, strict=True)])
-    return out
+    return [[finish(be, row, len(job.prompt_ids) - held, seed, sampling, on_token)
+             for seed, row in zip(job.seeds, rows, strict=True)]
+            for job, held, rows in zip(jobs, seen, answers, strict=True)]
 
 
-def _generation(be: Backend, row, prefilled: int, seed: int, sampling: Sampling, stop: list[str],
-                on_token: Callable[[int], None] | None) -> Generation:
-    """A Generation from an engine's Continuation: the text cut at the first stop string, as the stepping loop."""
+def finish(be: Backend, row: Continuation, prefilled: int, seed: int, sampling: Sampling,
+           on_token: Callable[[int], None] | None = None) -> Generation:
+    """A Generation from a decoded row (an engine's Continuation, or the step-wise loop's): its text cut at the
+    first stop string, its tokens chosen counted (a final EOS included; reported to `on_token` when given: an
+    engine's row, whose steps the caller did not see), its seed kept when sampled."""
     if row.stop_reason not in STOP_REASONS:
         raise HarnessError(f"backend {be.name} ended a row with {row.stop_reason!r}; expected one of "
                            f"{list(STOP_REASONS)}")
     text = be.decode(row.token_ids)
-    hit = _first_stop(text, stop)
+    hit = _first_stop(text, [s for s in sampling.stop if s])
     if hit is not None:
         text = text[:hit]
     decode_tokens = len(row.token_ids) + (row.stop_reason == "eos")

@@ -43,7 +43,6 @@ ENV = "KVGRAFT_SERVE_LIBRARY"
 INCONTEXT_SUFFIX = "-incontext"
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 LIBRARY_KEY = "kvgraft_library"
-REFUSED = "kvgraft_refused"  # as the connector names a refusal in a response
 #: chat request keys carried over to the completions request it becomes
 CHAT_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "n", "stop", "stop_token_ids", "ignore_eos",
              "presence_penalty", "frequency_penalty", "repetition_penalty", "max_tokens", "user")
@@ -135,6 +134,9 @@ class LibraryMiddleware:
         self.mode, self.model_name, self.journal = cfg["retrieval"], cfg["model_name"], cfg.get("journal") or ""
         self.chat_template = str(cfg.get("chat_template") or "")
         self.context = int(cfg.get("context") or 0)  # the model's context in tokens (0: vLLM's own check only)
+        from kvstore import backend_tools
+
+        self.wire = backend_tools(cfg["backend"])  # the connector's request keys, its answers, its body reader
         if served is None:
             from harness.serve.library import ServedLibrary
             from kvstore import load_text_model
@@ -150,16 +152,8 @@ class LibraryMiddleware:
         if scope.get("type") != "http" or scope.get("method") != "POST" or path not in (COMPLETIONS, CHAT):
             await self.app(scope, receive, send)
             return
-        messages, body = [], bytearray()
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message.get("type") != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        data = _loads(bytes(body))
+        messages, body = await self.wire.read_body(receive)
+        data = _loads(body)
         if not isinstance(data, dict):
             await self.app(scope, _replay(messages, receive), send)
             return
@@ -235,7 +229,7 @@ class LibraryMiddleware:
             if match is not None:
                 note["entry"] = {"entry": match.entry.entry_id, "problem_id": match.entry.problem_id,
                                  "artifact": match.entry.artifact_id, "tokens": match.entry.tokens}
-                extra[REFUSED] = [{"artifact": match.entry.artifact_id, "tokens": match.entry.tokens,
+                extra[self.wire.REFUSED] = [{"artifact": match.entry.artifact_id, "tokens": match.entry.tokens,
                                    "first_difference": why, "differences": [why]}]
             note["outcome"] = "refused"
             note["why"] = f"the library entry was refused for this request ({why}); the client's text served alone"
@@ -255,8 +249,8 @@ class LibraryMiddleware:
             return
         out["prompt"] = composed.context_ids
         if condition == "graft":
-            out["kv_transfer_params"] = {"kvgraft_graft": composed.match.entry.artifact_id,
-                                         "kvgraft_tokens": composed.entry_tokens}
+            out["kv_transfer_params"] = {self.wire.GRAFT_MARK: composed.match.entry.artifact_id,
+                                         self.wire.GRAFT_TOKENS: composed.entry_tokens}
         else:  # the entry alone first, from a clean cache (this salt), then the whole context hits its blocks
             status = await self._internal(scope, {"model": self.model_name, "cache_salt": salt, "max_tokens": 1,
                                                   "temperature": 0.0, "prompt": composed.context_ids[
@@ -340,7 +334,7 @@ class LibraryMiddleware:
         data = _loads(body) if int(start.get("status", 500)) == 200 else None
         if isinstance(data, dict):
             told = data.get("kv_transfer_params") if isinstance(data.get("kv_transfer_params"), dict) else {}
-            note = {**note, **outcome(note, told)}
+            note = {**note, **outcome(note, told, self.wire)}
             data["kv_transfer_params"] = {**told, **extra, LIBRARY_KEY: note}
             if chat:
                 data = _as_chat(data)
@@ -357,7 +351,7 @@ class LibraryMiddleware:
         told = (response or {}).get("kv_transfer_params") or {}
         line = {"event": "library", "time": round(time.time(), 3), "response": (response or {}).get("id"),
                 "library": self.served.library.manifest_sha256,
-                **note, "grafted": told.get("kvgraft_grafted"), "refused": told.get(REFUSED)}
+                **note, "grafted": told.get(self.wire.GRAFTED), "refused": told.get(self.wire.REFUSED)}
         try:
             with open(self.journal, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line, sort_keys=True) + "\n")
@@ -365,17 +359,18 @@ class LibraryMiddleware:
             pass  # the connector logs an unwritable journal; the request is answered either way
 
 
-def outcome(note: dict[str, Any], told: dict[str, Any]) -> dict[str, Any]:
-    """What happened to the note's entry, from the connector's words in the response (`told`): grafted, refused, read
-    in context, or said nothing (a stop string ends a request before the engine reports to the connector)."""
+def outcome(note: dict[str, Any], told: dict[str, Any], wire: Any) -> dict[str, Any]:
+    """What happened to the note's entry, from the connector's words in the response (`told`, its keys `wire`'s):
+    grafted, refused, read in context, or said nothing (a stop string ends a request before the engine reports to the
+    connector)."""
     if "outcome" in note or note.get("entry") is None:
         return {}
     if note.get("condition") == "incontext":
         return {"outcome": "in context"}
-    if told.get(REFUSED):
+    if told.get(wire.REFUSED):
         return {"outcome": "refused", "why": "the connector refused the entry's artifact (kvgraft_refused); the "
                                              "context was computed"}
-    if told.get("kvgraft_grafted"):
+    if told.get(wire.GRAFTED):
         return {"outcome": "grafted"}
     return {"outcome": "unconfirmed", "why": "the response was answered before the engine reported to the connector "
                                              "(a stop string ended it): the journal's graft line is the record"}

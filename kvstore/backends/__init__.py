@@ -19,26 +19,34 @@ import dataclasses
 import functools
 import importlib
 import pkgutil
+from types import ModuleType
 from typing import Any
 
+from kvstore.backends.settings import BackendSettings, ModelChoice
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_missing", "backend_names", "batch_invariant_refusal", "batch_invariant_unavailable",
-           "batched_rows_refusal", "in_flight_refusal", "load_backend", "load_text_model", "registered",
-           "settings_class"]
+__all__ = ["backend_missing", "backend_names", "backend_tools", "batch_invariant_refusal",
+           "batch_invariant_unavailable", "batched_rows_refusal", "in_flight_refusal", "load_backend",
+           "load_text_model", "registered", "settings_class", "settings_for"]
 
 DEFAULT = "transformers"
 
 
 @functools.cache
-def _registry() -> dict[str, Registered]:
-    found: dict[str, Registered] = {}
+def _declared() -> dict[str, tuple[Registered, str]]:
+    """Each backend's entry and the module (its folder's face, or its module) that declares it."""
+    found: dict[str, tuple[Registered, str]] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        entry = getattr(importlib.import_module(f"{__name__}.{info.name}"), "REGISTERED", None)
+        module = f"{__name__}.{info.name}"
+        entry = getattr(importlib.import_module(module), "REGISTERED", None)
         if isinstance(entry, Registered):
-            found[entry.name] = entry
+            found[entry.name] = (entry, module)
     return {name: found[name] for name in sorted(found, key=lambda n: (n != DEFAULT, n))}
+
+
+def _registry() -> dict[str, Registered]:
+    return {name: entry for name, (entry, _) in _declared().items()}
 
 
 def backend_names() -> tuple[str, ...]:
@@ -55,9 +63,26 @@ def registered(name: str) -> Registered:
     return entry
 
 
-def settings_class(name: str) -> type:
+def backend_tools(name: str) -> ModuleType:
+    """Backend `name`'s own names: the face of its folder (or its module), which declares it; for a script that
+    measures that engine itself (vLLM's start_engine, llama.cpp's weight_buffers, each folder's `bare` module: the
+    engine alone on a loaded backend). Importing it loads no engine: its names load on first use."""
+    registered(name)  # a ModelLoadError naming the choices when there is none
+    return importlib.import_module(_declared()[name][1])
+
+
+def settings_class(name: str) -> type[BackendSettings]:
     """Backend `name`'s Settings dataclass."""
     return registered(name).settings_class()
+
+
+def settings_for(name: str, choice: ModelChoice) -> BackendSettings:
+    """Backend `name`'s settings from a run's choices (kvstore.backends.settings): its Settings class's
+    `from_config`; a SettingsError naming the backend when the choice gives it a setting it does not have."""
+    try:
+        return settings_class(name).from_config(choice)
+    except SettingsError as e:
+        raise SettingsError(f"backend {name!r}: {e}") from None
 
 
 def backend_missing(name: str) -> str | None:
@@ -108,19 +133,10 @@ def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
 def load_text_model(name: str, **settings: Any) -> Any:
     """Backend `name`'s model without its engine (encode, decode, chat_template, fingerprint, tokenizer_fingerprint,
     model_name): what a front end that composes the engine's prompts in another process needs (the library-aware
-    server, harness.serve). Offered by a backend whose package declares TEXT_MODEL ("module:function"; vLLM's);
-    a ModelLoadError for the others."""
+    server, harness.serve). Its class's `load_text` (vLLM's; the base's refuses: a ModelLoadError)."""
     entry = registered(name)
     cls = entry.settings_class()
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}")
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if getattr(module, "REGISTERED", None) is entry:
-            loader = getattr(module, "TEXT_MODEL", None)
-            if loader is None:
-                break
-            mod, attr = loader.split(":")
-            return getattr(importlib.import_module(mod), attr)(cls(**settings))
-    raise ModelLoadError(f"backend {name!r} offers no model without its engine (TEXT_MODEL); use load_backend")
+    return entry.backend_class().load_text(cls(**settings))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvstore.backends.settings import BackendSettings
 from kvstore.engine.admission import admit
 from kvstore.engine.protocol import Backend, Continuation, InEngineBatches, RaggedRows, Registered, RowsRequest
 from kvstore.engine.text import Tokenizer
@@ -43,7 +44,7 @@ VOCAB = 256 + OFFSET
 
 
 @dataclass(frozen=True)
-class FakeSettings:
+class FakeSettings(BackendSettings):
     """script: context text -> the continuation typed after it; margin: how far above the noise floor the scripted
     token scores; model_name: the name artifacts record."""
 

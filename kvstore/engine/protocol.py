@@ -27,6 +27,8 @@ in `__init__` or as properties). Every other member is concrete, a fact asked as
     rows_depend_on_batch(n)       n > 1 and not batch_invariant(): rows of n contexts decoded together may differ
                                   in their bits from one context at a time
     pinned_weights()              None: no weight files pinned (kvstore.engine.weights.PinnedWeights otherwise)
+    sliding_window()              None: no sliding layer (or the engine does not say)
+    layer_kinds()                 None: the layer layout in one word ("SSSSSF..."), where the engine says it
 
 Capabilities (each an abstract mixin; a backend inherits the ones it does and writes their members):
 
@@ -133,20 +135,12 @@ class Registered:
         return getattr(importlib.import_module(module), attr)
 
     def in_flight_refusal(self, in_flight: int) -> str | None:
-        """The one-line refusal of `in_flight` > 1 contexts decoded together on this backend, read off its class's
-        capabilities (RaggedRows or InEngineBatches) before anything loads; None when it offers them."""
-        if in_flight <= 1 or not self.backend or supports_in_flight(self.backend_class()):
-            return None
-        return (f"the {self.name} backend decodes one context at a time (it has neither RaggedRows nor "
-                f"InEngineBatches: {in_flight} contexts cannot decode together in it)")
+        """The class's `in_flight_refusal`, read before anything loads ("" backend: None)."""
+        return self.backend_class().in_flight_refusal(in_flight) if self.backend else None
 
     def batched_rows_refusal(self, rows: int) -> str | None:
-        """The one-line refusal of `rows` > 1 rows of one context decoded together on this backend, read off its
-        class's capabilities (BatchedRows or InEngineDecoding) before anything loads; None when it offers them."""
-        if rows <= 1 or not self.backend or supports_batched_rows(self.backend_class()):
-            return None
-        return (f"the {self.name} backend decodes one row at a time (it has no BatchedRows: {rows} rows of a context "
-                "cannot decode together in it)")
+        """The class's `batched_rows_refusal`, read before anything loads ("" backend: None)."""
+        return self.backend_class().batched_rows_refusal(rows) if self.backend else None
 
     def batch_invariant_refusal(self) -> str | None:
         """The one-line refusal of determinism.batch_invariant=true on this backend, or None when it offers it."""
@@ -249,6 +243,43 @@ class Backend(ABC):
     def pinned_weights(self) -> PinnedWeights | None:
         """The weight files this model was loaded from, pinned at load (kvstore.engine.weights), or None when there
         are none to watch (a scripted model, an engine that owns its files)."""
+        return None
+
+    @classmethod
+    def load_text(cls, settings: Any) -> Any:
+        """The model without its engine (encode, decode, chat_template, fingerprint, tokenizer_fingerprint,
+        model_name), for a front end that composes the engine's prompts in another process (harness.serve); a
+        ModelLoadError here (the default): this backend offers none (vLLM's does)."""
+        from kvstore.errors import ModelLoadError
+
+        raise ModelLoadError(f"backend {cls.name!r} offers no model without its engine (load_text); use load_backend")
+
+    @classmethod
+    def in_flight_refusal(cls, in_flight: int) -> str | None:
+        """The one-line refusal of `in_flight` > 1 contexts decoded together on this backend, read off its class's
+        capabilities (RaggedRows or InEngineBatches: nothing loaded); None when it offers them."""
+        if in_flight <= 1 or supports_in_flight(cls):
+            return None
+        return (f"the {cls.name} backend decodes one context at a time (it has neither RaggedRows nor "
+                f"InEngineBatches: {in_flight} contexts cannot decode together in it)")
+
+    @classmethod
+    def batched_rows_refusal(cls, rows: int) -> str | None:
+        """The one-line refusal of `rows` > 1 rows of one context decoded together on this backend, read off its
+        class's capabilities (BatchedRows or InEngineDecoding: nothing loaded); None when it offers them."""
+        if rows <= 1 or supports_batched_rows(cls):
+            return None
+        return (f"the {cls.name} backend decodes one row at a time (it has no BatchedRows: {rows} rows of a context "
+                "cannot decode together in it)")
+
+    def sliding_window(self) -> int | None:
+        """The smallest window of the model's sliding (or chunked) layers, or None: no sliding layer (or the engine
+        does not say)."""
+        return None
+
+    def layer_kinds(self) -> str | None:
+        """The model's layer layout in one word, a letter per layer (F full, S sliding, C chunked, ...: the
+        transformers folder's `layout_string`), or None when the engine does not say."""
         return None
 
     # ------------------------------------------------------------------ text, derived from the tokenizer

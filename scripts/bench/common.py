@@ -18,7 +18,7 @@ import torch
 from harness.experiments.text import problem_texts
 from harness.record.manifest import code_state
 from kvstore import Backend, Determinism, atomic_write
-from kvstore.backends.transformers import environment_fingerprint
+from kvstore.environment import current_environment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def argmax(logits: torch.Tensor) -> int:
 
 
 def machine_info(det: Determinism) -> dict:
-    env = environment_fingerprint()
+    env = current_environment().to_dict()  # the compute environment an artifact records
     return {
         "cpu": env["device_name"], "cpu_isa": env.get("cpu_isa", env.get("aten_cpu_capability")),
         "logical_cores": os.cpu_count(),

@@ -40,12 +40,12 @@ from kvstore import (
     LocalStore,
     Snapshot,
     atomic_write,
+    backend_tools,
     deposit,
     load_backend,
     to_bytes,
     tokens_sha256,
 )
-from kvstore.backends.transformers import layout_string
 from kvstore.determinism import add_arguments, from_arguments
 from scripts.bench.common import stats
 
@@ -190,9 +190,10 @@ def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarra
     vocab, bos = vocab_and_bos(be)
     seqs = [sequence(i, int(lengths[i]), vocab, bos) for i in picks]
     shas = [tokens_sha256(s) for s in seqs]
-    on_gpu = be.device.type == "cuda"
+    device = backend_tools(be.name).bare.device(be)
+    on_gpu = device.type == "cuda"
     if on_gpu:
-        torch.cuda.reset_peak_memory_stats(be.device)
+        torch.cuda.reset_peak_memory_stats(device)
     reset = peak_reset()  # the peak mark now equals the current RSS
     rss_before = psutil.Process().memory_info().rss
     sample_peak = rss_before
@@ -217,7 +218,7 @@ def measure(be: Backend, store: LocalStore, picks: list[int], lengths: np.ndarra
     into["rss_before"] = max(into.get("rss_before", 0), rss_before)
     into["peak_method"] = "VmHWM after clear_refs reset" if reset else "psutil RSS sampled after each restore"
     if on_gpu:
-        into["device_peak"] = max(into.get("device_peak", 0), torch.cuda.max_memory_allocated(be.device))
+        into["device_peak"] = max(into.get("device_peak", 0), torch.cuda.max_memory_allocated(device))
 
 
 def copy_first(src: LocalStore, dst_root: Path, ids: list[str]) -> LocalStore:
@@ -383,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     spread["peak_rss"] = max(q["peak_rss_bytes"] for q in points) / min(q["peak_rss_bytes"] for q in points)
     result = {
         "model": {"name": be.model_name, "fingerprint": be.fingerprint,
-                  "random_weights": be.model_name.startswith("tiny-"), "layers": layout_string(be.layer_layout()),
-                  "determinism": det.to_dict(), "device": str(be.device)},
+                  "random_weights": be.model_name.startswith("tiny-"), "layers": be.layer_kinds(),
+                  "determinism": det.to_dict(), "device": str(backend_tools(be.name).bare.device(be))},
         "store": {"root": str(store.root), "artifacts": len(infos), "tokens": sum(i.token_count for i in infos),
                   "bytes": sum(i.size for i in infos), "index_bytes": store.index_path.stat().st_size,
                   "reused_at_start": reused, "deposited_this_run": filler.deposited,

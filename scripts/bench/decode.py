@@ -140,7 +140,7 @@ def long_budget(be: Backend, tokens: int) -> dict:
     t0 = time.perf_counter()
     g = generate(be, be.encode(_prompts(1)[0]), max_new_tokens=tokens, on_token=on_token, eos=set())
     wall = time.perf_counter() - t0
-    window = next((layer["window"] for layer in be.layer_layout() if layer["kind"] == "sliding"), None)
+    window = be.sliding_window()
     mb = [round(r / 2**20, 1) for r in rss]
     return {"tokens": len(g.token_ids), "stop_reason": g.stop_reason, "sliding_window": window,
             "tokens_per_s": round(g.decode_tokens / wall, 2), "rss_mb_every_64_tokens": mb,

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvstore import backend_tools
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 GOAL = 0.9
@@ -74,10 +76,11 @@ def _harness(be, overrides: list[str]) -> dict:  # noqa: ANN001
 def _bare(be, prompts: list[list[int]], params: list, groups: list[list[int]]) -> dict:  # noqa: ANN001
     """LLM.generate over `groups` of prompt indices, one call per group (one group of all: all at once)."""
     load0 = os.getloadavg()[0]
+    alone = backend_tools("vllm").bare  # vLLM alone on the backend's own engine
     be.new_state()  # an empty prefix cache, as the harness's runs start from
     t0, tokens = time.perf_counter(), 0
     for g in groups:
-        outs = be.llm.generate([{"prompt_token_ids": prompts[i]} for i in g], [params[i] for i in g], use_tqdm=False)
+        outs = alone.generate(be, [prompts[i] for i in g], [params[i] for i in g])
         tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     wall = time.perf_counter() - t0
     return {"rows": len(prompts), "decode_tokens": tokens, "wall_s": round(wall, 2),
@@ -104,8 +107,7 @@ def bench_vllm(args: argparse.Namespace) -> dict:
     be = load_model(typed(compose_config(base)))
     stop_ids = sorted(be.eos_ids())
     warm = [be.encode(f"Problem: {i} + {i} = ?\nSolution:") for i in range(8)]  # the engine's first steps, untimed
-    be.llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(max_tokens=32, temperature=0.0),
-                    use_tqdm=False)
+    backend_tools("vllm").bare.generate(be, warm, SamplingParams(max_tokens=32, temperature=0.0))
     # and the whole-vocabulary first-logits path (its first use costs ~3 s more than later ones, measured here)
     _first_logits(be, warm)
     out: dict = {"dtype": args.dtype, "max_num_seqs": args.max_num_seqs}

@@ -24,8 +24,7 @@ if __name__ == "__main__" and not __package__:  # run as a file (python scripts/
               {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_root, os.environ.get("PYTHONPATH")]))})
 
 from harness.experiments.text import DEFAULT_PROBLEMS  # noqa: E402
-from kvstore import Determinism, load_backend  # noqa: E402
-from kvstore.backends.transformers.gguf import BUNDLED  # noqa: E402
+from kvstore import BUNDLED, Determinism, load_backend  # noqa: E402
 from scripts.bench.common import clock, machine_info, token_stream  # noqa: E402
 
 GOALS = {"prefill": 1.1, "decode": 1.3}  # the most the invariant mode may cost, as a ratio of the default's time

@@ -31,32 +31,27 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstore import LocalStore, compare_logits, load_backend
-from kvstore.backends.llamacpp.backend import LlamaCppBackend
+from kvstore import Backend, LocalStore, backend_tools, compare_logits, load_backend
 from kvstore.environment import cpu_name
 
 PROMPT = "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\n"
 
 
-def bench_decode(be: LlamaCppBackend, new_tokens: int, repeats: int) -> dict:
+def bench_decode(be: Backend, new_tokens: int, repeats: int) -> dict:
     from harness.run.decode import generate
 
+    alone = backend_tools("llamacpp").bare  # llama.cpp alone on the backend's own context
     ids = be.encode(PROMPT)
     ours, bare, toks_ours, toks_bare = [], [], None, None
-    llm = be.llm
     for _ in range(repeats):  # interleaved: the two sides see the same machine state
         t0 = time.perf_counter()
         g = generate(be, ids, max_new_tokens=new_tokens, eos=set())
         ours.append(len(g.token_ids) / (time.perf_counter() - t0))
         toks_ours = g.token_ids
-        llm.reset()
+        alone.reset(be)
         be.new_state()
         t0 = time.perf_counter()
-        out = []
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            out.append(int(tok))
-            if len(out) == new_tokens:
-                break
+        out = alone.greedy(be, ids, new_tokens)
         bare.append(len(out) / (time.perf_counter() - t0))
         toks_bare = out
         be.new_state()
@@ -66,7 +61,8 @@ def bench_decode(be: LlamaCppBackend, new_tokens: int, repeats: int) -> dict:
             "prompt_tokens": len(ids), "note": "each side prefills the prompt; tokens/s over prefill + decode"}
 
 
-def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) -> list[dict]:
+def bench_ttft(be: Backend, sizes: list[int], repeats: int, root: Path) -> list[dict]:
+    alone = backend_tools("llamacpp").bare  # llama.cpp alone on the backend's own context
     store = LocalStore(root / "store")
     base = be.encode(PROMPT * 2000)
     rows = []
@@ -74,10 +70,9 @@ def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) 
         prefix, suffix = base[:n], be.encode(" So", add_bos=False)
         state, _ = be.prefill(prefix)
         aid = store.put(be.capture(state, prefix))
-        blob = be._state_bytes()
+        blob = alone.state_bytes(be)
         state_file = root / f"state-{n}.bin"
-        arr = (be.ll.llama_token * n)(*prefix)
-        if not be.ll.llama_state_seq_save_file(be.ctx, str(state_file).encode(), 0, arr, n):
+        if not alone.save_file(be, state_file, prefix):
             raise SystemExit(f"llama_state_seq_save_file failed at {n} tokens")
         graft_s, recompute_s, verified_s, get_s, raw_s, file_s = [], [], [], [], [], []
         same, own_same = True, True
@@ -99,16 +94,13 @@ def bench_ttft(be: LlamaCppBackend, sizes: list[int], repeats: int, root: Path) 
             be.new_state()
             buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
             t0 = time.perf_counter()
-            be.ll.llama_state_seq_set_data(be.ctx, buf, len(blob), 0)
+            alone.set_data(be, buf, len(blob))
             raw_s.append(time.perf_counter() - t0)
-            own = be._current  # llama.cpp's own restore, then the same forward: are its logits the fresh ones?
-            own.tokens = list(prefix)
+            own = alone.restored_state(be, prefix)  # llama.cpp's own restore, then the same forward: fresh logits?
             own_same = own_same and compare_logits(ref, be.forward(suffix, own)).sha256_equal
             be.new_state()
-            out_tokens, count = (be.ll.llama_token * n)(), ctypes.c_size_t(0)
             t0 = time.perf_counter()
-            ok = be.ll.llama_state_seq_load_file(be.ctx, str(state_file).encode(), 0, out_tokens, n,
-                                                 ctypes.byref(count))
+            ok = alone.load_file(be, state_file, n)
             file_s.append(time.perf_counter() - t0)
             if not ok:
                 raise SystemExit(f"llama_state_seq_load_file failed at {n} tokens")

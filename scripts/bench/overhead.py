@@ -4,13 +4,12 @@ the same prompts, and llama.cpp's decode tokens/s as a reference point."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 
 from harness.experiments.text import read_problems
-from kvstore import Backend
+from kvstore import Backend, backend_tools
 from scripts.bench.common import GOALS, clock, stats
 from scripts.bench.peer import llama_clear, llama_logits_argmax
 
@@ -37,14 +36,10 @@ def bench_overhead(be: Backend, text_path: Path, prompts: int, new_tokens: int, 
             logits = be.forward([out[-1]], cache)[:, -1, :]
         return out, len(out)
 
+    alone = backend_tools(be.name).bare  # transformers alone on the backend's own model
+
     def bare(ids):
-        x = torch.tensor([ids], device=be.device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # one row is never padded: the pad id only silences generate's warning
-            out = be.torch_model().generate(input_ids=x, attention_mask=torch.ones_like(x),
-                                            max_new_tokens=new_tokens, do_sample=False,
-                                            pad_token_id=min(be.eos_ids()))
-        new = out[0, len(ids):].tolist()
+        new = alone.greedy(be, ids, new_tokens)
         return new, len(new)
 
     h_tps, b_tps, same = [], [], []

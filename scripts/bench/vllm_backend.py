@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvstore import backend_tools
+
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [
     "Problem: Let N be the number of positive integers less than 1000 that are divisible by 7. Find N.\nSolution:",
@@ -36,6 +38,7 @@ def bench_decode(be, new_tokens: int, n: int, strategy: str, repeats: int) -> di
 
     from harness.run.decode import Sampling, generate_batch
 
+    alone = backend_tools("vllm").bare  # vLLM alone on the backend's own engine
     ours, bare = [], []
     for _ in range(repeats):
         for text in PROMPTS:
@@ -51,7 +54,7 @@ def bench_decode(be, new_tokens: int, n: int, strategy: str, repeats: int) -> di
                 params = [SamplingParams(max_tokens=new_tokens, temperature=0.7, top_p=0.95, seed=s, ignore_eos=True)
                           for s in range(n)]
             t0 = time.perf_counter()
-            outs = be.llm.generate([{"prompt_token_ids": ids}] * n, params, use_tqdm=False)
+            outs = alone.generate(be, [ids] * n, params)
             bare.append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0))
     return {"strategy": strategy, "rows": n, "new_tokens": new_tokens, "harness_tokens_per_s": statistics.median(ours),
             "bare_tokens_per_s": statistics.median(bare),
@@ -61,6 +64,7 @@ def bench_decode(be, new_tokens: int, n: int, strategy: str, repeats: int) -> di
 def bench_ttft(be, store, ids: list[int], suffix: list[int], repeats: int) -> dict:  # noqa: ANN001
     from kvstore import logits_sha256
 
+    alone = backend_tools("vllm").bare  # vLLM alone on the backend's own engine
     prompt = ids + suffix
     aid = str(store.put(be.capture(None, ids)))
     one = {"max_tokens": 1, "temperature": 0.0, "detokenize": False}
@@ -69,17 +73,17 @@ def bench_ttft(be, store, ids: list[int], suffix: list[int], repeats: int) -> di
         be.new_state()
         t0 = time.perf_counter()
         state = be.graft(store.get(aid), prompt)  # every byte re-hashed on read, admitted
-        be.llm.generate([{"prompt_token_ids": prompt}], be.sampling_params(state, **one), use_tqdm=False)
+        alone.request(be, prompt, state, **one)
         graft.append(time.perf_counter() - t0)
         be.new_state()
         t0 = time.perf_counter()
-        be.llm.generate([{"prompt_token_ids": prompt}], be.sampling_params(None, **one), use_tqdm=False)
+        alone.request(be, prompt, None, **one)
         cold.append(time.perf_counter() - t0)
     state, _ = be.prefill(ids)
     _, ref = be.prefill(suffix, state)  # vLLM's own split schedule: the prefix alone, then a prefix-cache hit
     _, got = be.prefill(suffix, be.graft(store.get(aid), prompt))
     g, c = statistics.median(graft), statistics.median(cold)
-    return {"tokens": len(ids), "grafted_blocks_tokens": len(ids) // be.cfg.block_size * be.cfg.block_size,
+    return {"tokens": len(ids), "grafted_blocks_tokens": len(ids) // alone.block_size(be) * alone.block_size(be),
             "graft_s": g, "recompute_s": c, "speedup": c / g, "repeats": repeats,
             "sha256_equal_to_split_reference": logits_sha256(got) == logits_sha256(ref)}
 

@@ -75,7 +75,9 @@ def main() -> int:
     a = ap.parse_args()
     from openai import OpenAI
 
-    from kvstore.backends.vllm.serve import Server
+    from kvstore import backend_tools
+
+    Server = backend_tools("vllm").Server  # the vLLM server with kvgraft's connector
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.config.identity import RunIdentity
-from harness.config.model import backend_settings, load_model
+from harness.config.model import load_model, model_settings
 from harness.config.schema import Config, ModelConfig, compose_config, typed
 from harness.errors import ConfigError
 from harness.run.loop import comparable_key, resume_key
@@ -39,10 +39,9 @@ def test_the_llamacpp_model_config_maps_onto_llamacpp_settings() -> None:
     from kvstore.backends.llamacpp.settings import LlamaCppSettings
 
     c = typed(compose_config(["model=gemma3_270m_llamacpp", "model.llamacpp.n_ctx=1024", "model.llamacpp.threads=1"]))
-    s = backend_settings(c)
-    assert LlamaCppSettings(**s) == LlamaCppSettings(gguf="", n_ctx=1024, threads=1, model_name="gemma3-270m-gguf")
+    assert model_settings(c) == LlamaCppSettings(gguf="", n_ctx=1024, threads=1, model_name="gemma3-270m-gguf")
     other = typed(compose_config(["model=gemma3_270m_llamacpp", "model.source=/models/x.gguf"]))
-    assert backend_settings(other)["gguf"] == "/models/x.gguf"  # a GGUF path as the source
+    assert model_settings(other).gguf == "/models/x.gguf"  # a GGUF path as the source
 
 
 def test_the_backend_and_its_settings_are_in_the_run_keys() -> None:

@@ -161,7 +161,8 @@ def call(mw: LibraryMiddleware, path: str, body: bytes) -> tuple[int, dict | byt
 @pytest.fixture()
 def mw(fake, lib, tmp_path):
     served = ServedLibrary(lib, str(tmp_path / "store"), "held-out", fake, TEMPLATE)
-    settings = {"retrieval": "held-out", "model_name": "m", "journal": str(tmp_path / "journal.jsonl")}
+    settings = {"retrieval": "held-out", "model_name": "m", "journal": str(tmp_path / "journal.jsonl"),
+                "backend": "vllm"}  # the connector whose keys the middleware writes
     return LibraryMiddleware(App(), settings=settings, served=served)
 
 

@@ -245,4 +245,4 @@ def test_deposit_runs_on_any_registered_backend(kvstore, tmp_path):
     rc, _, err = kvstore("deposit", "--backend", "fake", "--setting", "bogus=1", "--text", "x")
     assert rc != 0 and "backend 'fake': no setting named bogus" in err
     rc, _, err = kvstore("deposit", "--setting", "n_ctx=8", "--text", "x")
-    assert rc != 0 and "--setting is for backends other than transformers" in err
+    assert rc != 0 and "backend 'transformers': it takes no setting by name (n_ctx)" in err

@@ -14,9 +14,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kvstore.backends.vllm.backend import VllmBackend, VllmState, _check_first
-from kvstore.backends.vllm.connector import CACHED, KvgraftConnector
+from kvstore.backends.vllm.connector import KvgraftConnector
 from kvstore.backends.vllm.digest import DIGEST, PROCESSOR, DigestReader
 from kvstore.backends.vllm.launch import check_sync, engine_kwargs
+from kvstore.backends.vllm.params import CACHED
 from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
 from kvstore.engine.protocol import RowsRequest
 from kvstore.errors import IncompatibleError, KVStoreError, SettingsError

@@ -32,7 +32,7 @@ def test_every_script_folder_is_a_package_and_imports_its_siblings_by_package() 
 
 def test_no_fm_outside_the_transformers_folder() -> None:
     """The FrozenModel is the transformers folder's own: the harness, scripts and the rest of kvstore use the
-    Backend's verbs and facts (`layer_layout()`, `sliding_window()`, `device`, `torch_model()`)."""
+    Backend's verbs and facts (`sliding_window()`, `layer_kinds()`), and its folder's `bare` module for the engine alone."""
     found = [f"{p.relative_to(REPO)}:{node.lineno}"
              for p in _modules("harness", "scripts", "kvstore") if "transformers" not in p.relative_to(REPO).parts[1:3]
              for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Attribute) and node.attr == "fm"]

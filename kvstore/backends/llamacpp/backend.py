@@ -304,7 +304,7 @@ class LlamaCppBackend(Backend, Stepwise):
         return self._decode(state, tokens, all_logits=False)
 
     # the sequence state <-> a Snapshot
-    def _state_bytes(self) -> bytes:
+    def state_bytes(self) -> bytes:
         size = int(self.ll.llama_state_seq_get_size(self.ctx, 0))
         buf = (ctypes.c_uint8 * size)()
         got = int(self.ll.llama_state_seq_get_data(self.ctx, buf, size, 0))
@@ -323,7 +323,7 @@ class LlamaCppBackend(Backend, Stepwise):
             raise IncompatibleError(f"llamacpp: the state holds {len(state.tokens)} tokens that are not the "
                                     f"{len(token_ids)} token ids given; capture the state that computed them")
         t = len(token_ids)
-        blob = self._state_bytes()
+        blob = self.state_bytes()
         hint = ("" if self.cfg.swa_full else "; set the llama.cpp setting swa_full=True (the sliding-window cache then "
                 "holds every position in order, as a fresh prefill and a graft lay it out)")
         caches = parse_state(blob, t, hint)

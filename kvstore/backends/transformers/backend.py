@@ -18,6 +18,7 @@ from kvstore.backends.transformers.model import (
     FrozenModel,
     cache_kwargs,
     environment_fingerprint,
+    layout_string,
     load_frozen_model,
     smallest_window,
 )
@@ -200,6 +201,10 @@ class TransformersBackend(Backend, RaggedRows, Repositioning):
         """One entry per decoder layer, its kind and window ({"kind": "sliding", "window": 512}); `layout_string`
         (this folder's face) writes it in one word."""
         return self.fm.layer_layout
+
+    def layer_kinds(self) -> str:
+        """The layer layout in one word (`layout_string`: "SSSSSF...")."""
+        return layout_string(self.fm.layer_layout)
 
     def sliding_window(self) -> int | None:
         """The smallest window of the model's sliding (or chunked) layers; None for a model without one."""

@@ -31,12 +31,17 @@ REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBac
 
 _EXPORTS = {"VllmBackendSettings": "settings", "VllmSettings": "settings", "VllmBackend": "backend",
             "start_engine": "launch", "engine_kwargs": "launch", "model_folder": "launch",
-            "KvgraftConnector": "connector", "journal": "connector", "VllmText": "text"}
-TEXT_MODEL = "kvstore.backends.vllm.text:load_text"  # kvstore.backends.load_text_model: the model without an engine
-__all__ = sorted(_EXPORTS)
+            "KvgraftConnector": "connector", "journal": "connector", "VllmText": "text", "Server": "serve",
+            "LearnedLayout": "paged", "named_maps": "paged", "self_test": "paged",
+            # the connector's wire: its request keys, its answers and the ASGI body reader (a front end's)
+            "GRAFT_MARK": "params", "GRAFT_TOKENS": "params", "GRAFTED": "params", "REFUSED": "params",
+            "read_body": "params"}
+__all__ = sorted([*_EXPORTS, "bare"])
 
 
 def __getattr__(name: str) -> Any:
+    if name == "bare":  # vLLM alone on a loaded backend's engine, for benchmarks
+        return importlib.import_module(f"{__name__}.bare")
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

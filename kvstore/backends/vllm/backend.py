@@ -54,11 +54,10 @@ from typing import Any
 
 import torch
 
-from kvstore.backends.vllm.connector import CACHED, GRAFTED, INVALID, REFUSED
 from kvstore.backends.vllm.digest import DIGEST, PROCESSOR, DigestReader
 from kvstore.backends.vllm.identity import NAME, model_fingerprint, tokenizer_fingerprint
 from kvstore.backends.vllm.launch import model_folder, start_engine
-from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT
+from kvstore.backends.vllm.params import CACHED, GRAFT_MARK, GRAFT_TOKENS, GRAFTED, INVALID, MARK, PROMPT, REFUSED
 from kvstore.backends.vllm.settings import VllmBackendSettings, VllmSettings
 from kvstore.engine.admission import admit
 from kvstore.engine.protocol import Backend, Continuation, InEngineBatches, RowsRequest
@@ -85,6 +84,13 @@ class VllmState:
 class VllmBackend(Backend, InEngineBatches):
     """kvstore.engine.protocol.Backend and InEngineBatches (so InEngineDecoding) on an in-process vllm.LLM (module
     docstring)."""
+
+    @classmethod
+    def load_text(cls, settings: VllmBackendSettings) -> Any:
+        """The model's tokenizer and fingerprints without an engine (kvstore.backends.vllm.text.VllmText)."""
+        from kvstore.backends.vllm.text import load_text
+
+        return load_text(settings)
 
     name = NAME
 
@@ -134,12 +140,6 @@ class VllmBackend(Backend, InEngineBatches):
 
     def environment(self) -> dict:
         return dict(self._environment)
-
-    def engine_batch_invariant(self) -> bool:
-        """vLLM's own batch-invariant switch (VLLM_BATCH_INVARIANT, GPU only), as its settings record it under
-        "batch_invariant" (the recorded key stays: artifacts and run keys hold it). Not kvgraft's tested mode:
-        `batch_invariant()` stays False here, so no run claims rows equal to one problem at a time on vLLM."""
-        return bool(self._settings.get("batch_invariant", False))
 
     def row_schedule(self) -> str | None:
         """ROW_SCHEDULE: a greedy row is one request (module docstring); runs of the two-request schedule before it

@@ -71,7 +71,17 @@ from kvstore.backends.vllm.identity import (
     tokenizer_fingerprint,
 )
 from kvstore.backends.vllm.paged import LearnedLayout, self_test
-from kvstore.backends.vllm.params import GRAFT_MARK, GRAFT_TOKENS, MARK, PROMPT, check_params
+from kvstore.backends.vllm.params import (
+    CACHED,
+    GRAFT_MARK,
+    GRAFT_TOKENS,
+    GRAFTED,
+    INVALID,
+    MARK,
+    PROMPT,
+    REFUSED,
+    check_params,
+)
 from kvstore.engine.admission import admission_differences
 from kvstore.environment import current_environment
 from kvstore.errors import IncompatibleError, KVStoreError, SettingsError, TransferParamsError
@@ -90,10 +100,6 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.kvgraft")  # under vLLM's logger, so its handlers print our lines
 DEPOSIT_MODES = ("all", "marked", "none")
 GRAFT_MODES = ("all", "marked")
-REFUSED = "kvgraft_refused"  # a response's kv_transfer_params: the artifacts refused at admission, each with why
-GRAFTED = "kvgraft_grafted"  # ... the artifact grafted and its tokens
-INVALID = "kvgraft_invalid"  # ... why the request's own kvgraft keys were refused (kvstore.backends.vllm.params)
-CACHED = "kvgraft_cached"  # ... a named artifact not read: the engine's prefix cache already held its blocks
 
 
 @dataclass

@@ -33,6 +33,11 @@ PROMPT = "prompt"  # MARK's value that deposits the whole prompt (partial last b
 GRAFT_MARK = "kvgraft_graft"  # the artifact a request grafts
 GRAFT_TOKENS = "kvgraft_tokens"  # ... and how many of its tokens
 KEYS = (MARK, GRAFT_MARK, GRAFT_TOKENS)
+# the connector's answers, in a response's kv_transfer_params
+REFUSED = "kvgraft_refused"  # the artifacts refused at admission, each with why
+GRAFTED = "kvgraft_grafted"  # the artifact grafted and its tokens
+INVALID = "kvgraft_invalid"  # why the request's own kvgraft keys were refused (check_params)
+CACHED = "kvgraft_cached"  # a named artifact not read: the engine's prefix cache already held its blocks
 MAX_PARAMS_BYTES = 1024
 MAX_TOKENS = 1 << 20
 PATHS = ("/v1/completions", "/v1/chat/completions")  # the routes whose JSON body ParamsMiddleware checks
@@ -78,6 +83,21 @@ def check_params(params: object) -> dict[str, Any]:
     return dict(params)
 
 
+async def read_body(receive: Any) -> tuple[list[dict], bytes]:
+    """An ASGI request's body: (the messages received, to replay them to the app; the body's bytes), read up to the
+    last `http.request` message (or the first message of another type, a disconnect)."""
+    messages, body = [], bytearray()
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message.get("type") != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    return messages, bytes(body)
+
+
 def error_body(message: str) -> bytes:
     """An OpenAI-style error body, as vLLM's server writes its own (`{"error": {...}}`)."""
     return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": "kv_transfer_params",
@@ -96,18 +116,10 @@ class ParamsMiddleware:
         if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in PATHS:
             await self.app(scope, receive, send)
             return
-        messages, body = [], bytearray()
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message.get("type") != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        messages, body = await read_body(receive)
         problem = None
         try:
-            data = json.loads(bytes(body))
+            data = json.loads(body)
         except ValueError:
             data = None  # not JSON: vLLM's own parser answers it (a 400)
         except RecursionError:  # nested past the parser's depth: vLLM's parser would fail the same way, as a 500

@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore.backends.settings import BackendSettings
 from kvstore.errors import SettingsError
 
 ROLES = ("kv_both", "kv_producer", "kv_consumer")
@@ -24,7 +25,7 @@ POLICIES = ("fail", "recompute")
 
 
 @dataclass(frozen=True)
-class VllmBackendSettings:
+class VllmBackendSettings(BackendSettings):
     """An in-process vllm.LLM on CPU, threads pinned and its KV cache sized explicitly.
 
     max_num_batched_tokens: the prefill budget per engine step; a prompt up to it is prefilled in one chunk (the

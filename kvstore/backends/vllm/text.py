@@ -67,5 +67,5 @@ class VllmText:
 
 
 def load_text(settings: VllmBackendSettings) -> VllmText:
-    """The registry's text loader (kvstore.backends.load_text_model)."""
+    """The text loader (VllmBackend.load_text, which kvstore.backends.load_text_model asks)."""
     return VllmText(settings)
