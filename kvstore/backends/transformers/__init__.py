@@ -43,12 +43,12 @@ _FACE: dict[str, tuple[str, ...]] = {
 }
 _EXPORTS: dict[str, str] = {name: f"{__name__}.{module}" for module, names in _FACE.items() for name in names}
 _EXPORTS["TRANSFORMERS"] = "kvstore.engine.protocol"  # the backend's name (an artifact that records none: this one)
-__all__ = sorted([*_EXPORTS, "bare"])
+__all__ = sorted([*_EXPORTS, "bare", "fixed"])
 
 
 def __getattr__(name: str) -> Any:
-    if name == "bare":  # transformers alone on a loaded backend's model, for benchmarks
-        return importlib.import_module(f"{__name__}.bare")
+    if name in ("bare", "fixed"):  # transformers alone on a loaded backend's model; the mode's own kernel (benchmarks)
+        return importlib.import_module(f"{__name__}.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}; its public names are listed in "
