@@ -34,7 +34,7 @@ from typing import Any
 
 from harness.errors import ConfigError, LibraryError
 from harness.library.build import Library, Match
-from harness.library.content import MIN_SHINGLES, NEAR_DUPLICATE, containment, contains, normal, normal_map, shingles
+from harness.library.content import contains, normal, normal_map
 from harness.run.conditions import graft_context, query_prompt, retrieve_entry
 from harness.task.problems import Problem, problem_fingerprint
 from kvstore import KVStoreError, open_store
@@ -125,7 +125,6 @@ class ServedLibrary:
         self.excludes = exclude_self
         self._own = {e.problem_fingerprint: e for e in self.library.entries}
         self._normal = [(normal(e.problem), e) for e in self.library.entries]
-        self._shingles = [(shingles(e.problem), e) for e in self.library.entries]
         head, sep, tail = template.partition("{problem}")
         self._around = (head, tail) if sep else None
         self._sealed = self._seal()
@@ -178,18 +177,7 @@ class ServedLibrary:
     def find(self, asked: str, others: list[str] | tuple[str, ...] = ()) -> Found:
         """The problem asked in `asked` (a completion's prompt, a chat request's last user message) and every library
         problem in the request (`asked` and `others`: its other messages), by the module's rule."""
-        texts = [asked, *others]
-        whole = [normal(t) for t in texts]
-        present: dict[str, tuple[str, float]] = {}
-        for n, e in self._normal:
-            if any(contains(w, n) >= 0 for w in whole):
-                present[e.entry_id] = (e.problem_id, 1.0)
-        words = frozenset().union(*(shingles(t) for t in texts))
-        for s, e in self._shingles:
-            if e.entry_id not in present and len(s) >= MIN_SHINGLES:
-                share = containment(s, words)
-                if share >= NEAR_DUPLICATE:
-                    present[e.entry_id] = (e.problem_id, round(share, 3))
+        present = self.library.present([asked, *others])  # the harness's held-out and random apply the same rule
         src, n_asked, where = normal_map(asked)
         if not n_asked:
             return Found(None, present=present, why="the asked text is empty")

@@ -508,3 +508,39 @@ def test_lmeval_compare_refuses_two_samples_files_and_a_journal_of_another_retri
         journal_entries(j, "held-out", "ab" * 32)
     with pytest.raises(HarnessError, match="served library"):
         journal_entries(j, "recurring", "cd" * 32)
+
+
+# ------------------------------------------------------------------ issue 60 (s60b): the harness's rule is the server's
+def _with_near_duplicate(problems):
+    """The problems plus a near duplicate of the first (one word changed: another id and fingerprint)."""
+    from harness.task.problems import Problem
+
+    a = problems[0]
+    near = Problem(id="near-a", problem=a.problem.replace(a.problem.split()[3], "seven", 1), answer=a.answer)
+    assert near.fingerprint != a.fingerprint
+    return [*problems, near]
+
+
+@pytest.mark.parametrize("mode", ["held-out", "random"])
+def test_the_harness_held_out_and_random_exclude_near_duplicates_as_the_server_does(fake, problems, tmp_path, mode):
+    """Item 3: with a near-duplicate pair in the library, the harness's own held-out (BM25: the pair is each other's
+    nearest) and random retrieval never give one for the other, and the server retrieves exactly the entry the
+    harness's graft condition does for kvgraft's prompt."""
+    ps = _with_near_duplicate(problems)
+    served = ServedLibrary(build(fake, ps, tmp_path), str(tmp_path / "store"), mode, fake, TEMPLATE)
+    graft = Graft(fake, PromptConfig(), DecodingConfig(max_new_tokens=2), served.library)
+    pair = {ps[0].id, ps[-1].id}
+    for p in ps:
+        harness = graft.context(p).match.entry
+        assert harness.problem_id != p.id and not (p.id in pair and harness.problem_id in pair), (p.id, harness)
+        assert served.retrieve(served.find(served.query(p))).entry == harness
+
+
+def test_the_content_rule_leaves_the_bundled_held_out_and_random_retrieval_as_it_was():
+    """Item 3: over the 40 bundled problems the content rule excludes, for each, its own entry only (what the
+    fingerprint and id excluded before), so the bundled held-out and random rows keep their entries."""
+    from harness.library.content import ContentIndex
+
+    ps = load_problems(str(REPO / "problems/kvgraft_original.jsonl"))
+    index = ContentIndex((p.id, p.problem) for p in ps)
+    assert len(ps) == 40 and all(index.present([p.problem]) == {p.id: 1.0} for p in ps)
