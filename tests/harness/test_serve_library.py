@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.schema import DecodingConfig, PromptConfig
+from harness.config.schema import DecodingConfig, PromptConfig, compose_config
 from harness.errors import ConfigError, LibraryError
-from harness.library.build import Entry
-from harness.record.hashing import sha256_json, write_json, write_jsonl
+from harness.library.build import build_library
+from harness.record.hashing import write_jsonl
 from harness.run.conditions import Graft
 from harness.serve.library import ServedLibrary
 from harness.serve.middleware import INCONTEXT_SUFFIX, LibraryMiddleware
 from harness.task.problems import load_problems
-from kvstore import LocalStore, tokens_sha256
 from kvstore.backends.fake import FakeBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,23 +33,13 @@ def problems():
 
 
 def build(be, problems, root: Path) -> Path:
-    """A library of `problems` deposited by `be`, with the manifest keys the server audits."""
-    store = LocalStore(root / "store")
-    rows = []
-    for p in problems:
-        ids = be.encode(f"Problem: {p.problem}\nFinal answer: {p.answer}\n\n")
-        state, _ = be.prefill(ids)
-        rows.append(Entry(entry_id=p.id[-8:], problem_id=p.id, problem_fingerprint=p.fingerprint, problem=p.problem,
-                          answer=p.answer, artifact_id=str(store.put(be.capture(state, ids))), tokens=len(ids),
-                          origin="test", verification={}, tokens_sha256=tokens_sha256(ids)).to_row())
-    manifest = {"name": "served", "version": 1, "model_fingerprint": be.fingerprint,
-                "tokenizer_fingerprint": be.tokenizer_fingerprint, "determinism": {"backend": be.name},
-                "entries": {r["entry_id"]: sha256_json(r) for r in rows}}
-    manifest["manifest_sha256"] = sha256_json(manifest)
-    (root / "lib").mkdir()
-    write_jsonl(root / "lib" / "index.jsonl", rows)
-    write_json(root / "lib" / "manifest.json", manifest)
-    return root / "lib"
+    """The library `make library` builds from `problems` (written to a problem file under `root`, each with its
+    worked solution) on the backend `be`, into root/lib and root/store: the folder the server opens."""
+    source = root / "problems.jsonl"
+    write_jsonl(source, [p.to_row() for p in problems])
+    cfg = compose_config(["library=kvgraft_original", f"library.dataset.path={source}", f"library.root={root / 'lib'}",
+                          f"library.store={root / 'store'}"])
+    return build_library(cfg.library, be, REPO, progress=False)
 
 
 @pytest.fixture()
@@ -516,7 +505,8 @@ def _with_near_duplicate(problems):
     from harness.task.problems import Problem
 
     a = problems[0]
-    near = Problem(id="near-a", problem=a.problem.replace(a.problem.split()[3], "seven", 1), answer=a.answer)
+    near = Problem(id="near-a", problem=a.problem.replace(a.problem.split()[3], "seven", 1), answer=a.answer,
+                   solution=a.solution)
     assert near.fingerprint != a.fingerprint
     return [*problems, near]
 
@@ -544,3 +534,60 @@ def test_the_content_rule_leaves_the_bundled_held_out_and_random_retrieval_as_it
     ps = load_problems(str(REPO / "problems/kvgraft_original.jsonl"))
     index = ContentIndex((p.id, p.problem) for p in ps)
     assert len(ps) == 40 and all(index.present([p.problem]) == {p.id: 1.0} for p in ps)
+
+
+def _reseal(lib: Path, edit) -> None:
+    """Edit the library's index rows, then recompute every hash of the folder (entries, index, manifest): a re-seal,
+    which the hashes alone cannot tell from a build."""
+    from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json
+
+    rows = [json.loads(x) for x in (lib / "index.jsonl").read_text().splitlines()]
+    edit(rows)
+    m = json.loads((lib / "manifest.json").read_text())
+    m.pop("manifest_sha256")
+    m.update(entries={r["entry_id"]: sha256_json(r) for r in rows}, index_sha256=sha256_hex(jsonl_bytes(rows)))
+    m["manifest_sha256"] = sha256_json(m)
+    write_jsonl(lib / "index.jsonl", rows)
+    write_json(lib / "manifest.json", m)
+
+
+def _swap_artifact(rows) -> None:
+    for k in ("artifact_id", "tokens", "tokens_sha256"):
+        rows[0][k] = rows[1][k]
+
+
+def _edit_answer(rows) -> None:
+    rows[0]["answer"] = "999"
+
+
+@pytest.mark.parametrize(("edit", "said"), [(_swap_artifact, "not the encoding of the entry's own text"),
+                                            (_edit_answer, "the library's source says")],
+                         ids=["another problems artifact", "answer edited"])
+def test_the_served_library_is_opened_with_the_graft_conditions_checks_in_the_serving_process(
+        fake, lib, tmp_path, monkeypatch, edit, said):
+    """Item 4: a library re-sealed after its build (an entry pointed at another problem's artifact; an answer
+    edited) is refused by the start audit and by the middleware in the process that serves it (open_library's
+    source, identity and entry-token checks), in one line; the intact library serves."""
+    import kvstore
+
+    monkeypatch.setattr(kvstore, "load_text_model", lambda *a, **k: fake)
+    settings = {"library": str(lib), "store": str(tmp_path / "store"), "retrieval": "held-out", "backend": "fake",
+                "model_name": "m", "template": TEMPLATE, "project_root": str(REPO)}
+    assert LibraryMiddleware(App(), settings=settings).served.library.path == lib
+    _reseal(lib, edit)
+    with pytest.raises(LibraryError, match=said) as e:
+        ServedLibrary(lib, str(tmp_path / "store"), "held-out", fake, TEMPLATE).audit()
+    assert "\n" not in str(e.value)
+    with pytest.raises(LibraryError, match=said):
+        LibraryMiddleware(App(), settings=settings)
+
+
+def test_a_folder_whose_content_is_another_librarys_is_refused(fake, lib, tmp_path):
+    """Item 4: the folder must be the one its own config builds: a library renamed (copied under another folder
+    name) is refused naming where its content belongs."""
+    import shutil
+
+    other = lib.parent / "kvgraft_original-v2-000000000000-000000000000"
+    shutil.copytree(lib, other)
+    with pytest.raises(LibraryError, match="not of this folder"):
+        ServedLibrary(other, str(tmp_path / "store"), "recurring", fake, TEMPLATE)
