@@ -3,7 +3,8 @@ retrieval and composition are the graft condition's own (the same context ids, t
 library is audited at start (edited, another model's, an artifact missing: one line), the problem rule, and
 LibraryMiddleware's rewriting of requests and answers against a scripted ASGI app (graft, in-context, no problem, a
 request with its own kvgraft keys, an entry whose artifact was removed while serving, chat, a body nested too deep).
-The same against vLLM: tests/kvstore/test_serve_library_vllm.py."""
+The libraries are built as `make library` builds them (FakeBackend). The server on vLLM, end to end:
+tests/harness/test_lmeval_serve.py."""
 
 from __future__ import annotations
 
