@@ -50,19 +50,17 @@ def _value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def served_chat_template(args: argparse.Namespace, argv: list[str], text: object) -> str:
-    """The chat template the server applies (its --chat-template; else the model's own; else, for vLLM's bundled
-    model, the template kvstore's server gives it): a chat request's text as sent is its messages through it."""
+def served_chat_template(argv: list[str], text: object) -> str:
+    """The chat template the server applies (its --chat-template; else the one the backend's server applies by
+    default, `served_chat_template()` of its text model: the model's own, or the one it gives a model that has none):
+    a chat request's text as sent is its messages through it."""
     path = _value(argv, "--chat-template")
     if path:
         return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else path
-    own = getattr(text, "chat_template", lambda: None)()
-    if own:
-        return str(own)
-    if args.backend == "vllm" and not args.model:
-        from kvstore.backends.vllm import CHAT_TEMPLATE
-
-        return Path(CHAT_TEMPLATE).read_text(encoding="utf-8")
+    for name in ("served_chat_template", "chat_template"):
+        own = getattr(text, name, None)
+        if callable(own):
+            return str(own() or "")
     return ""
 
 
@@ -99,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                            overrides=args.library_override)
     served.audit()
     settings = {"library": str(Path(args.library).resolve()), "store": store, "retrieval": args.retrieval,
-                "backend": args.backend, "chat_template": served_chat_template(args, [*rest, *extra], text),
+                "backend": args.backend, "chat_template": served_chat_template([*rest, *extra], text),
                 "context": _value(rest, "--max-model-len") or _value(extra, "--max-model-len") or getattr(
                     text, "context", 0),
                 "model": args.model, "model_name": args.model_name, "template": template, "project_root": root,

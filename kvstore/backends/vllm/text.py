@@ -44,6 +44,7 @@ class VllmText:
         hf = tokenizer if tokenizer is not None else tokenizer_for(self.folder)
         self.text = HFTokenizer(hf, set(), len(hf))  # the engine's one tokenizer path (VllmBackend.tokenizer())
         self.model_name = settings.model_name
+        self.bundled = not settings.model  # "" = the bundled model's converted folder
         self.context = int(settings.max_model_len)  # the engine's context in tokens, as the server starts it
         self.fingerprint = model_fingerprint(Path(self.folder))
         self.tokenizer_fingerprint = tokenizer_fingerprint(Path(self.folder))
@@ -56,6 +57,16 @@ class VllmText:
 
     def chat_template(self) -> str | None:
         return self.text.chat_template()
+
+    def served_chat_template(self) -> str | None:
+        """The chat template kvstore's server (kvstore.backends.vllm.serve) applies without --chat-template: the
+        model's own, or for the bundled model, which ships none, serve.CHAT_TEMPLATE."""
+        own = self.chat_template()
+        if own or not self.bundled:
+            return own
+        from kvstore.backends.vllm.serve import CHAT_TEMPLATE
+
+        return CHAT_TEMPLATE.read_text(encoding="utf-8")
 
 
 def load_text(settings: VllmBackendSettings) -> VllmText:
