@@ -6,10 +6,10 @@ one JSON line of counts over its `library` lines.
 requests: library lines; outcomes: how many of each (`grafted`, `not grafted`, `refused`, ...); own_entry: responses
 whose entry is the request's own problem's (the problem found); in_request: whose entry is any library problem found
 in the request (the own one, few-shot examples', near duplicates: what held-out and random never retrieve);
-problems / entries: distinct problems found and entries named; graft_lines: library responses whose entry's artifact
-the connector's own `graft` line records for that response (request `<response id>-...`): the record of a graft
-the response could not confirm (outcome `unconfirmed`: a stop string ended it first). Under held-out and random own_entry and in_request
-are 0 by the rule; under recurring own_entry counts the problems the library holds.
+graft_lines: library responses whose entry's artifact the connector's own `graft` line records for that response
+(request `<response id>-...`: the record of a graft the response could not confirm, outcome `unconfirmed`, a stop
+string having ended it first); problems / entries: distinct problems found and entries named. Under held-out and
+random own_entry and in_request are 0 by the rule; under recurring own_entry counts the problems the library holds.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def summary(path: Path) -> dict:
         in_request += entry in (problem.get("in_request") or [])
     return {"requests": len(lib), "outcomes": dict(Counter(str(x.get("outcome")) for x in lib)),
             "retrieval": sorted({str(x.get("retrieval")) for x in lib}), "own_entry": own,
-            "in_request": in_request, "graft_lines": recorded, "problems": len(problems - {None}), "entries": len(entries)}
+            "in_request": in_request, "graft_lines": recorded, "problems": len(problems - {None}),
+            "entries": len(entries)}
 
 
 def main(argv: list[str] | None = None) -> int:
