@@ -221,13 +221,13 @@ class Library:
             "retrieval": self.retrieval,
         }
 
-    def present(self, texts: Collection[str]) -> dict[str, tuple[str, float]]:
-        """entry id -> (its problem id, the share found) of every entry whose problem is in `texts` by content
-        (harness.library.content.ContentIndex: its normal form inside a text, or a near duplicate)."""
+    def present(self, texts: Collection[str], asked: str = "") -> dict[str, tuple[str, float]]:
+        """entry id -> (its problem id, the share found) of every entry whose problem is in `texts` by content, or
+        a near duplicate of the problem `asked` (harness.library.content.ContentIndex)."""
         if self._content is None:
             self._content = ContentIndex((e.entry_id, e.problem) for e in self.entries)
             self._problem_ids = {e.entry_id: e.problem_id for e in self.entries}
-        return {k: (self._problem_ids[k], share) for k, share in self._content.present(list(texts)).items()}
+        return {k: (self._problem_ids[k], share) for k, share in self._content.present(list(texts), asked).items()}
 
     def retrieve(self, problem: Problem, exclude: Collection[str] = ()) -> Match | None:
         """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
@@ -238,7 +238,7 @@ class Library:
         fp = problem.fingerprint
         exclude_self = self.exclude_self
         if exclude_self:
-            exclude = {*exclude, *self.present([problem.problem])}
+            exclude = {*exclude, *self.present([problem.problem], asked=problem.problem)}
         if not exclude_self and fp in self._by_fp:
             entry = self._by_fp[fp]
             if entry.answer != problem.answer:

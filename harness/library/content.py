@@ -100,8 +100,10 @@ def containment(a: frozenset, b: frozenset) -> float:
 class ContentIndex:
     """Problems (`items`: key, problem text) found by content in a request's texts: a problem is *in* the texts when
     its normal form lies inside any text's normal form (share 1.0), or when at least NEAR_DUPLICATE of its 3-word
-    shingles (and it has at least MIN_SHINGLES) lie in the texts' shingles (a near duplicate: that share). Shingles
-    are looked up in an inverted index, so a request costs its own shingles, not the library's size."""
+    shingles (and it has at least MIN_SHINGLES) lie in the texts' shingles; and, given the problem asked (`asked`),
+    when at least NEAR_DUPLICATE of the asked problem's shingles lie in its (a near duplicate either way: the
+    containment of one problem in the other is not symmetric). Shingles are looked up in an inverted index, so a
+    request costs its own shingles, not the library's size."""
 
     def __init__(self, items: Iterable[tuple[str, str]]) -> None:
         self._normal: list[tuple[str, str]] = []
@@ -114,14 +116,22 @@ class ContentIndex:
             for s in own:
                 self._posting.setdefault(s, []).append(key)
 
-    def present(self, texts: Sequence[str]) -> dict[str, float]:
-        """key -> share (1.0: its normal form is inside a text) for every problem in `texts`."""
+    def _hits(self, request: frozenset) -> Counter:
+        return Counter(key for s in request for key in self._posting.get(s, ()))
+
+    def present(self, texts: Sequence[str], asked: str = "") -> dict[str, float]:
+        """key -> share (1.0: its normal form is inside a text) for every problem in `texts` or a near duplicate
+        of the problem `asked` (class docstring)."""
         whole = [normal(t) for t in texts]
         out = {key: 1.0 for n, key in self._normal if n and any(n in w for w in whole)}
-        request = frozenset().union(*(shingles(t) for t in texts))
-        hits = Counter(key for s in request for key in self._posting.get(s, ()))
-        for key, count in hits.items():
+        for key, count in self._hits(frozenset().union(*(shingles(t) for t in texts))).items():
             size = self._size[key]
             if key not in out and size >= MIN_SHINGLES and count / size >= NEAR_DUPLICATE:
                 out[key] = round(count / size, 3)
+        mine = shingles(asked) if asked else frozenset()
+        if len(mine) >= MIN_SHINGLES:
+            for key, count in self._hits(mine).items():
+                share = round(count / len(mine), 3)
+                if share >= NEAR_DUPLICATE and share > out.get(key, 0.0):
+                    out[key] = share
         return out

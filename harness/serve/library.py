@@ -9,7 +9,9 @@ The rule that finds a request's problem by its content (docs/vllm.md, "The rule 
 2. every text is compared in its normal form (harness.library.content.normal: NFKC, LaTeX delimiters dropped, case
    folded, whitespace removed). A library problem is *in the request* when its normal form is inside the normal
    form of any of its texts (system message and few-shot examples included), or when at least NEAR_DUPLICATE of its
-   3-word shingles are in the request's (a near duplicate);
+   3-word shingles are in the request's, or (once the problem asked is found, rule 3) NEAR_DUPLICATE of the asked
+   problem's shingles are in its (a near duplicate, either way: harness.library.content.ContentIndex, which the
+   harness's own held-out and random apply to the evaluated problem);
 3. the problem asked: the library problem whose normal form ends last in the asked text, unless the text after it
    repeats the words that lead into it (`Question:` of a few-shot example: another question follows) or is longer
    than TAIL_CHARS normal characters; then (or when no library problem is in the asked text) the asked text itself:
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +270,15 @@ class ServedLibrary:
     # ------------------------------------------------------------------ the rule (module docstring)
     def find(self, asked: str, others: list[str] | tuple[str, ...] = ()) -> Found:
         """The problem asked in `asked` (a completion's prompt, a chat request's last user message) and every library
-        problem in the request (`asked` and `others`: its other messages), by the module's rule."""
+        problem in the request (`asked` and `others`: its other messages) or a near duplicate of the problem asked,
+        by the module's rule (the harness's held-out and random exclude the same: Library.present)."""
+        found = self._find(asked, others)
+        if found.problem is None:
+            return found
+        near = self.library.present([], asked=found.problem.problem)
+        return replace(found, present={**near, **found.present})
+
+    def _find(self, asked: str, others: list[str] | tuple[str, ...]) -> Found:
         present = self.library.present([asked, *others])  # the harness's held-out and random apply the same rule
         src, n_asked, where = normal_map(asked)
         if not n_asked:

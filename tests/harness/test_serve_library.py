@@ -501,23 +501,34 @@ def test_lmeval_compare_refuses_two_samples_files_and_a_journal_of_another_retri
 
 
 # ------------------------------------------------------------------ issue 60 (s60b): the harness's rule is the server's
-def _with_near_duplicate(problems):
-    """The problems plus a near duplicate of the first (one word changed: another id and fingerprint)."""
+EXTRA = (" Before you answer, note that the committee that wrote this question also asked eleven other questions "
+         "about the same figure, none of which you need here, and that every quantity above is a positive integer.")
+
+
+def _with_near_duplicate(problems, extended: bool):
+    """The problems plus a near duplicate of the first (one word changed: another id and fingerprint; `extended`:
+    and a sentence added, so the first's shingles lie in it but not the other way round)."""
+    from harness.library.content import NEAR_DUPLICATE, containment, shingles
     from harness.task.problems import Problem
 
     a = problems[0]
-    near = Problem(id="near-a", problem=a.problem.replace(a.problem.split()[3], "seven", 1), answer=a.answer,
-                   solution=a.solution)
+    text = a.problem.replace(a.problem.split()[3], "seven", 1) + (EXTRA if extended else "")
+    near = Problem(id="near-a", problem=text, answer=a.answer, solution=a.solution)
     assert near.fingerprint != a.fingerprint
+    if extended:  # the case a one-way containment misses: the longer one in the shorter's request
+        assert containment(shingles(near.problem), shingles(a.problem)) < NEAR_DUPLICATE
     return [*problems, near]
 
 
+@pytest.mark.parametrize("extended", [False, True], ids=["edited", "edited and extended"])
 @pytest.mark.parametrize("mode", ["held-out", "random"])
-def test_the_harness_held_out_and_random_exclude_near_duplicates_as_the_server_does(fake, problems, tmp_path, mode):
-    """Item 3: with a near-duplicate pair in the library, the harness's own held-out (BM25: the pair is each other's
-    nearest) and random retrieval never give one for the other, and the server retrieves exactly the entry the
-    harness's graft condition does for kvgraft's prompt."""
-    ps = _with_near_duplicate(problems)
+def test_the_harness_held_out_and_random_exclude_near_duplicates_as_the_server_does(fake, problems, tmp_path, mode,
+                                                                                     extended):
+    """Item 3: with a near-duplicate pair in the library (one word changed; and a sentence added: a near duplicate
+    one way only), the harness's own held-out (BM25: the pair is each other's nearest) and random retrieval never
+    give one for the other, and the server retrieves exactly the entry the harness's graft condition does for
+    kvgraft's prompt."""
+    ps = _with_near_duplicate(problems, extended)
     served = ServedLibrary(build(fake, ps, tmp_path), str(tmp_path / "store"), mode, fake, TEMPLATE)
     graft = Graft(fake, PromptConfig(), DecodingConfig(max_new_tokens=2), served.library)
     pair = {ps[0].id, ps[-1].id}
