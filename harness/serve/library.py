@@ -173,8 +173,13 @@ def open_served(path: str | Path, store: str, mode: str, text: Any, project_root
     if not isinstance(identity, dict) or not isinstance(identity.get("name"), str):
         raise LibraryError(f"LIBRARY={path}: manifest.json records no identity, so the library's source cannot be "
                            "checked; serve a library that `make library` built")
-    cfg = compose_config([f"library={identity['name']}", f"project_root={Path(project_root).resolve()}"]
-                         + [f"library.{k}" for k in _selection(identity)] + list(overrides))
+    try:
+        cfg = compose_config([f"library={identity['name']}", f"project_root={Path(project_root).resolve()}"]
+                             + [f"library.{k}" for k in _selection(identity)] + list(overrides))
+    except ConfigError as e:
+        raise LibraryError(f"LIBRARY={path}: the library config its manifest names (library={identity['name']}, "
+                           f"configs/library/{identity['name']}.yaml, with the source it records) does not compose "
+                           f"({e}); serve it from the checkout that built it, or give --library-override") from e
     lib_cfg = cfg.library
     lib_cfg.root, lib_cfg.store = str(folder.parent), store
     lib_cfg.exclude_self, lib_cfg.retrieval = exclude_self, retrieval
@@ -215,15 +220,12 @@ def _recorded(sealed: Library, folder: Path) -> dict[str, Any]:
 
 class ServedLibrary:
     """A library folder opened for the served model `text` (kvstore.load_text_model) through the graft condition's
-    checks (`open_served`) and audited (`audit`); `library`: one opened already (a test's hand-made folder)."""
+    checks (`open_served`) and audited (`audit`)."""
 
     def __init__(self, path: str | Path, store: str, mode: str, text: Any, template: str,
-                 library: Library | None = None, project_root: str | Path = ".",
-                 overrides: list[str] | tuple[str, ...] = ()) -> None:
+                 project_root: str | Path = ".", overrides: list[str] | tuple[str, ...] = ()) -> None:
         exclude_self, _ = retrieval_settings(mode)
-        if library is None:
-            library = open_served(path, store, mode, text, project_root, overrides)
-        self.library = library
+        self.library = open_served(path, store, mode, text, project_root, overrides)
         self.mode, self.text, self.template = mode, text, template
         self.excludes = exclude_self
         self._own = {e.problem_fingerprint: e for e in self.library.entries}
