@@ -524,10 +524,10 @@ def _with_near_duplicate(problems, extended: bool):
 @pytest.mark.parametrize("mode", ["held-out", "random"])
 def test_the_harness_held_out_and_random_exclude_near_duplicates_as_the_server_does(fake, problems, tmp_path, mode,
                                                                                      extended):
-    """Item 3: with a near-duplicate pair in the library (one word changed; and a sentence added: a near duplicate
-    one way only), the harness's own held-out (BM25: the pair is each other's nearest) and random retrieval never
-    give one for the other, and the server retrieves exactly the entry the harness's graft condition does for
-    kvgraft's prompt."""
+    """Item 2, the harness's side: with a near-duplicate pair in the library (one word changed; and a sentence
+    added: a near duplicate one way only), the harness's own held-out (BM25: the pair is each other's nearest) and
+    random retrieval never give one for the other, and the server retrieves exactly the entry the harness's graft
+    condition does for kvgraft's prompt."""
     ps = _with_near_duplicate(problems, extended)
     served = ServedLibrary(build(fake, ps, tmp_path), str(tmp_path / "store"), mode, fake, TEMPLATE)
     graft = Graft(fake, PromptConfig(), DecodingConfig(max_new_tokens=2), served.library)
@@ -539,13 +539,13 @@ def test_the_harness_held_out_and_random_exclude_near_duplicates_as_the_server_d
 
 
 def test_the_content_rule_leaves_the_bundled_held_out_and_random_retrieval_as_it_was():
-    """Item 3: over the 40 bundled problems the content rule excludes, for each, its own entry only (what the
-    fingerprint and id excluded before), so the bundled held-out and random rows keep their entries."""
+    """Item 2, the harness's side: over the 40 bundled problems the content rule excludes, for each, its own entry
+    only (what the fingerprint and id excluded before), so the bundled held-out and random rows keep their entries."""
     from harness.library.content import ContentIndex
 
     ps = load_problems(str(REPO / "problems/kvgraft_original.jsonl"))
     index = ContentIndex((p.id, p.problem) for p in ps)
-    assert len(ps) == 40 and all(index.present([p.problem]) == {p.id: 1.0} for p in ps)
+    assert len(ps) == 40 and all(index.present([p.problem], asked=p.problem) == {p.id: 1.0} for p in ps)
 
 
 def _reseal(lib: Path, edit) -> None:
