@@ -50,6 +50,7 @@ from harness.config.exact import print_note
 from harness.config.model import load_model
 from harness.config.schema import compose_config, typed
 from harness.errors import LibraryError, exit_on_error, plain
+from harness.library.content import ContentIndex
 from harness.library.random_entry import random_other_entry
 from harness.library.source import LIBRARY_FORMAT, library_identity, read_candidates
 from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json, write_jsonl
@@ -174,6 +175,8 @@ class Library:
                 "modified; rebuild it with `make library`")
         self._by_fp = {e.problem_fingerprint: e for e in self.entries}
         self._bm25 = None
+        self._content: ContentIndex | None = None  # built on the first `present` (held-out, random, the server)
+        self._problem_ids: dict[str, str] = {}
         # entry id -> the token ids its own text encodes to (open_library sets the encoder from the library's source)
         self.entry_ids: Callable[[Entry], tuple[str, list[int]] | None] | None = None
 
@@ -219,13 +222,24 @@ class Library:
             "retrieval": self.retrieval,
         }
 
+    def present(self, texts: Collection[str], asked: str = "") -> dict[str, tuple[str, float]]:
+        """entry id -> (its problem id, the share found) of every entry whose problem is in `texts` by content, or
+        a near duplicate of the problem `asked` (harness.library.content.ContentIndex)."""
+        if self._content is None:
+            self._content = ContentIndex((e.entry_id, e.problem) for e in self.entries)
+            self._problem_ids = {e.entry_id: e.problem_id for e in self.entries}
+        return {k: (self._problem_ids[k], share) for k, share in self._content.present(list(texts), asked).items()}
+
     def retrieve(self, problem: Problem, exclude: Collection[str] = ()) -> Match | None:
         """The entry to graft for `problem`: an exact fingerprint match (recurring) unless exclude_self;
-        otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded.
-        `exclude`: entry ids never retrieved either when exclude_self (the library-aware server's content exclusion:
-        every library problem found in a request, and its near duplicates, harness/serve/library.py)."""
+        otherwise the most similar entry by BM25 over problem text, never the problem itself when excluded, nor
+        (held-out, random) an entry whose problem is in the problem's text by content or a near duplicate of it
+        (`present`: the library-aware server's rule, so the two exclude the same entries). `exclude`: entry ids
+        never retrieved either when exclude_self (the server's: every library problem found in a request)."""
         fp = problem.fingerprint
         exclude_self = self.exclude_self
+        if exclude_self:
+            exclude = {*exclude, *self.present([problem.problem], asked=problem.problem)}
         if not exclude_self and fp in self._by_fp:
             entry = self._by_fp[fp]
             if entry.answer != problem.answer:

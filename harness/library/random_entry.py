@@ -28,7 +28,7 @@ def random_other_entry(entries: Sequence[Any], problem: Any, seed: int = RANDOM_
     none is left."""
     fp = problem.fingerprint
     candidates = [e for e in entries if e.problem_fingerprint != fp and e.problem_id != problem.id
-                  and e.entry_id not in exclude]
+                  and not (exclude and e.entry_id in exclude)]
     if not candidates:
         return None
     digest = hashlib.sha256(f"{seed}\0{problem.id}".encode()).digest()

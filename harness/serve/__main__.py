@@ -31,6 +31,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--model", default="")
     p.add_argument("--model-name", default="gemma3-270m")
     p.add_argument("--journal", default="")
+    p.add_argument("--library-override", action="append", default=[], metavar="library.KEY=VALUE",
+                   help="a library config override where the library's own config (configs/library/<its name>.yaml "
+                   "with the source its manifest records) is not the one it was built with: library.entry_template=...")
     p.add_argument("--backend", required=True, help="the registered backend whose server runs (make serve: its own)")
     p.add_argument("--server", required=True, help="the backend's server module (python -m SERVER; make serve: "
                    "kvstore's)")
@@ -47,14 +50,18 @@ def _value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def served_chat_template(args: argparse.Namespace, argv: list[str], text: object) -> str:
-    """The chat template the server applies (its --chat-template, else the one the backend's text model says it
-    serves): a chat request's text as sent is its messages through it."""
+def served_chat_template(argv: list[str], text: object) -> str:
+    """The chat template the server applies (its --chat-template; else the one the backend's server applies by
+    default, `served_chat_template()` of its text model: the model's own, or the one it gives a model that has none):
+    a chat request's text as sent is its messages through it."""
     path = _value(argv, "--chat-template")
     if path:
         return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else path
-    own = getattr(text, "chat_template", lambda: None)()  # the backend's text model knows its served template
-    return str(own) if own else ""
+    for name in ("served_chat_template", "chat_template"):
+        own = getattr(text, name, None)
+        if callable(own):
+            return str(own() or "")
+    return ""
 
 
 @exit_on_error
@@ -85,18 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     template = compose_config([f"prompt={args.prompt}"]).prompt.template
     text = load_text_model(args.backend, model=args.model, model_name=args.model_name)
     store = args.store if args.store.startswith("s3://") else str(Path(args.store).resolve())
-    served = ServedLibrary(args.library, store, args.retrieval, text, template)
+    root = str(Path.cwd())
+    served = ServedLibrary(args.library, store, args.retrieval, text, template, project_root=root,
+                           overrides=args.library_override)
     served.audit()
     settings = {"library": str(Path(args.library).resolve()), "store": store, "retrieval": args.retrieval,
-                "backend": args.backend, "chat_template": served_chat_template(args, [*rest, *extra], text),
+                "backend": args.backend, "chat_template": served_chat_template([*rest, *extra], text),
                 "context": _value(rest, "--max-model-len") or _value(extra, "--max-model-len") or getattr(
                     text, "context", 0),
-                "model": args.model, "model_name": args.model_name, "template": template,
+                "model": args.model, "model_name": args.model_name, "template": template, "project_root": root,
+                "library_overrides": args.library_override,
                 "journal": str(Path(args.journal).resolve()) if args.journal else ""}
     lib = served.library
-    print(f"kvgraft serve: library {lib.path.name} ({len(lib.entries)} entries, audited: manifest, index and every "
-          f"artifact), RETRIEVAL={args.retrieval}; graft: model {args.model_name!r}, in-context control: model "
-          f"{args.model_name + INCONTEXT_SUFFIX!r}", flush=True)
+    print(f"kvgraft serve: library {lib.path.name} ({len(lib.entries)} entries, audited: manifest, index, identity "
+          f"and source, every artifact and its tokens), RETRIEVAL={args.retrieval}; graft: model "
+          f"{args.model_name!r}, in-context control: model {args.model_name + INCONTEXT_SUFFIX!r}", flush=True)
     os.environ[ENV] = json.dumps(settings)
     return supervise(command + ["--graft", "marked", "--", *extra, "--middleware", MIDDLEWARE])
 

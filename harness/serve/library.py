@@ -9,7 +9,9 @@ The rule that finds a request's problem by its content (docs/vllm.md, "The rule 
 2. every text is compared in its normal form (harness.library.content.normal: NFKC, LaTeX delimiters dropped, case
    folded, whitespace removed). A library problem is *in the request* when its normal form is inside the normal
    form of any of its texts (system message and few-shot examples included), or when at least NEAR_DUPLICATE of its
-   3-word shingles are in the request's (a near duplicate);
+   3-word shingles are in the request's, or (once the problem asked is found, rule 3) NEAR_DUPLICATE of the asked
+   problem's shingles are in its (a near duplicate, either way: harness.library.content.ContentIndex, which the
+   harness's own held-out and random apply to the evaluated problem);
 3. the problem asked: the library problem whose normal form ends last in the asked text, unless the text after it
    repeats the words that lead into it (`Question:` of a few-shot example: another question follows) or is longer
    than TAIL_CHARS normal characters; then (or when no library problem is in the asked text) the asked text itself:
@@ -27,14 +29,15 @@ rule cannot tell is served without a graft (fail closed).
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, LibraryError
 from harness.library.build import Library, Match
-from harness.library.content import MIN_SHINGLES, NEAR_DUPLICATE, containment, contains, normal, normal_map, shingles
+from harness.library.content import contains, normal, normal_map
 from harness.run.conditions import graft_context, query_prompt, retrieve_entry
 from harness.task.problems import Problem, problem_fingerprint
 from kvstore import KVStoreError, open_store
@@ -103,29 +106,130 @@ def retrieval_settings(mode: str) -> tuple[bool, str]:
                           "a library)") from None
 
 
+def built_for(manifest: dict[str, Any], text: Any, path: Path) -> None:
+    """LibraryError in one line unless the library's manifest says it was built for the served model `text` (its
+    model and tokenizer fingerprints) and its artifacts computed on `text`'s backend."""
+    for key, mine in (("model_fingerprint", text.fingerprint), ("tokenizer_fingerprint", text.tokenizer_fingerprint)):
+        if manifest.get(key) != mine:
+            raise LibraryError(f"library {path}: built for another model ({key} {str(manifest.get(key))[:12]}, the "
+                               f"served model's {mine[:12]}); serve its model (MODEL=) or build the library for this "
+                               "one (`make library ARGS=\"model=...\"`)")
+    recorded = manifest.get("determinism")
+    backend = recorded.get("backend") if isinstance(recorded, dict) else None
+    if backend != text.name:
+        raise LibraryError(f"library {path}: its artifacts were computed on backend {backend!r}, the server runs "
+                           f"{text.name!r}; build it with model=<name>_{text.name}")
+
+
+class _ServedModel:
+    """The served model `text` (kvstore.load_text_model: no engine) as open_library reads a backend: its name,
+    fingerprints, encode and chat template, and `settings()`: the engine settings its library's artifacts record
+    (`recorded`, read from the store; the connector compares each artifact's with the live engine's on every
+    graft)."""
+
+    def __init__(self, text: Any, recorded: dict[str, Any]) -> None:
+        self.text, self.recorded = text, recorded
+        self.name, self.model_name = text.name, text.model_name
+        self.fingerprint, self.tokenizer_fingerprint = text.fingerprint, text.tokenizer_fingerprint
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self.recorded)
+
+    def batch_invariant(self) -> bool:
+        return False  # kvgraft's batch-invariant mode is the transformers backend's (kvstore.Backend)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self.text.encode(text, add_bos=add_bos, special=special)
+
+    def chat_template(self) -> str | None:
+        return self.text.chat_template()
+
+
+def open_served(path: str | Path, store: str, mode: str, text: Any, project_root: str | Path = ".",
+                overrides: list[str] | tuple[str, ...] = ()) -> Library:
+    """The library folder `path` opened as the harness's graft condition opens its library (harness.library.build.
+    open_library: the manifest and index hashes, the identity rebuilt from the library's source and compared, every
+    row checked against the source, each entry's own token ids for `check_artifact`), for the served model `text`
+    and RETRIEVAL `mode`. Its config is the one its manifest names (configs/library/<name>.yaml), with the source
+    selection its identity records, the folder's parent as library.root and `store`; `overrides` (library.*=...) last.
+    A LibraryError in one line when the folder is not the library that config builds for this model."""
+    from harness.config.schema import compose_config
+    from harness.library.build import open_library
+    from harness.task.chat import chat_frame
+
+    exclude_self, retrieval = retrieval_settings(mode)
+    folder = Path(path).resolve()
+    if not (folder / "manifest.json").is_file():
+        raise LibraryError(f"LIBRARY={path}: no manifest.json there; give a library folder (one that `make library` "
+                           "built, under library.root)")
+    try:
+        store_obj = open_store(store)
+    except KVStoreError as e:
+        raise LibraryError(f"LIBRARY={path}: its store {store} cannot be opened ({e}); give STORE= the store the "
+                           "library was built into") from e
+    sealed = Library(folder, store_obj)  # its manifest and index against their own hashes first
+    built_for(sealed.manifest, text, folder)
+    identity = sealed.manifest.get("identity")
+    if not isinstance(identity, dict) or not isinstance(identity.get("name"), str):
+        raise LibraryError(f"LIBRARY={path}: manifest.json records no identity, so the library's source cannot be "
+                           "checked; serve a library that `make library` built")
+    try:
+        cfg = compose_config([f"library={identity['name']}", f"project_root={Path(project_root).resolve()}"]
+                             + [f"library.{k}" for k in _selection(identity)] + list(overrides))
+    except ConfigError as e:
+        raise LibraryError(f"LIBRARY={path}: the library config its manifest names (library={identity['name']}, "
+                           f"configs/library/{identity['name']}.yaml, with the source it records) does not compose "
+                           f"({e}); serve it from the checkout that built it, or give --library-override") from e
+    lib_cfg = cfg.library
+    lib_cfg.root, lib_cfg.store = str(folder.parent), store
+    lib_cfg.exclude_self, lib_cfg.retrieval = exclude_self, retrieval
+    model = text if callable(getattr(text, "settings", None)) else _ServedModel(text, _recorded(sealed, folder))
+    chat = chat_frame(model, "model") if "chat_frame_sha256" in identity else None
+    lib = open_library(lib_cfg, model, Path(cfg.project_root), chat=chat)
+    if lib.path.resolve() != folder:
+        raise LibraryError(f"LIBRARY={path}: its content is that of the library at {lib.path}, not of this folder; "
+                           "serve the folder `make library` built")
+    return lib
+
+
+def _selection(identity: dict[str, Any]) -> list[str]:
+    """The library config overrides (after `library.`) that select the source its identity records."""
+    if identity.get("source") == "harvest":
+        return [f"harvest_run={identity.get('source_harvest_run')}"]
+    out = []
+    for key in ("path", "hub_id", "subset", "split", "limit"):
+        value = identity.get(f"source_{key}")
+        out.append(f"dataset.{key}={'null' if value is None else json.dumps(value) if key != 'split' else value}")
+    for field_, column in (identity.get("source_columns") or {}).items():
+        out.append(f"dataset.columns.{field_}={column}")
+    return out
+
+
+def _recorded(sealed: Library, folder: Path) -> dict[str, Any]:
+    """The engine settings the library's first artifact records (its determinism), read from the store."""
+    if not sealed.entries:
+        return {}
+    e = sealed.entries[0]
+    try:
+        return dict(sealed.store.get(e.artifact_id).determinism)
+    except KVStoreError as err:
+        raise LibraryError(f"library {folder}, entry {e.entry_id} (problem {e.problem_id}): artifact "
+                           f"{e.artifact_id[:16]} {type(err).__name__}: {err}; rebuild the library (`make library`) "
+                           "or give STORE= its store") from err
+
+
 class ServedLibrary:
-    """A library folder opened for the served model `text` (kvstore.load_text_model) and audited (`audit`)."""
+    """A library folder opened for the served model `text` (kvstore.load_text_model) through the graft condition's
+    checks (`open_served`) and audited (`audit`)."""
 
     def __init__(self, path: str | Path, store: str, mode: str, text: Any, template: str,
-                 library: Library | None = None) -> None:
-        exclude_self, retrieval = retrieval_settings(mode)
-        if library is None:
-            folder = Path(path)
-            if not (folder / "manifest.json").is_file():
-                raise LibraryError(f"LIBRARY={path}: no manifest.json there; give a library folder (one that `make "
-                                   "library` built, under library.root)")
-            try:
-                store_obj = open_store(store)
-            except KVStoreError as e:
-                raise LibraryError(f"LIBRARY={path}: its store {store} cannot be opened ({e}); give STORE= the store "
-                                   "the library was built into") from e
-            library = Library(folder, store_obj, exclude_self=exclude_self, retrieval=retrieval)
-        self.library = library
+                 project_root: str | Path = ".", overrides: list[str] | tuple[str, ...] = ()) -> None:
+        exclude_self, _ = retrieval_settings(mode)
+        self.library = open_served(path, store, mode, text, project_root, overrides)
         self.mode, self.text, self.template = mode, text, template
         self.excludes = exclude_self
         self._own = {e.problem_fingerprint: e for e in self.library.entries}
         self._normal = [(normal(e.problem), e) for e in self.library.entries]
-        self._shingles = [(shingles(e.problem), e) for e in self.library.entries]
         head, sep, tail = template.partition("{problem}")
         self._around = (head, tail) if sep else None
         self._sealed = self._seal()
@@ -154,17 +258,8 @@ class ServedLibrary:
         """LibraryError in one line unless the library (its manifest and index already checked against their hashes
         when opened) was built for the served model and tokenizer, and every entry's artifact is in the store, reads
         back to its id and holds exactly the entry's tokens."""
-        m, lib = self.library.manifest, self.library
-        for key, mine in (("model_fingerprint", self.text.fingerprint),
-                          ("tokenizer_fingerprint", self.text.tokenizer_fingerprint)):
-            if m.get(key) != mine:
-                raise LibraryError(f"library {lib.path}: built for another model ({key} {str(m.get(key))[:12]}, the "
-                                   f"served model's {mine[:12]}); serve its model (MODEL=) or build the library for "
-                                   "this one (`make library ARGS=\"model=...\"`)")
-        backend = (m.get("determinism") or {}).get("backend") if isinstance(m.get("determinism"), dict) else None
-        if backend != self.text.name:
-            raise LibraryError(f"library {lib.path}: its artifacts were computed on backend {backend!r}, the server "
-                               f"runs {self.text.name!r}; build it with model=<name>_{self.text.name}")
+        lib = self.library
+        built_for(lib.manifest, self.text, lib.path)
         for e in lib.entries:
             try:
                 snap = lib.store.get(e.artifact_id)
@@ -177,19 +272,16 @@ class ServedLibrary:
     # ------------------------------------------------------------------ the rule (module docstring)
     def find(self, asked: str, others: list[str] | tuple[str, ...] = ()) -> Found:
         """The problem asked in `asked` (a completion's prompt, a chat request's last user message) and every library
-        problem in the request (`asked` and `others`: its other messages), by the module's rule."""
-        texts = [asked, *others]
-        whole = [normal(t) for t in texts]
-        present: dict[str, tuple[str, float]] = {}
-        for n, e in self._normal:
-            if any(contains(w, n) >= 0 for w in whole):
-                present[e.entry_id] = (e.problem_id, 1.0)
-        words = frozenset().union(*(shingles(t) for t in texts))
-        for s, e in self._shingles:
-            if e.entry_id not in present and len(s) >= MIN_SHINGLES:
-                share = containment(s, words)
-                if share >= NEAR_DUPLICATE:
-                    present[e.entry_id] = (e.problem_id, round(share, 3))
+        problem in the request (`asked` and `others`: its other messages) or a near duplicate of the problem asked,
+        by the module's rule (the harness's held-out and random exclude the same: Library.present)."""
+        found = self._find(asked, others)
+        if found.problem is None:
+            return found
+        near = self.library.present([], asked=found.problem.problem)
+        return replace(found, present={**near, **found.present})
+
+    def _find(self, asked: str, others: list[str] | tuple[str, ...]) -> Found:
+        present = self.library.present([asked, *others])  # the harness's held-out and random apply the same rule
         src, n_asked, where = normal_map(asked)
         if not n_asked:
             return Found(None, present=present, why="the asked text is empty")

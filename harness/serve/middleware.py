@@ -142,8 +142,10 @@ class LibraryMiddleware:
             from kvstore import load_text_model
 
             text = load_text_model(cfg["backend"], model=cfg.get("model", ""), model_name=cfg["model_name"])
-            served = ServedLibrary(cfg["library"], cfg["store"], cfg["retrieval"], text, cfg["template"])
-            served.audit()  # in the process that serves it: the bytes served are the bytes audited
+            served = ServedLibrary(cfg["library"], cfg["store"], cfg["retrieval"], text, cfg["template"],
+                                   project_root=cfg.get("project_root") or ".",
+                                   overrides=list(cfg.get("library_overrides") or []))
+            served.audit()  # in the process that serves it, with open_library's checks: served as audited
         self.served = served
 
     # ------------------------------------------------------------------ ASGI

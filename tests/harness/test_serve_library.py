@@ -3,7 +3,8 @@ retrieval and composition are the graft condition's own (the same context ids, t
 library is audited at start (edited, another model's, an artifact missing: one line), the problem rule, and
 LibraryMiddleware's rewriting of requests and answers against a scripted ASGI app (graft, in-context, no problem, a
 request with its own kvgraft keys, an entry whose artifact was removed while serving, chat, a body nested too deep).
-The same against vLLM: tests/kvstore/test_serve_library_vllm.py."""
+The libraries are built as `make library` builds them (FakeBackend). The server on vLLM, end to end:
+tests/harness/test_lmeval_serve.py."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.schema import DecodingConfig, PromptConfig
+from harness.config.schema import DecodingConfig, PromptConfig, compose_config
 from harness.errors import ConfigError, LibraryError
-from harness.library.build import Entry
-from harness.record.hashing import sha256_json, write_json, write_jsonl
+from harness.library.build import build_library
+from harness.record.hashing import write_jsonl
 from harness.run.conditions import Graft
 from harness.serve.library import ServedLibrary
 from harness.serve.middleware import INCONTEXT_SUFFIX, LibraryMiddleware
 from harness.task.problems import load_problems
-from kvstore import LocalStore, tokens_sha256
 from kvstore.backends.fake import FakeBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,23 +34,13 @@ def problems():
 
 
 def build(be, problems, root: Path) -> Path:
-    """A library of `problems` deposited by `be`, with the manifest keys the server audits."""
-    store = LocalStore(root / "store")
-    rows = []
-    for p in problems:
-        ids = be.encode(f"Problem: {p.problem}\nFinal answer: {p.answer}\n\n")
-        state, _ = be.prefill(ids)
-        rows.append(Entry(entry_id=p.id[-8:], problem_id=p.id, problem_fingerprint=p.fingerprint, problem=p.problem,
-                          answer=p.answer, artifact_id=str(store.put(be.capture(state, ids))), tokens=len(ids),
-                          origin="test", verification={}, tokens_sha256=tokens_sha256(ids)).to_row())
-    manifest = {"name": "served", "version": 1, "model_fingerprint": be.fingerprint,
-                "tokenizer_fingerprint": be.tokenizer_fingerprint, "determinism": {"backend": be.name},
-                "entries": {r["entry_id"]: sha256_json(r) for r in rows}}
-    manifest["manifest_sha256"] = sha256_json(manifest)
-    (root / "lib").mkdir()
-    write_jsonl(root / "lib" / "index.jsonl", rows)
-    write_json(root / "lib" / "manifest.json", manifest)
-    return root / "lib"
+    """The library `make library` builds from `problems` (written to a problem file under `root`, each with its
+    worked solution) on the backend `be`, into root/lib and root/store: the folder the server opens."""
+    source = root / "problems.jsonl"
+    write_jsonl(source, [p.to_row() for p in problems])
+    cfg = compose_config(["library=kvgraft_original", f"library.dataset.path={source}", f"library.root={root / 'lib'}",
+                          f"library.store={root / 'store'}"])
+    return build_library(cfg.library, be, REPO, progress=False)
 
 
 @pytest.fixture()
@@ -509,3 +499,108 @@ def test_lmeval_compare_refuses_two_samples_files_and_a_journal_of_another_retri
         journal_entries(j, "held-out", "ab" * 32)
     with pytest.raises(HarnessError, match="served library"):
         journal_entries(j, "recurring", "cd" * 32)
+
+
+# ------------------------------------------------------------------ issue 60 (s60b): the harness's rule is the server's
+EXTRA = (" Before you answer, note that the committee that wrote this question also asked eleven other questions "
+         "about the same figure, none of which you need here, and that every quantity above is a positive integer.")
+
+
+def _with_near_duplicate(problems, extended: bool):
+    """The problems plus a near duplicate of the first (one word changed: another id and fingerprint; `extended`:
+    and a sentence added, so the first's shingles lie in it but not the other way round)."""
+    from harness.library.content import NEAR_DUPLICATE, containment, shingles
+    from harness.task.problems import Problem
+
+    a = problems[0]
+    text = a.problem.replace(a.problem.split()[3], "seven", 1) + (EXTRA if extended else "")
+    near = Problem(id="near-a", problem=text, answer=a.answer, solution=a.solution)
+    assert near.fingerprint != a.fingerprint
+    if extended:  # the case a one-way containment misses: the longer one in the shorter's request
+        assert containment(shingles(near.problem), shingles(a.problem)) < NEAR_DUPLICATE
+    return [*problems, near]
+
+
+@pytest.mark.parametrize("extended", [False, True], ids=["edited", "edited and extended"])
+@pytest.mark.parametrize("mode", ["held-out", "random"])
+def test_the_harness_held_out_and_random_exclude_near_duplicates_as_the_server_does(fake, problems, tmp_path, mode,
+                                                                                     extended):
+    """Item 2, the harness's side: with a near-duplicate pair in the library (one word changed; and a sentence
+    added: a near duplicate one way only), the harness's own held-out (BM25: the pair is each other's nearest) and
+    random retrieval never give one for the other, and the server retrieves exactly the entry the harness's graft
+    condition does for kvgraft's prompt."""
+    ps = _with_near_duplicate(problems, extended)
+    served = ServedLibrary(build(fake, ps, tmp_path), str(tmp_path / "store"), mode, fake, TEMPLATE)
+    graft = Graft(fake, PromptConfig(), DecodingConfig(max_new_tokens=2), served.library)
+    pair = {ps[0].id, ps[-1].id}
+    for p in ps:
+        harness = graft.context(p).match.entry
+        assert harness.problem_id != p.id and not (p.id in pair and harness.problem_id in pair), (p.id, harness)
+        assert served.retrieve(served.find(served.query(p))).entry == harness
+
+
+def test_the_content_rule_leaves_the_bundled_held_out_and_random_retrieval_as_it_was():
+    """Item 2, the harness's side: over the 40 bundled problems the content rule excludes, for each, its own entry
+    only (what the fingerprint and id excluded before), so the bundled held-out and random rows keep their entries."""
+    from harness.library.content import ContentIndex
+
+    ps = load_problems(str(REPO / "problems/kvgraft_original.jsonl"))
+    index = ContentIndex((p.id, p.problem) for p in ps)
+    assert len(ps) == 40 and all(index.present([p.problem], asked=p.problem) == {p.id: 1.0} for p in ps)
+
+
+def _reseal(lib: Path, edit) -> None:
+    """Edit the library's index rows, then recompute every hash of the folder (entries, index, manifest): a re-seal,
+    which the hashes alone cannot tell from a build."""
+    from harness.record.hashing import jsonl_bytes, sha256_hex, sha256_json, write_json
+
+    rows = [json.loads(x) for x in (lib / "index.jsonl").read_text().splitlines()]
+    edit(rows)
+    m = json.loads((lib / "manifest.json").read_text())
+    m.pop("manifest_sha256")
+    m.update(entries={r["entry_id"]: sha256_json(r) for r in rows}, index_sha256=sha256_hex(jsonl_bytes(rows)))
+    m["manifest_sha256"] = sha256_json(m)
+    write_jsonl(lib / "index.jsonl", rows)
+    write_json(lib / "manifest.json", m)
+
+
+def _swap_artifact(rows) -> None:
+    for k in ("artifact_id", "tokens", "tokens_sha256"):
+        rows[0][k] = rows[1][k]
+
+
+def _edit_answer(rows) -> None:
+    rows[0]["answer"] = "999"
+
+
+@pytest.mark.parametrize(("edit", "said"), [(_swap_artifact, "not the encoding of the entry's own text"),
+                                            (_edit_answer, "the library's source says")],
+                         ids=["another problems artifact", "answer edited"])
+def test_the_served_library_is_opened_with_the_graft_conditions_checks_in_the_serving_process(
+        fake, lib, tmp_path, monkeypatch, edit, said):
+    """Item 4: a library re-sealed after its build (an entry pointed at another problem's artifact; an answer
+    edited) is refused by the start audit and by the middleware in the process that serves it (open_library's
+    source, identity and entry-token checks), in one line; the intact library serves."""
+    import kvstore
+
+    monkeypatch.setattr(kvstore, "load_text_model", lambda *a, **k: fake)
+    settings = {"library": str(lib), "store": str(tmp_path / "store"), "retrieval": "held-out", "backend": "fake",
+                "model_name": "m", "template": TEMPLATE, "project_root": str(REPO)}
+    assert LibraryMiddleware(App(), settings=settings).served.library.path == lib
+    _reseal(lib, edit)
+    with pytest.raises(LibraryError, match=said) as e:
+        ServedLibrary(lib, str(tmp_path / "store"), "held-out", fake, TEMPLATE).audit()
+    assert "\n" not in str(e.value)
+    with pytest.raises(LibraryError, match=said):
+        LibraryMiddleware(App(), settings=settings)
+
+
+def test_a_folder_whose_content_is_another_librarys_is_refused(fake, lib, tmp_path):
+    """Item 4: the folder must be the one its own config builds: a library renamed (copied under another folder
+    name) is refused naming where its content belongs."""
+    import shutil
+
+    other = lib.parent / "kvgraft_original-v2-000000000000-000000000000"
+    shutil.copytree(lib, other)
+    with pytest.raises(LibraryError, match="not of this folder"):
+        ServedLibrary(other, str(tmp_path / "store"), "recurring", fake, TEMPLATE)

@@ -44,7 +44,7 @@ class VllmText:
         hf = tokenizer if tokenizer is not None else tokenizer_for(self.folder)
         self.text = HFTokenizer(hf, set(), len(hf))  # the engine's one tokenizer path (VllmBackend.tokenizer())
         self.model_name = settings.model_name
-        self.bundled = not settings.model  # the bundled base model ships no chat template (serve.CHAT_TEMPLATE)
+        self.bundled = not settings.model  # "" = the bundled model's converted folder
         self.context = int(settings.max_model_len)  # the engine's context in tokens, as the server starts it
         self.fingerprint = model_fingerprint(Path(self.folder))
         self.tokenizer_fingerprint = tokenizer_fingerprint(Path(self.folder))
@@ -56,9 +56,12 @@ class VllmText:
         return self.text.decode(ids)
 
     def chat_template(self) -> str | None:
-        """The model's own chat template; for the bundled model (which ships none) the one kvstore's server gives
-        it (serve.CHAT_TEMPLATE), so a front end renders chat requests as the server does."""
-        own = self.text.chat_template()
+        return self.text.chat_template()
+
+    def served_chat_template(self) -> str | None:
+        """The chat template kvstore's server (kvstore.backends.vllm.serve) applies without --chat-template: the
+        model's own, or for the bundled model, which ships none, serve.CHAT_TEMPLATE."""
+        own = self.chat_template()
         if own or not self.bundled:
             return own
         from kvstore.backends.vllm.serve import CHAT_TEMPLATE
