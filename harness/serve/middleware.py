@@ -198,18 +198,14 @@ class LibraryMiddleware:
             return
         if isinstance(texts, str):
             note["outcome"] = "not grafted"
-            note["why"] = (f"no problem can be told: {texts}" + (
-                f"; {self.mode} cannot exclude a problem it cannot tell, so nothing is grafted (fail closed)"
-                if self.served.excludes else "; served as sent, nothing grafted"))
+            note["why"] = self.untold(texts)
             await self._forward(scope, path, data, send, note, extra, chat=False, client=client)
             return
         found = await asyncio.to_thread(self.served.find, texts[0], texts[1])
         note["problem"] = found.describe()
         if found.problem is None:
             note["outcome"] = "not grafted"
-            note["why"] = (f"no problem can be told: {found.why}" + (
-                f"; {self.mode} cannot exclude a problem it cannot tell, so nothing is grafted (fail closed)"
-                if self.served.excludes else "; served as sent, nothing grafted"))
+            note["why"] = self.untold(found.why)
             await self._forward(scope, path, data, send, note, extra, chat=False, client=client)
             return
         nograft = not_graftable(data)
@@ -296,6 +292,13 @@ class LibraryMiddleware:
 
         await self.app(sub, receive, sink)
         return status
+
+    def untold(self, why: str) -> str:
+        """Why a request whose problem cannot be told is served without a graft (fail closed where the retrieval
+        excludes the request's problem)."""
+        return f"no problem can be told: {why}" + (
+            f"; {self.mode} cannot exclude a problem it cannot tell, so nothing is grafted (fail closed)"
+            if self.served.excludes else "; served as sent, nothing grafted")
 
     async def _forward(self, scope: dict, path: str, data: dict[str, Any], send: Any, note: dict[str, Any],
                        extra: dict[str, Any], chat: bool, client: Any) -> None:
