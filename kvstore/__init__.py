@@ -36,9 +36,9 @@ _FACE: dict[str, tuple[str, ...]] = {
                                 "RaggedRows", "Registered", "Repositioning", "RowsRequest", "Stepwise",
                                 "artifact_backend", "supports_batched_rows", "supports_in_flight"),
     "kvstore.engine.text": ("HFTokenizer", "Tokenizer"),
-    "kvstore.backends": ("backend_missing", "backend_names", "backend_tools", "batch_invariant_refusal",
-                         "batch_invariant_unavailable", "batched_rows_refusal", "in_flight_refusal", "load_backend",
-                         "load_text_model", "settings_class", "settings_for"),
+    "kvstore.backends": ("backend_class", "backend_missing", "backend_names", "backend_tools",
+                         "batch_invariant_refusal", "batch_invariant_unavailable", "batched_rows_refusal",
+                         "in_flight_refusal", "load_backend", "load_text_model", "settings_class", "settings_for"),
     "kvstore.backends.settings": ("BackendSettings", "ModelChoice"),
     "kvstore.backends.packaged": ("BUNDLED",),
     # the artifact and its bytes

@@ -1,7 +1,9 @@
 """The backend registry: every generation engine kvgraft grafts into, one folder (or module) each, found by what it
-declares. A backend's face holds `REGISTERED = kvstore.engine.protocol.Registered(name, settings, loader)`;
-`load_backend(name, **settings)` builds its Settings dataclass from the keywords (an unknown keyword is a
-SettingsError naming it) and calls its loader. Adding a backend is its folder, its config file
+declares. A backend's face holds `REGISTERED = kvstore.engine.protocol.Registered(name, "module:Class")`, a name and
+its Backend class, and every question below is the class's (its Settings dataclass, the module it needs, its
+refusals, its loader: kvstore.engine.protocol.Backend's class-level members). `load_backend(name, **settings)`
+builds its Settings dataclass from the keywords (an unknown keyword is a SettingsError naming it) and calls its
+class's `load`. Adding a backend is its folder, its config file
 (configs/model/<name>.yaml) and its test: nothing here changes (docs/extending.md).
 
     transformers/  the default: Hugging Face transformers (its FrozenModel owned by its Backend), the whole engine
@@ -26,7 +28,7 @@ from kvstore.backends.settings import BackendSettings, ModelChoice
 from kvstore.engine.protocol import Backend, Registered
 from kvstore.errors import ModelLoadError, SettingsError
 
-__all__ = ["backend_missing", "backend_names", "backend_tools", "batch_invariant_refusal",
+__all__ = ["backend_class", "backend_missing", "backend_names", "backend_tools", "batch_invariant_refusal",
            "batch_invariant_unavailable", "batched_rows_refusal", "in_flight_refusal", "load_backend",
            "load_text_model", "registered", "settings_class", "settings_for"]
 
@@ -63,6 +65,18 @@ def registered(name: str) -> Registered:
     return entry
 
 
+def backend_class(name: str) -> type[Backend]:
+    """Backend `name`'s class (imported, nothing loaded): the one answer to every question below. A module its
+    engine needs that this Python lacks at import is a ModelLoadError naming it (a class that imports its engine
+    only in `load`, as every backend here does, answers `missing()` instead)."""
+    entry = registered(name)
+    try:
+        return entry.backend_class()
+    except ModuleNotFoundError as exc:
+        raise ModelLoadError(f"the {name} backend's class {entry.backend} cannot be imported in this Python "
+                             f"({exc}); install what it needs (docs/backends.md)") from exc
+
+
 def backend_tools(name: str) -> ModuleType:
     """Backend `name`'s own names: the face of its folder (or its module), which declares it; for a script that
     measures that engine itself (vLLM's start_engine, llama.cpp's weight_buffers, each folder's `bare` module: the
@@ -72,8 +86,8 @@ def backend_tools(name: str) -> ModuleType:
 
 
 def settings_class(name: str) -> type[BackendSettings]:
-    """Backend `name`'s Settings dataclass."""
-    return registered(name).settings_class()
+    """Backend `name`'s Settings dataclass (its class's `settings_class`)."""
+    return backend_class(name).settings_class
 
 
 def settings_for(name: str, choice: ModelChoice) -> BackendSettings:
@@ -87,56 +101,57 @@ def settings_for(name: str, choice: ModelChoice) -> BackendSettings:
 
 def backend_missing(name: str) -> str | None:
     """Why backend `name` cannot load in this Python (a module its engine needs is absent), or None."""
-    return registered(name).missing()
+    return backend_class(name).missing()
 
 
 def batch_invariant_refusal(name: str) -> str | None:
     """The one-line refusal of determinism.batch_invariant=true on backend `name`, or None when it offers it."""
-    return registered(name).batch_invariant_refusal()
+    return backend_class(name).batch_invariant_refusal()
 
 
 def batch_invariant_unavailable(name: str) -> str | None:
     """Why determinism.batch_invariant, which backend `name` offers, cannot hold on this machine (one line: its
     kernel's own check, e.g. no C compiler or a failed self-check), or None. Asked lazily: it may build or measure."""
-    return registered(name).mode_unavailable()
+    cls = backend_class(name)
+    return None if cls.batch_invariant_absent else cls.mode_unavailable()
 
 
 def in_flight_refusal(name: str, in_flight: int) -> str | None:
     """The one-line refusal of `in_flight` > 1 contexts decoded together on backend `name`, read off its Backend
     class's capabilities (nothing loads), or None when it offers them."""
-    return registered(name).in_flight_refusal(in_flight)
+    return backend_class(name).in_flight_refusal(in_flight)
 
 
 def batched_rows_refusal(name: str, rows: int) -> str | None:
     """The one-line refusal of `rows` > 1 rows of one context decoded together on backend `name`, read off its Backend
     class's capabilities (nothing loads), or None when it offers them."""
-    return registered(name).batched_rows_refusal(rows)
+    return backend_class(name).batched_rows_refusal(rows)
 
 
 def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
     """The backend `name` with its model loaded under `settings` (its Settings dataclass's fields: transformers
-    source, determinism, device, seed; llamacpp gguf, n_ctx, ...; fake script, margin)."""
-    entry = registered(name)
-    cls = entry.settings_class()
+    source, determinism, device, seed; llamacpp gguf, n_ctx, ...; fake script, margin): its class's `load`."""
+    backend = backend_class(name)
+    cls = backend.settings_class
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(settings) - known)
     det = settings.get("determinism")
-    refusal = entry.batch_invariant_refusal()
+    refusal = backend.batch_invariant_refusal()
     if refusal and (getattr(det, "batch_invariant", False) or settings.get("batch_invariant")):
         raise SettingsError(refusal)
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}; its settings are "
                             f"{sorted(known)} ({cls.__module__}.{cls.__name__})")
-    return entry.load(cls(**settings))
+    return backend.load(cls(**settings))
 
 
 def load_text_model(name: str, **settings: Any) -> Any:
     """Backend `name`'s model without its engine (encode, decode, chat_template, fingerprint, tokenizer_fingerprint,
     model_name): what a front end that composes the engine's prompts in another process needs (the library-aware
     server, harness.serve). Its class's `load_text` (vLLM's; the base's refuses: a ModelLoadError)."""
-    entry = registered(name)
-    cls = entry.settings_class()
+    backend = backend_class(name)
+    cls = backend.settings_class
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}")
-    return entry.backend_class().load_text(cls(**settings))
+    return backend.load_text(cls(**settings))

@@ -54,8 +54,7 @@ class FakeSettings(BackendSettings):
     in_engine: bool = False  # True: the backend also decodes whole rows itself (InEngineDecoding)
 
 
-REGISTERED = Registered("fake", settings="kvstore.backends.fake:FakeSettings", loader="kvstore.backends.fake:load",
-                        backend="kvstore.backends.fake:FakeBackend")
+REGISTERED = Registered("fake", "kvstore.backends.fake:FakeBackend")
 
 
 @dataclass
@@ -86,6 +85,13 @@ class FakeBackend(Backend, RaggedRows):
 
     name = "fake"
     dtype = "float32"
+    settings_class = FakeSettings
+
+    @classmethod
+    def load(cls, settings: FakeSettings) -> FakeBackend:
+        """The registry's loader (kvstore.backends): the in-engine fake when `settings.in_engine`."""
+        made = FakeInEngineBackend if settings.in_engine else FakeBackend
+        return made(dict(settings.script), settings.margin, settings.model_name)
 
     def __init__(self, script: dict[str, str] | None = None, margin: float = 8.0, model_name: str = "fake") -> None:
         self.script = dict(script or {})
@@ -285,8 +291,3 @@ class FakeInEngineBackend(FakeBackend, InEngineBatches):
         """The fake grafts every artifact it deposits."""
         return None
 
-
-def load(settings: FakeSettings) -> FakeBackend:
-    """The registry's loader (kvstore.backends): the in-engine fake when `settings.in_engine`."""
-    cls = FakeInEngineBackend if settings.in_engine else FakeBackend
-    return cls(dict(settings.script), settings.margin, settings.model_name)

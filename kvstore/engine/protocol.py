@@ -12,10 +12,16 @@ tests/kvstore/test_backend_base.py and stated in docs/extending.md):
     text      tokenizer() -> Tokenizer (kvstore.engine.text): encode / decode / eos_ids / vocab_size / chat_template
               are derived from it (HFTokenizer wraps a Hugging Face tokenizer)
     compute   seen(state) / prefill(ids, state, position) -> (state, last logits (1, vocab))
-    artifacts capture(state, ids, extra) -> Snapshot / graft(snapshot, ids) -> a fresh state holding it
+    artifacts capture(state, ids, extra) -> Snapshot / graft(snapshot, ids) -> a fresh state holding it (the one
+              graft door: every caller grafts through it; deposit(ids, extra) = prefill + capture, the one deposit)
+    loading   load(settings) (a classmethod: the registry's loader)
 
-and the attributes name (a class attribute: the backend), model_name, fingerprint, tokenizer_fingerprint, dtype (set
-in `__init__` or as properties). Every other member is concrete, a fact asked as a method in one place each:
+and the attributes name (a class attribute: the backend), settings_class (a class attribute: its Settings
+dataclass), model_name, fingerprint, tokenizer_fingerprint, dtype (set in `__init__` or as properties). The class
+answers the registry before anything loads: `requires`/`install` (a module its engine needs: `missing()`),
+`batch_invariant_absent` ("" when it offers the mode: `batch_invariant_refusal()`, `mode_unavailable()`),
+`in_flight_refusal(n)` / `batched_rows_refusal(n)` (read off its capabilities), `load_text(settings)`. Every other
+member is concrete, a fact asked as a method in one place each:
 
     context_size()                None: the engine names no limit
     allows_environment_mismatch() False: admission lets no artifact of another compute environment through
@@ -67,7 +73,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvstore.engine.text import Tokenizer
 from kvstore.format.artifact import Snapshot
@@ -103,79 +109,26 @@ class Continuation:
 
 @dataclass(frozen=True)
 class Registered:
-    """How a backend plugs in: each backend's face (its folder's `__init__.py`, or its module) declares
-    `REGISTERED = Registered(name, settings, loader)` and kvstore.backends finds it there; nothing else names it.
-
-    settings: "module:Class", the backend's Settings dataclass (every field a caller may choose; the harness derives
-              its `model.<name>` config schema from it, so it lives in a light module that imports no engine);
-    loader:   "module:function", Settings -> a loaded Backend;
-    requires: a module the engine needs that may be absent from this Python ("" = none), and `install`, how to
-              get a Python that has it (said when it is missing, before anything loads);
-    batch_invariant: "" when the backend offers determinism.batch_invariant (kvstore/determinism.py), else why it
-              cannot (said in the one-line refusal before anything loads);
-    invariant_check: "module:function" -> why the mode cannot hold on this machine (one line) or None, for a backend
-              that offers it ("" = nothing to check before loading): asked lazily, only of a run that would run the
-              mode (`mode_unavailable`), so composing a config stays cheap;
-    backend:  "module:Class", the Backend class the loader returns (its capabilities are read off the class before
-              anything loads: `in_flight_refusal`, `batched_rows_refusal`; "" = not declared, asked of the loaded
-              backend instead); a module that imports no engine at import time."""
+    """How a backend plugs in: its face (its folder's `__init__.py`, or its module) declares
+    `REGISTERED = Registered(name, "module:Class")` and kvstore.backends finds it there. The entry is a name and a
+    class, nothing else: the class answers everything the registry is asked (its Settings dataclass, the module its
+    engine needs, its refusals, its loader, its text loader: `Backend`'s class-level members), each written once.
+    Importing the class loads no model (nor, for vLLM and llama.cpp, their engines: those load in `load`)."""
 
     name: str
-    settings: str
-    loader: str
-    requires: str = ""
-    install: str = ""
-    batch_invariant: str = "it does not implement a batch-invariant computation"
-    backend: str = ""
-    invariant_check: str = ""
+    backend: str  # "module:Class", the Backend subclass
 
-    def backend_class(self) -> type:
-        """The Backend class this entry loads (imported, nothing loaded)."""
+    def backend_class(self) -> type[Backend]:
+        """The Backend class this entry names (imported, nothing loaded); a ModelLoadError when the entry is wrong."""
+        from kvstore.errors import ModelLoadError
+
         module, _, attr = self.backend.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-    def in_flight_refusal(self, in_flight: int) -> str | None:
-        """The class's `in_flight_refusal`, read before anything loads ("" backend: None)."""
-        return self.backend_class().in_flight_refusal(in_flight) if self.backend else None
-
-    def batched_rows_refusal(self, rows: int) -> str | None:
-        """The class's `batched_rows_refusal`, read before anything loads ("" backend: None)."""
-        return self.backend_class().batched_rows_refusal(rows) if self.backend else None
-
-    def batch_invariant_refusal(self) -> str | None:
-        """The one-line refusal of determinism.batch_invariant=true on this backend, or None when it offers it."""
-        if not self.batch_invariant:
-            return None
-        return (f"determinism.batch_invariant=true on the {self.name} backend: it cannot offer a batch-invariant "
-                f"computation on the CPU ({self.batch_invariant}); use a backend that offers it (transformers) or "
-                "leave determinism.batch_invariant off")
-
-    def mode_unavailable(self) -> str | None:
-        """Why determinism.batch_invariant cannot hold on this machine for this backend (its `invariant_check`, asked
-        now: it may measure), or None where nothing is known against it. A backend without the mode is
-        `batch_invariant_refusal`'s question, not this one."""
-        if self.batch_invariant or not self.invariant_check:
-            return None
-        module, _, attr = self.invariant_check.partition(":")
-        return getattr(importlib.import_module(module), attr)()
-
-    def missing(self) -> str | None:
-        """Why this backend cannot load in this Python (its `requires` module is not importable), or None."""
-        import importlib.util
-        import sys
-
-        if not self.requires or importlib.util.find_spec(self.requires) is not None:
-            return None
-        return (f"the {self.name} backend needs {self.requires}, which this Python ({sys.executable}) does not have"
-                + (f"; {self.install}" if self.install else ""))
-
-    def settings_class(self) -> type:
-        module, _, attr = self.settings.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-    def load(self, settings: Any) -> Backend:
-        module, _, attr = self.loader.partition(":")
-        return getattr(importlib.import_module(module), attr)(settings)
+        cls = getattr(importlib.import_module(module), attr, None)
+        if not (isinstance(cls, type) and issubclass(cls, Backend) and cls.name == self.name):
+            raise ModelLoadError(f"backend {self.name!r}: its entry names {self.backend!r}, which is not a Backend "
+                                 f"class named {self.name!r}; fix REGISTERED in {module.rsplit('.', 1)[0]} (the "
+                                 "backend's face: docs/extending.md)")
+        return cls
 
 
 class Backend(ABC):
@@ -187,6 +140,47 @@ class Backend(ABC):
     fingerprint: str
     tokenizer_fingerprint: str
     dtype: str  # the dtype of the state an artifact holds
+
+    # ------------------------------------------------------------------ the class: what the registry asks
+    # Read off the class before anything loads (kvstore.backends: settings_class, backend_missing, the refusals).
+    settings_class: ClassVar[type]  # its Settings dataclass (a kvstore.backends.settings.BackendSettings)
+    requires: ClassVar[str] = ""  # a module its engine needs that a Python may lack ("" = none) ...
+    install: ClassVar[str] = ""  # ... and how to get a Python that has it
+    batch_invariant_absent: ClassVar[str] = "it does not implement a batch-invariant computation"  # "" = offers it
+
+    @classmethod
+    @abstractmethod
+    def load(cls, settings: Any) -> Backend:
+        """The registry's loader: this backend with its model loaded under `settings` (an instance of
+        `settings_class`)."""
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this backend cannot load in this Python (its `requires` module is not importable), or None."""
+        import importlib.util
+        import sys
+
+        if not cls.requires or importlib.util.find_spec(cls.requires) is not None:
+            return None
+        return (f"the {cls.name} backend needs {cls.requires}, which this Python ({sys.executable}) does not have"
+                + (f"; {cls.install}" if cls.install else ""))
+
+    @classmethod
+    def batch_invariant_refusal(cls) -> str | None:
+        """The one-line refusal of determinism.batch_invariant=true on this backend, or None when it offers it."""
+        if not cls.batch_invariant_absent:
+            return None
+        return (f"determinism.batch_invariant=true on the {cls.name} backend: it cannot offer a batch-invariant "
+                f"computation on the CPU ({cls.batch_invariant_absent}); use a backend that offers it (transformers) "
+                "or leave determinism.batch_invariant off")
+
+    @classmethod
+    def mode_unavailable(cls) -> str | None:
+        """Why determinism.batch_invariant, which this backend offers, cannot hold on this machine (one line: e.g.
+        no C compiler for its kernel), or None where nothing is known against it. Asked lazily, only of a run that
+        would run the mode: it may build or measure. A backend without the mode is `batch_invariant_refusal`'s
+        question, not this one. Default None."""
+        return None
 
     # ------------------------------------------------------------------ facts (abstract)
     @abstractmethod
@@ -320,7 +314,20 @@ class Backend(ABC):
     @abstractmethod
     def graft(self, snapshot: Snapshot, token_ids: list[int] | None = None) -> Any:
         """A fresh state holding `snapshot` at its own positions, after the one admission (kvstore.engine.admission
-        .admit) and this engine's layout check."""
+        .admit) and this engine's layout check (each an IncompatibleError naming the difference); `token_ids`: the
+        context the caller will run (it must begin with the snapshot's tokens). The one graft door."""
+
+    def deposit(self, token_ids: list[int], extra: dict | None = None) -> Snapshot:
+        """The artifact of `token_ids` computed from position 0 in this backend's pinned prefill schedule (a
+        Snapshot: `store.put` it to keep it): `prefill` then `capture`, the one deposit (an artifact id does not
+        depend on who asked for it)."""
+        from kvstore.errors import KVStoreError
+
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            raise KVStoreError("nothing to deposit: the token sequence is empty; give at least one token")
+        state, _ = self.prefill(ids)
+        return self.capture(state, ids, extra)
 
 
 #: The members a new backend writes (the abstract ones of `Backend`; docs/extending.md states the count).

@@ -30,6 +30,10 @@ class Copy(Backend, Stepwise):
 
     name = "copy"
 
+    @classmethod
+    def load(cls, settings: object) -> Copy:
+        return cls()
+
     def __init__(self) -> None:
         self.model_name, self.dtype = "copy", "float32"
         self.fingerprint, self.tokenizer_fingerprint = "c" * 64, "t" * 64
@@ -84,7 +88,7 @@ class Copy(Backend, Stepwise):
 
 
 def test_the_base_has_the_abstract_members_docs_extending_states() -> None:
-    assert ABSTRACT == ("capture", "environment", "graft", "prefill", "seen", "settings", "tokenizer")
+    assert ABSTRACT == ("capture", "environment", "graft", "load", "prefill", "seen", "settings", "tokenizer")
     text = (REPO / "docs" / "extending.md").read_text()
     stated = re.search(r"\*\*(\d+) abstract members\*\*", text)
     assert stated and int(stated.group(1)) == len(ABSTRACT), "docs/extending.md must state the count"
@@ -92,7 +96,8 @@ def test_the_base_has_the_abstract_members_docs_extending_states() -> None:
 
 
 def test_a_new_backend_needs_only_the_abstract_members() -> None:
-    written = {n for n, v in vars(Copy).items() if callable(v) and not n.startswith("__")} - {"_next"}
+    written = {n for n, v in vars(Copy).items()
+               if (callable(v) or isinstance(v, classmethod)) and not n.startswith("__")} - {"_next"}
     assert written == set(ABSTRACT) | {"new_state", "forward", "step"}  # the core's abstract ones, Stepwise's
     be = Copy()
     assert be.encode("ab") == [BOS, ord("a") + OFFSET, ord("b") + OFFSET] and be.decode(be.encode("ab")) == "ab"
@@ -162,9 +167,39 @@ def test_vllm_does_not_claim_the_tested_batch_invariant_mode() -> None:
 
 
 def test_every_registered_backend_declares_its_class_and_loads_one_of_it() -> None:
-    from kvstore.backends import registered
+    """The registry holds a name and a class, nothing else: the class answers its settings, refusals and loader."""
+    import dataclasses
 
-    assert all(registered(n).backend for n in kvstore.backend_names())  # read before anything loads
+    from kvstore.backends import registered
+    from kvstore.engine.protocol import Registered
+
+    assert [f.name for f in dataclasses.fields(Registered)] == ["name", "backend"]
+    for name in kvstore.backend_names():  # read before anything loads
+        cls = kvstore.backend_class(name)
+        assert cls.name == name and issubclass(cls, Backend)
+        assert kvstore.settings_class(name) is cls.settings_class
+        assert (kvstore.batch_invariant_refusal(name) is None) == (cls.batch_invariant_absent == "")
     for in_engine in (False, True):
         be = kvstore.load_backend("fake", in_engine=in_engine)
         assert isinstance(be, registered("fake").backend_class())
+
+
+def test_an_entry_naming_something_else_is_refused_in_one_line() -> None:
+    from kvstore.engine.protocol import Registered
+    from kvstore.errors import ModelLoadError
+
+    for wrong in ("kvstore.backends.fake:FakeSettings", "kvstore.backends.fake:ByteTokenizer"):
+        with pytest.raises(ModelLoadError, match=r"backend 'fake': its entry names .* not a Backend class named"):
+            Registered("fake", wrong).backend_class()
+    with pytest.raises(ModelLoadError, match=r"not a Backend class named 'copy'"):  # a Backend, another name
+        Registered("copy", "kvstore.backends.fake:FakeBackend").backend_class()
+
+
+def test_the_one_deposit_is_prefill_then_capture_and_refuses_nothing_to_deposit() -> None:
+    be = kvstore.load_backend("fake", script={"ab": "c"})
+    ids = be.encode("ab")
+    state, _ = be.prefill(ids)
+    assert be.deposit(ids, extra={"why": "test"}).token_ids == be.capture(state, ids).token_ids == ids
+    assert kvstore.to_bytes(be.deposit(ids)) == kvstore.to_bytes(be.capture(be.prefill(ids)[0], ids))
+    with pytest.raises(kvstore.KVStoreError, match="nothing to deposit"):
+        be.deposit([])

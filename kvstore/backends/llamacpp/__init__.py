@@ -6,12 +6,7 @@ from typing import Any
 
 from kvstore.engine.protocol import Registered
 
-REGISTERED = Registered("llamacpp", settings="kvstore.backends.llamacpp.settings:LlamaCppSettings",
-                        loader="kvstore.backends.llamacpp.backend:load",
-                        backend="kvstore.backends.llamacpp.backend:LlamaCppBackend",
-                        batch_invariant="llama.cpp has no batch-invariant mode: its CPU matrix products and attention "
-                                        "pick their kernels and split their reductions by the batch's token count "
-                                        "(n_batch/n_ubatch), and nothing pins them")
+REGISTERED = Registered("llamacpp", "kvstore.backends.llamacpp.backend:LlamaCppBackend")
 
 # this engine's own names, loaded on first use (importing the face loads no llama_cpp): `bare` (llama.cpp alone on
 # a loaded backend's context, for benchmarks), weight_buffers (llama.cpp's extra weight buffer types switch)

@@ -123,6 +123,15 @@ class LlamaCppBackend(Backend, Stepwise):
     """kvstore.engine.protocol.Backend over llama-cpp-python (see the module docstring)."""
 
     name = NAME
+    settings_class = LlamaCppSettings
+    batch_invariant_absent = ("llama.cpp has no batch-invariant mode: its CPU matrix products and attention pick their "
+                              "kernels and split their reductions by the batch's token count (n_batch/n_ubatch), and "
+                              "nothing pins them")
+
+    @classmethod
+    def load(cls, settings: LlamaCppSettings) -> LlamaCppBackend:
+        """The registry's loader (kvstore.backends): the GGUF the settings name, loaded by llama.cpp."""
+        return cls(settings)
 
     def __init__(self, settings: LlamaCppSettings | None = None) -> None:
         try:
@@ -377,7 +386,3 @@ class LlamaCppBackend(Backend, Stepwise):
 def settings_json(settings: LlamaCppSettings) -> str:
     return json.dumps(asdict(settings), sort_keys=True)
 
-
-def load(settings: LlamaCppSettings) -> LlamaCppBackend:
-    """The registry's loader (kvstore.backends): the GGUF the settings name, loaded by llama.cpp."""
-    return LlamaCppBackend(settings)

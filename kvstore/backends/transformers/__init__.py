@@ -28,10 +28,7 @@ from typing import Any
 
 from kvstore.engine.protocol import Registered
 
-REGISTERED = Registered("transformers", settings="kvstore.backends.transformers.settings:TransformersSettings",
-                        loader="kvstore.backends.transformers.backend:load", batch_invariant="",
-                        invariant_check="kvstore.backends.transformers.invariant:unavailable",
-                        backend="kvstore.backends.transformers.backend:TransformersBackend")
+REGISTERED = Registered("transformers", "kvstore.backends.transformers.backend:TransformersBackend")
 
 # the module (in this folder, or the seam) that defines each public name
 _FACE: dict[str, tuple[str, ...]] = {

@@ -38,6 +38,22 @@ class TransformersBackend(Backend, RaggedRows, Repositioning):
     backend."""
 
     name = TRANSFORMERS
+    settings_class = TransformersSettings
+    batch_invariant_absent = ""  # it offers determinism.batch_invariant (its own fixed-order kernel: invariant.py)
+
+    @classmethod
+    def load(cls, settings: TransformersSettings) -> TransformersBackend:
+        """The registry's loader (kvstore.backends): the model loaded frozen under the pinned settings."""
+        return cls.of(load_frozen_model(settings.source, settings.determinism, device=settings.device,
+                                        seed=settings.seed))
+
+    @classmethod
+    def mode_unavailable(cls) -> str | None:
+        """Why the mode's fixed-order kernel cannot run here (no C compiler, a build error, the compiled kernel
+        differing from its scalar reference: kvstore.backends.transformers.invariant), or None. Measured once."""
+        from kvstore.backends.transformers.invariant import unavailable
+
+        return unavailable()
 
     def __init__(self, fm: FrozenModel) -> None:
         self.fm = fm
@@ -215,8 +231,3 @@ class TransformersBackend(Backend, RaggedRows, Repositioning):
         parameter count); every verb above is the way to compute an artifact or a reference."""
         return self.fm.model
 
-
-def load(settings: TransformersSettings) -> TransformersBackend:
-    """The registry's loader (kvstore.backends): the model loaded frozen under the pinned settings."""
-    return TransformersBackend.of(load_frozen_model(settings.source, settings.determinism, device=settings.device,
-                                                    seed=settings.seed))

@@ -21,13 +21,7 @@ from typing import Any
 
 from kvstore.engine.protocol import Registered
 
-REGISTERED = Registered("vllm", settings="kvstore.backends.vllm.settings:VllmBackendSettings",
-                        loader="kvstore.backends.vllm.backend:load", requires="vllm",
-                        backend="kvstore.backends.vllm.backend:VllmBackend",
-                        install="it lives in .venv-vllm (`make setup-vllm`): run `.venv-vllm/bin/python -m ...`, "
-                                "or the make target, which picks .venv-vllm for a vLLM model",
-                        batch_invariant="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) runs only on a GPU and "
-                                        "refuses the CPU by design")
+REGISTERED = Registered("vllm", "kvstore.backends.vllm.backend:VllmBackend")
 
 _EXPORTS = {"VllmBackendSettings": "settings", "VllmSettings": "settings", "VllmBackend": "backend",
             "start_engine": "launch", "engine_kwargs": "launch", "model_folder": "launch",

@@ -85,14 +85,25 @@ class VllmBackend(Backend, InEngineBatches):
     """kvstore.engine.protocol.Backend and InEngineBatches (so InEngineDecoding) on an in-process vllm.LLM (module
     docstring)."""
 
+    name = NAME
+    settings_class = VllmBackendSettings
+    requires = "vllm"
+    install = ("it lives in .venv-vllm (`make setup-vllm`): run `.venv-vllm/bin/python -m ...`, or the make target, "
+               "which picks .venv-vllm for a vLLM model")
+    batch_invariant_absent = ("vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT) runs only on a GPU and refuses the "
+                              "CPU by design")
+
+    @classmethod
+    def load(cls, settings: VllmBackendSettings) -> VllmBackend:
+        """The registry's loader (kvstore.backends): an engine for `settings` with its connector."""
+        return cls(settings)
+
     @classmethod
     def load_text(cls, settings: VllmBackendSettings) -> Any:
         """The model's tokenizer and fingerprints without an engine (kvstore.backends.vllm.text.VllmText)."""
         from kvstore.backends.vllm.text import load_text
 
         return load_text(settings)
-
-    name = NAME
 
     def __init__(self, settings: VllmBackendSettings) -> None:
         self.cfg = settings
@@ -451,7 +462,3 @@ def _json(path: Path) -> dict:
         raise ModelLoadError(f"{path}: unreadable ({e}); convert the model folder again") from e
     return data if isinstance(data, dict) else {}
 
-
-def load(settings: VllmBackendSettings) -> VllmBackend:
-    """The registry's loader (kvstore.backends): an engine for `settings` with its connector."""
-    return VllmBackend(settings)
