@@ -59,7 +59,6 @@ _FACE: dict[str, tuple[str, ...]] = {
     # exactness
     "kvstore.engine.admission": ("Difference", "Facts", "admission_differences", "admit", "artifact_differences",
                                  "check_numerics", "numerics_evidence_problem"),
-    "kvstore.engine.deposit": ("deposit", "graft"),
     "kvstore.engine.verify": ("GraftCheck", "check_graft", "compare_logits", "logits_sha256"),
     "kvstore.engine.weights": ("PinnedWeights", "check_weights"),
     # the local servers the project starts

@@ -227,7 +227,6 @@ def flag_settings(args):
 
 def _deposit(args) -> int:
     from kvstore.backends import load_backend
-    from kvstore.engine.deposit import deposit
     from kvstore.environment import enter_profile
 
     args.backend = args.backend or "transformers"
@@ -240,7 +239,7 @@ def _deposit(args) -> int:
     store = _store(args)
     be = load_backend(args.backend, **flag_settings(args).keywords())
     ids, extra = _token_ids(args, be)
-    aid = store.put(deposit(be, ids, extra), tags=args.tag)
+    aid = store.put(be.deposit(ids, extra), tags=args.tag)
     print(f"deposited {len(ids)} tokens with {be.model_name} ({be.name}) into {store.root}", file=sys.stderr)
     print(aid)
     return 0
@@ -255,7 +254,6 @@ def _reverify(args) -> int:
     record (a graft here then admits it). Other bytes: nothing is recorded, exit 1: the artifact is not this
     machine's."""
     from kvstore.backends import load_backend
-    from kvstore.engine.deposit import deposit
     from kvstore.environment import enter_profile
     from kvstore.format.artifact import to_bytes
 
@@ -282,7 +280,7 @@ def _reverify(args) -> int:
             print(f"REFUSED {aid}: it starts at position {snap.start_position}; only a prefix computed from position 0 "
                   "can be recomputed")
             continue
-        fresh = deposit(be, snap.token_ids, snap.extra)
+        fresh = be.deposit(snap.token_ids, snap.extra)
         again = ArtifactId.of(to_bytes(fresh))
         sha = be.numerics()
         if again != aid:

@@ -61,7 +61,7 @@ import transformers  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 from harness.run.energy import make_meter  # noqa: E402
-from kvstore import Backend, Determinism, LocalStore, atomic_write, backend_tools, check_graft, deposit  # noqa: E402
+from kvstore import Backend, Determinism, LocalStore, atomic_write, backend_tools, check_graft  # noqa: E402
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker  # noqa: E402
 from kvstore.engine.verify import graft_logits, reference_logits  # noqa: E402
 from kvstore.environment import current_environment  # noqa: E402
@@ -159,7 +159,7 @@ def ttft_row(args, be: Backend, work: Path, n: int, rng: random.Random, deadline
             recompute()
             rec.append(clock(dev) - t0)
         t0 = clock(dev)
-        aid = store.put(deposit(be, prefix))
+        aid = store.put(be.deposit(prefix))
         deposit_s = clock(dev) - t0
         size = store.info(aid).size
         graft, parts = [], {"get": [], "graft": [], "forward": []}

@@ -286,13 +286,6 @@ def _index_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
     return rows
 
 
-def deposit(be: Backend, ids: list[int], extra: dict | None = None) -> Snapshot:
-    """The artifact of `ids` on the backend: prefilled from position 0 in its pinned schedule, then captured
-    (transformers: exactly its engine's deposit_tokens, so every artifact id is unchanged)."""
-    state, _ = be.prefill(ids)
-    return be.capture(state, ids, extra)
-
-
 @dataclass(frozen=True)
 class Reuse:
     """A stored artifact of an entry's exact tokens that this backend could graft: `evidence` is "" when its numerics
@@ -337,7 +330,7 @@ def _reverify(store, fm: Backend, ids: list[int], reuse: Reuse, tags: list[str])
     are the same id: the store then records the fingerprint measured here in place of what it had. Other bytes are
     another artifact, used instead (the old one is not). Returns (the id to use, whether it reproduced)."""
     try:
-        aid = str(store.put(deposit(fm, ids, extra=reuse.extra), tags=tags))
+        aid = str(store.put(fm.deposit(ids, extra=reuse.extra), tags=tags))
     except KVStoreError as e:
         raise LibraryError(f"re-verifying artifact {reuse.artifact_id} by recomputation failed: {e}") from e
     return aid, aid == reuse.artifact_id
@@ -424,7 +417,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             bar.update(len(ids))
         else:
             try:
-                aid = str(store.put(deposit(fm, ids, extra={"text_sha256": sha256_hex(text.encode())}),
+                aid = str(store.put(fm.deposit(ids, extra={"text_sha256": sha256_hex(text.encode())}),
                                     tags=[tag]))  # the capture's measured numerics are recorded with it
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
@@ -542,7 +535,7 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
         if diffs:
             differences[e.entry_id] = diffs
             try:  # the capture's measured numerics replace the record the store had
-                aid = lib.store.put(deposit(fm, snap.token_ids, extra=snap.extra), tags=[tag])
+                aid = lib.store.put(fm.deposit(snap.token_ids, extra=snap.extra), tags=[tag])
             except KVStoreError as err:
                 raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
             row["artifact_id"] = str(aid)

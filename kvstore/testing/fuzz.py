@@ -11,7 +11,7 @@ mutants are drawn from it: random bit flips, truncations, inserts and deletions 
 and header JSON edits (numbers, dtypes, shapes, cumulative_length, token hashes, determinism fields,
 bounds, non-canonical spellings). Every
 mutant goes through MemoryStore.put_bytes (every 10th also through a LocalStore, which must agree), then
-store.get, graft_snapshot and the suffix forward from the position the cache reports, as the harness continues
+store.get, the backend's graft and the suffix forward from the position the cache reports, as the harness continues
 a graft. Outcomes:
 
   admitted_exact      admitted, and grafts to the original's logits (byte-identical SHA-256)
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, deposit, load_backend, to_bytes
+from kvstore import Determinism, KVStoreError, LocalStore, MemoryStore, load_backend, to_bytes
 from kvstore.atomic import atomic_write
 from kvstore.engine.verify import graft_logits, logits_sha256, reference_logits
 from kvstore.environment import cpu_name
@@ -78,7 +78,7 @@ def make_base(model: str) -> Base:
     n = PREFIX[model]
     prefix = [2] + [4 + (37 * i + 11) % 250 for i in range(n - 1)]
     suffix = [4 + (53 * i + 7) % 250 for i in range(SUFFIX)]
-    snap = deposit(be, prefix, extra={"fuzz": model})
+    snap = be.deposit(prefix, extra={"fuzz": model})
     data = to_bytes(snap)
     ref = logits_sha256(reference_logits(be, prefix, suffix))
     got = logits_sha256(graft_logits(be, prefix, suffix, _measured(from_bytes(data), snap)).logits)

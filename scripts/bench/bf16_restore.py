@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from harness.experiments.text import DEFAULT_PROBLEMS
-from kvstore import Determinism, LocalStore, deposit, load_backend
+from kvstore import Determinism, LocalStore, load_backend
 from scripts.bench.common import stats, token_stream, write_summary
 
 
@@ -38,7 +38,7 @@ def measure(model: str, stream: list[int], sizes: list[int], repeats: int, workd
     try:
         for n in [n for n in sizes if n <= max_tokens]:
             t0 = time.perf_counter()
-            aid = store.put(deposit(be, stream[:n]))
+            aid = store.put(be.deposit(stream[:n]))
             deposit_s = time.perf_counter() - t0
             be.graft(store.get(aid))  # warm: page cache, layout memo
             times = []

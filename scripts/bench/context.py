@@ -41,7 +41,6 @@ from kvstore import (
     Snapshot,
     atomic_write,
     backend_tools,
-    deposit,
     load_backend,
     to_bytes,
     tokens_sha256,
@@ -98,7 +97,7 @@ def deposit_batch(be: Backend, indices: list[int], lengths: list[int]) -> list[S
     """Snapshots of the given plan entries (prefill + capture, one sequence at a time), each carrying the numerics
     record its capture measured: a put in this process records it (issue 61)."""
     vocab, bos = vocab_and_bos(be)
-    return [deposit(be, sequence(i, n, vocab, bos)) for i, n in zip(indices, lengths, strict=True)]
+    return [be.deposit(sequence(i, n, vocab, bos)) for i, n in zip(indices, lengths, strict=True)]
 
 
 _WORKER = None
@@ -237,7 +236,7 @@ def put_cost(be: Backend, root: Path, n: int = 200) -> dict:
     """ms per artifact: deposit + serialize, then a loop of put_bytes vs one put_many of the same bytes."""
     vocab, bos = vocab_and_bos(be)
     t0 = time.perf_counter()
-    data = [to_bytes(deposit(be, sequence(10**9 + i, 31, vocab, bos))) for i in range(n)]
+    data = [to_bytes(be.deposit(sequence(10**9 + i, 31, vocab, bos))) for i in range(n)]
     out = {"deposit_and_to_bytes_ms_per_artifact": (time.perf_counter() - t0) / n * 1e3, "artifacts": n,
            "artifact_bytes": len(data[0])}
     for name in ("put_bytes_loop", "put_many"):

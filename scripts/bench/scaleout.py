@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstore import Backend, LocalStore, deposit, load_backend, logits_sha256
+from kvstore import Backend, LocalStore, load_backend, logits_sha256
 from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.environment import cpu_name
 from kvstore.store.s3 import S3Store
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = be.vocab_size()
     prefix = [2] + [(7919 * i) % (vocab - 10) + 5 for i in range(a.tokens - 1)]
     suffix = [prefix[5], prefix[9]]
-    snap = deposit(be, prefix)
+    snap = be.deposit(prefix)
     reference = logits_sha256(reference_logits(be, prefix, suffix))
     result: dict = {"cpu": cpu_name(), "cores": os.cpu_count(), "model": be.model_name, "tokens": a.tokens,
                     "repeats": a.repeats}

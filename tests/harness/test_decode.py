@@ -9,7 +9,7 @@ import torch
 from harness.errors import ConfigError
 from harness.run.decode import STOP_REASONS, Sampling, _pick, generate, generate_batch
 from kvstore import load_backend, logits_sha256
-from kvstore.backends.transformers import deposit_tokens, forward, graft_snapshot, new_cache, prefill
+from kvstore.backends.transformers import forward, new_cache, prefill
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_generation_stops_exactly_where_a_full_redecode_would(fm, seed_text, sto
 
 def test_a_grafted_prefix_is_not_prefilled_again_and_decodes_the_same(fm):
     ids = fm.encode("Problem: What is 2+2? Solution: 4.\n\nProblem: What is 2+2?")
-    cache = graft_snapshot(deposit_tokens(fm.fm, ids[:20]), fm, token_ids=ids)
+    cache = fm.graft(fm.deposit(ids[:20]), token_ids=ids)
     g = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=cache)
     fresh, _ = prefill(fm.fm, ids[:20], new_cache(fm.fm))  # the same schedule without the store
     plain = generate(fm, ids, max_new_tokens=12, stop=["\n"], cache=fresh)
@@ -174,7 +174,7 @@ def test_each_row_stops_at_its_own_eos_stop_string_or_budget_and_then_costs_noth
 
 def test_a_grafted_context_is_shared_by_the_whole_batch(fm):
     ids = fm.encode(LONG)
-    cache = graft_snapshot(deposit_tokens(fm.fm, ids[:40]), fm, token_ids=ids)
+    cache = fm.graft(fm.deposit(ids[:40]), token_ids=ids)
     grafted = generate_batch(fm, ids, 4, range(4), Sampling(16, strategy="sample"), cache=cache)
     fresh, _ = prefill(fm.fm, ids[:40], new_cache(fm.fm))
     plain = generate_batch(fm, ids, 4, range(4), Sampling(16, strategy="sample"), cache=fresh)

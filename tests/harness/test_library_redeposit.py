@@ -15,7 +15,7 @@ from harness.config.schema import compose_config, typed
 from harness.library.build import _write_library, build_library, main, open_library, redeposit_library
 from harness.run.loop import run
 from kvstore import IncompatibleError, check_graft
-from kvstore.backends.transformers import graft_snapshot
+from kvstore.backends.transformers import TransformersBackend
 
 REPO = Path(__file__).resolve().parents[2]
 ELSEWHERE = {"cpu_vendor": "GenuineIntel", "cpu_model": "Intel(R) Xeon(R) Platinum", "mkl_cbwr": "AVX512"}
@@ -34,7 +34,7 @@ def moved(tmp_path):
     """A built library whose every artifact is replaced by the same artifact recorded in another environment.
     Returns (config, model, library path, the artifact ids as first built)."""
     cfg = typed(compose_config(_overrides(tmp_path)))
-    fm = load_model(typed(cfg))  # the transformers backend: the harness, graft_snapshot and check_graft take it
+    fm = load_model(typed(cfg))  # the transformers backend: the harness and check_graft take it
     build_library(cfg.library, fm, REPO, progress=False)
     lib = open_library(cfg.library, fm, REPO)
     built = {e.entry_id: e.artifact_id for e in lib.entries}
@@ -52,7 +52,7 @@ def test_a_moved_library_is_refused_at_graft_naming_the_environment(moved):
     lib = open_library(cfg.library, fm, REPO)
     snap = lib.store.get(lib.entries[0].artifact_id)
     with pytest.raises(IncompatibleError, match=r"environment.cpu_model: artifact 'Intel\(R\) Xeon\(R\) Platinum'"):
-        graft_snapshot(snap, fm, token_ids=snap.token_ids)
+        TransformersBackend.of(fm).graft(snap, token_ids=snap.token_ids)
 
 
 def test_redeposit_keeps_entry_ids_and_restores_exact_grafts(moved, capsys):

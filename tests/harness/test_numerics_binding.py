@@ -111,16 +111,14 @@ def test_a_rebuild_never_stamps_a_tag_it_did_not_measure(setup, capsys, monkeypa
     store = open_store(cfg.library.store)
     old = open_library(cfg.library, be, REPO).entries
     _strip_numerics(store)
-    import harness.library.build as build
+    real = be.deposit
 
-    real = build.deposit
-
-    def other_bits(fm, ids, extra=None):  # this "machine" computes other KV for the same tokens
-        snap = real(fm, ids, extra)
+    def other_bits(ids, extra=None):  # this "machine" computes other KV for the same tokens
+        snap = real(ids, extra)
         snap.layers[0].keys.add_(1.0)
         return snap
 
-    monkeypatch.setattr(build, "deposit", other_bits)
+    monkeypatch.setattr(be, "deposit", other_bits)
     capsys.readouterr()
     import shutil
 

@@ -28,13 +28,7 @@ from kvstore import (
     tokens_sha256,
 )
 from kvstore.atomic import atomic_write
-from kvstore.backends.transformers import (
-    TransformersBackend,
-    deposit_tokens,
-    forward,
-    graft_snapshot,
-    load_frozen_model,
-)
+from kvstore.backends.transformers import TransformersBackend, forward, load_frozen_model
 from kvstore.engine.verify import logits_sha256, reference_logits
 from kvstore.errors import IndexDatabaseError, ValidationError
 from kvstore.format.artifact import LayerKV, NumericsRecord
@@ -52,7 +46,7 @@ def store(request, tmp_path):
 
 @pytest.fixture(scope="module")
 def gemma_bytes(tiny_gemma3) -> bytes:
-    return to_bytes(deposit_tokens(tiny_gemma3, PREFIX))
+    return to_bytes(TransformersBackend.of(tiny_gemma3).deposit(PREFIX))
 
 
 def _edit(data: bytes, meta_fn=None, header_fn=None) -> bytes:
@@ -105,7 +99,7 @@ def test_an_in_memory_cumulative_length_edit_is_refused_at_graft(tiny_gemma3, ge
     snap = _here(from_bytes(gemma_bytes), tiny_gemma3)
     snap.layers[0] = dataclasses.replace(snap.layers[0], cumulative_length=60)
     with pytest.raises(IncompatibleError, match="cumulative_length 60"):
-        graft_snapshot(snap, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(snap)
 
 
 @pytest.mark.parametrize("with_meta", [False, True])
@@ -122,17 +116,17 @@ def test_values_of_another_dtype_are_refused_at_graft_before_the_model_sees_them
     snap = _here(from_bytes(gemma_bytes), tiny_gemma3)
     snap.layers[3] = dataclasses.replace(snap.layers[3], values=snap.layers[3].values.view(torch.int32))
     with pytest.raises(IncompatibleError, match="layer 3 values are torch.int32"):
-        graft_snapshot(snap, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(snap)
 
 
 # ---- finding 2: recorded determinism is compared at graft ----
 @pytest.mark.parametrize(("setting", "value"), [("prefill_chunk", 7), ("attn_implementation", "eager")])
 def test_an_artifact_deposited_under_other_settings_is_refused_naming_the_field(tiny_gemma3, setting, value):
     other = load_frozen_model("tiny-gemma3", Determinism(**{setting: value}))
-    snap = deposit_tokens(other, PREFIX)
+    snap = TransformersBackend.of(other).deposit(PREFIX)
     Determinism().apply()  # loading `other` applied its settings to the process; restore the default ones
     with pytest.raises(IncompatibleError) as e:
-        graft_snapshot(snap, tiny_gemma3, token_ids=PREFIX + SUFFIX)
+        TransformersBackend.of(tiny_gemma3).graft(snap, token_ids=PREFIX + SUFFIX)
     default = getattr(Determinism(), setting)
     assert f"determinism.{setting}: artifact {value!r}, this process {default!r}" in str(e.value)
     assert "Load the model with the artifact's settings" in str(e.value) and "deposit" in str(e.value)
@@ -143,11 +137,11 @@ def test_every_differing_setting_is_named(tiny_gemma3, gemma_bytes):
     snap.determinism = {**snap.determinism, "threads": 1, "deterministic_algorithms": False}
     with pytest.raises(IncompatibleError, match="determinism.deterministic_algorithms: artifact False, this process "
                        "True; determinism.threads: artifact 1, this process 2"):
-        graft_snapshot(snap, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(snap)
 
 
 def test_a_graft_under_the_recorded_settings_is_exact(tiny_gemma3, gemma_bytes):
-    cache = graft_snapshot(_here(from_bytes(gemma_bytes), tiny_gemma3), tiny_gemma3, token_ids=PREFIX + SUFFIX)
+    cache = TransformersBackend.of(tiny_gemma3).graft(_here(from_bytes(gemma_bytes), tiny_gemma3), token_ids=PREFIX + SUFFIX)
     got = forward(tiny_gemma3, SUFFIX, cache)
     assert logits_sha256(got) == logits_sha256(reference_logits(TransformersBackend.of(tiny_gemma3), PREFIX, SUFFIX))
 
@@ -241,7 +235,7 @@ def test_swapped_head_dims_are_refused_at_graft_before_forward(tiny_gemma3, gemm
     aid = store.put_bytes(_edit(gemma_bytes, _set(("layers", 0, "shape"), [1, 16, 15, 1]), swap))
     # its numerics are this process's (a claim attached in memory: a store records none, issue 61): the layout is refused
     with pytest.raises(IncompatibleError, match=r"layer 0 keys/values have shape \(1, 16, 15, 1\)"):
-        graft_snapshot(_here(store.get(aid), tiny_gemma3), tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(_here(store.get(aid), tiny_gemma3))
 
 
 def test_swapped_batch_and_sequence_dims_are_refused_at_admission(gemma_bytes, store):

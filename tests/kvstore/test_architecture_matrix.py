@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kvstore import Determinism, IncompatibleError, KVStoreError, SettingsError, check_graft
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens, load_frozen_model, prefill
+from kvstore.backends.transformers import TransformersBackend, load_frozen_model, prefill
 from kvstore.backends.transformers.capture import capture_snapshot
 from kvstore.backends.transformers.model import layout_string
 from kvstore.backends.transformers.tiny import ARCHITECTURES, save_architecture
@@ -89,7 +89,7 @@ def test_each_architecture_grafts_exactly_or_is_refused_in_one_line(name, folder
     try:
         fm = load_frozen_model(folders[name], Determinism(attn_implementation=attn))
         assert layout_string(fm.layer_layout) == layout
-        deposit_tokens(fm, prompt_ids(5))
+        TransformersBackend.of(fm).deposit(prompt_ids(5))
     except KVStoreError as e:
         assert isinstance(e, cls), f"{name}: {type(e).__name__}: {e}"
         message = _one_line(e)
@@ -149,9 +149,9 @@ def test_bookkeeping_a_rebuild_does_not_reproduce_is_refused_at_deposit(tiny_gem
 
 def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_graft(tiny_llama, monkeypatch):
     import kvstore.backends.transformers.restore as restore
-    from kvstore.backends.transformers import graft_snapshot
+    from kvstore.backends.transformers import TransformersBackend
 
-    snap = deposit_tokens(tiny_llama, prompt_ids(12))
+    snap = TransformersBackend.of(tiny_llama).deposit(prompt_ids(12))
     real = restore.new_cache
 
     def with_an_unfillable_slot(fm):
@@ -161,7 +161,7 @@ def test_a_model_cache_layer_with_a_slot_the_artifact_cannot_fill_is_refused_at_
 
     monkeypatch.setattr(restore, "new_cache", with_an_unfillable_slot)  # the cache the rebuild starts from
     with pytest.raises(IncompatibleError) as info:
-        graft_snapshot(snap, tiny_llama)
+        TransformersBackend.of(tiny_llama).graft(snap)
     message = _one_line(info.value)
     assert "cannot graft layer 1 (full, DynamicLayer)" in message and "summary_state" in message
 
@@ -172,7 +172,7 @@ def test_a_chunked_layer_is_stored_as_the_sliding_cache_it_is(folders):
     from kvstore.backends.transformers.model import stored_layout
 
     fm = load_frozen_model(folders["llama4-text"])
-    snap = deposit_tokens(fm, prompt_ids(20))
+    snap = TransformersBackend.of(fm).deposit(prompt_ids(20))
     assert [x["kind"] for x in fm.layer_layout] == ["chunked"] * 3 + ["full"]
     assert snap.layout == stored_layout(fm.layer_layout) == [{"kind": "sliding", "window": 8}] * 3 + [
         {"kind": "full", "window": None}]

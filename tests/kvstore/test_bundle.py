@@ -375,8 +375,7 @@ be = load_backend("transformers", source="tiny-gemma3")
 store = LocalStore(root)
 info = import_bundle(bundle, store, attachments_dir=files)
 assert info.claims == (aid,) and store.numerics_record(aid).fingerprints == ()  # another machine's claim (issue 61)
-from kvstore import deposit
-assert store.put(deposit(be, prefix)) == aid  # re-verified here by reproduction: the same bytes, measured
+assert store.put(be.deposit(prefix)) == aid  # re-verified here by reproduction: the same bytes, measured
 g = graft_logits(be, prefix, suffix, store=store, artifact_id=aid).logits
 r = reference_logits(be, prefix, suffix)
 print(json.dumps({"added": list(info.added), "graft": logits_sha256(g), "reference": logits_sha256(r)}))
@@ -384,12 +383,12 @@ print(json.dumps({"added": list(info.added), "graft": logits_sha256(g), "referen
 
 
 def test_an_artifact_grafts_exactly_after_import_in_a_fresh_process(tiny_gemma3, tmp_path):
-    from kvstore.backends.transformers import deposit_tokens
+    from kvstore.backends.transformers import TransformersBackend
 
     prefix = [2, *range(10, 40)]  # 31 tokens: past tiny-gemma3's sliding window of 16
     suffix = [50, 61, 72, 83]
     store = LocalStore(tmp_path / "src")
-    aid = store.put(deposit_tokens(tiny_gemma3, prefix), tags=["library:demo"])
+    aid = store.put(TransformersBackend.of(tiny_gemma3).deposit(prefix), tags=["library:demo"])
     export_bundle(store, [aid], tmp_path / "lib.kvb", attachments=FILES)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", _GRAFT_IN_FRESH_PROCESS, str(tmp_path / "lib.kvb"),

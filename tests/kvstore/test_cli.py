@@ -217,12 +217,12 @@ def test_deposit_sets_the_attention_implementation_an_error_asks_for(arch_folder
 
 
 def test_an_unexpected_failure_is_one_line_and_the_traceback_needs_kvgraft_debug(kvstore, monkeypatch):
-    import kvstore.engine.deposit as engine_deposit
+    from kvstore import Backend
 
     def broken(*args, **kwargs):
         raise AttributeError("'Widget' object has no attribute 'get_seq_length'")
 
-    monkeypatch.setattr(engine_deposit, "deposit", broken)
+    monkeypatch.setattr(Backend, "deposit", broken)  # the one deposit, every backend's
     monkeypatch.delenv("KVGRAFT_DEBUG", raising=False)
     rc, _, err = kvstore("deposit", "--text", TEXT)
     assert rc == 2 and len(err.strip().splitlines()) == 1
@@ -235,12 +235,12 @@ def test_an_unexpected_failure_is_one_line_and_the_traceback_needs_kvgraft_debug
 
 def test_deposit_runs_on_any_registered_backend(kvstore, tmp_path):
     """--backend picks the engine from the registry, --setting fills its Settings; the artifact is that backend's own
-    deposit (the same bytes as kvstore.deposit on it), refused by name on a setting it does not have."""
-    from kvstore import deposit, load_backend
+    deposit (the same bytes as its `deposit`), refused by name on a setting it does not have."""
+    from kvstore import load_backend
 
     aid = _deposit(kvstore, "--backend", "fake", "--setting", 'script={"a": "b"}', "--token-ids", "1,107,104")
     be = load_backend("fake", script={"a": "b"})
-    assert aid == LocalStore(tmp_path / "store").put(deposit(be, [1, 107, 104]))
+    assert aid == LocalStore(tmp_path / "store").put(be.deposit([1, 107, 104]))
     assert LocalStore(tmp_path / "store").get(aid).determinism["backend"] == "fake"
     rc, _, err = kvstore("deposit", "--backend", "fake", "--setting", "bogus=1", "--text", "x")
     assert rc != 0 and "backend 'fake': no setting named bogus" in err

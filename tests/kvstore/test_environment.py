@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvstore import Determinism, IncompatibleError, SettingsError, from_bytes, to_bytes
-from kvstore.backends.transformers import deposit_tokens, environment_fingerprint, graft_snapshot
+from kvstore.backends.transformers import TransformersBackend, environment_fingerprint
 from kvstore.environment import (
     ENVIRONMENT_FORMAT,
     PROFILES,
@@ -50,7 +50,7 @@ def test_the_environment_value_is_stable_and_names_the_kernel_paths():
 
 
 def test_an_artifact_is_deposited_with_this_environment(tiny_gemma3):
-    snap = deposit_tokens(tiny_gemma3, IDS)
+    snap = TransformersBackend.of(tiny_gemma3).deposit(IDS)
     assert snap.environment == environment_fingerprint(tiny_gemma3.device)
     assert snap.determinism["profile"] == "native"
     assert "allow_environment_mismatch" not in snap.determinism  # a graft policy, not a setting
@@ -65,9 +65,9 @@ def _foreign_cpu() -> tuple[str, str]:
 
 def test_graft_refuses_an_artifact_from_another_environment_naming_each_difference(tiny_gemma3):
     vendor, model = _foreign_cpu()
-    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_vendor=vendor, mkl_cbwr="AVX512", cpu_model=model)
+    snap = _elsewhere(TransformersBackend.of(tiny_gemma3).deposit(IDS), cpu_vendor=vendor, mkl_cbwr="AVX512", cpu_model=model)
     with pytest.raises(IncompatibleError) as info:
-        graft_snapshot(snap, tiny_gemma3, token_ids=IDS)
+        TransformersBackend.of(tiny_gemma3).graft(snap, token_ids=IDS)
     msg = str(info.value)
     assert f"environment.cpu_vendor: artifact {vendor!r}" in msg
     assert "environment.mkl_cbwr: artifact 'AVX512', this process None" in msg
@@ -76,23 +76,23 @@ def test_graft_refuses_an_artifact_from_another_environment_naming_each_differen
 
 
 def test_the_opt_in_grafts_anyway_and_warns(tiny_gemma3):
-    snap = _elsewhere(deposit_tokens(tiny_gemma3, IDS), cpu_model=_foreign_cpu()[1])
+    snap = _elsewhere(TransformersBackend.of(tiny_gemma3).deposit(IDS), cpu_model=_foreign_cpu()[1])
     with pytest.warns(RuntimeWarning, match="not guaranteed exact.*environment.cpu_model"):
-        graft_snapshot(snap, tiny_gemma3, token_ids=IDS, allow_environment_mismatch=True)
+        TransformersBackend.of(tiny_gemma3).graft(snap, token_ids=IDS, allow_environment_mismatch=True)
     allowing = dataclasses.replace(tiny_gemma3, determinism=dataclasses.replace(
         tiny_gemma3.determinism, allow_environment_mismatch=True))
     with pytest.warns(RuntimeWarning):
-        cache = graft_snapshot(snap, allowing, token_ids=IDS)  # the model's policy (determinism config)
+        cache = TransformersBackend.of(allowing).graft(snap, token_ids=IDS)  # the model's policy (determinism config)
     assert cache.get_seq_length() == len(IDS)
     with pytest.raises(IncompatibleError):  # an explicit False wins over the model's policy
-        graft_snapshot(snap, allowing, token_ids=IDS, allow_environment_mismatch=False)
+        TransformersBackend.of(allowing).graft(snap, token_ids=IDS, allow_environment_mismatch=False)
 
 
 def test_the_opt_in_does_not_excuse_other_settings(tiny_gemma3):
-    snap = deposit_tokens(tiny_gemma3, IDS)
+    snap = TransformersBackend.of(tiny_gemma3).deposit(IDS)
     other = from_bytes(to_bytes(dataclasses.replace(snap, determinism={**snap.determinism, "profile": "portable"})))
     with pytest.raises(IncompatibleError, match="determinism.profile: artifact 'portable', this process 'native'"):
-        graft_snapshot(other, tiny_gemma3, token_ids=IDS, allow_environment_mismatch=True)
+        TransformersBackend.of(tiny_gemma3).graft(other, token_ids=IDS, allow_environment_mismatch=True)
 
 
 def test_an_artifact_recorded_before_the_environment_value_is_read_by_its_format_and_refused(tiny_gemma3):
@@ -103,12 +103,12 @@ def test_an_artifact_recorded_before_the_environment_value_is_read_by_its_format
     legacy_env = {"cpu_isa": now["aten_cpu_capability"], "device_kind": "cpu", "device_name": now["device_name"],
                   "machine": now["machine"], "python": "3.0.0", "torch": now["torch"],
                   "transformers": now["transformers"]}
-    snap = deposit_tokens(tiny_gemma3, IDS[:20])
+    snap = TransformersBackend.of(tiny_gemma3).deposit(IDS[:20])
     legacy_det = {k: v for k, v in snap.determinism.items() if k != "profile"}
     legacy = from_bytes(to_bytes(dataclasses.replace(snap, environment=legacy_env, determinism=legacy_det)))
     legacy.numerics = snap.numerics
     with pytest.raises(IncompatibleError, match="environment.cpu_model: artifact '<not recorded>'"):
-        graft_snapshot(legacy, tiny_gemma3, token_ids=IDS)
+        TransformersBackend.of(tiny_gemma3).graft(legacy, token_ids=IDS)
     portable = {**now, "mkl_cbwr": "AVX2", "onednn_max_cpu_isa": "AVX2"}
     assert environment_differences(legacy_env, portable) == [
         f"environment.cpu_model: artifact '<not recorded>', this process {now['cpu_model']!r}",

@@ -33,7 +33,7 @@ from kvstore import (
     to_bytes,
 )
 from kvstore.backends.fake import FakeBackend
-from kvstore.backends.transformers import deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 
 IDS = [2] + [4 + (7 * i) % 200 for i in range(23)]
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def store(request, tmp_path):
 # ------------------------------------------------------------------------------------------------ item 3
 def test_no_put_writes_a_numerics_tag_given_as_a_string(tiny_gemma3, store):
     """At 7180e3a put_bytes / put / put_many recorded the tag as given (the acceptance's 'forged-tag recorded')."""
-    snap = deposit_tokens(tiny_gemma3, IDS)
+    snap = TransformersBackend.of(tiny_gemma3).deposit(IDS)
     data = to_bytes(snap)
     for put in (lambda: store.put_bytes(data, tags=[FORGED]), lambda: store.put(snap, tags=[FORGED]),
                 lambda: store.put_many([data], tags=[FORGED]), lambda: store.put_many([snap], tags=["x", FORGED])):
@@ -65,8 +65,8 @@ def test_a_record_not_issued_for_these_bytes_is_not_written(tiny_gemma3, store):
     """At 7180e3a a NumericsRecord(measured=True) built by hand, and a capture edited after the fact (+0.05 on every
     key and value: the issue's fabricated KV), were recorded with this machine's fingerprint."""
     fp = tiny_gemma3.numerics_sha256
-    captured = deposit_tokens(tiny_gemma3, IDS)
-    forged = deposit_tokens(tiny_gemma3, IDS)
+    captured = TransformersBackend.of(tiny_gemma3).deposit(IDS)
+    forged = TransformersBackend.of(tiny_gemma3).deposit(IDS)
     for layer in forged.layers:  # the capture's own record, on bytes it did not compute
         layer.keys += 0.05
         layer.values += 0.05
@@ -168,7 +168,7 @@ def test_reverify_takes_the_model_and_the_mode_from_the_record(tmp_path):
     """At 7180e3a reverify recomputed with the 270M (no --model) or outside the mode: DIFFERS, blaming the bytes."""
     be = load_backend("transformers", source="tiny-gemma3", determinism=Determinism(batch_invariant=True))
     store = LocalStore(tmp_path / "store")
-    aid = store.put_bytes(to_bytes(deposit_tokens(be.fm, IDS)))  # bytes only: no record
+    aid = store.put_bytes(to_bytes(TransformersBackend.of(be.fm).deposit(IDS)))  # bytes only: no record
     assert store.numerics_record(aid).fingerprints == ()
     r = _cli("--store", str(store.root), "reverify", aid)  # no --model, no mode flag: the record's
     assert r.returncode == 0 and f"SAME    {aid}: reproduced byte for byte here" in r.stdout, r.stdout + r.stderr

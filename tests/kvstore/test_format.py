@@ -25,7 +25,7 @@ from kvstore import (
     to_bytes,
     tokens_sha256,
 )
-from kvstore.backends.transformers import deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.format.artifact import LayerKV, content_id
 from kvstore.format.framing import FORMAT_V1, FORMAT_V2
 
@@ -50,7 +50,7 @@ def _flip(data: bytes, offset: int) -> bytes:
 @pytest.fixture
 def deposited(tiny_gemma3):
     """A real 40-token deposit: crosses tiny-gemma3's sliding window of 16."""
-    return deposit_tokens(tiny_gemma3, [2] + [4 + (7 * i) % 256 for i in range(39)], extra={"case": "format"})
+    return TransformersBackend.of(tiny_gemma3).deposit([2] + [4 + (7 * i) % 256 for i in range(39)], extra={"case": "format"})
 
 
 def test_golden_bytes_of_a_hand_built_snapshot_are_pinned(hand_built):
@@ -100,7 +100,7 @@ def test_strided_tensors_serialize_like_contiguous_ones(hand_built):
 
 
 def test_depositing_the_same_tokens_twice_gives_the_same_id(tiny_gemma3, deposited):
-    again = deposit_tokens(tiny_gemma3, deposited.token_ids, extra={"case": "format"})
+    again = TransformersBackend.of(tiny_gemma3).deposit(deposited.token_ids, extra={"case": "format"})
     assert ArtifactId.of(to_bytes(again)) == ArtifactId.of(to_bytes(deposited))
 
 

@@ -12,15 +12,7 @@ import pytest
 import torch
 
 from kvstore import Determinism, IncompatibleError, IntegrityError, LocalStore, check_graft
-from kvstore.backends.transformers import (
-    TransformersBackend,
-    deposit_tokens,
-    forward,
-    graft_snapshot,
-    load_frozen_model,
-    prefill,
-)
-from kvstore.backends.transformers.graft import check_compatible
+from kvstore.backends.transformers import TransformersBackend, forward, load_frozen_model, prefill
 
 MODELS = ["tiny-gemma3", "tiny-llama"]
 SUFFIX = [4 + ord(c) for c in " then"]  # byte tokens
@@ -38,7 +30,7 @@ def fm(request):
 
 def _through_store(fm, prefix, tmp_path):
     store = LocalStore(tmp_path / "store")
-    aid = store.put(deposit_tokens(fm, prefix))
+    aid = store.put(TransformersBackend.of(fm).deposit(prefix))
     return store.get(aid)
 
 
@@ -67,14 +59,14 @@ def test_greedy_continuation_after_graft_is_identical(fm, n, tmp_path):
     cache, _ = prefill(fm, prefix)
     reference = _greedy(fm, cache, forward(fm, SUFFIX, cache), 10)
 
-    cache = graft_snapshot(_through_store(fm, prefix, tmp_path), fm, prefix + SUFFIX)
+    cache = TransformersBackend.of(fm).graft(_through_store(fm, prefix, tmp_path), prefix + SUFFIX)
     assert _greedy(fm, cache, forward(fm, SUFFIX, cache), 10) == reference
 
 
 def test_grafted_sliding_layers_restore_the_window_state(tiny_gemma3, tmp_path):
     prefix = prompt_ids(40)
     fresh, _ = prefill(tiny_gemma3, prefix)
-    grafted = graft_snapshot(_through_store(tiny_gemma3, prefix, tmp_path), tiny_gemma3, prefix)
+    grafted = TransformersBackend.of(tiny_gemma3).graft(_through_store(tiny_gemma3, prefix, tmp_path), prefix)
     for a, b in zip(fresh.layers, grafted.layers, strict=True):
         assert type(a) is type(b)
         assert a.get_seq_length() == b.get_seq_length() == 40
@@ -96,50 +88,50 @@ def test_bfloat16_artifacts_graft_exactly_into_a_bfloat16_model(tmp_path):
 
 @pytest.fixture(scope="module")
 def gemma_snapshot(tiny_gemma3):
-    return deposit_tokens(tiny_gemma3, prompt_ids(20))
+    return TransformersBackend.of(tiny_gemma3).deposit(prompt_ids(20))
 
 
 def test_graft_into_a_model_with_other_weights_is_refused(gemma_snapshot):
     other = load_frozen_model("tiny-gemma3", seed=1)
     with pytest.raises(IncompatibleError, match="model fingerprint"):
-        graft_snapshot(gemma_snapshot, other)
+        TransformersBackend.of(other).graft(gemma_snapshot)
 
 
 def test_graft_with_another_tokenizer_is_refused(gemma_snapshot, tiny_gemma3, monkeypatch):
     monkeypatch.setattr(tiny_gemma3, "tokenizer_fingerprint", "0" * 64)
     with pytest.raises(IncompatibleError, match="tokenizer fingerprint"):
-        graft_snapshot(gemma_snapshot, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(gemma_snapshot)
 
 
 def test_graft_into_a_model_of_another_dtype_is_refused(gemma_snapshot):
     bf16 = load_frozen_model("tiny-gemma3", Determinism(dtype="bfloat16"))
     with pytest.raises(IncompatibleError, match="model fingerprint"):  # the weights' dtype is fingerprinted
-        graft_snapshot(gemma_snapshot, bf16)
+        TransformersBackend.of(bf16).graft(gemma_snapshot)
     same_weights = dataclasses.replace(gemma_snapshot, model_fingerprint=bf16.fingerprint)
     with pytest.raises(IncompatibleError, match="dtype float32 differs from the model's bfloat16"):
-        check_compatible(same_weights, bf16)
+        TransformersBackend.of(bf16).check(same_weights)
 
 
 def test_a_layer_whose_tensors_contradict_the_recorded_dtype_is_refused(gemma_snapshot, tiny_gemma3):
     layers = list(gemma_snapshot.layers)
     layers[2] = dataclasses.replace(layers[2], keys=layers[2].keys.to(torch.bfloat16))
     with pytest.raises(IncompatibleError, match="layer 2 keys"):
-        check_compatible(dataclasses.replace(gemma_snapshot, layers=layers), tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).check(dataclasses.replace(gemma_snapshot, layers=layers))
 
 
 def test_graft_of_another_architecture_is_refused(tiny_llama, tiny_gemma3):
-    llama = deposit_tokens(tiny_llama, prompt_ids(20))
+    llama = TransformersBackend.of(tiny_llama).deposit(prompt_ids(20))
     with pytest.raises(IncompatibleError, match="model fingerprint"):
-        graft_snapshot(llama, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(llama)
     # With the fingerprints edited to match, the layer layout check still catches it.
     disguised = dataclasses.replace(llama, model_fingerprint=tiny_gemma3.fingerprint,
                                     tokenizer_fingerprint=tiny_gemma3.tokenizer_fingerprint)
     with pytest.raises(IncompatibleError, match="numerics_sha256: artifact"):  # its numerics record is llama's
-        check_compatible(disguised, tiny_gemma3)
-    disguised.numerics = deposit_tokens(tiny_gemma3, prompt_ids(2)).numerics  # and with that edited too
+        TransformersBackend.of(tiny_gemma3).check(disguised)
+    disguised.numerics = TransformersBackend.of(tiny_gemma3).deposit(prompt_ids(2)).numerics  # and with that edited too
     layout = r"layer layout differs \(artifact 4 layers FFFF, model 6 layers SSFSSF\)"
     with pytest.raises(IncompatibleError, match=layout):
-        check_compatible(disguised, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).check(disguised)
 
 
 def test_a_layer_with_another_window_is_a_layout_mismatch(gemma_snapshot, tiny_gemma3):
@@ -147,24 +139,24 @@ def test_a_layer_with_another_window_is_a_layout_mismatch(gemma_snapshot, tiny_g
     layers[0] = dataclasses.replace(layers[0], window=32)
     # the format's own invariant (a sliding layer holds min(seen, window) positions) refuses it first, naming both
     with pytest.raises(IncompatibleError, match=r"layer 0 keys have shape .*sliding layer \(window 32\)"):
-        graft_snapshot(dataclasses.replace(gemma_snapshot, layers=layers), tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(dataclasses.replace(gemma_snapshot, layers=layers))
 
 
 def test_graft_onto_a_context_with_other_tokens_is_refused(gemma_snapshot, tiny_gemma3):
     context = list(gemma_snapshot.token_ids) + SUFFIX
     context[7] += 1
     with pytest.raises(IncompatibleError, match="first difference at index 7"):
-        graft_snapshot(gemma_snapshot, tiny_gemma3, context)
+        TransformersBackend.of(tiny_gemma3).graft(gemma_snapshot, context)
     with pytest.raises(IncompatibleError, match="do not begin with the artifact's 20 tokens"):
-        graft_snapshot(gemma_snapshot, tiny_gemma3, gemma_snapshot.token_ids[:-1])
+        TransformersBackend.of(tiny_gemma3).graft(gemma_snapshot, gemma_snapshot.token_ids[:-1])
 
 
 def test_graft_at_another_position_is_refused(gemma_snapshot, tiny_gemma3):
     with pytest.raises(IncompatibleError, match="position 3, but the artifact was computed at start position 0"):
-        graft_snapshot(gemma_snapshot, tiny_gemma3, position=3)
+        TransformersBackend.of(tiny_gemma3).graft(gemma_snapshot, position=3)
     shifted = dataclasses.replace(gemma_snapshot, start_position=3)
     with pytest.raises(IncompatibleError, match="starts at position 3"):
-        graft_snapshot(shifted, tiny_gemma3)
+        TransformersBackend.of(tiny_gemma3).graft(shifted)
 
 
 def _stored(snapshot, tmp_path):

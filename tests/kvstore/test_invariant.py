@@ -12,8 +12,7 @@ import torch
 
 from kvstore import Determinism, IncompatibleError, SettingsError
 from kvstore.backends.transformers.backend import TransformersBackend
-from kvstore.backends.transformers.capture import deposit_tokens, forward, new_cache
-from kvstore.backends.transformers.graft import graft_snapshot
+from kvstore.backends.transformers.capture import forward, new_cache
 from kvstore.backends.transformers.invariant import KEY_BLOCK, fixed_linear
 from kvstore.backends.transformers.model import load_frozen_model
 from kvstore.testing.random_models import build_random_model
@@ -110,15 +109,15 @@ def test_the_fingerprint_is_the_same_and_admission_refuses_mixing_the_modes():
     assert inv.fingerprint == default.fingerprint
     ids = prompt_ids(30)
     for made, other in ((inv, default), (default, inv)):
-        snap = deposit_tokens(made, ids)
+        snap = TransformersBackend.of(made).deposit(ids)
         with pytest.raises(IncompatibleError, match="determinism.batch_invariant"):
-            graft_snapshot(snap, other, token_ids=ids + [9])
+            TransformersBackend.of(other).graft(snap, token_ids=ids + [9])
 
 
 def test_a_graft_in_the_mode_equals_the_one_pass_prompt():
     fm = load_frozen_model("tiny-gemma3", INVARIANT)
     ids, suffix = prompt_ids(N), [9, 40, 41]
-    cache = graft_snapshot(deposit_tokens(fm, ids), fm, token_ids=ids + suffix)
+    cache = TransformersBackend.of(fm).graft(TransformersBackend.of(fm).deposit(ids), token_ids=ids + suffix)
     assert torch.equal(_logits(fm, suffix, cache), _logits(fm, ids + suffix)[-len(suffix):])
 
 
@@ -170,7 +169,7 @@ def test_the_bundled_model_in_the_mode_one_pass_equals_split_token_by_token_and_
     head = _logits(fm, ids[:-3], cache)
     tail = torch.cat([_logits(fm, [t], cache) for t in ids[-3:]])
     assert torch.equal(torch.cat([head, tail]), one), "token by token"
-    grafted = graft_snapshot(deposit_tokens(fm, ids[:540]), fm, token_ids=ids)
+    grafted = TransformersBackend.of(fm).graft(TransformersBackend.of(fm).deposit(ids[:540]), token_ids=ids)
     assert torch.equal(_logits(fm, ids[540:], grafted), one[540:]), "graft at own position vs one pass"
 
 

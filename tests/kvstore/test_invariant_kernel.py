@@ -23,7 +23,7 @@ from kvstore import (
     LocalStore,
     recorded_kernel,
 )
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens, invariant
+from kvstore.backends.transformers import TransformersBackend, invariant
 from kvstore.backends.transformers.model import load_frozen_model
 from kvstore.engine.admission import settings_differences
 from kvstore.engine.verify import graft_logits
@@ -51,7 +51,7 @@ def test_a_new_kernel_is_recorded_with_the_mode_and_its_artifacts(monkeypatch):
     monkeypatch.setattr(invariant, "KERNEL", NEW)
     be = _mode()
     assert be.settings()[KERNEL_RECORD] == NEW
-    assert deposit_tokens(be.fm, IDS[:20]).determinism[KERNEL_RECORD] == NEW
+    assert TransformersBackend.of(be.fm).deposit(IDS[:20]).determinism[KERNEL_RECORD] == NEW
     assert Determinism.from_dict(be.settings()) == be.fm.determinism  # a recorded fact, not a setting
     off = TransformersBackend.of(load_frozen_model("tiny-gemma3", Determinism(prefill_chunk=0)))
     assert KERNEL_RECORD not in off.settings()  # the default mode records no kernel of the mode
@@ -61,7 +61,7 @@ def test_an_artifact_of_the_unversioned_kernel_is_refused_by_a_new_kernel_in_one
     monkeypatch.setattr(invariant, "KERNEL", UNVERSIONED_KERNEL)
     old = _mode()
     store = LocalStore(tmp_path / "store")
-    aid = store.put(deposit_tokens(old.fm, IDS[:30]))
+    aid = store.put(TransformersBackend.of(old.fm).deposit(IDS[:30]))
     assert KERNEL_RECORD not in store.get(aid).determinism
     graft_logits(old, IDS[:30], IDS[30:], store=store, artifact_id=aid)  # the same kernel: admitted
     monkeypatch.setattr(invariant, "KERNEL", NEW)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvstore import Determinism, EnvironmentMismatchError, LocalStore
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.backends.transformers.capture import forward, new_cache
 from kvstore.backends.transformers.model import load_frozen_model
 from kvstore.engine.verify import graft_logits
@@ -29,7 +29,7 @@ def _other_cpu(env: dict) -> dict:
 def _deposited(mode: bool, tmp_path):
     fm = load_frozen_model("tiny-gemma3", Determinism(batch_invariant=mode, prefill_chunk=0))
     store = LocalStore(tmp_path / ("mode" if mode else "default"))
-    return TransformersBackend.of(fm), store, store.put(deposit_tokens(fm, IDS[:SPLIT]))
+    return TransformersBackend.of(fm), store, store.put(TransformersBackend.of(fm).deposit(IDS[:SPLIT]))
 
 
 def test_the_mode_grafts_on_another_cpu_kind_with_an_equal_fingerprint_and_equals_one_pass(tmp_path, monkeypatch):

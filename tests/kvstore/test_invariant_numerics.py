@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kvstore import Determinism, EnvironmentMismatchError, LocalStore
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.backends.transformers.invariant import (
     FORMER_NUMERICS_FORMATS,
     NUMERICS_FORMAT,
@@ -71,7 +71,7 @@ def test_the_battery_names_the_kernel_and_former_formats_are_refused(monkeypatch
 def _mode_artifact(tmp_path, numerics: str):
     fm = load_frozen_model("tiny-gemma3", Determinism(batch_invariant=True, prefill_chunk=0))
     store = LocalStore(tmp_path / "store")
-    aid = store.put(deposit_tokens(fm, IDS[:30]))
+    aid = store.put(TransformersBackend.of(fm).deposit(IDS[:30]))
     db = __import__("sqlite3").connect(store.index_path)  # the record a deposit under the earlier battery wrote
     db.execute("UPDATE tags SET tag = ? WHERE tag LIKE 'numerics:%'", (numerics_tag(numerics),))
     db.commit()

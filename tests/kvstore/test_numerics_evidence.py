@@ -24,8 +24,7 @@ from kvstore import (
     export_bundle,
     import_bundle,
 )
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
-from kvstore.engine.deposit import graft
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.engine.verify import graft_logits
 from kvstore.errors import IndexDatabaseError
 
@@ -41,7 +40,7 @@ def be(tiny_gemma3):
 @pytest.fixture
 def stored(be, tmp_path):
     store = LocalStore(tmp_path / "store")
-    return store, store.put(deposit_tokens(be.fm, IDS), tags=["t"])
+    return store, store.put(TransformersBackend.of(be.fm).deposit(IDS), tags=["t"])
 
 
 def _strip(store: LocalStore) -> None:
@@ -55,18 +54,18 @@ def test_a_deposit_records_what_it_measured_and_a_graft_from_the_store_admits_it
     store, aid = stored
     snap = store.get(aid)
     assert snap.numerics.fingerprints == (be.numerics(),) and snap.numerics.error is None
-    graft(be, snap, IDS)
+    be.graft(snap, IDS)
 
 
 def test_an_artifact_without_a_record_is_refused_by_kvstores_graft_and_check_graft(be, stored):
     store, aid = stored
     _strip(store)
     with pytest.raises(EnvironmentMismatchError, match="no numerics record in LocalStore"):
-        graft(be, store.get(aid), IDS)
+        be.graft(store.get(aid), IDS)
     with pytest.raises(EnvironmentMismatchError, match="no numerics record"):
         graft_logits(be, IDS, IDS[:3], store=store, artifact_id=aid)  # check_graft's and the restore worker's half
-    store.put(deposit_tokens(be.fm, IDS))  # deposited again here: measured, recorded
-    graft(be, store.get(aid), IDS)
+    store.put(TransformersBackend.of(be.fm).deposit(IDS))  # deposited again here: measured, recorded
+    be.graft(store.get(aid), IDS)
 
 
 def test_a_failing_lookup_of_the_record_refuses(be, stored, monkeypatch):
@@ -77,7 +76,7 @@ def test_a_failing_lookup_of_the_record_refuses(be, stored, monkeypatch):
 
     monkeypatch.setattr(store.index, "get", broken)
     with pytest.raises(EnvironmentMismatchError, match="could not be read .*database is locked"):
-        graft(be, store.get(aid), IDS)
+        be.graft(store.get(aid), IDS)
 
 
 def test_a_second_fingerprint_beside_the_real_one_is_refused(be, stored):
@@ -89,7 +88,7 @@ def test_a_second_fingerprint_beside_the_real_one_is_refused(be, stored):
     db.commit()
     db.close()
     with pytest.raises(EnvironmentMismatchError, match="names 2 fingerprints"):
-        graft(be, store.get(aid), IDS)
+        be.graft(store.get(aid), IDS)
 
 
 def test_a_snapshot_parsed_from_bytes_carries_no_evidence(be, stored):
@@ -97,7 +96,7 @@ def test_a_snapshot_parsed_from_bytes_carries_no_evidence(be, stored):
 
     store, aid = stored
     with pytest.raises(EnvironmentMismatchError, match="not read from a store"):
-        graft(be, from_bytes(store.get_bytes(aid)), IDS)
+        be.graft(from_bytes(store.get_bytes(aid)), IDS)
 
 
 def test_a_record_read_elsewhere_arrives_as_a_claim_and_is_re_verified_before_a_graft(be, stored, tmp_path):
@@ -107,13 +106,13 @@ def test_a_record_read_elsewhere_arrives_as_a_claim_and_is_re_verified_before_a_
     info = import_bundle(tmp_path / "b.kvb", other)
     assert info.claims == (aid,) and other.get(aid).numerics.fingerprints == ()  # another machine's claim (issue 61)
     with pytest.raises(EnvironmentMismatchError, match="no numerics record"):
-        graft(be, other.get(aid), IDS)
+        be.graft(other.get(aid), IDS)
     mem = MemoryStore()
     mem.put(store.get(aid))  # a snapshot read from one store, put into another: its record is a claim there too
     with pytest.raises(EnvironmentMismatchError, match="no numerics record"):
-        graft(be, mem.get(aid), IDS)
-    mem.put(deposit_tokens(be.fm, IDS))  # reproduced here: the same bytes, measured, recorded
-    graft(be, mem.get(aid), IDS)
+        be.graft(mem.get(aid), IDS)
+    mem.put(TransformersBackend.of(be.fm).deposit(IDS))  # reproduced here: the same bytes, measured, recorded
+    be.graft(mem.get(aid), IDS)
 
 
 def test_an_engine_that_measures_none_refuses_a_record_it_cannot_confirm(be, stored):
@@ -151,10 +150,10 @@ def test_reverify_records_only_what_it_reproduced_and_gc_says_it_indexed_without
     _strip(store)
     r = _cli("--store", str(store.root), "--model", "tiny-gemma3", "reverify", aid)
     assert r.returncode == 0 and f"SAME    {aid}: reproduced byte for byte here" in r.stdout, r.stderr
-    graft(be, store.get(aid), IDS)  # measured, recorded: admitted
+    be.graft(store.get(aid), IDS)  # measured, recorded: admitted
     store.index_path.unlink()  # the index lost: gc rebuilds it from the objects, and says what it could not
     r = _cli("--store", str(store.root), "gc")
     assert "indexed WITHOUT TAGS" in r.stdout and "objects indexed     1" in r.stdout
     assert LocalStore(store.root).info(aid).tags == ()
     with pytest.raises(EnvironmentMismatchError, match="no numerics record"):
-        graft(be, LocalStore(store.root).get(aid), IDS)
+        be.graft(LocalStore(store.root).get(aid), IDS)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from kvstore import LocalStore, check_graft, logits_sha256
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.engine.restore_worker import ModelSpec, RestoreWorker
 from kvstore.engine.verify import reference_logits
 from kvstore.errors import RemoteGraftError, RestoreWorkerError
@@ -28,7 +28,7 @@ def test_a_graft_in_the_second_process_equals_the_fresh_reference_and_a_miss_is_
         assert check.equal and check.sha256_graft == logits_sha256(reference_logits(TransformersBackend.of(tiny_gemma3), PREFIX, SUFFIX))
         with pytest.raises(RemoteGraftError, match="NotFoundError"):
             worker.restore("0" * 64, PREFIX, SUFFIX)
-        aid = store.put(deposit_tokens(tiny_gemma3, PREFIX))  # still serving after the miss
+        aid = store.put(TransformersBackend.of(tiny_gemma3).deposit(PREFIX))  # still serving after the miss
         assert worker.restore(aid, PREFIX, SUFFIX).logits.shape[1] == len(SUFFIX)
 
 

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("boto3", reason="the S3 store needs boto3 (pip install -c constraints.txt 'kvgraft[s3]')")
 
 from kvstore import IntegrityError, MemoryStore, NotFoundError, Prefetcher, logits_sha256, to_bytes
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.errors import StoreUnavailableError
 from kvstore.format.ids import ArtifactId, id_to_relpath
@@ -91,7 +91,7 @@ def test_every_reader_of_the_bucket_sees_the_same_index(store, url, s3_env, hand
 def test_deposit_graft_and_prefetch_through_s3_are_byte_identical_to_the_fresh_reference(store, tiny_gemma3):
     fm = tiny_gemma3
     prefix, suffix = [2, *range(10, 40)], [50, 61, 72]  # 31 tokens: past the sliding window of 16
-    aid = store.put(deposit_tokens(fm, prefix), tags=["library:s3"])
+    aid = store.put(TransformersBackend.of(fm).deposit(prefix), tags=["library:s3"])
     reference = logits_sha256(reference_logits(TransformersBackend.of(fm), prefix, suffix))
     assert logits_sha256(graft_logits(TransformersBackend.of(fm), prefix, suffix, store=store, artifact_id=aid).logits) == reference
     with Prefetcher(store, max_bytes=64 << 20) as pf:
@@ -200,7 +200,7 @@ store.put_bytes(open(sys.argv[2], "rb").read())
 
 
 def test_a_writer_killed_mid_upload_leaves_nothing_visible(url, s3_env, tiny_gemma3, tmp_path):
-    data = to_bytes(deposit_tokens(tiny_gemma3, [4 + i % 250 for i in range(300)]))
+    data = to_bytes(TransformersBackend.of(tiny_gemma3).deposit([4 + i % 250 for i in range(300)]))
     assert len(data) > 16 * 4096  # many chunks: the kill lands in the middle of the body
     (tmp_path / "a.kv").write_bytes(data)
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, url, str(tmp_path / "a.kv")],

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kvstore import LocalStore, logits_sha256, to_bytes
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.cli import main as kvstore_main
 from kvstore.engine.verify import graft_logits, reference_logits
 from kvstore.errors import ReadOnlyStoreError, StoreFullError
@@ -173,7 +173,7 @@ def test_a_graft_from_a_read_only_store_is_byte_identical_to_the_fresh_reference
     fm = tiny_gemma3
     prefix, suffix = list(range(4, 4 + 24)), [40, 41, 42]  # 24 tokens: past the sliding window of 16
     root = tmpfs() / "store"
-    aid = LocalStore(root).put(deposit_tokens(fm, prefix))
+    aid = LocalStore(root).put(TransformersBackend.of(fm).deposit(prefix))
     tmpfs.remount_ro(root.parent)
     restored = graft_logits(TransformersBackend.of(fm), prefix, suffix, store=LocalStore(root), artifact_id=aid)
     assert logits_sha256(restored.logits) == logits_sha256(reference_logits(TransformersBackend.of(fm), prefix, suffix))

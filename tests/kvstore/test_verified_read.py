@@ -11,7 +11,7 @@ import pytest
 
 import kvstore.store.verified_read as verified_read
 from kvstore import IntegrityError, LocalStore
-from kvstore.backends.transformers import deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 
 
 @pytest.fixture(params=["overlapped", "serial"])
@@ -26,7 +26,7 @@ def path_taken(request, monkeypatch):
 @pytest.fixture
 def stored(tiny_gemma3, tmp_path):
     store = LocalStore(tmp_path / "store")
-    snap = deposit_tokens(tiny_gemma3, [2] + [4 + (5 * i) % 256 for i in range(39)])
+    snap = TransformersBackend.of(tiny_gemma3).deposit([2] + [4 + (5 * i) % 256 for i in range(39)])
     return store, store.put(snap), snap
 
 
@@ -87,7 +87,7 @@ def test_reads_on_several_threads_at_once_each_get_their_own_verified_snapshot(t
                                                                                assert_same_snapshot):
     monkeypatch.setattr(verified_read, "OVERLAP_MIN", 0)
     store = LocalStore(tmp_path / "store")
-    snaps = [deposit_tokens(tiny_gemma3, [2] + [4 + (k * i) % 256 for i in range(24)]) for k in (3, 5, 7)]
+    snaps = [TransformersBackend.of(tiny_gemma3).deposit([2] + [4 + (k * i) % 256 for i in range(24)]) for k in (3, 5, 7)]
     ids = [store.put(s) for s in snaps]
     _damage(store, ids[2], store.path(ids[2]).stat().st_size - 1)
 

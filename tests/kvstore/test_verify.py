@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvstore import KVStoreError, LocalStore, MemoryStore, check_graft, compare_logits
-from kvstore.backends.transformers import TransformersBackend, deposit_tokens
+from kvstore.backends.transformers import TransformersBackend
 from kvstore.engine.verify import Restored, graft_logits, reference_logits
 
 SUFFIX = [4 + ord(c) for c in " so x = 5"]
@@ -79,14 +79,14 @@ def test_a_custom_restorer_gets_the_artifact_id(tiny_llama):
 
 def test_a_given_snapshot_is_used_instead_of_a_new_deposit(tiny_gemma3):
     prefix = prompt_ids(18)
-    snap = deposit_tokens(tiny_gemma3, prefix)
+    snap = TransformersBackend.of(tiny_gemma3).deposit(prefix)
     check = check_graft(TransformersBackend.of(tiny_gemma3), prefix, SUFFIX, snapshot=snap)
     assert check.equal and "deposit" not in check.timing_s
 
 
 def test_offset_zero_is_exact_and_reported_positions_move_the_reference(tiny_llama):
     prefix = prompt_ids(10)
-    snap = deposit_tokens(tiny_llama, prefix)
+    snap = TransformersBackend.of(tiny_llama).deposit(prefix)
     zero = check_graft(TransformersBackend.of(tiny_llama), prefix, SUFFIX, snapshot=snap, offset=0)
     moved = check_graft(TransformersBackend.of(tiny_llama), prefix, SUFFIX, snapshot=snap, offset=100)
     assert zero.equal and moved.offset == 100
@@ -111,7 +111,7 @@ def test_bad_calls_are_kvstore_errors(tiny_llama):
 
 
 def test_a_snapshot_of_other_tokens_is_refused_not_compared(tiny_llama):
-    snap = deposit_tokens(tiny_llama, prompt_ids(8))
+    snap = TransformersBackend.of(tiny_llama).deposit(prompt_ids(8))
     other = dataclasses.replace(snap, token_ids=[2] * 8)
     with pytest.raises(KVStoreError):
         check_graft(TransformersBackend.of(tiny_llama), prompt_ids(8), SUFFIX, snapshot=other)

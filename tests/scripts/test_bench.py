@@ -74,11 +74,11 @@ def test_bf16_restore_deposits_and_restores_in_bf16(tmp_path):
     assert [r["tokens"] for r in out["rows"]] == [16, 32]
     from harness.experiments.text import DEFAULT_PROBLEMS, joined_text
     from kvstore import LocalStore
-    from kvstore.backends.transformers import deposit_tokens, load_frozen_model
+    from kvstore.backends.transformers import TransformersBackend, load_frozen_model
 
     fm = load_frozen_model("tiny-gemma3")  # the same 32 tokens deposited in float32
     fp32 = LocalStore(tmp_path / "fp32")
-    full = fp32.info(fp32.put(deposit_tokens(fm, fm.encode(joined_text(DEFAULT_PROBLEMS))[:32]))).size
+    full = fp32.info(fp32.put(TransformersBackend.of(fm).deposit(fm.encode(joined_text(DEFAULT_PROBLEMS))[:32]))).size
     for r in out["rows"]:
         assert r["restore_s"]["n"] >= 5 and r["restore_s"]["median"] > 0
         assert r["bytes_per_token"] == r["artifact_bytes"] / r["tokens"]

@@ -10,7 +10,7 @@ graft      retrieve a verified library entry, graft its artifact (read from the 
            positions, prefill only the query prompt after it, decode with the same settings as baseline.
 incontext  the control for graft: the same retrieval (same entry, same exclude_self), but the entry's tokens are
            computed fresh in the same pinned schedule as its deposit (the backend's `prefill`, the same
-           determinism.prefill_chunk as `deposit_tokens`), then the query. Its rows must be bit-identical to
+           determinism.prefill_chunk as a deposit), then the query. Its rows must be bit-identical to
            graft's (harness/compare/pairing.py checks that); it only costs the entry's prefill. With
            determinism.batch_invariant=true the whole context is prefilled as one prompt, as a baseline would.
 

@@ -2,10 +2,10 @@
 
     model.py       FrozenModel, load_frozen_model, fingerprints, the layer layout (smallest_window), the environment
     gguf.py        the bundled GGUF dequantized once;  tiny.py  tiny random-weight models;  lm_head.py  blocked LM head
-    capture.py     prefill under the pinned schedule, forward, new_cache, capture_snapshot, deposit_tokens
+    capture.py     prefill under the pinned schedule, forward, new_cache, capture_snapshot
     cache_state.py what a cache layer holds;  restore.py  the layout check and rebuild after admission
-    backend.py     TransformersBackend: the Backend (core, Stepwise, Repositioning), owning its FrozenModel
-    graft.py       graft_snapshot / check_compatible / graft_repositioned: the backend's graft as functions
+    backend.py     TransformersBackend: the Backend (core, Stepwise, Repositioning), owning its FrozenModel; its
+                   `graft` (and `check`, `graft_repositioned`) is the one graft door, `deposit` the base's
     settings.py    TransformersSettings: what a caller of load_backend("transformers", ...) chooses
 
 The names below are this engine's own vocabulary (kvstore's face holds only the backend-generic ones):
@@ -15,7 +15,7 @@ The names below are this engine's own vocabulary (kvstore's face holds only the 
     smallest_window(be.layer_layout()), layout_string(be.layer_layout())
 
 The harness and scripts use the backend; FrozenModel and the functions below taking one (prefill, forward,
-deposit_tokens, graft_snapshot ...) are this folder's own, for its modules and its tests.
+...) are this folder's own, for its modules and its tests.
 
 Importing this package imports neither torch nor transformers (the registry reads REGISTERED here): each name
 loads its module on first use (PEP 562), as kvstore's face does.
@@ -33,8 +33,7 @@ REGISTERED = Registered("transformers", "kvstore.backends.transformers.backend:T
 # the module (in this folder, or the seam) that defines each public name
 _FACE: dict[str, tuple[str, ...]] = {
     "model": ("FrozenModel", "environment_fingerprint", "layout_string", "load_frozen_model", "smallest_window"),
-    "capture": ("capture_snapshot", "deposit_tokens", "forward", "new_cache", "prefill"),
-    "graft": ("check_compatible", "graft_repositioned", "graft_snapshot"),
+    "capture": ("capture_snapshot", "forward", "new_cache", "prefill"),
     "backend": ("TransformersBackend",),
     "settings": ("TransformersSettings",),
 }

@@ -109,12 +109,6 @@ def capture_snapshot(
     return snapshot
 
 
-def deposit_tokens(fm: FrozenModel, token_ids: list[int], extra: dict | None = None) -> Snapshot:
-    """Prefill `token_ids` from position 0 and capture the cache: the artifact of that sequence."""
-    cache, _ = prefill(fm, token_ids)
-    return capture_snapshot(fm, cache, token_ids, 0, extra)
-
-
 def capture_layers(fm: FrozenModel, cache: DynamicCache, token_count: int) -> list[LayerKV]:
     """The artifact layers of a cache that has seen `token_count` tokens, after the capture-completeness checks:
     every layer's prefix state is keys/values (+ bookkeeping), and a cache rebuilt from them equals `cache`."""
