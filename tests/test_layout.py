@@ -319,3 +319,43 @@ def test_the_engine_reach_check_can_fail():
     """The check above finds the old way (a benchmark reading vLLM's engine and llama.cpp's context)."""
     bad = "def f(be, fm):\n    be.llm.generate([])\n    return fm.layer_layout(), be.ll.llama_token, be.device\n"
     assert sorted(_engine_reaches(bad)) == ["2 .llm", "3 .device", "3 .layer_layout", "3 .ll"]
+
+
+def _backend_names(text: str) -> list[str]:
+    """Where a module holds a backend under a name other than `be`: a parameter or variable annotated `Backend` (or
+    `Backend | None`), a `self.<attr>: Backend`, and any name `fm` (the FrozenModel's old name for the backend)."""
+    found = []
+
+    def annotated_backend(ann: ast.AST | None) -> bool:  # a Backend (a `type[Backend]` is its class, not one)
+        if ann is None or (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "type"):
+            return False
+        return any(isinstance(n, ast.Name) and n.id == "Backend" for n in ast.walk(ann))
+
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.arg) and annotated_backend(node.annotation) and node.arg != "be":
+            found.append(f"{node.lineno} parameter {node.arg}")
+        elif isinstance(node, ast.AnnAssign) and annotated_backend(node.annotation):
+            target = node.target
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "?")
+            if name != "be":
+                found.append(f"{node.lineno} holds a Backend as {name}")
+        elif (isinstance(node, ast.Name) and node.id == "fm") or (isinstance(node, ast.arg) and node.arg == "fm") \
+                or (isinstance(node, ast.Attribute) and node.attr == "fm") or \
+                (isinstance(node, ast.keyword) and node.arg == "fm"):
+            found.append(f"{node.lineno} fm")
+    return found
+
+
+def test_the_harness_names_a_backend_one_way():
+    """The harness holds a backend under one name, `be` (a parameter, a variable, a condition's `self.be`, the run's
+    `run(cfg, be=...)`): never `fm`, never `backend` for the object (a backend's *name*, a string, is `backend`)."""
+    found = [f"{p.relative_to(REPO)}:{hit}" for p in _files("harness") for hit in _backend_names(p.read_text())]
+    assert not found, f"a backend held under another name than `be`: {found}"
+
+
+def test_the_backend_name_check_can_fail():
+    bad = ("def f(fm: Backend, backend: Backend | None = None):\n    model: Backend = fm\n    run(cfg, fm=model)\n"
+           "class C:\n    def __init__(self, be: Backend):\n        self.backend: Backend = be\n")
+    hits = _backend_names(bad)
+    assert {h.split(" ", 1)[1] for h in hits} >= {"parameter fm", "parameter backend", "holds a Backend as model",
+                                                   "holds a Backend as backend", "fm"}, hits

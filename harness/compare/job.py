@@ -233,15 +233,15 @@ def main(argv: list[str] | None = None) -> Comparison:
     root = Path(c.project_root)
     runs = root / c.runs_dir
     check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
-    fm = load_model(c)
-    if plan.pairs and rows_depend_on_batch(fm, c.run.in_flight):
+    be = load_model(c)
+    if plan.pairs and rows_depend_on_batch(be, c.run.in_flight):
         raise ConfigError(
-            f"run.in_flight={c.run.in_flight} on the {fm.name} backend: its rows depend on what shares the batch "
+            f"run.in_flight={c.run.in_flight} on the {be.name} backend: its rows depend on what shares the batch "
             f"({BATCH_DEPENDENT}), so a graft row and its in-context twin would not be computed under the same "
             "schedule and the twin check could not be made; use run.in_flight=1, or determinism.batch_invariant=true "
             "where the backend offers it")
     t_lib, wall_lib = time.perf_counter(), time.time()
-    lib = open_library(c.library, fm, root, build_if_missing=True, chat=chat_frame(fm, c.model.chat))
+    lib = open_library(c.library, be, root, build_if_missing=True, chat=chat_frame(be, c.model.chat))
     built = (lib.path / "manifest.json").stat().st_mtime >= wall_lib - 1
     library = _library_record(lib, time.perf_counter() - t_lib, built, wall_lib)
     console.print(
@@ -249,18 +249,18 @@ def main(argv: list[str] | None = None) -> Comparison:
         f"({lib.manifest['tokens_total']} tokens of KV) in {lib.path}"
     )
 
-    key = comparable_key(c, fm)
+    key = comparable_key(c, be)
     uri = c.tracking.uri or default_tracking_uri(runs.resolve())
     records: dict[str, FinishedRun] = {}
     run_ids: dict[str, str | None] = {}
     loads: dict[str, RunLoad] = {}
     base = plan.baseline
     found = find_baseline(runs, key, condition=base, say=lambda why: console.print(f"[yellow]{why}[/]"),
-                          settings=fm.settings())
+                          settings=be.settings())
     if found is None:
         console.print(f"[bold]no matching {base} run that re-scores: running the {base} first[/]")
         start = _load()
-        records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), fm=fm)
+        records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), be=be)
         loads[base] = RunLoad(start, _load())
     else:
         console.print(f"matching {base} run: {found.path}")  # an earlier job's record: read, not recomputed
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> Comparison:
         # an interrupted attempt's partial folder of this run (same resume key) is resumed, not orphaned
         records[run.label], run_ids[run.label] = run_rows(
             _run_config(argv, cfg, run.condition, run.group),
-            RunFolder.new(runs, run.condition, run.group.value if run.group else None), fm=fm,
+            RunFolder.new(runs, run.condition, run.group.value if run.group else None), be=be,
             resume_from=runs / run.condition)
         loads[run.label] = RunLoad(start, _load())
         unfinished.record(run.label, records[run.label].folder, loads[run.label])
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> Comparison:
     if c.tracking.enabled:
         try:
             run_id = log_comparison(out, result, tracking_uri=uri, experiment=c.tracking.experiment,
-                                    per_problem=table, params=_job_params(c, fm.model_name, lib, fm),
+                                    per_problem=table, params=_job_params(c, be.model_name, lib, be),
                                     reused=[base] if found is not None else [], records=records,
                                     run_ids={k: v for k, v in run_ids.items() if v})
             RunFolder(out.parent).write_tracking({"run_id": run_id, "tracking_uri": uri})

@@ -118,7 +118,7 @@ def recorded_config(config: dict[str, Any], optional_sections: tuple[str, ...] =
 class RunIdentity:
     """The identity of a run on `backend` with `in_flight` problems decoded together (module docstring)."""
 
-    backend: Backend
+    be: Backend
     in_flight: int = 1
 
     def backend_record(self) -> dict[str, Any] | None:
@@ -128,27 +128,27 @@ class RunIdentity:
 
         The one place the harness compares a backend's name with a string (docs/extending.md): a recorded key is a
         promise, and the keys of every run and library made before backends existed hold no backend."""
-        be = self.backend
+        be = self.be
         return None if be.name == UNRECORDED_BACKEND else {"backend": be.name, "settings": be.settings()}
 
     def rows_depend_on_batch(self) -> bool:
         """Whether this run's rows may differ in their bits from the same rows decoded one problem at a time (the
         backend's fact, for this run's in_flight)."""
-        return self.backend.rows_depend_on_batch(self.in_flight)
+        return self.be.rows_depend_on_batch(self.in_flight)
 
     def comparable_key(self, c: Any) -> str:
         """Runs with the same key differ only in condition/library: same model, data, prompt, decoding (batch size
         included: a batch need not give the bits of single rows), settings, backend (`c`: the typed Config)."""
         d = dataclasses.asdict(c)
         key = {
-            "model": self.backend.fingerprint,
-            "tokenizer": self.backend.tokenizer_fingerprint,
+            "model": self.be.fingerprint,
+            "tokenizer": self.be.tokenizer_fingerprint,
             **{k: d[k] for k in ("dataset", "prompt", "decoding", "determinism")},
             "backend": self.backend_record(),
             "context_overflow": d["run"]["context_overflow"],
             "trace": d["model"].get("trace"),
             "in_flight": d["run"]["in_flight"] if self.rows_depend_on_batch() else None,
-            "row_schedule": self.backend.row_schedule(),
+            "row_schedule": self.be.row_schedule(),
         }
         return sha256_json(drop_absent(key, COMPARABLE))
 
@@ -158,9 +158,9 @@ class RunIdentity:
         config = copy.deepcopy(config)
         config.get("run", {}).pop("fresh", None)
         key = {
-            "config": config, "problems": [p.to_row() for p in problems], "model": self.backend.fingerprint,
-            "tokenizer": self.backend.tokenizer_fingerprint, "library": library,
-            "backend": self.backend_record(), "row_schedule": self.backend.row_schedule(),
+            "config": config, "problems": [p.to_row() for p in problems], "model": self.be.fingerprint,
+            "tokenizer": self.be.tokenizer_fingerprint, "library": library,
+            "backend": self.backend_record(), "row_schedule": self.be.row_schedule(),
         }
         return sha256_json(drop_absent(key, RESUMABLE))
 
@@ -175,7 +175,7 @@ class RunIdentity:
     def manifest_inputs(self) -> dict[str, Any]:
         """The manifest's identity inputs beyond the config: `in_flight` and `row_schedule` (keyword arguments of
         harness.record.manifest.build_manifest, which leaves each out at its MANIFEST absent value)."""
-        return {"in_flight": self.in_flight_record(), "row_schedule": self.backend.row_schedule()}
+        return {"in_flight": self.in_flight_record(), "row_schedule": self.be.row_schedule()}
 
     def library_fields(self) -> dict[str, Any]:
         """What a library's identity holds of its backend: backend and its settings (absent for transformers) and
@@ -185,6 +185,6 @@ class RunIdentity:
         if record is not None:
             out["backend"] = record["backend"]
             out["backend_settings"] = record["settings"]  # llama.cpp: n_ctx, n_batch, ... and its build
-        if self.backend.batch_invariant():  # its own artifacts
+        if self.be.batch_invariant():  # its own artifacts
             out["batch_invariant"] = True
         return out

@@ -57,20 +57,20 @@ def load_model(c: Config) -> Backend:
     return load_backend(str(c.model.backend), **model_settings(c).keywords())
 
 
-def check_given_backend(c: Config, fm: Backend) -> None:
+def check_given_backend(c: Config, be: Backend) -> None:
     """A ConfigError, in one line, when a backend handed to a run (the compare job's, a Ray actor's, a caller's
-    `fm=`) computes under other settings than the config the run records: its manifest, comparable and resume keys
+    `be=`) computes under other settings than the config the run records: its manifest, comparable and resume keys
     would then name a computation that did not happen. Compared: the batch-invariant mode
     (determinism.batch_invariant, every backend), and for a backend whose settings take the determinism group
     (transformers) every pinned setting its `settings()` records. (The backend's own name and settings are what the
     manifest's `inputs.determinism` and the keys record, from the backend itself.)"""
     problems = []
-    if fm.batch_invariant() != bool(c.determinism.batch_invariant):
+    if be.batch_invariant() != bool(c.determinism.batch_invariant):
         problems.append(f"determinism.batch_invariant={str(c.determinism.batch_invariant).lower()}, the backend given "
-                        f"runs {'the mode' if fm.batch_invariant() else 'without the mode'}")
+                        f"runs {'the mode' if be.batch_invariant() else 'without the mode'}")
     det = model_settings(c).pinned_determinism()
     if det is not None:  # the backend records its settings as a Determinism does (transformers)
-        given = Determinism.from_dict(fm.settings())
+        given = Determinism.from_dict(be.settings())
         for f in dataclasses.fields(Determinism):
             want, have = getattr(det, f.name), getattr(given, f.name)
             # the mode is compared above for every backend; allow_environment_mismatch is a policy, not recorded

@@ -46,16 +46,7 @@ from harness.config.execution import ExecutionConfig
 from harness.config.fields import bounded, check_choice, check_fields, choice, field_note
 from harness.config.identity import recorded_config
 from harness.errors import ConfigError
-from kvstore import (
-    Determinism,
-    KVStoreError,
-    backend_missing,
-    backend_names,
-    batch_invariant_refusal,
-    batched_rows_refusal,
-    in_flight_refusal,
-    settings_class,
-)
+from kvstore import Backend, Determinism, KVStoreError, backend_class, backend_missing, backend_names, settings_class
 
 DEFAULT_EXPERIMENT = "kvgraft-aime"  # the one default MLflow experiment name (tracking.experiment, log_run)
 
@@ -350,18 +341,27 @@ def check_backend(m: ModelConfig, batch_invariant: bool = False, in_flight: int 
     (model.backend's values and each section's ranges and choices are the schema's: `check_fields`, and OmegaConf at
     composition.)"""
     name = str(m.backend)
-    refusal = batch_invariant_refusal(name) if batch_invariant else None
-    if refusal:  # the backend's own word on why it cannot (its registry entry), before anything loads
+    cls = backend_class(name)  # the registry's class: everything below is its answer, nothing loaded
+    refusal = cls.batch_invariant_refusal() if batch_invariant else None
+    if refusal:  # the backend's own word on why it cannot, before anything loads
         raise ConfigError(refusal)
-    if m.device != "cpu" and not settings_class(name).takes_device():
+    if m.device != "cpu" and not cls.settings_class.takes_device():
         raise ConfigError(f"model.device={m.device!r}: the {name} backend runs on the CPU here; use model.device=cpu")
     missing = backend_missing(name)  # an engine this Python lacks (vLLM outside .venv-vllm): one line, no load
     if missing:
         raise ConfigError(f"model.backend={name}: {missing}")
-    refused = in_flight_refusal(name, in_flight)  # its class's capabilities, nothing loaded
+    check_capabilities(cls, batch_size, in_flight)
+
+
+def check_capabilities(cls: type[Backend], batch_size: int, in_flight: int) -> None:
+    """What a run asks of a backend class (the registry's before anything loads; a loaded backend's `type(be)` for
+    a direct caller of harness.run.decode): several problems in flight (run.in_flight > 1) and several rows of a
+    problem together (decoding.batch_size > 1); a ConfigError naming the key otherwise, in the class's own words
+    (`Backend.in_flight_refusal`, `Backend.batched_rows_refusal`). The one place these refusals are worded."""
+    refused = cls.in_flight_refusal(in_flight)
     if refused:
         raise ConfigError(f"run.in_flight={in_flight}: {refused}; set run.in_flight=1")
-    refused = batched_rows_refusal(name, batch_size)
+    refused = cls.batched_rows_refusal(batch_size)
     if refused:
         raise ConfigError(f"decoding.batch_size={batch_size}: {refused}; set decoding.batch_size=1")
 

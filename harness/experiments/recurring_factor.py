@@ -164,13 +164,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              *(["decoding.n_samples=1", "decoding.batch_size=1"] if graft_decoding == "greedy"
                                else [])])
     graft_cfg = with_changes(recall, condition__name="graft", library__exclude_self=False)
-    g_run, _ = run_rows(graft_cfg, RunFolder.new(runs, "graft", "recurring"), fm=be)
+    g_run, _ = run_rows(graft_cfg, RunFolder.new(runs, "graft", "recurring"), be=be)
     g_folder, g_rows = g_run.folder, g_run.rows
     runs_used = {"graft": str(g_folder.path)}
     i_rows: list[Any] = []
     if with_incontext:
         i_cfg = with_changes(recall, condition__name="incontext", library__exclude_self=False)
-        i_run, _ = run_rows(i_cfg, RunFolder.new(runs, "incontext", "recurring"), fm=be)
+        i_run, _ = run_rows(i_cfg, RunFolder.new(runs, "incontext", "recurring"), be=be)
         i_folder, i_rows = i_run.folder, i_run.rows
         runs_used["incontext"] = str(i_folder.path)
     found = find_baseline(runs, comparable_key(c, be), say=lambda why: console.print(f"[yellow]{why}[/]"))
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         console.print(f"matching baseline run: {found.path} (reused)")
         b_rows, runs_used["baseline"] = found.read_rows(), str(found.path)
     else:
-        b_run, _ = run_rows(with_changes(cfg, condition__name="baseline"), fm=be)
+        b_run, _ = run_rows(with_changes(cfg, condition__name="baseline"), be=be)
         b_folder, b_rows = b_run.folder, b_run.rows
         runs_used["baseline"] = str(b_folder.path)
     selection = None

@@ -76,7 +76,7 @@ def _ids_sha(ids: list[int]) -> str:
     return _sha(json.dumps(list(ids)).encode())
 
 
-def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def measure(be, params: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """The registered computations on this process's model (the transformers backend `_load_model` gives, its layer
     layout one of its facts): graft samples and greedy decodes, through the backend's verbs (the engine's own prefill
     and forward, so the bits are those registered)."""
@@ -87,20 +87,20 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
     from kvstore import check_graft, logits_sha256
 
     problems_path = REPO / params["problems"]
-    window = fm.sliding_window()
+    window = be.sliding_window()
     scale = window or 512
     lo, hi = max(4, scale // 32), max(60, scale * 7 // 4)
     lengths = prefix_lengths(params["samples"], params["seed"], lo, hi, window)
-    samples = build_samples(fm, problem_texts(problems_path), lengths, params["suffix_tokens"], params["seed"])
-    out: dict[str, Any] = {"model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
-                           "determinism": fm.settings(), "environment": fm.environment(),
-                           "numerics_sha256": fm.numerics(), "samples": [], "decode": []}
-    former = fm.former_numerics()  # the same machine's fingerprints under the battery's earlier formats
+    samples = build_samples(be, problem_texts(problems_path), lengths, params["suffix_tokens"], params["seed"])
+    out: dict[str, Any] = {"model_fingerprint": be.fingerprint, "tokenizer_fingerprint": be.tokenizer_fingerprint,
+                           "determinism": be.settings(), "environment": be.environment(),
+                           "numerics_sha256": be.numerics(), "samples": [], "decode": []}
+    former = be.former_numerics()  # the same machine's fingerprints under the battery's earlier formats
     if former:
         out["numerics_former"] = list(former)
     t0 = time.perf_counter()
     for s in samples:
-        c = check_graft(fm, s.prefix, s.suffix)
+        c = check_graft(be, s.prefix, s.suffix)
         out["samples"].append({"index": s.index, "prefix_tokens": len(s.prefix), "suffix_tokens": len(s.suffix),
                                "tokens_sha256": _ids_sha(s.prefix + s.suffix), "logits_sha256": c.sha256_reference,
                                "graft_equal": c.equal})
@@ -108,14 +108,14 @@ def measure(fm, params: dict[str, Any], progress: bool = True) -> dict[str, Any]
             print(f"  sample {s.index + 1}/{len(samples)} ({len(s.prefix)} tokens) {time.perf_counter() - t0:.0f} s",
                   file=sys.stderr, flush=True)
     for p in read_problems(problems_path)[: params["decode_problems"]]:
-        ids = fm.encode(render(params["prompt"], problem=p.problem))
-        cache, logits = fm.prefill(ids)
+        ids = be.encode(render(params["prompt"], problem=p.problem))
+        cache, logits = be.prefill(ids)
         first = logits_sha256(logits)
         tokens: list[int] = []
         for _ in range(params["decode_tokens"]):
             tok = int(torch.argmax(logits[0]))
             tokens.append(tok)
-            logits = fm.forward([tok], cache)[:, -1, :]
+            logits = be.forward([tok], cache)[:, -1, :]
         out["decode"].append({"problem_id": p.id, "prompt_tokens": len(ids), "prompt_sha256": _ids_sha(ids),
                               "first_logits_sha256": first, "token_ids": tokens})
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -160,19 +160,19 @@ def _speed_worker(args: argparse.Namespace) -> int:
     import torch
 
     from harness.experiments.text import joined_text
-    fm = _load_model(args.model, args.profile)
-    ids = fm.encode(joined_text(REPO / "problems" / "kvgraft_original.jsonl"))[: args.prefill_tokens]
+    be = _load_model(args.model, args.profile)
+    ids = be.encode(joined_text(REPO / "problems" / "kvgraft_original.jsonl"))[: args.prefill_tokens]
     pre, dec = [], []
-    fm.prefill(ids[:32])  # warm-up
+    be.prefill(ids[:32])  # warm-up
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        cache, logits = fm.prefill(ids)
+        cache, logits = be.prefill(ids)
         pre.append(len(ids) / (time.perf_counter() - t0))
         t1 = time.perf_counter()
         for _ in range(args.decode_tokens):
-            logits = fm.forward([int(torch.argmax(logits[0]))], cache)[:, -1, :]
+            logits = be.forward([int(torch.argmax(logits[0]))], cache)[:, -1, :]
         dec.append(args.decode_tokens / (time.perf_counter() - t1))
-    env = fm.environment()
+    env = be.environment()
     print(json.dumps({"profile": args.profile, "model": args.model, "prefill_tokens": len(ids),
                       "decode_tokens": args.decode_tokens, "repeats": args.repeats,
                       "prefill_tok_s": round(statistics.median(pre), 1),
@@ -208,8 +208,8 @@ def run_profile(args: argparse.Namespace) -> int:
     if not args.register and not registrations:
         raise SystemExit(f"{registry_path}: no registered hashes for profile {args.profile!r}; "
                          f"register them with `{register_command(args.profile, registry_path)}`")
-    fm = _load_model(params["model"], profile, batch_invariant)
-    measured = measure(fm, params)
+    be = _load_model(params["model"], profile, batch_invariant)
+    measured = measure(be, params)
     if not args.register:
         result = replay_profile(registrations, measured, args.profile, registry_path)
         print_replay(result, console)

@@ -65,7 +65,7 @@ def prefix_lengths(n: int, seed: int, lo: int, hi: int, window: int | None) -> l
     return lengths
 
 
-def build_samples(fm, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int, seed: int) -> list[Sample]:
+def build_samples(be, texts: list[tuple[str, str]], lengths: list[int], suffix_tokens: int, seed: int) -> list[Sample]:
     """Cut each (prefix, suffix) from the token ids of one problem's text, joined with the next problems'
     texts (cycling) until prefix + suffix tokens fit. Each sample starts at a different problem."""
     rng = random.Random(seed + 1)
@@ -77,6 +77,6 @@ def build_samples(fm, texts: list[tuple[str, str]], lengths: list[int], suffix_t
         parts, ids = [], []
         while len(ids) < length + suffix_tokens:
             parts.append(texts[(start + len(parts)) % len(texts)])
-            ids = fm.encode("\n\n".join(t for _, t in parts))
+            ids = be.encode("\n\n".join(t for _, t in parts))
         samples.append(Sample(i, ids[:length], ids[length : length + suffix_tokens], tuple(p for p, _ in parts)))
     return samples

@@ -297,7 +297,7 @@ class Reuse:
     extra: dict
 
 
-def _reusable(store, ids: list[int], fm: Backend) -> Reuse | None:
+def _reusable(store, ids: list[int], be: Backend) -> Reuse | None:
     """A stored artifact of exactly `ids` that this backend can graft, or None. The index only proposes
     candidates: each is read (verified) and must hold these token ids from position 0, made by this backend with
     this model and tokenizer under these settings and environment. A candidate whose index row lies is reported
@@ -316,21 +316,21 @@ def _reusable(store, ids: list[int], fm: Backend) -> Reuse | None:
                         f"tokens; not reused: repair the index with `kvstore gc --store {store.root}`"),
                   file=sys.stderr, flush=True)
             continue
-        if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (fm.fingerprint, fm.tokenizer_fingerprint):
+        if (snap.model_fingerprint, snap.tokenizer_fingerprint) != (be.fingerprint, be.tokenizer_fingerprint):
             continue
-        if not [d for d in admission_differences(snap, fm) if d.fact != "numerics"]:  # this backend, same facts
-            return Reuse(str(aid), numerics_evidence_problem(snap.numerics, fm.numerics(), former=fm.former_numerics()),
+        if not [d for d in admission_differences(snap, be) if d.fact != "numerics"]:  # this backend, same facts
+            return Reuse(str(aid), numerics_evidence_problem(snap.numerics, be.numerics(), former=be.former_numerics()),
                          dict(snap.extra))
     return None
 
 
-def _reverify(store, fm: Backend, ids: list[int], reuse: Reuse, tags: list[str]) -> tuple[str, bool]:
+def _reverify(store, be: Backend, ids: list[int], reuse: Reuse, tags: list[str]) -> tuple[str, bool]:
     """Re-verify a stored artifact whose numerics evidence is missing or not this machine's by reproduction: its
     prefix is recomputed here (with the artifact's own `extra`, so equal KV means equal bytes) and put. Equal bytes
     are the same id: the store then records the fingerprint measured here in place of what it had. Other bytes are
     another artifact, used instead (the old one is not). Returns (the id to use, whether it reproduced)."""
     try:
-        aid = str(store.put(fm.deposit(ids, extra=reuse.extra), tags=tags))
+        aid = str(store.put(be.deposit(ids, extra=reuse.extra), tags=tags))
     except KVStoreError as e:
         raise LibraryError(f"re-verifying artifact {reuse.artifact_id} by recomputation failed: {e}") from e
     return aid, aid == reuse.artifact_id
@@ -346,21 +346,21 @@ def _evidence_kinds(suspects: list[Reuse]) -> str:
     return ", ".join(f"{k}: {n}" for k, n in kinds.items() if n)
 
 
-def _numerics_problem(snap: Snapshot, fm: Backend) -> list[str]:
+def _numerics_problem(snap: Snapshot, be: Backend) -> list[str]:
     """Why `snap`'s numerics record (attached by store.get) does not show this backend's numerics ([]: it does)."""
-    problem = numerics_evidence_problem(snap.numerics, fm.numerics(), "numerics", former=fm.former_numerics())
+    problem = numerics_evidence_problem(snap.numerics, be.numerics(), "numerics", former=be.former_numerics())
     return [problem] if problem else []
 
 
-def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress: bool = True,
+def build_library(lib_cfg, be: Backend, project_root: Path = Path("."), progress: bool = True,
                   chat: ChatFrame | None = None) -> Path:
-    """Verify, deposit and index every candidate solution on the backend `fm`. Resumable: an entry whose tokens
+    """Verify, deposit and index every candidate solution on the backend `be`. Resumable: an entry whose tokens
     are already in the store for this model and these settings is not recomputed. Returns the library folder."""
     store = open_store(lib_cfg.store, project_root)
-    candidates, origin = read_candidates(lib_cfg, project_root, fm)  # a harvest run: re-checked, and by this model
-    identity = library_identity(lib_cfg, fm, project_root, candidates, chat)
+    candidates, origin = read_candidates(lib_cfg, project_root, be)  # a harvest run: re-checked, and by this model
+    identity = library_identity(lib_cfg, be, project_root, candidates, chat)
     identity_sha256 = sha256_json(identity)
-    out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
+    out_dir = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, be.fingerprint, identity_sha256)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     entries: dict[str, dict] = {}
     skipped = []
@@ -385,13 +385,13 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             )
             continue
         text = render(lib_cfg.entry_template, problem=p.problem, solution=solution.strip(), answer=p.answer, id=p.id)
-        ids = encode_entry(fm, chat, text)  # with a chat template: the template's opening, then the entry
-        refusal = fm.graft_refusal(len(ids)) if isinstance(fm, InEngineDecoding) else None
+        ids = encode_entry(be, chat, text)  # with a chat template: the template's opening, then the entry
+        refusal = be.graft_refusal(len(ids)) if isinstance(be, InEngineDecoding) else None
         if refusal is not None:  # an entry this backend would deposit but never graft (kvstore.InEngineDecoding)
             skipped.append({"problem_id": p.id, "verification": verification,
-                            "reason": f"{fm.name} cannot graft its {len(ids)}-token entry: {refusal}"})
+                            "reason": f"{be.name} cannot graft its {len(ids)}-token entry: {refusal}"})
             continue
-        planned.append((p, solution, verification, text, ids, _reusable(store, ids, fm)))
+        planned.append((p, solution, verification, text, ids, _reusable(store, ids, be)))
     # Pass 2: deposit what is not in the store yet, re-verify by recomputation what is there without this machine's
     # numerics evidence; progress in tokens (the work), ETA from tokens/s.
     t0 = time.perf_counter()
@@ -412,12 +412,12 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
             aid = reuse.artifact_id
             store.add_tags(aid, [tag])
         elif reuse is not None:
-            aid, same = _reverify(store, fm, ids, reuse, [tag])
+            aid, same = _reverify(store, be, ids, reuse, [tag])
             (reproduced if same else replaced).append((reuse.artifact_id, aid))
             bar.update(len(ids))
         else:
             try:
-                aid = str(store.put(fm.deposit(ids, extra={"text_sha256": sha256_hex(text.encode())}),
+                aid = str(store.put(be.deposit(ids, extra={"text_sha256": sha256_hex(text.encode())}),
                                     tags=[tag]))  # the capture's measured numerics are recorded with it
             except KVStoreError as e:
                 raise LibraryError(f"depositing the entry for problem {p.id} failed: {e}") from e
@@ -439,7 +439,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
         entries.setdefault(entry.entry_id, entry.to_row())
     bar.close()
     if suspects:
-        sha = fm.numerics()
+        sha = be.numerics()
         print(f"library {lib_cfg.name}: re-verified by recomputation: {len(reproduced)} of {len(suspects)} "
               "reproduced byte for byte here" + (f" (numerics:{sha[:16]} recorded for them)" if sha else "")
               + (f"; {len(replaced)} did not (other bytes here: the recomputed artifact is used, the stored one is "
@@ -452,7 +452,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
         print(f"library {lib_cfg.name}: deposited {len(planned) - reused} entries ({todo} tokens) in {secs:.0f} s"
               + (f" = {todo / secs:.0f} tokens/s" if todo and secs > 0 else "")
               + f"; {reused} already in the store; {len(skipped)} refused; {disk / 1e9:.2f} GB on disk for {toks} "
-              f"tokens ({disk / max(toks, 1) / 1e3:.1f} kB/token, {fm.dtype}, {fm.name}); peak RSS "
+              f"tokens ({disk / max(toks, 1) / 1e3:.1f} kB/token, {be.dtype}, {be.name}); peak RSS "
               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB", flush=True)
     if not entries:
         raise LibraryError(f"library {lib_cfg.name}: no verified solution to deposit ({len(skipped)} skipped)")
@@ -464,9 +464,9 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
         "origin": origin,
         "identity": identity,
         "identity_sha256": identity_sha256,
-        "model_fingerprint": fm.fingerprint,
-        "tokenizer_fingerprint": fm.tokenizer_fingerprint,
-        "model_name": fm.model_name,
+        "model_fingerprint": be.fingerprint,
+        "tokenizer_fingerprint": be.tokenizer_fingerprint,
+        "model_name": be.model_name,
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
         "store": str(store.root),
         "skipped": skipped,
@@ -479,7 +479,7 @@ def build_library(lib_cfg, fm: Backend, project_root: Path = Path("."), progress
               f"left as it is: the entries deposited into {store.root} are there too, and runs keep naming the "
               "existing manifest", flush=True)
         return out_dir
-    _write_library(out_dir, manifest, rows, fm)
+    _write_library(out_dir, manifest, rows, be)
     return out_dir
 
 
@@ -492,14 +492,14 @@ def _existing_store(out_dir: Path) -> str | None:
     return str(found.get("store")) if isinstance(found, dict) and "store" in found else None
 
 
-def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: Backend) -> None:
+def _write_library(out_dir: Path, manifest: dict, rows: list[dict], be: Backend) -> None:
     """Write index.jsonl, then manifest.json (last: a library without it is incomplete) with the entry hashes,
     totals, and the settings (llama.cpp: "backend" and its settings) and compute environment its artifacts were
     computed in."""
     manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     manifest.update(
-        determinism=fm.settings(),
-        environment=fm.environment(),
+        determinism=be.settings(),
+        environment=be.environment(),
         n_entries=len(rows),
         entries={r["entry_id"]: sha256_json(r) for r in rows},
         index_sha256=sha256_hex(jsonl_bytes(rows)),
@@ -511,13 +511,13 @@ def _write_library(out_dir: Path, manifest: dict, rows: list[dict], fm: Backend)
     write_json(out_dir / "manifest.json", manifest)
 
 
-def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
+def redeposit_library(lib_cfg, be: Backend, project_root: Path = Path("."),
                       progress: bool = True, chat: ChatFrame | None = None) -> dict:
     """Re-deposit every entry of the library `lib_cfg` names (built under the chat frame `chat`, if any) whose
     artifact this process could not graft exactly (another compute environment or settings), from the token ids
     the artifact holds, keeping entry ids.
     Returns {"path", "entries", "redeposited", "kept", "differences": {entry_id: [...]}}."""
-    lib = open_library(lib_cfg, fm, project_root, chat=chat)
+    lib = open_library(lib_cfg, be, project_root, chat=chat)
     tag = f"library:{lib_cfg.name}-v{lib_cfg.version}"
     rows, differences = [], {}
     for e in tqdm(lib.entries, desc=f"redeposit {lib_cfg.name}", unit="entry", disable=not progress):
@@ -527,21 +527,21 @@ def redeposit_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: artifact {e.artifact_id} cannot be read "
                                f"({err}); rebuild the library with `make library`") from err
         lib.check_artifact(e, snap)
-        if snap.tokenizer_fingerprint != fm.tokenizer_fingerprint or snap.model_fingerprint != fm.fingerprint:
+        if snap.tokenizer_fingerprint != be.tokenizer_fingerprint or snap.model_fingerprint != be.fingerprint:
             raise LibraryError(f"library {lib.path}, entry {e.entry_id}: its artifact was made with another model or "
                                "tokenizer, so its token ids cannot be re-deposited; rebuild it with `make library`")
-        diffs = artifact_differences(snap, fm) + _numerics_problem(snap, fm)
+        diffs = artifact_differences(snap, be) + _numerics_problem(snap, be)
         row = e.to_row()
         if diffs:
             differences[e.entry_id] = diffs
             try:  # the capture's measured numerics replace the record the store had
-                aid = lib.store.put(fm.deposit(snap.token_ids, extra=snap.extra), tags=[tag])
+                aid = lib.store.put(be.deposit(snap.token_ids, extra=snap.extra), tags=[tag])
             except KVStoreError as err:
                 raise LibraryError(f"re-depositing entry {e.entry_id} of {lib.path} failed: {err}") from err
             row["artifact_id"] = str(aid)
         rows.append(row)
     if differences:
-        _write_library(lib.path, lib.manifest, rows, fm)
+        _write_library(lib.path, lib.manifest, rows, be)
     return {"path": str(lib.path), "entries": len(rows), "redeposited": len(differences),
             "kept": len(rows) - len(differences), "differences": differences}
 
@@ -574,30 +574,30 @@ def identity_changes(path: Path, identity: dict[str, Any]) -> tuple[Path, str] |
     return None
 
 
-def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
+def open_library(lib_cfg, be: Backend, project_root: Path = Path("."),
                  build_if_missing: bool = False, chat: ChatFrame | None = None) -> Library:
     """The library `lib_cfg` names for this model and backend, searched as `lib_cfg.exclude_self` / `.retrieval`
     say: the one built from exactly the content `lib_cfg` describes (`library_identity`), its manifest and index
     re-checked."""
-    identity = library_identity(lib_cfg, fm, project_root, chat=chat)
+    identity = library_identity(lib_cfg, be, project_root, chat=chat)
     identity_sha256 = sha256_json(identity)
-    path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, fm.fingerprint, identity_sha256)
+    path = library_dir(project_root / lib_cfg.root, lib_cfg.name, lib_cfg.version, be.fingerprint, identity_sha256)
     if not (path / "manifest.json").exists():
         if not build_if_missing:
             near = identity_changes(path, identity)
             what = (f"; the one built for this model at {near[0]} differs in {near[1]}" if near else
                     f" (source rows {identity['candidates_sha256'][:12]}, template "
-                    f"{identity['entry_template_sha256'][:12]}) for model {fm.fingerprint[:12]}")
+                    f"{identity['entry_template_sha256'][:12]}) for model {be.fingerprint[:12]}")
             raise LibraryError(
                 f"no library {lib_cfg.name} v{lib_cfg.version} built from this content at {path}{what}; build it "
                 "with `make library` (with the same library.* and model.* overrides), or run `make aime-graft`, "
                 "which builds it"
             )
-        build_library(lib_cfg, fm, project_root, chat=chat)
+        build_library(lib_cfg, be, project_root, chat=chat)
     store = open_store(lib_cfg.store, project_root)
     lib = Library(path, store, exclude_self=lib_cfg.exclude_self, retrieval=lib_cfg.retrieval)
-    lib.entry_ids = _entry_encoder(lib_cfg, fm, project_root, chat)
-    _check_rows_against_source(lib, lib_cfg, fm, project_root)
+    lib.entry_ids = _entry_encoder(lib_cfg, be, project_root, chat)
+    _check_rows_against_source(lib, lib_cfg, be, project_root)
     if lib.manifest.get("identity_sha256") != identity_sha256:
         recorded = lib.manifest.get("identity") if isinstance(lib.manifest.get("identity"), dict) else {}
         differs = sorted(k for k in set(identity) | set(recorded) if identity.get(k) != recorded.get(k))
@@ -609,13 +609,13 @@ def open_library(lib_cfg, fm: Backend, project_root: Path = Path("."),
     return lib
 
 
-def _check_rows_against_source(lib: Library, lib_cfg, fm: Backend, project_root: Path) -> None:
+def _check_rows_against_source(lib: Library, lib_cfg, be: Backend, project_root: Path) -> None:
     """LibraryError unless every index row says what the library's source says of its entry: the problem id, the
     problem text (what held-out retrieval searches), its fingerprint and the answer, for an entry id the source makes.
     The index's own hashes prove only that the rows were sealed, not by whom: a library edited and re-sealed (answers,
     problem texts) is refused here, naming the first difference, instead of changing retrieval or an answer column
     silently (issue 51, item 9)."""
-    candidates, _ = read_candidates(lib_cfg, project_root, fm)
+    candidates, _ = read_candidates(lib_cfg, project_root, be)
     source = {sha256_hex(f"{problem_fingerprint(p.problem)}\n{solution}".encode())[:16]: p
               for p, solution in candidates}
     for i, e in enumerate(lib.entries, start=1):
@@ -633,7 +633,7 @@ def _check_rows_against_source(lib: Library, lib_cfg, fm: Backend, project_root:
                                    "and rebuild it with `make library`")
 
 
-def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
+def _entry_encoder(lib_cfg, be: Backend, project_root: Path,
                    chat: ChatFrame | None) -> Callable[[Entry], tuple[str, list[int]] | None]:
     """entry -> (the problem fingerprint, the token ids) of the entry's own text: its problem and solution from the
     library's source (the rows whose SHA-256 the library's identity checked), rendered by the entry template and
@@ -646,7 +646,7 @@ def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
     def ids(entry: Entry) -> tuple[str, list[int]] | None:
         nonlocal texts
         if texts is None:
-            candidates, _ = read_candidates(lib_cfg, project_root, fm)
+            candidates, _ = read_candidates(lib_cfg, project_root, be)
             texts = {}
             for p, solution in candidates:
                 fp = problem_fingerprint(p.problem)
@@ -656,7 +656,7 @@ def _entry_encoder(lib_cfg, fm: Backend, project_root: Path,
             if entry.entry_id not in texts:
                 return None
             fp, text = texts[entry.entry_id]
-            cache[entry.entry_id] = (fp, encode_entry(fm, chat, text))
+            cache[entry.entry_id] = (fp, encode_entry(be, chat, text))
         return cache[entry.entry_id]
 
     return ids
@@ -676,15 +676,15 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(cfg.project_root)
     c = typed(cfg)
     check_problem_sets(c, root, dataset=False)  # its problem file refuses here, before the model is loaded
-    fm = load_model(c)
-    frame = chat_frame(fm, c.model.chat)
+    be = load_model(c)
+    frame = chat_frame(be, c.model.chat)
     if redeposit:
-        r = redeposit_library(cfg.library, fm, root, chat=frame)
+        r = redeposit_library(cfg.library, be, root, chat=frame)
         kinds = sorted({d.split(":", 1)[0] for ds in r["differences"].values() for d in ds})
         print(f"library {r['path']}: {r['redeposited']} of {r['entries']} entries re-deposited in this compute "
               f"environment (differed in: {', '.join(kinds) or 'nothing'}), {r['kept']} already exact here")
         return
-    path = build_library(cfg.library, fm, root, chat=frame)
+    path = build_library(cfg.library, be, root, chat=frame)
     m = Library(path, open_store(cfg.library.store, root)).manifest
     print(
         f"library {m['name']} v{m['version']}: {m['n_entries']} verified entries, {len(m['skipped'])} skipped, "

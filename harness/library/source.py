@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 LIBRARY_FORMAT = "kvgraft-library/1"
 
 
-def read_candidates(lib_cfg, project_root: Path, fm: Backend | None = None) -> tuple[list[tuple[Problem, str]], str]:
+def read_candidates(lib_cfg, project_root: Path, be: Backend | None = None) -> tuple[list[tuple[Problem, str]], str]:
     """(problem, solution text) pairs and the origin label. A harvest run is re-checked first (`check_harvest_run`:
-    its audit and, given the library's model `fm`, its model)."""
+    its audit and, given the library's model `be`, its model)."""
     if lib_cfg.source == "dataset":
         d = lib_cfg.dataset
         path = str(project_root / d.path) if d.path else None
@@ -35,7 +35,7 @@ def read_candidates(lib_cfg, project_root: Path, fm: Backend | None = None) -> t
         if not lib_cfg.harvest_run:
             raise LibraryError("library.source=harvest needs library.harvest_run=<run folder>")
         run = RunFolder(project_root / lib_cfg.harvest_run)
-        check_harvest_run(run, fm)
+        check_harvest_run(run, be)
         try:
             probs = {r["id"]: r for r in run.read_problems()}
             rows = run.read_rows()
@@ -52,9 +52,9 @@ def read_candidates(lib_cfg, project_root: Path, fm: Backend | None = None) -> t
     raise LibraryError(f"library.source={lib_cfg.source!r}: use 'dataset' or 'harvest'")
 
 
-def check_harvest_run(run: RunFolder, fm: Backend | None = None) -> None:
+def check_harvest_run(run: RunFolder, be: Backend | None = None) -> None:
     """LibraryError unless the harvest run re-checks (harness.record.audit: every manifest hash, every score
-    recomputed, the summary; what `make rescore` prints) and, given the model `fm`, was run with that model and
+    recomputed, the summary; what `make rescore` prints) and, given the model `be`, was run with that model and
     tokenizer (fingerprints): a library never takes rows from an edited run or another model's (issue 41,
     finding 3)."""
     from harness.record.audit import audit
@@ -68,28 +68,28 @@ def check_harvest_run(run: RunFolder, fm: Backend | None = None) -> None:
                                                  if len(check.findings) > 3 else "")
         raise LibraryError(f"harvest run {run.path} does not re-check ({shown}): it was modified after it was "
                            f"written; see `make rescore RUN={run.path}`, and harvest from an intact run")
-    if fm is None:
+    if be is None:
         return
     try:
         inputs = run.read_manifest().get("inputs")
     except HarnessError as e:
         raise LibraryError(f"harvest run {run.path}: {e}; give a finished run folder") from e
     inputs = inputs if isinstance(inputs, dict) else {}
-    for key, mine in (("model_fingerprint", fm.fingerprint), ("tokenizer_fingerprint", fm.tokenizer_fingerprint)):
+    for key, mine in (("model_fingerprint", be.fingerprint), ("tokenizer_fingerprint", be.tokenizer_fingerprint)):
         theirs = inputs.get(key)  # where a run records it (harness.record.manifest): manifest.json inputs.<key>
         if not isinstance(theirs, str) or not theirs:  # absent evidence is not evidence: no record, no harvest
             raise LibraryError(
                 f"harvest run {run.path}: manifest.json inputs.{key} is missing, so the model that wrote its rows "
                 f"cannot be told; the harvest loop grafts a model's own verified solutions: harvest from a run made "
-                f"by this harness with {fm.model_name}")
+                f"by this harness with {be.model_name}")
         if theirs != mine:
             raise LibraryError(
                 f"harvest run {run.path}: its {key} {theirs[:12]} (manifest.json inputs.{key}) is not the library "
-                f"model's {mine[:12]} ({fm.model_name}): the harvest loop grafts a model's own verified solutions; "
+                f"model's {mine[:12]} ({be.model_name}): the harvest loop grafts a model's own verified solutions; "
                 "harvest with this model, or build the library with the harvest run's model")
 
 
-def library_identity(lib_cfg, fm: Backend, project_root: Path,
+def library_identity(lib_cfg, be: Backend, project_root: Path,
                      candidates: list[tuple[Problem, str]] | None = None,
                      chat: ChatFrame | None = None) -> dict[str, Any]:
     """Everything that determines a library's content: the candidate rows it is built from (`candidates`, read
@@ -97,7 +97,7 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
     columns, limit; or the harvested run and its manifest SHA-256), the entry template, the model and tokenizer.
     Its SHA-256 names the library's folder and is checked when the library is opened."""
     if candidates is None:
-        candidates, _ = read_candidates(lib_cfg, project_root, fm)  # a harvest run: by this model, or refused
+        candidates, _ = read_candidates(lib_cfg, project_root, be)  # a harvest run: by this model, or refused
     if lib_cfg.source == "dataset":
         d = lib_cfg.dataset
         path = project_root / d.path if d.path else None
@@ -116,11 +116,11 @@ def library_identity(lib_cfg, fm: Backend, project_root: Path,
         **{f"source_{k}": v for k, v in source.items()},
         "candidates_sha256": sha256_json([[p.to_row(), text] for p, text in candidates]),
         "entry_template_sha256": sha256_hex(lib_cfg.entry_template.encode()),
-        "model_fingerprint": fm.fingerprint, "tokenizer_fingerprint": fm.tokenizer_fingerprint,
+        "model_fingerprint": be.fingerprint, "tokenizer_fingerprint": be.tokenizer_fingerprint,
     }
     # the backend (absent for transformers) and the batch-invariant mode (absent when off): every library built before
     # either existed keeps its folder (harness.config.identity)
-    identity.update(RunIdentity(fm).library_fields())
+    identity.update(RunIdentity(be).library_fields())
     if chat is not None:  # entries open the model's chat template (absent without one: earlier folders stay)
         identity["chat_frame_sha256"] = chat.sha256
     return identity

@@ -7,14 +7,15 @@ together and a finished row leaves the batch (its cache rows are dropped), so it
 The prefix a cache already holds (a graft) is not recomputed: `prefill_tokens` counts only what was.
 
     from harness.run.decode import generate, generate_batch
-    g = generate(fm, fm.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
-    gs = generate_batch(fm, ids, 8, range(8), Sampling(64, strategy="sample"))
+    g = generate(be, be.encode("Problem: ..."), max_new_tokens=64, stop=["\\n\\n"])
+    gs = generate_batch(be, ids, 8, range(8), Sampling(64, strategy="sample"))
 
-`fm` is a kvstore backend (kvstore.Backend: transformers, llama.cpp, vLLM, the scripted fake); every model-shaped
+`be` is a kvstore backend (kvstore.Backend: transformers, llama.cpp, vLLM, the scripted fake); every model-shaped
 step goes through the backend's verbs, and the path is chosen by what the backend can do: an engine that decodes
 whole rows itself (kvstore.InEngineDecoding: vLLM) is handed the continuation; a step-wise one (kvstore.Stepwise)
 is driven token by token here, several rows together only when it has kvstore.BatchedRows. What a run asks of its
-backend (rows of a problem together, problems in flight) is checked once, before decoding (`check_capabilities`).
+backend (rows of a problem together, problems in flight) is refused once, when its config is composed
+(harness.config.schema.check_capabilities, asked of the registry's class); a direct caller's by the same function.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from harness.config.schema import check_capabilities
 from harness.errors import ConfigError, HarnessError
 from kvstore import (
     Backend,
@@ -199,7 +201,7 @@ class Sampling:
 
 
 def generate(
-    fm: Backend,
+    be: Backend,
     prompt_ids: list[int],
     *,
     max_new_tokens: int,
@@ -216,14 +218,14 @@ def generate(
     hold a prefix of them (a graft); the rest is prefilled.
 
     on_token: called after every decode step with the number of tokens chosen in it (progress in tokens).
-    eos: the token ids that end a sequence (default `eos_ids(fm)`; an empty set runs every budget out).
+    eos: the token ids that end a sequence (default `eos_ids(be)`; an empty set runs every budget out).
     """
     sampling = Sampling(max_new_tokens, tuple(stop), strategy, temperature, top_p)
-    return generate_batch(fm, prompt_ids, 1, [int(seed or 0)], sampling, cache=cache, on_token=on_token, eos=eos)[0]
+    return generate_batch(be, prompt_ids, 1, [int(seed or 0)], sampling, cache=cache, on_token=on_token, eos=eos)[0]
 
 
 def generate_batch(
-    fm: Backend,
+    be: Backend,
     prompt_ids: list[int],
     n: int,
     seeds: Sequence[int] | None,
@@ -247,7 +249,7 @@ def generate_batch(
     measured identical tokens and per-step logits SHA-256 against `no_grad`). The cache stays usable after.
     """
     with torch.inference_mode():
-        return _generate_batch(fm, prompt_ids, n, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
+        return _generate_batch(be, prompt_ids, n, seeds, sampling, cache=cache, on_token=on_token, eos=eos)
 
 
 def _generate_batch(
@@ -276,7 +278,7 @@ def _generate_batch(
     if not isinstance(be, Stepwise):
         raise HarnessError(f"the {be.name} backend neither decodes in its engine (kvstore.InEngineDecoding) nor step "
                            "by step (kvstore.Stepwise); a backend declares one of them (docs/extending.md)")
-    check_capabilities(be, n, 1)  # a direct caller's rows (a run asked this once already)
+    check_capabilities(type(be), n, 1)  # a direct caller's rows (a run's config refused them already)
     return _decode_steps(be, [job], sampling, on_token=on_token, eos=eos)[0]
 
 
@@ -309,18 +311,6 @@ class Job:
     submitted: float = 0.0
 
 
-def check_capabilities(be: Backend, batch_size: int, in_flight: int) -> None:
-    """What a run asks of its backend, asked once before it decodes: several rows of a problem together
-    (decoding.batch_size > 1) and several problems in flight (run.in_flight > 1); a ConfigError naming the key
-    otherwise, in the class's own words (`Backend.batched_rows_refusal`, `Backend.in_flight_refusal`)."""
-    refused = be.batched_rows_refusal(batch_size)
-    if refused:
-        raise ConfigError(f"decoding.batch_size={batch_size}: {refused}; set decoding.batch_size=1")
-    refused = be.in_flight_refusal(in_flight)
-    if refused:
-        raise ConfigError(f"run.in_flight={in_flight}: {refused}; set run.in_flight=1")
-
-
 def generate_many(
     be: Backend,
     jobs: Sequence[Job],
@@ -344,9 +334,7 @@ def generate_many(
     for job in jobs:
         if not job.seeds:
             raise ConfigError("a job with no rows: give each job at least one seed")
-    refused = be.in_flight_refusal(max(2, len(jobs)))  # several contexts together (a run asked this once already)
-    if refused:
-        raise ConfigError(f"run.in_flight > 1: {refused}; set run.in_flight=1")
+    check_capabilities(type(be), 1, max(2, len(jobs)))  # a direct caller's contexts (refused at composition)
     if isinstance(be, InEngineBatches):
         return _continue_many(be, jobs, sampling, on_token=on_token, eos=eos)
     with torch.inference_mode():
@@ -473,10 +461,10 @@ def finish(be: Backend, row: Continuation, prefilled: int, seed: int, sampling: 
                       row.ttft_s, seed=seed if sampling.strategy == "sample" else None)
 
 
-def eos_ids(fm: Backend) -> set[int]:
+def eos_ids(be: Backend) -> set[int]:
     """Token ids that end generation (the backend's `eos_ids`; transformers: the config's eos_token_id, int or
     list, and the tokenizer's)."""
-    return fm.eos_ids()
+    return be.eos_ids()
 
 
 def _first_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -46,14 +46,14 @@ from typing import Any
 from harness.config.execution import EXECUTIONS
 
 
-def identity(fm: Any) -> dict:
+def identity(be: Any) -> dict:
     """What a worker must share with the driver: the model fingerprint, the backend's settings and its compute
     environment. torch's thread count only where torch computes: a llama.cpp backend runs on its own threads (a
     setting, compared with the others), and Ray gives each worker OMP_NUM_THREADS = its CPUs."""
-    env = dict(fm.environment())
-    if not fm.torch_threads_matter():
+    env = dict(be.environment())
+    if not be.torch_threads_matter():
         env.pop("torch_threads", None)
-    return {"model_fingerprint": fm.fingerprint, "settings": fm.settings(), "environment": env}
+    return {"model_fingerprint": be.fingerprint, "settings": be.settings(), "environment": env}
 
 
 class _Worker:
@@ -69,17 +69,17 @@ class _Worker:
         from harness.run.conditions import build_condition
 
         c = typed(OmegaConf.create(cfg))
-        self.backend = load_model(c)
+        self.be = load_model(c)
         if torch_threads is not None:  # a backend that computes without torch: torch's threads as the driver's,
             import torch  # which its artifacts' environment records (Ray set OMP_NUM_THREADS to this actor's CPUs)
 
             torch.set_num_threads(torch_threads)
-        self.condition = build_condition(c.condition.name, self.backend, c.prompt, c.decoding, c.library,
+        self.condition = build_condition(c.condition.name, self.be, c.prompt, c.decoding, c.library,
                                          Path(c.project_root), build_library_if_missing=build_library_if_missing,
                                          settings=c.condition.settings)
 
     def describe(self) -> dict:
-        return {**identity(self.backend), "pid": os.getpid()}
+        return {**identity(self.be), "pid": os.getpid()}
 
     def complete(self, problem: dict, samples: list[int]) -> list[dict]:
         from harness.task.problems import Problem
@@ -88,7 +88,7 @@ class _Worker:
         return [dataclasses.asdict(c) for c in self.condition.complete_samples(p, samples)]
 
 
-def completer(c, condition, fm, problems: list, jobs: list, build_library_if_missing: bool = False) -> Callable:
+def completer(c, condition, be, problems: list, jobs: list, build_library_if_missing: bool = False) -> Callable:
     """complete(problem, samples, on_token=None) -> completions: the condition's own, or the Ray pool's."""
     execution = getattr(c, "execution", None)
     name = getattr(execution, "name", "local") if execution is not None else "local"
@@ -98,7 +98,7 @@ def completer(c, condition, fm, problems: list, jobs: list, build_library_if_mis
         raise ConfigError(f"execution.name={name!r}: use one of {list(EXECUTIONS)} (configs/execution/)")
     if name == "local":
         return condition.complete_samples
-    return RayPool(c, fm, jobs, build_library_if_missing).complete
+    return RayPool(c, be, jobs, build_library_if_missing).complete
 
 
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's single-node switch: 0 puts every server on 127.0.0.1
@@ -279,7 +279,7 @@ class RayPool:
 
     START_TIMEOUT_S = 900.0  # one worker's start (its model load): longer means it waits for CPUs that never free
 
-    def __init__(self, c, fm, jobs: list, build_library_if_missing: bool) -> None:
+    def __init__(self, c, be, jobs: list, build_library_if_missing: bool) -> None:
         from omegaconf import OmegaConf
 
         from harness.errors import HarnessError
@@ -313,8 +313,8 @@ class RayPool:
         self._cfg = OmegaConf.to_container(OmegaConf.structured(c), resolve=True)
         self._actor_cls = ray.remote(num_cpus=threads)(_Worker)
         self._build = build_library_if_missing
-        self._expected = identity(fm)
-        self._torch_threads = None if fm.torch_threads_matter() else torch_threads()
+        self._expected = identity(be)
+        self._torch_threads = None if be.torch_threads_matter() else torch_threads()
         self._jobs = jobs
         self._index = {(id(p), tuple(s)): i for i, (p, s) in enumerate(jobs)}
         self._queue: deque[int] = deque(range(len(jobs)))

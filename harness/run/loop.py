@@ -48,7 +48,6 @@ from harness.errors import console as terminal_console
 from harness.record.folder import FinishedRun, RunFolder
 from harness.record.rows import STOP_REASONS, Row, Summary, group_note, run_label
 from harness.run.conditions import CONDITIONS, build_condition
-from harness.run.decode import check_capabilities
 from harness.run.distributed import completer
 from harness.run.energy import make_meter
 from harness.task.chat import chat_frame, encode_prompt
@@ -70,10 +69,10 @@ NOT_EXACT = ("not guaranteed exact: determinism.allow_environment_mismatch=true 
              "in another compute environment through")
 
 
-def comparable_key(c: Config, fm: Backend) -> str:
+def comparable_key(c: Config, be: Backend) -> str:
     """Runs with the same key differ only in condition/library (harness.config.identity.RunIdentity owns it, with
     every setting's "absent in runs made before it existed" rule)."""
-    return RunIdentity(fm, c.run.in_flight).comparable_key(c)
+    return RunIdentity(be, c.run.in_flight).comparable_key(c)
 
 
 def rows_depend_on_batch(be: Backend, in_flight: int) -> bool:
@@ -96,27 +95,27 @@ def check_condition(name: str) -> None:
         raise ConfigError(f"condition.name={name!r}: {hint}use one of {', '.join(CONDITIONS)} (configs/condition/)")
 
 
-def resume_key(config: dict[str, Any], problems: list[Problem], fm: Backend,
+def resume_key(config: dict[str, Any], problems: list[Problem], be: Backend,
                library: str | None) -> str:
     """What an interrupted run must share with this one to be resumed by it (RunIdentity.resume_key): the recorded
     config (run.fresh left out), the problem rows, the model and tokenizer fingerprints, the backend and the library
     manifest."""
-    return RunIdentity(fm).resume_key(config, problems, library)
+    return RunIdentity(be).resume_key(config, problems, library)
 
 
-def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem]:
+def fit_context(problems: list[Problem], be: Backend, c: Config) -> list[Problem]:
     """Every problem whose prompt plus decoding.max_new_tokens exceeds the model's context: refused (a ConfigError
     naming it, run.context_overflow=refuse) or its text cut to fit (truncate: said on screen and recorded in the
     problem row's source as {"context_overflow": {"prompt_tokens", "kept_problem_tokens"}}). Checked after the
     tokenizer loads and before any prefill; a library condition's grafted entry adds to the prompt (not counted)."""
-    limit = fm.context_size()  # transformers: max_position_embeddings; llama.cpp: n_ctx; vLLM: max_model_len
+    limit = be.context_size()  # transformers: max_position_embeddings; llama.cpp: n_ctx; vLLM: max_model_len
     if limit is None:
         return problems
-    frame = chat_frame(fm, c.model.chat)
+    frame = chat_frame(be, c.model.chat)
     budget = limit - c.decoding.max_new_tokens
     out = []
     for p in problems:
-        n = len(encode_prompt(fm, frame, render(c.prompt.template, problem=p.problem)))
+        n = len(encode_prompt(be, frame, render(c.prompt.template, problem=p.problem)))
         if n <= budget:
             out.append(p)
             continue
@@ -126,11 +125,11 @@ def fit_context(problems: list[Problem], fm: Backend, c: Config) -> list[Problem
                 f"{c.decoding.max_new_tokens} exceeds the model's context of {limit:,}; drop the problem, lower "
                 "decoding.max_new_tokens, or set run.context_overflow=truncate to cut its text to fit"
             )
-        ids = fm.encode(p.problem, add_bos=False)
+        ids = be.encode(p.problem, add_bos=False)
         keep = len(ids) - (n - budget)
         while keep > 0:
-            text = fm.decode(ids[:keep])
-            if len(encode_prompt(fm, frame, render(c.prompt.template, problem=text))) <= budget:
+            text = be.decode(ids[:keep])
+            if len(encode_prompt(be, frame, render(c.prompt.template, problem=text))) <= budget:
                 break
             keep -= max(1, keep // 100)
         if keep <= 0:
@@ -148,7 +147,7 @@ def run(cfg: DictConfig, *args: Any, **kwargs: Any) -> tuple[RunFolder, Summary]
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
     An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
     the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/). The arguments
-    are `run_rows`'s: folder, fm, progress, build_library_if_missing, resume_from."""
+    are `run_rows`'s: folder, be, progress, build_library_if_missing, resume_from."""
     finished, _ = run_rows(cfg, *args, **kwargs)
     return finished.folder, finished.summary
 
@@ -280,7 +279,7 @@ def cpu_seconds() -> float:
 def run_rows(
     cfg: DictConfig,
     folder: RunFolder | str | Path | None = None,
-    fm: Backend | None = None,
+    be: Backend | None = None,
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
@@ -295,17 +294,16 @@ def run_rows(
     problems = load_problems(
         str(root / d.path) if d.path else None, d.hub_id, d.subset, d.split, dict(d.columns), d.limit
     )
-    if fm is None:
-        fm = load_model(c)
+    if be is None:
+        be = load_model(c)
     else:
-        check_given_backend(c, fm)  # the rows are the given model's: the config must record its settings
-    check_capabilities(fm, c.decoding.batch_size, c.run.in_flight)  # what the run asks of the backend, asked once
-    identity = RunIdentity(fm, c.run.in_flight)
-    problems = fit_context(problems, fm, c)
-    frame = chat_frame(fm, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
-    trace = resolve_trace(c.model.trace, fm.chat_template() if c.model.trace == "model" else None)
+        check_given_backend(c, be)  # the rows are the given model's: the config must record its settings
+    identity = RunIdentity(be, c.run.in_flight)
+    problems = fit_context(problems, be, c)
+    frame = chat_frame(be, c.model.chat)  # the model's chat template around every prompt (model.chat=model)
+    trace = resolve_trace(c.model.trace, be.chat_template() if c.model.trace == "model" else None)
     condition = build_condition(
-        c.condition.name, fm, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
+        c.condition.name, be, c.prompt, c.decoding, c.library, root, build_library_if_missing=build_library_if_missing,
         settings=c.condition.settings, chat=frame,
     )
     desc = condition.describe()
@@ -322,7 +320,7 @@ def run_rows(
     rows: list[Row] = []
     try:
         if done:
-            rows, dropped = _checked_rows(_done_prefix(done, jobs, folder), jobs, condition, fm,
+            rows, dropped = _checked_rows(_done_prefix(done, jobs, folder), jobs, condition, be,
                                           tuple(c.prompt.stop), folder, trace.close if trace else None,
                                           trace.open if trace else None)
             if len(rows) != len(done):
@@ -337,8 +335,8 @@ def run_rows(
         # scale-out hook: execution=ray computes the remaining jobs on Ray actors, handed back in job order
         rows, run_energy, t_run, started_at = _decode(
             c, condition, jobs, folder, rows, progress,
-            lambda remaining: completer(c, condition, fm, problems, remaining, build_library_if_missing),
-            guard=lambda: check_weights(fm), trace=trace)
+            lambda remaining: completer(c, condition, be, problems, remaining, build_library_if_missing),
+            guard=lambda: check_weights(be), trace=trace)
     except KeyboardInterrupt as exc:
         condition.close()
         signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
@@ -358,12 +356,12 @@ def run_rows(
     started_at = first_started or started_at
 
     summary = Summary.of(
-        rows, condition=condition.name, model=fm.model_name, dataset=d.name, run_dir=str(folder.path),
+        rows, condition=condition.name, model=be.model_name, dataset=d.name, run_dir=str(folder.path),
         comparable_key=identity.comparable_key(c), run_wall_s=time.perf_counter() - t_run,
         energy_status=run_energy.status, energy_j=run_energy.joules, group=condition.group,
         started_at=started_at, finished_at=datetime.now(UTC).isoformat(),
     )
-    exactness = NOT_EXACT if fm.allows_environment_mismatch() else None
+    exactness = NOT_EXACT if be.allows_environment_mismatch() else None
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
     try:
@@ -373,10 +371,10 @@ def run_rows(
             rows=rows,
             summary=summary,
             prompt_template=c.prompt.template if frame is None else frame.prefix + c.prompt.template + frame.suffix,
-            model_fingerprint=fm.fingerprint,
-            tokenizer_fingerprint=fm.tokenizer_fingerprint,
-            determinism=fm.settings(),  # transformers: the Determinism's dict; llama.cpp: "backend" + settings
-            environment=fm.environment(),
+            model_fingerprint=be.fingerprint,
+            tokenizer_fingerprint=be.tokenizer_fingerprint,
+            determinism=be.settings(),  # transformers: the Determinism's dict; llama.cpp: "backend" + settings
+            environment=be.environment(),
             library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
             else None,
             exactness=exactness,

@@ -63,39 +63,39 @@ def _render(template: str, message: str) -> str:
     return render_chat(template, [{"role": "user", "content": message}])
 
 
-def chat_frame(backend: Any, chat: str | None) -> ChatFrame | None:
+def chat_frame(be: Any, chat: str | None) -> ChatFrame | None:
     """The frame of `backend`'s own chat template for model.chat="model"; None for model.chat=null."""
     if chat is None:
         return None
     if chat not in CHAT_CHOICES:
         raise ConfigError(f"model.chat={chat!r}: use model (the model's own chat template) or null (none)")
-    template = backend.chat_template()
+    template = be.chat_template()
     if not template:
-        raise ConfigError(f"model.chat=model: {backend.model_name} has no chat template; set model.chat=null")
+        raise ConfigError(f"model.chat=model: {be.model_name} has no chat template; set model.chat=null")
     text = _render(template, _PLACEHOLDER)
     if text.count(_PLACEHOLDER) != 1:
-        raise ConfigError(f"model.chat=model: {backend.model_name}'s chat template does not place the user message "
+        raise ConfigError(f"model.chat=model: {be.model_name}'s chat template does not place the user message "
                           "once; set model.chat=null")
     prefix, suffix = text.split(_PLACEHOLDER)
     return ChatFrame(prefix, suffix, hashlib.sha256(template.encode()).hexdigest())
 
 
-def encode_prompt(backend: Any, frame: ChatFrame | None, prompt: str, add_bos: bool = True) -> list[int]:
+def encode_prompt(be: Any, frame: ChatFrame | None, prompt: str, add_bos: bool = True) -> list[int]:
     """The token ids of a prompt the model reads alone: within the frame when there is one."""
     if frame is None:
-        return backend.encode(prompt, add_bos=add_bos)
-    return (backend.encode(frame.prefix, add_bos=add_bos, special=True) + backend.encode(prompt, add_bos=False)
-            + backend.encode(frame.suffix, add_bos=False, special=True))
+        return be.encode(prompt, add_bos=add_bos)
+    return (be.encode(frame.prefix, add_bos=add_bos, special=True) + be.encode(prompt, add_bos=False)
+            + be.encode(frame.suffix, add_bos=False, special=True))
 
 
-def encode_entry(backend: Any, frame: ChatFrame | None, entry: str) -> list[int]:
+def encode_entry(be: Any, frame: ChatFrame | None, entry: str) -> list[int]:
     """The token ids of a library entry (an artifact's tokens, from position 0): it opens the user turn."""
     if frame is None:
-        return backend.encode(entry)
-    return backend.encode(frame.prefix, special=True) + backend.encode(entry, add_bos=False)
+        return be.encode(entry)
+    return be.encode(frame.prefix, special=True) + be.encode(entry, add_bos=False)
 
 
-def encode_query(backend: Any, frame: ChatFrame | None, prompt: str) -> list[int]:
+def encode_query(be: Any, frame: ChatFrame | None, prompt: str) -> list[int]:
     """The token ids of the query after a library entry: it closes the user turn and opens the assistant's."""
-    ids = backend.encode(prompt, add_bos=False)
-    return ids if frame is None else ids + backend.encode(frame.suffix, add_bos=False, special=True)
+    ids = be.encode(prompt, add_bos=False)
+    return ids if frame is None else ids + be.encode(frame.suffix, add_bos=False, special=True)

@@ -65,7 +65,7 @@ def _harness(be, overrides: list[str]) -> dict:  # noqa: ANN001
     from harness.run.loop import run_rows
 
     load0 = os.getloadavg()[0]
-    finished, _ = run_rows(compose_config(overrides), fm=be, progress=False)
+    finished, _ = run_rows(compose_config(overrides), be=be, progress=False)
     s = finished.summary.to_json()
     decode, wall = s["tokens"]["decode"], s["time"]["run_wall_s"]
     return {"rows": len(finished.rows), "decode_tokens": decode, "wall_s": round(wall, 2),

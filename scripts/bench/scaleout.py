@@ -97,7 +97,7 @@ def bench_ray_problems(model: str, problems: int, tokens: int) -> dict:
         be = load_model(typed(compose_config(base)))
         rows = {}
         for name, extra in (("in_process", []), ("ray", ["execution=ray", "execution.workers=1"])):
-            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, fm=be, progress=False)
+            folder, summary = run(compose_config([*base, *extra]), Path(tmp) / name, be=be, progress=False)
             rows[name] = folder.read_rows()
             walls = [r.wall_s for r in rows[name]]
             result[name] = {"per_problem_wall_s_median": statistics.median(walls), "per_problem_wall_s": walls,

@@ -156,7 +156,7 @@ def test_a_baseline_of_another_kernel_of_the_mode_is_not_reused(tmp_path, monkey
     fm = load_backend("transformers", source="tiny-gemma3", determinism=Determinism(batch_invariant=True))
     cfg = compose_config(["model=tiny_gemma3", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=1",
                           "decoding.max_new_tokens=2", "tracking=off", "energy=none"])
-    folder, _ = run(cfg, tmp_path / "runs" / "baseline" / "b", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "runs" / "baseline" / "b", be=fm, progress=False)
     key, said = comparable_key(typed(cfg), fm), []
     assert find_baseline(tmp_path / "runs", key, settings=fm.settings()) == folder
     new = {**fm.settings(), "batch_invariant_kernel": "fixed-dot16/1"}

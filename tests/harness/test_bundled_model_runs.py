@@ -36,7 +36,7 @@ def _cfg(tmp: Path, *extra: str):
 def test_baseline_on_the_bundled_model_is_tracked_in_mlflow_and_rescores(tmp_path, fm):
     from mlflow import MlflowClient
 
-    folder, _ = run(_cfg(tmp_path, "dataset.limit=2", "decoding.max_new_tokens=8"), tmp_path / "b", fm=fm, progress=False)
+    folder, _ = run(_cfg(tmp_path, "dataset.limit=2", "decoding.max_new_tokens=8"), tmp_path / "b", be=fm, progress=False)
     d = folder.path
     assert audit(folder).ok
     tracking = json.loads((d / "tracking.json").read_text())
@@ -50,7 +50,7 @@ def test_baseline_on_the_bundled_model_is_tracked_in_mlflow_and_rescores(tmp_pat
 def test_recurring_problems_are_answered_from_the_grafted_solution_in_a_handful_of_tokens(tmp_path, fm):
     cfg = _cfg(tmp_path, "condition=graft", "dataset.limit=6", "decoding.max_new_tokens=16", "tracking=off")
     build_library(cfg.library, fm, REPO, progress=False)
-    folder, _ = run(cfg, tmp_path / "g", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "g", be=fm, progress=False)
     rows = [json.loads(x) for x in (folder.path / "outputs.jsonl").read_text().splitlines()]
     assert len(rows) == 6
     for r in rows:

@@ -50,7 +50,7 @@ def test_a_run_on_the_in_engine_fake_goes_through_its_engine(tmp_path: Path) -> 
                           "energy=none", "decoding.max_new_tokens=8", f"project_root={REPO}",
                           f"runs_dir={tmp_path}/runs"])
     be = load_model(typed(cfg))
-    finished, _ = run_rows(cfg, fm=be, progress=False)
+    finished, _ = run_rows(cfg, be=be, progress=False)
     assert be.calls["continue_rows"] == 2 and be.calls["steps"] == 0
     assert len(finished.rows) == 2
 

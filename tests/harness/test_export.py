@@ -36,7 +36,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp}", "dataset.limit=3",
                           "decoding=sample", "decoding.n_samples=2", "decoding.max_new_tokens=8", "tracking=off",
                           "energy.meter=none"])
-    folder, _ = run(cfg, fm=FakeBackend({"Final answer:": " 12"}), progress=False)
+    folder, _ = run(cfg, be=FakeBackend({"Final answer:": " 12"}), progress=False)
     return folder.path
 
 
@@ -155,7 +155,7 @@ def test_an_edited_run_is_refused_before_anything_is_written(run_dir: Path, tmp_
 def test_a_dataset_name_with_a_slash_is_one_file_name(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp_path}/runs", "dataset.limit=2",
                           "dataset.name=org/aime", "decoding.max_new_tokens=4", "tracking=off", "energy.meter=none"])
-    folder, _ = run(cfg, fm=FakeBackend({"Final answer:": " 12"}), progress=False)
+    folder, _ = run(cfg, be=FakeBackend({"Final answer:": " 12"}), progress=False)
     capsys.readouterr()
     out = tmp_path / "lm"
     assert export_main([str(folder.path), "--format", "lm-eval", "--out", str(out)]) == 0

@@ -32,7 +32,7 @@ def test_a_config_in_the_mode_refuses_a_model_without_it_and_writes_nothing(defa
     assert cfg.determinism.batch_invariant is True
     with pytest.raises(ConfigError, match=r"determinism\.batch_invariant=true, the backend given runs without the mode")\
             as e:
-        run(cfg, tmp_path / "runs" / "baseline" / "r", fm=default_mode, progress=False)
+        run(cfg, tmp_path / "runs" / "baseline" / "r", be=default_mode, progress=False)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "runs").exists()
 
@@ -40,17 +40,17 @@ def test_a_config_in_the_mode_refuses_a_model_without_it_and_writes_nothing(defa
 def test_a_model_in_the_mode_refuses_a_config_without_it(tmp_path):
     mode = load_backend("transformers", source="tiny-gemma3", determinism=Determinism(batch_invariant=True))
     with pytest.raises(ConfigError, match=r"determinism\.batch_invariant=false, the backend given runs the mode"):
-        run(_cfg(tmp_path, "determinism.batch_invariant=false"), tmp_path / "r", fm=mode, progress=False)
+        run(_cfg(tmp_path, "determinism.batch_invariant=false"), tmp_path / "r", be=mode, progress=False)
 
 
 def test_any_other_pinned_setting_that_differs_is_named(default_mode, tmp_path):
     cfg = _cfg(tmp_path, "determinism.batch_invariant=false", "determinism.prefill_chunk=7")
     with pytest.raises(ConfigError, match=r"determinism\.prefill_chunk=7, the backend given has 512"):
-        run(cfg, tmp_path / "r", fm=default_mode, progress=False)
+        run(cfg, tmp_path / "r", be=default_mode, progress=False)
 
 
 def test_a_matching_model_runs(default_mode, tmp_path):
-    folder, summary = run(_cfg(tmp_path, "determinism.batch_invariant=false"), tmp_path / "r", fm=default_mode,
+    folder, summary = run(_cfg(tmp_path, "determinism.batch_invariant=false"), tmp_path / "r", be=default_mode,
                           progress=False)
     manifest = (folder.path / "manifest.json").read_text()
     assert summary.tokens.decode > 0 and '"batch_invariant"' not in manifest  # recorded as computed: the mode off

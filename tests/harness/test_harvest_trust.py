@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _run(tmp: Path, model: str, be=None):
     cfg = compose_config([f"model={model}", f"project_root={REPO}", f"runs_dir={tmp}/runs-{model}", "dataset.limit=3",
                           "decoding.max_new_tokens=4", "prompt.stop=[]", "tracking=off"])
-    folder, _ = run(cfg, fm=be, progress=False)
+    folder, _ = run(cfg, be=be, progress=False)
     return folder.path
 
 
@@ -68,7 +68,7 @@ def test_a_harvest_run_of_another_model_is_refused(tiny):
 def _fake_run(tmp: Path, be, name: str) -> Path:
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp}/{name}", "dataset.limit=3",
                           "decoding.max_new_tokens=4", "tracking=off"])
-    folder, _ = run(cfg, fm=be, progress=False)
+    folder, _ = run(cfg, be=be, progress=False)
     return folder.path
 
 

@@ -183,7 +183,7 @@ def test_a_run_folder_records_the_golden_identity(case, backends, tmp_path, monk
     monkeypatch.chdir(REPO)  # project_root "." is recorded: the run reads the bundled problems from the checkout
     overrides, kind, n = CASES[case]
     cfg = compose_config([*COMMON, *overrides])
-    folder, summary = run(cfg, folder=tmp_path / "run", fm=backends(kind, cfg), progress=False)
+    folder, summary = run(cfg, folder=tmp_path / "run", be=backends(kind, cfg), progress=False)
     manifest = json.loads((folder.path / "manifest.json").read_text())
     inputs = manifest["inputs"]
     golden = GOLDEN[case]

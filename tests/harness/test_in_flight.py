@@ -67,7 +67,7 @@ def test_batch_invariant_rows_in_flight_equal_one_problem_at_a_time(tmp_path: Pa
     folders = {}
     for n in (1, 4):
         cfg = _cfg(tmp_path, f"n{n}", "determinism.batch_invariant=true", f"run.in_flight={n}", *decoding)
-        folders[n], _ = run(cfg, fm=invariant, progress=False)
+        folders[n], _ = run(cfg, be=invariant, progress=False)
     one, four = _rows(folders[1]), _rows(folders[4])
     assert len(one) == len(four) >= 6 and one == four  # problem order, every computed field, bit for bit
     record = _manifest(folders[4])["inputs"]["in_flight"]
@@ -91,14 +91,14 @@ def test_prompts_of_different_lengths_are_really_joined(tmp_path: Path, invarian
 
     type(invariant).join_rows = counting
     try:
-        run(_cfg(tmp_path, "j", "determinism.batch_invariant=true", "run.in_flight=4"), fm=invariant, progress=False)
+        run(_cfg(tmp_path, "j", "determinism.batch_invariant=true", "run.in_flight=4"), be=invariant, progress=False)
     finally:
         type(invariant).join_rows = join
     assert calls and len(calls[0]) == 4 and len(set(calls[0])) > 1, calls  # 4 contexts of different lengths
 
 
 def test_default_mode_records_that_rows_depend_on_the_batch(tmp_path: Path, default) -> None:
-    folder, _ = run(_cfg(tmp_path, "d", "run.in_flight=3", "determinism.batch_invariant=false"), fm=default,
+    folder, _ = run(_cfg(tmp_path, "d", "run.in_flight=3", "determinism.batch_invariant=false"), be=default,
                     progress=False)
     record = _manifest(folder)["inputs"]["in_flight"]
     assert record["problems"] == 3 and record["rows_depend_on_batch_composition"] is True
@@ -111,7 +111,7 @@ def test_default_mode_records_that_rows_depend_on_the_batch(tmp_path: Path, defa
 def _kill_then_resume(tmp_path: Path, cfg, fm, stop_after: int, monkeypatch) -> tuple:
     """An uninterrupted run of `cfg("whole")`; `cfg("killed")` stopped (KeyboardInterrupt) right after writing its
     `stop_after`-th row, then run again. Returns (whole, the partial file's row count, its folder, resumed)."""
-    whole, _ = run(cfg("whole"), fm=fm, progress=False)
+    whole, _ = run(cfg("whole"), be=fm, progress=False)
     append, calls = RunFolder.append, []
 
     def append_then_stop(self, row):
@@ -122,11 +122,11 @@ def _kill_then_resume(tmp_path: Path, cfg, fm, stop_after: int, monkeypatch) -> 
 
     monkeypatch.setattr(RunFolder, "append", append_then_stop)
     with pytest.raises(RunInterrupted):
-        run(cfg("killed"), fm=fm, progress=False)
+        run(cfg("killed"), be=fm, progress=False)
     monkeypatch.setattr(RunFolder, "append", append)
     [partial] = (tmp_path / "killed").glob("*/*/outputs.partial.jsonl")
     written = len(partial.read_text().splitlines())
-    resumed, _ = run(cfg("killed"), fm=fm, progress=False)
+    resumed, _ = run(cfg("killed"), be=fm, progress=False)
     return whole, written, partial.parent, resumed
 
 
@@ -171,7 +171,7 @@ def test_the_fake_backends_in_flight_rows_equal_one_at_a_time(tmp_path: Path, in
         cfg = compose_config(["model=fake", script, flag, "dataset.limit=5", "tracking=off", "energy=none",
                               "decoding.max_new_tokens=12", f"project_root={REPO}", f"runs_dir={tmp_path}/n{n}",
                               f"run.in_flight={n}"])
-        folders[n], _ = run(cfg, fm=be, progress=False)
+        folders[n], _ = run(cfg, be=be, progress=False)
     assert _rows(folders[1]) == _rows(folders[3]) and len(_rows(folders[3])) == 5
     assert be.calls["continue_many" if in_engine else "joins"] >= 2  # two waves (3 + 2 problems) went through it
 

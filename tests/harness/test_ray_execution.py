@@ -51,11 +51,11 @@ def _rows(folder) -> list[tuple]:
 
 
 def test_rows_over_two_ray_workers_equal_the_single_process_run(tmp_path, tiny_gemma3):
-    alone, _ = run(_cfg(tmp_path), tmp_path / "alone", fm=tiny_gemma3, progress=False)
+    alone, _ = run(_cfg(tmp_path), tmp_path / "alone", be=tiny_gemma3, progress=False)
     spread, summary = run(_cfg(tmp_path, "execution=ray", "execution.workers=2"), tmp_path / "ray",
-                          fm=tiny_gemma3, progress=False)
+                          be=tiny_gemma3, progress=False)
     assert _rows(spread) == _rows(alone) and len(_rows(alone)) == 4
-    assert summary.scores == run(_cfg(tmp_path), tmp_path / "again", fm=tiny_gemma3, progress=False)[1].scores
+    assert summary.scores == run(_cfg(tmp_path), tmp_path / "again", be=tiny_gemma3, progress=False)[1].scores
 
 
 @pytest.mark.slow
@@ -84,11 +84,11 @@ def test_a_worker_killed_mid_problem_loses_and_duplicates_nothing(tmp_path, tiny
             time.sleep(0.005)
 
     cfg = ["dataset.limit=6", "decoding.max_new_tokens=8"]
-    alone, _ = run(_cfg(tmp_path, *cfg), tmp_path / "alone", fm=tiny_gemma3, progress=False)
+    alone, _ = run(_cfg(tmp_path, *cfg), tmp_path / "alone", be=tiny_gemma3, progress=False)
     t = threading.Thread(target=killer, daemon=True)
     t.start()
     spread, _ = run(_cfg(tmp_path, *cfg, "execution=ray", "execution.workers=2"), tmp_path / "ray",
-                    fm=tiny_gemma3, progress=False)
+                    be=tiny_gemma3, progress=False)
     t.join(5)
     assert killed and pools[0].replaced >= 1
     assert _rows(spread) == _rows(alone) and len(_rows(spread)) == 6
@@ -101,4 +101,4 @@ def test_a_worker_in_another_environment_is_refused_naming_the_field(tmp_path, t
     real = backend.environment
     monkeypatch.setattr(backend, "environment", lambda self: {**real(self), "torch_threads": 7})  # the driver's
     with pytest.raises(HarnessError, match="torch_threads: driver 7, worker 2"):
-        run(_cfg(tmp_path, "execution=ray", "execution.workers=1"), tmp_path / "ray", fm=tiny_gemma3, progress=False)
+        run(_cfg(tmp_path, "execution=ray", "execution.workers=1"), tmp_path / "ray", be=tiny_gemma3, progress=False)

@@ -38,7 +38,7 @@ def _interrupted(tmp: Path, monkeypatch) -> Path:
 
     monkeypatch.setattr(RunFolder, "append", append_then_stop)
     with pytest.raises(RunInterrupted):
-        run(_cfg(tmp, "runs"), fm=FAKE)
+        run(_cfg(tmp, "runs"), be=FAKE)
     monkeypatch.setattr(RunFolder, "append", append)
     [partial] = (tmp / "runs").glob("*/*/outputs.partial.jsonl")
     return partial
@@ -65,11 +65,11 @@ def test_a_resumed_row_that_does_not_check_is_recomputed(forge, tmp_path, monkey
         r["completion_token_ids"] = r["completion_token_ids"][:-1] + [r["completion_token_ids"][-1] ^ 1]
     partial.write_text("".join(json.dumps(x) + "\n" for x in rows))
     capsys.readouterr()
-    folder, summary = run(_cfg(tmp_path, "runs"), fm=FAKE)
+    folder, summary = run(_cfg(tmp_path, "runs"), be=FAKE)
     said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert f"{r['problem_id']} sample 0 does not check" in said and "it and the 1 rows after it are dropped" in said
     assert "2 of 6 rows already done" in said
-    _, clean = run(_cfg(tmp_path, "clean"), fm=FAKE)
+    _, clean = run(_cfg(tmp_path, "clean"), be=FAKE)
     assert _computed(folder.path / "outputs.jsonl") == _computed(next((tmp_path / "clean").glob("*/*/outputs.jsonl")))
     assert summary.scores.accuracy == clean.scores.accuracy
 
@@ -77,6 +77,6 @@ def test_a_resumed_row_that_does_not_check_is_recomputed(forge, tmp_path, monkey
 def test_resumed_rows_that_check_are_kept(tmp_path, monkeypatch, capsys):
     _interrupted(tmp_path, monkeypatch)
     capsys.readouterr()
-    run(_cfg(tmp_path, "runs"), fm=FAKE)
+    run(_cfg(tmp_path, "runs"), be=FAKE)
     said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert "4 of 6 rows already done" in said and "does not check" not in said

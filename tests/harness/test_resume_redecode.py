@@ -43,7 +43,7 @@ def _killed_after(tmp: Path, n: int, fm, monkeypatch, *extra: str) -> Path:
 
     monkeypatch.setattr(RunFolder, "append", append_then_stop)
     with pytest.raises(RunInterrupted):
-        run(_cfg(tmp, "runs", *extra), fm=fm, progress=False)
+        run(_cfg(tmp, "runs", *extra), be=fm, progress=False)
     monkeypatch.setattr(RunFolder, "append", append)
     [partial] = (tmp / "runs").glob("*/*/outputs.partial.jsonl")
     return partial
@@ -73,13 +73,13 @@ def test_consistently_forged_resumed_rows_are_re_decoded_and_replaced(extra, tmp
     partial = _killed_after(tmp_path, 2, fm, monkeypatch, *extra)
     rows = _forge(partial, fm, [0, 1])
     capsys.readouterr()
-    folder, summary = run(_cfg(tmp_path, "runs", *extra), fm=fm, progress=False)
+    folder, summary = run(_cfg(tmp_path, "runs", *extra), be=fm, progress=False)
     said = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     assert "2 of" in said and "rows already done" in said  # the forgeries pass the cheap checks ...
     assert "does not check" not in said
     # ... and are not reproduced by re-decoding them: named, replaced
     assert "2 of the 2 resumed rows were not reproduced" in said and f"{rows[0]['problem_id']} sample 0" in said
-    _, clean = run(_cfg(tmp_path, "clean", *extra), fm=fm, progress=False)
+    _, clean = run(_cfg(tmp_path, "clean", *extra), be=fm, progress=False)
     clean_rows = RunFolder(next((tmp_path / "clean").glob("*/*/outputs.jsonl")).parent).read_rows()
     assert _computed(folder.read_rows()) == _computed(clean_rows)
     assert summary.scores.accuracy == clean.scores.accuracy == 0.0
@@ -90,7 +90,7 @@ def test_reproduced_resumed_rows_are_kept_as_recorded(tmp_path, fm, monkeypatch,
     partial = _killed_after(tmp_path, 2, fm, monkeypatch)
     before = partial.read_text().splitlines()
     capsys.readouterr()
-    folder, _ = run(_cfg(tmp_path, "runs"), fm=fm, progress=False)
+    folder, _ = run(_cfg(tmp_path, "runs"), be=fm, progress=False)
     said = " ".join(capsys.readouterr().out.split())
     assert "2 of 3 rows already done" in said and "not reproduced" not in said
     after = (folder.path / "outputs.jsonl").read_text().splitlines()

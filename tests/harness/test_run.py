@@ -34,7 +34,7 @@ def _cfg(tmp: Path, *extra: str):
 
 
 def test_baseline_run_writes_a_folder_that_rescores(tmp_path, fm):
-    folder, summary = run(_cfg(tmp_path), tmp_path / "runs" / "baseline" / "r1", fm=fm, progress=False)
+    folder, summary = run(_cfg(tmp_path), tmp_path / "runs" / "baseline" / "r1", be=fm, progress=False)
     d = folder.path
     assert summary == folder.read_summary()
     for name in ("config.yaml", "problems.jsonl", "outputs.jsonl", "summary.json", "manifest.json", "tracking.json"):
@@ -52,8 +52,8 @@ def test_baseline_run_writes_a_folder_that_rescores(tmp_path, fm):
 
 def test_sampling_draws_n_samples_per_problem_reproducibly(tmp_path, fm):
     cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=2", "dataset.limit=2", "tracking=off")
-    a, _ = run(cfg, tmp_path / "a", fm=fm, progress=False)
-    b, _ = run(cfg, tmp_path / "b", fm=fm, progress=False)
+    a, _ = run(cfg, tmp_path / "a", be=fm, progress=False)
+    b, _ = run(cfg, tmp_path / "b", be=fm, progress=False)
     a, b = a.path, b.path
     ra = [json.loads(x) for x in (a / "outputs.jsonl").read_text().splitlines()]
     rb = [json.loads(x) for x in (b / "outputs.jsonl").read_text().splitlines()]
@@ -68,7 +68,7 @@ def test_library_holds_only_verified_entries_and_graft_recurring_uses_the_proble
     lib = open_library(cfg.library, fm, REPO)
     assert len(lib.entries) == 40 and all(e.verification["correct"] for e in lib.entries)
     assert json.loads((path / "manifest.json").read_text())["n_entries"] == 40
-    folder, _ = run(cfg, tmp_path / "g", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "g", be=fm, progress=False)
     d = folder.path
     rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
     by_id = {e.problem_id: e for e in lib.entries}
@@ -84,7 +84,7 @@ def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path
     build_library(cfg.library, fm, REPO, progress=False)
     lib = open_library(cfg.library, fm, REPO)
     store = LocalStore(tmp_path / "store")
-    folder, _ = run(cfg, tmp_path / "h", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "h", be=fm, progress=False)
     d = folder.path
     rows = [json.loads(x) for x in (d / "outputs.jsonl").read_text().splitlines()]
     problems = {p.id: p for p in load_problems(str(REPO / "problems/kvgraft_original.jsonl"))}
@@ -103,7 +103,7 @@ def test_held_out_graft_never_puts_the_evaluated_problem_in_the_context(tmp_path
 
 def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
     cfg = _cfg(tmp_path, "tracking=off", "dataset.limit=2")
-    folder, _ = run(cfg, tmp_path / "runs" / "baseline" / "b", fm=fm, progress=False)
+    folder, _ = run(cfg, tmp_path / "runs" / "baseline" / "b", be=fm, progress=False)
     assert find_baseline(tmp_path / "runs", comparable_key(typed(cfg), fm)) == folder
     other = _cfg(tmp_path, "tracking=off", "dataset.limit=2", "decoding.max_new_tokens=7")
     assert find_baseline(tmp_path / "runs", comparable_key(typed(other), fm)) is None
@@ -112,8 +112,8 @@ def test_compare_finds_the_matching_baseline_by_comparable_key(tmp_path, fm):
 def test_batched_sampling_run_reproduces_records_seeds_and_rescores(tmp_path, fm):
     cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "decoding.batch_size=3", "dataset.limit=2",
                "decoding.max_new_tokens=5", "tracking=off", "condition=graft")
-    a, sa = run(cfg, tmp_path / "a", fm=fm, progress=False, build_library_if_missing=True)
-    b, _ = run(cfg, tmp_path / "b", fm=fm, progress=False)
+    a, sa = run(cfg, tmp_path / "a", be=fm, progress=False, build_library_if_missing=True)
+    b, _ = run(cfg, tmp_path / "b", be=fm, progress=False)
     ra, rb = a.read_rows(), b.read_rows()
     assert [(r.problem_id, r.sample, r.completion.seed) for r in ra] == [
         (p, s, s) for p in ("kvg-001", "kvg-002") for s in range(4)]  # chunks of 3 + 1, seeds = seed + sample
@@ -133,7 +133,7 @@ def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterr
 
     cfg = _cfg(tmp_path, "decoding=sample", "decoding.n_samples=4", "decoding.batch_size=2", "dataset.limit=2",
                "tracking=off")
-    clean, _ = run(cfg, tmp_path / "clean", fm=fm, progress=False)
+    clean, _ = run(cfg, tmp_path / "clean", be=fm, progress=False)
     rows = clean.read_rows()
     problems = load_problems(str(REPO / cfg.dataset.path), limit=2)
     key = resume_key(recorded(cfg), problems, fm, None)  # the resolved config as a run records it
@@ -142,7 +142,7 @@ def test_a_resumed_batched_run_redoes_a_cut_batch_whole_and_matches_the_uninterr
     for r in rows[:3]:  # the second batch (samples 2, 3 of the first problem) was cut after one row
         cut.append(r)
     cut.release()
-    resumed, summary = run(cfg, fm=fm, progress=False)  # the same config: finds the cut run under runs/baseline
+    resumed, summary = run(cfg, be=fm, progress=False)  # the same config: finds the cut run under runs/baseline
     assert resumed == cut and audit(resumed).ok
     timing = {"wall_s", "cpu_s", "energy_j", "energy_status", "ttft_s"}
     strip = lambda rs: [{k: v for k, v in r.to_json().items() if k not in timing} for r in rs]  # noqa: E731

@@ -100,17 +100,17 @@ def test_hydra_entry_on_a_read_only_runs_folder_is_one_line(read_only):
 
 def test_run_in_a_read_only_runs_folder_names_it(read_only, fm):
     with pytest.raises(StorageError, match=f"{read_only}/runs.*read-only \\(EROFS\\).*runs_dir="):
-        run(_cfg(read_only / "runs"), fm=fm, progress=False)
+        run(_cfg(read_only / "runs"), be=fm, progress=False)
 
 
 @pytest.mark.parametrize("free_pages", [0, 1, 2, 3, 4, 6, 8, 12, 16, 24])
 def test_disk_full_at_any_point_is_one_line_then_the_run_resumes_once_space_is_freed(tmpfs, tmp_path, fm, free_pages):
-    clean, _ = run(_cfg(tmp_path / "clean"), fm=fm, progress=False)
+    clean, _ = run(_cfg(tmp_path / "clean"), be=fm, progress=False)
     runs = tmpfs / "runs"
     runs.mkdir()
     filler = fill(tmpfs, free_pages)
     try:
-        folder, _ = run(_cfg(runs), fm=fm, progress=False)
+        folder, _ = run(_cfg(runs), be=fm, progress=False)
         outcome = "completed"
     except StorageError as exc:
         message = str(exc)
@@ -121,7 +121,7 @@ def test_disk_full_at_any_point_is_one_line_then_the_run_resumes_once_space_is_f
         assert len(left) <= 1 and (left or kept == 0)  # a folder only when it holds rows; none left empty
         outcome = f"ENOSPC while {message.split(' while ')[1].split(';')[0]}, {kept} rows kept"
         filler.unlink()
-        folder, _ = run(_cfg(runs), fm=fm, progress=False)  # the same config, space freed: resumes
+        folder, _ = run(_cfg(runs), be=fm, progress=False)  # the same config, space freed: resumes
         if left:
             assert folder.path == left[0]
     assert audit(folder).ok

@@ -72,7 +72,7 @@ def test_the_resume_warning_shows_a_forged_rows_problem_id_escaped(tmp_path, mon
 
     monkeypatch.setattr(RunFolder, "append", append_then_stop)
     with pytest.raises(RunInterrupted):
-        run(cfg, fm=fake)
+        run(cfg, be=fake)
     monkeypatch.setattr(RunFolder, "append", append)
     [partial] = (tmp_path / "runs").glob("*/*/outputs.partial.jsonl")
     rows = [json.loads(line) for line in partial.read_text().splitlines()]
@@ -80,7 +80,7 @@ def test_the_resume_warning_shows_a_forged_rows_problem_id_escaped(tmp_path, mon
     rows[0].update(extracted=rows[0]["gold_answer"], answer=rows[0]["gold_answer"], correct=True)
     partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
     capsys.readouterr()
-    run(cfg, fm=fake, progress=False)
+    run(cfg, be=fake, progress=False)
     out, err = capsys.readouterr()
     assert "\x1b[2J" not in out + err and "\x1b[31m" not in out + err
     assert "kvg-\\x1b[2J\\x1b[31m001 sample 0 does not check" in " ".join((out + err).split())
@@ -97,7 +97,7 @@ def test_rescore_and_the_report_show_a_run_folders_ids_and_names_escaped(tmp_pat
     data = _evil_problems(tmp_path)
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp_path}/sweep", f"dataset.path={data}",
                           "decoding.max_new_tokens=8", "tracking=off"])
-    done, _ = run(cfg, fm=FakeBackend({"Final answer:": " 42"}), progress=False)
+    done, _ = run(cfg, be=FakeBackend({"Final answer:": " 42"}), progress=False)
     runs = (tmp_path / "sweep").rename(tmp_path / "sweep\x1b[8m")  # a folder name the terminal must not obey
     folder = RunFolder(runs / done.path.relative_to(tmp_path / "sweep"))
     capsys.readouterr()

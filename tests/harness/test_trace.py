@@ -32,7 +32,7 @@ FAKE = FakeBackend({
 def _run(tmp: Path, *extra: str) -> tuple[RunFolder, list[dict], dict]:
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp}", "dataset.limit=3",
                           "decoding.max_new_tokens=48", "tracking=off", "energy.meter=none", *extra])
-    folder, _ = run(cfg, fm=FAKE, progress=False)
+    folder, _ = run(cfg, be=FAKE, progress=False)
     rows = [json.loads(line) for line in folder.file("outputs.jsonl").read_text().splitlines()]
     return folder, rows, json.loads(folder.file("summary.json").read_text())
 
@@ -126,7 +126,7 @@ def test_a_run_and_its_audit_score_a_reopened_trace_as_overlong(tmp_path: Path, 
     cfg = compose_config(["model=fake", f"project_root={REPO}", f"runs_dir={tmp_path}", "dataset.limit=1",
                           "decoding.max_new_tokens=40", "tracking=off", "energy.meter=none",
                           f"model.trace={setting!r}" if " " in setting else f"model.trace={setting}"])
-    folder, _ = run(cfg, fm=fake, progress=False)
+    folder, _ = run(cfg, be=fake, progress=False)
     [row] = [json.loads(line) for line in folder.file("outputs.jsonl").read_text().splitlines()]
     assert (row["stop_reason"], row["answer"], row["correct"], row["overlong"]) == ("length", None, False, True)
     assert audit(folder).ok, audit(folder).findings

@@ -184,7 +184,7 @@ def test_truncate_cuts_the_problem_to_fit_and_records_it(short_fm, tmp_path):
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"id": "long-1", "problem": _long(200).problem, "answer": "7"}) + "\n")
     cfg = compose_config([*overrides, "dataset=file", f"dataset.path={data}", "tracking=off", f"runs_dir={tmp_path}/r"])
-    folder, _ = run(cfg, fm=short_fm, progress=False)
+    folder, _ = run(cfg, be=short_fm, progress=False)
     (row,) = folder.read_problems()
     assert row["source"]["context_overflow"] == info  # recorded in problems.jsonl, so in the manifest's hashes
     (out,) = folder.read_rows()

@@ -34,7 +34,7 @@ def main(out_path: str) -> int:
               "decoding.max_new_tokens=8"]
     local_cfg = compose_config([*common, "execution=local"])
     be = load_model(typed(local_cfg))
-    local, _ = run_rows(local_cfg, fm=be, progress=False, build_library_if_missing=True)
+    local, _ = run_rows(local_cfg, be=be, progress=False, build_library_if_missing=True)
     import psutil
 
     from harness.run import distributed
@@ -53,7 +53,7 @@ def main(out_path: str) -> int:
         return actor
 
     distributed.RayPool._start_actor = remember
-    ray_run, _ = run_rows(compose_config([*common, "execution=ray", "execution.workers=1"]), fm=be, progress=False)
+    ray_run, _ = run_rows(compose_config([*common, "execution=ray", "execution.workers=1"]), be=be, progress=False)
 
     def rows(finished) -> list[dict]:  # noqa: ANN001
         return [{"problem": r.problem_id, "sample": r.sample, "tokens": r.completion.token_ids,

@@ -269,7 +269,7 @@ def test_a_library_built_into_s3_grafts_rows_identical_to_one_in_a_local_store(u
                               f"library.root={tmp_path}/library-{tag}", f"library.store={store}",
                               "library.dataset.limit=3", "dataset.limit=3", "decoding.max_new_tokens=3",
                               "tracking=off", "condition=graft"])
-        folder, _ = run(cfg, tmp_path / f"run-{tag}", fm=TransformersBackend.of(tiny_gemma3), progress=False, build_library_if_missing=True)
+        folder, _ = run(cfg, tmp_path / f"run-{tag}", be=TransformersBackend.of(tiny_gemma3), progress=False, build_library_if_missing=True)
         return [(r.problem_id, r.completion.retrieval.artifact_id, r.completion.context_ids, r.completion.token_ids,
                  r.completion.text, r.correct) for r in folder.read_rows()]
 

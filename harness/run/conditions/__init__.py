@@ -87,9 +87,9 @@ class Baseline:
     uses_library: ClassVar[bool] = False  # True: opened with a Library, and its runs (and rows) have a Group
     Settings: ClassVar[type | None] = None  # a dataclass of the condition's own settings (condition.settings)
 
-    def __init__(self, fm: Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
+    def __init__(self, be: Backend, prompt: PromptConfig, decoding: DecodingConfig) -> None:
         self.prompt, self.decoding = prompt, decoding
-        self.backend: Backend = fm
+        self.be: Backend = be
         self.settings: Any = None  # an instance of Settings, set by build_condition
         self.frame: ChatFrame | None = None  # the model's chat template around the prompt (model.chat), if any
 
@@ -106,7 +106,7 @@ class Baseline:
     def context(self, problem: Problem) -> Context:
         """The query prompt alone, prefilled whole."""
         prompt = query_prompt(self.prompt.template, problem)
-        return Context(prompt, encode_prompt(self.backend, self.frame, prompt))
+        return Context(prompt, encode_prompt(self.be, self.frame, prompt))
 
     def complete_samples(
         self, problem: Problem, samples: Sequence[int], on_token: Callable[[int], None] | None = None
@@ -119,7 +119,7 @@ class Baseline:
         cache = ctx.make_cache() if ctx.make_cache is not None else None
         setup_s = time.perf_counter() - t0  # retrieval, artifact read + graft (or fresh prefix): part of the TTFT
         sampling = Sampling(d.max_new_tokens, tuple(self.prompt.stop), str(d.strategy), d.temperature, d.top_p)
-        gens = generate_batch(self.backend, ctx.context_ids, len(samples), [d.seed + s for s in samples], sampling,
+        gens = generate_batch(self.be, ctx.context_ids, len(samples), [d.seed + s for s in samples], sampling,
                               cache=cache, on_token=on_token)
         return [_completion(ctx, g, setup_s) for g in gens]
 
@@ -139,7 +139,7 @@ class Baseline:
             setup_s = time.perf_counter() - t0
             prepared.append((ctx, setup_s, Job(ctx.context_ids, [d.seed + s for s in samples], cache,
                                                time.perf_counter())))
-        gens = generate_many(self.backend, [job for _, _, job in prepared], sampling, on_token=on_token)
+        gens = generate_many(self.be, [job for _, _, job in prepared], sampling, on_token=on_token)
         return [[_completion(ctx, g, setup_s) for g in gs] for (ctx, setup_s, _), gs in zip(prepared, gens,
                                                                                            strict=True)]
 
@@ -160,9 +160,9 @@ class Graft(Baseline):
     name: ClassVar[str] = "graft"
     uses_library: ClassVar[bool] = True
 
-    def __init__(self, fm: Backend, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
+    def __init__(self, be: Backend, prompt: PromptConfig, decoding: DecodingConfig, library: Library,
                  prefetch_bytes: int = 0) -> None:
-        super().__init__(fm, prompt, decoding)
+        super().__init__(be, prompt, decoding)
         self.library = library
         # the next problem's artifact is read + verified in the background while the current one decodes
         self.prefetch = Prefetcher(library.store, prefetch_bytes) if prefetch_bytes > 0 else None
@@ -206,16 +206,16 @@ class Graft(Baseline):
                 tags = self.library.store.info(match.entry.artifact_id).tags
             except KVStoreError:
                 tags = None  # no readable record: refused (absent evidence is not evidence; issue 51)
-            check_numerics(tags, self.backend,
+            check_numerics(tags, self.be,
                            f"library entry {match.entry.entry_id}",
-                           allow_environment_mismatch=self.backend.allows_environment_mismatch(),
+                           allow_environment_mismatch=self.be.allows_environment_mismatch(),
                            source=f"store {getattr(self.library.store, 'root', self.library.store)!s}")
         except EnvironmentMismatchError as exc:
             raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
                                "here") from None
-        context = graft_context(self.backend, self.frame, snapshot, prompt)
+        context = graft_context(self.be, self.frame, snapshot, prompt)
         # checks backend, model, tokenizer, layout and the token prefix; a fresh state per chunk of rows
-        return Context(prompt, context, lambda: graft_entry(self.backend, snapshot, context), snapshot.token_count,
+        return Context(prompt, context, lambda: graft_entry(self.be, snapshot, context), snapshot.token_count,
                        match)
 
 
@@ -240,18 +240,18 @@ def query_prompt(template: str, problem: Problem) -> str:
     return render(template, problem=problem.problem)
 
 
-def graft_context(backend: Any, frame: ChatFrame | None, snapshot: Any, prompt: str) -> list[int]:
+def graft_context(be: Any, frame: ChatFrame | None, snapshot: Any, prompt: str) -> list[int]:
     """The context of a library condition: the entry's tokens (the artifact's: exactly the ids it was deposited
     from) and then the query prompt's. The entry ends in a blank line (and, with a chat template, opens the user turn
     the query closes). The one prompt composer: the conditions here and harness.serve call it."""
-    return list(snapshot.token_ids) + encode_query(backend, frame, prompt)
+    return list(snapshot.token_ids) + encode_query(be, frame, prompt)
 
 
-def graft_entry(backend: Backend, snapshot, context: list[int]):
+def graft_entry(be: Backend, snapshot, context: list[int]):
     """`backend.graft(snapshot, context)`; an artifact refused for its compute environment is re-raised with what
     fixes it in the harness's terms (kvstore names its own parameters, the harness its commands and config keys)."""
     try:
-        return backend.graft(snapshot, token_ids=context)
+        return be.graft(snapshot, token_ids=context)
     except EnvironmentMismatchError as exc:
         raise LibraryError(f"{exc}. For a library: `python -m harness.library --redeposit` re-deposits its entries "
                            "here, or determinism.allow_environment_mismatch=true grafts them anyway and marks the run "
@@ -269,15 +269,15 @@ class InContext(Graft):
             return Baseline.context(self, problem)
         prompt, match, snapshot = found
         entry_ids = list(snapshot.token_ids)  # the very ids the artifact was deposited from
-        context = graft_context(self.backend, self.frame, snapshot, prompt)
-        if self.backend.batch_invariant():
+        context = graft_context(self.be, self.frame, snapshot, prompt)
+        if self.be.batch_invariant():
             # determinism.batch_invariant: no schedule changes a bit, so the control is the fresh computation a
             # baseline makes: the whole context (entry + query) prefilled as one prompt, in the run's schedule
             # (one pass when determinism.prefill_chunk covers it)
             return Context(prompt, context, None, 0, match)
         # the backend's `prefill` from position 0 in its pinned schedule: the deposit's schedule exactly, so the
         # state holds the bits the artifact holds, computed now instead of read.
-        return Context(prompt, context, lambda: self.backend.prefill(entry_ids)[0], 0, match, len(entry_ids))
+        return Context(prompt, context, lambda: self.be.prefill(entry_ids)[0], 0, match, len(entry_ids))
 
 
 def _registry() -> dict[str, type[Baseline]]:
@@ -327,7 +327,7 @@ def condition_settings(cls: type[Baseline], settings: Mapping[str, Any] | None) 
 
 def build_condition(
     name: str,
-    fm: Backend,
+    be: Backend,
     prompt: PromptConfig,
     decoding: DecodingConfig,
     library: LibraryConfig,
@@ -341,10 +341,10 @@ def build_condition(
     cls = condition_class(name)
     own = condition_settings(cls, settings)
     if not cls.uses_library:
-        cond = cls(fm, prompt, decoding)
+        cond = cls(be, prompt, decoding)
     else:
-        lib = open_library(library, fm, project_root, build_if_missing=build_library_if_missing, chat=chat)
-        cond = cls(fm, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)
+        lib = open_library(library, be, project_root, build_if_missing=build_library_if_missing, chat=chat)
+        cond = cls(be, prompt, decoding, lib, prefetch_bytes=max(0, int(library.prefetch_mb)) << 20)
     cond.settings = own
     cond.frame = chat
     return cond

@@ -39,5 +39,5 @@ class Truncated(Graft):
             return Baseline.context(self, problem)
         prompt, match, snapshot = found
         kept = list(snapshot.token_ids[: self.settings.tokens])
-        context = kept + encode_query(self.backend, self.frame, prompt)  # with a chat template: closes the turn
+        context = kept + encode_query(self.be, self.frame, prompt)  # with a chat template: closes the turn
         return Context(prompt, context, match=match, extra={"kept_entry_tokens": len(kept)})
