@@ -16,7 +16,7 @@ know of that selects the arithmetic:
 
 It is recorded in every artifact (`Snapshot.environment`, kvstore.backends.transformers.capture), library and run
 manifest, and
-compared at graft (`environment_differences`, called by kvstore.backends.transformers.graft.settings_differences).
+compared at graft (`environment_differences`, called by kvstore.engine.admission).
 
 Profiles (`determinism.profile`): "native" runs the machine's own kernel paths (none of the three variables
 set); "portable" pins them to AVX2 (`PROFILES`), a path every x86-64 machine of the last decade has, so that

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import kvstore.backends.transformers.graft
+import kvstore.engine.admission
 import kvstore.format.artifact
 import kvstore.format.framing
 
