@@ -180,11 +180,11 @@ def _store(args) -> LocalStore:
     return open_store(args.store)  # a folder, or s3://BUCKET/PREFIX (docs/scale-out.md)
 
 
-def _token_ids(args, fm) -> tuple[list[int], dict]:
+def _token_ids(args, be) -> tuple[list[int], dict]:
     """The tokens to deposit and the caller-owned `extra` metadata recording where they came from."""
     if args.text is not None or args.text_file is not None:
         text = args.text if args.text is not None else args.text_file.read_text(encoding="utf-8")
-        return fm.encode(text), {"text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+        return be.encode(text), {"text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
     if args.token_ids is not None:
         try:
             ids = [int(x) for x in args.token_ids.split(",") if x.strip()]
@@ -197,7 +197,7 @@ def _token_ids(args, fm) -> tuple[list[int], dict]:
             raise KVStoreError(f"{args.token_ids_file}: not JSON ({e}); give a JSON list of token ids") from None
         if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
             raise KVStoreError(f"{args.token_ids_file}: expected a JSON list of integers, e.g. [2, 105, 106]")
-    vocab = fm.vocab_size()
+    vocab = be.vocab_size()
     bad = [x for x in ids if not 0 <= x < vocab]
     if bad:
         raise KVStoreError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab}); check the ids")

@@ -347,9 +347,11 @@ def _backend_names(text: str) -> list[str]:
 
 
 def test_the_harness_names_a_backend_one_way():
-    """The harness holds a backend under one name, `be` (a parameter, a variable, a condition's `self.be`, the run's
-    `run(cfg, be=...)`): never `fm`, never `backend` for the object (a backend's *name*, a string, is `backend`)."""
-    found = [f"{p.relative_to(REPO)}:{hit}" for p in _files("harness") for hit in _backend_names(p.read_text())]
+    """The harness (and the scripts) hold a backend under one name, `be` (a parameter, a variable, a condition's
+    `self.be`, the run's `run(cfg, be=...)`): never `fm`, never `backend` for the object (a backend's *name*, a
+    string, is `backend`)."""
+    found = [f"{p.relative_to(REPO)}:{hit}" for p in _files("harness", "scripts")
+             for hit in _backend_names(p.read_text())]
     assert not found, f"a backend held under another name than `be`: {found}"
 
 

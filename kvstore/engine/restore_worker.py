@@ -3,8 +3,8 @@ process survives (its own interpreter, its own model load), spoken to in JSON li
 
     spec = ModelSpec.backend("transformers", source="tiny-gemma3", determinism=det.to_dict())
     with RestoreWorker(spec, store.root) as worker:
-        assert worker.ready()["model_fingerprint"] == fm.fingerprint
-        check = check_graft(fm, prefix, suffix, store, restore=worker.restorer(prefix, suffix))
+        assert worker.ready()["model_fingerprint"] == be.fingerprint
+        check = check_graft(be, prefix, suffix, store, restore=worker.restorer(prefix, suffix))
 
 The worker (`python -m kvstore.engine.restore_worker SPEC STORE`) builds its model from a `ModelSpec` (an importable
 `module:function` and JSON keyword arguments: `kvstore.backends:load_backend` by default, so any backend,

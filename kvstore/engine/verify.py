@@ -1,6 +1,6 @@
 """The exactness procedure, written once: is a grafted prefix byte-identical to computing it fresh?
 
-    check = check_graft(fm, prefix_ids, suffix_ids, store=LocalStore(root), oneshot=True)
+    check = check_graft(be, prefix_ids, suffix_ids, store=LocalStore(root), oneshot=True)
     check.equal, check.sha256_reference, check.sha256_graft, check.kl_max, check.timing_s
 
 The claim (../README, DESIGN.md "Fresh reference"): for a prefix and a suffix,
@@ -17,7 +17,7 @@ The halves are public so that a benchmark can time them alone and a script can r
 takes a `restore` callable for the cross-process case (scripts/verify_graft.py).
 
 Every model-shaped step goes through the backend (kvstore.engine.protocol.Backend with the Stepwise capability: the
-suffix is one `forward` on each side): `fm` is the backend load_backend returns (transformers, llama.cpp, the fake).
+suffix is one `forward` on each side): `be` is the backend load_backend returns (transformers, llama.cpp, the fake).
 The procedure is the same on every such backend: its own pinned prefill schedule on both sides, its own capture and
 graft. An engine that decodes only in itself (vLLM, InEngineDecoding) is checked through its requests instead
 (scripts/verify_vllm.py).
@@ -95,18 +95,18 @@ def _stepwise(be: Backend, offset: int = 0) -> Backend:
     return be
 
 
-def reference_logits(fm: Backend, prefix_ids: list[int], suffix_ids: list[int],
+def reference_logits(be: Backend, prefix_ids: list[int], suffix_ids: list[int],
                      offset: int = 0) -> torch.Tensor:
     """(a) The fresh reference: prefill the prefix at positions offset.. in the pinned schedule, then the
     suffix. Returns the suffix logits (1, len(suffix), vocab)."""
-    be = _stepwise(fm, offset)
+    be = _stepwise(be, offset)
     state, _ = be.prefill(list(prefix_ids), position=offset)
     return be.forward(list(suffix_ids), state, position=offset + len(prefix_ids))
 
 
-def oneshot_logits(fm: Backend, prefix_ids: list[int], suffix_ids: list[int]) -> torch.Tensor:
+def oneshot_logits(be: Backend, prefix_ids: list[int], suffix_ids: list[int]) -> torch.Tensor:
     """(c) One forward over prefix+suffix on a fresh state, sliced to the suffix: (1, len(suffix), vocab)."""
-    be = _stepwise(fm)
+    be = _stepwise(be)
     return be.forward(list(prefix_ids) + list(suffix_ids), be.new_state())[:, len(prefix_ids) :, :]
 
 
@@ -120,7 +120,7 @@ class Restored:
 
 
 def graft_logits(
-    fm: Backend,
+    be: Backend,
     prefix_ids: list[int],
     suffix_ids: list[int],
     snapshot: Snapshot | None = None,
@@ -131,7 +131,7 @@ def graft_logits(
 ) -> Restored:
     """(b) The graft half: the snapshot (or `store.get(artifact_id)`, bytes verified) grafted into a fresh
     cache, checked against prefix+suffix, then the suffix forward. offset > 0 re-rotates the keys instead."""
-    be = _stepwise(fm, offset)
+    be = _stepwise(be, offset)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     if snapshot is None:
@@ -204,7 +204,7 @@ class GraftCheck:
 
 
 def check_graft(
-    fm: Backend,
+    be: Backend,
     prefix_ids: list[int],
     suffix_ids: list[int],
     store: Store | None = None,
@@ -229,7 +229,7 @@ def check_graft(
     keep_logits: keep both logits tensors on the result (reference_logits, graft_logits).
     """
     prefix_ids, suffix_ids = list(prefix_ids), list(suffix_ids)
-    be = _stepwise(fm, max(offset, 0))
+    be = _stepwise(be, max(offset, 0))
     if not prefix_ids or not suffix_ids:
         raise KVStoreError(f"check_graft needs a non-empty prefix and suffix (got {len(prefix_ids)} and "
                            f"{len(suffix_ids)} tokens)")
