@@ -88,7 +88,7 @@ def main(cfg: DictConfig) -> None:
         enter_profile(cfg.determinism.profile)  # re-executes with the profile's kernel variables when not set
         print_note(note)  # once, in the process that runs the job
         # a single run resumes an interrupted sibling with the same config; a sweep job keeps its own folder
-        run(cfg, out, resume_from=None if multirun else out.parent)
+        run(cfg, out, resume_from=None if multirun else out.parent, exact_default=note)
     except BaseException:
         _discard(out, multirun)  # a failed job leaves no empty folder (one with rows stays resumable)
         raise

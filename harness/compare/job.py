@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> Comparison:
     enter_profile(c.determinism.profile)  # re-executes with the profile's kernel variables when not set
     for note in notes:
         print_note(note)  # the exact default's one line (harness.config.exact), once, after any re-execution
+    exact_default = notes[0] if notes else None  # and recorded in each run this job computes
     root = Path(c.project_root)
     runs = root / c.runs_dir
     check_problem_sets(c, root)  # a missing or bad problem file refuses here, before the model and the library
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> Comparison:
     if found is None:
         console.print(f"[bold]no matching {base} run that re-scores: running the {base} first[/]")
         start = _load()
-        records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), be=be)
+        records[base], run_ids[base] = run_rows(_run_config(argv, cfg, base, None), be=be,
+                                                exact_default=exact_default)
         loads[base] = RunLoad(start, _load())
     else:
         console.print(f"matching {base} run: {found.path}")  # an earlier job's record: read, not recomputed
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> Comparison:
         records[run.label], run_ids[run.label] = run_rows(
             _run_config(argv, cfg, run.condition, run.group),
             RunFolder.new(runs, run.condition, run.group.value if run.group else None), be=be,
-            resume_from=runs / run.condition)
+            resume_from=runs / run.condition, exact_default=exact_default)
         loads[run.label] = RunLoad(start, _load())
         unfinished.record(run.label, records[run.label].folder, loads[run.label])
     folders = {k: r.folder for k, r in records.items()}

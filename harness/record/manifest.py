@@ -156,6 +156,7 @@ def build_manifest(
     exactness: str | None = None,
     in_flight: dict[str, Any] | None = None,
     row_schedule: str | None = None,
+    exact_default: str | None = None,
 ) -> dict[str, Any]:
     """Return the manifest of a run (``kvgraft-manifest/1``, see ``harness/RUN_FORMAT.md``).
 
@@ -193,6 +194,8 @@ def build_manifest(
         inputs["library"] = library
     if exactness is not None:  # e.g. "not guaranteed exact: ..." (determinism.allow_environment_mismatch)
         inputs["exactness"] = exactness
+    if exact_default is not None:  # why the exact default was off (harness.config.exact: the note it printed)
+        inputs["exact_default"] = exact_default
     # problems in flight (run.in_flight > 1: N, and whether rows depend on the batch) and how the backend computed its
     # rows (where it changed after runs were recorded): each left out at its absent value (harness.config.identity)
     inputs.update(drop_absent({"in_flight": in_flight, "row_schedule": row_schedule}, MANIFEST))

@@ -200,6 +200,7 @@ class Summary:
     finished_at: str | None = None
     group: str | None = None  # the run's Group value (group_for(library.exclude_self)), library conditions only
     own_entry_rows: int | None = None  # rows whose retrieval found their own entry (own_entry_rows), with group
+    exact_default: str | None = None  # why the exact default (determinism.batch_invariant) was off for this run
 
     @classmethod
     def of(cls, rows: Sequence[Row], *, condition: str, model: str, dataset: str, run_dir: str,
@@ -230,7 +231,7 @@ class Summary:
             out["exactness"] = self.exactness
         if self.stop_reasons is not None:
             out["stop_reasons"] = self.stop_reasons
-        for key in ("started_at", "finished_at", "group", "own_entry_rows"):
+        for key in ("started_at", "finished_at", "group", "own_entry_rows", "exact_default"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -244,7 +245,7 @@ class Summary:
                    d.get("comparable_key"), None if groups is None else {g: GroupScores.from_json(v) for g, v in
                    groups.items()}, d.get("format", ""),
                    d.get("exactness"), d.get("stop_reasons"), d.get("started_at"),
-                   d.get("finished_at"), d.get("group"), d.get("own_entry_rows"))
+                   d.get("finished_at"), d.get("group"), d.get("own_entry_rows"), d.get("exact_default"))
 
 
 def budget_of(config: dict[str, Any] | None) -> int | None:

@@ -147,7 +147,7 @@ def run(cfg: DictConfig, *args: Any, **kwargs: Any) -> tuple[RunFolder, Summary]
     `runs_dir` unless `folder` is given), log it to MLflow if tracking is on; return the folder and summary.
     An interrupted run of the same config is resumed instead (unless run.fresh): the one in `folder` itself, or
     the newest one under `resume_from` (default, when `folder` is None: runs_dir/<condition>/). The arguments
-    are `run_rows`'s: folder, be, progress, build_library_if_missing, resume_from."""
+    are `run_rows`'s: folder, be, progress, build_library_if_missing, resume_from, exact_default."""
     finished, _ = run_rows(cfg, *args, **kwargs)
     return finished.folder, finished.summary
 
@@ -283,9 +283,12 @@ def run_rows(
     progress: bool = True,
     build_library_if_missing: bool = False,
     resume_from: str | Path | None = None,
+    exact_default: str | None = None,
 ) -> tuple[FinishedRun, str | None]:
     """`run`, returning the records it wrote (the compare job pairs rows and logs its comparison from them) and
-    the MLflow run id (None when tracking is off or logging is pending)."""
+    the MLflow run id (None when tracking is off or logging is pending). `exact_default`: the one line the entry
+    point printed when the exact default was set off for this run (harness.config.exact.resolve), recorded in
+    summary.json and the manifest so the folder says why its rows were not computed in the mode."""
     c = typed(cfg)
     check_condition(c.condition.name)
     root = Path(c.project_root)
@@ -364,6 +367,8 @@ def run_rows(
     exactness = NOT_EXACT if be.allows_environment_mismatch() else None
     if exactness:
         summary = dataclasses.replace(summary, exactness=exactness)
+    if exact_default and not be.batch_invariant():  # the note of the run that was set off (never of one in the mode)
+        summary = dataclasses.replace(summary, exact_default=exact_default)
     try:
         finished = folder.finish(
             config=config,
@@ -378,6 +383,7 @@ def run_rows(
             library={k: desc["library"][k] for k in ("name", "version", "manifest_sha256")} if "library" in desc
             else None,
             exactness=exactness,
+            exact_default=summary.exact_default,
             **identity.manifest_inputs(),  # in_flight, row_schedule
         )
     finally:

@@ -210,6 +210,8 @@ def _description(summary: Summary, group: str | None, config: dict[str, Any], fo
             lines.append(f"- {record.group_note(summary)}")
     if summary.exactness:
         lines.append(f"- {summary.exactness}")
+    if summary.exact_default:
+        lines.append(f"- {summary.exact_default}")
     lines += ["", f"Run folder `{folder.path}`; re-check without the model: `make rescore RUN={folder.path}`. "
               f"Per-problem outputs: artifact `{TABLE_FILE}`; one trace per attempt."]
     return "\n".join(lines)

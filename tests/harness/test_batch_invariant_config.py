@@ -6,6 +6,7 @@ not move (tests/harness/test_identity_golden.py pins them)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,26 @@ def test_a_run_on_a_backend_without_the_mode_records_it_off(tmp_path):
                      "mode (the exact default holds for transformers on the CPU in float32 where the mode's kernel "
                      "runs; determinism.batch_invariant=true asks for it, and is refused where it cannot hold; "
                      "docs/exactness.md)"]
+    # and the folder keeps it: summary.json and the manifest's inputs hold the same line (nothing only on stderr)
+    (folder,) = {p.parent for p in tmp_path.glob("baseline/*/config.yaml")}
+    summary = json.loads((folder / "summary.json").read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert summary["exact_default"] == manifest["inputs"]["exact_default"] == notes[0]
+
+
+def test_a_run_whose_config_sets_the_mode_off_or_runs_it_records_no_note(tmp_path):
+    """exact_default is only the default's note: a run that ran the mode, or whose config set it off, has none."""
+    from harness.run.loop import run
+
+    for name, overrides in (("mode", []), ("off", ["determinism.batch_invariant=false"])):
+        notes: list[str] = []
+        cfg = compose_config(["model=tiny_gemma3", "dataset.limit=1", "decoding.max_new_tokens=2", "tracking=off",
+                              "energy=none", f"runs_dir={tmp_path / name}", *overrides], notes=notes)
+        assert notes == []
+        # a note handed to a run that ran the mode is not recorded (the folder never says off when it was on)
+        folder, summary = run(cfg, progress=False, exact_default="note: stale" if name == "mode" else None)
+        assert summary.exact_default is None
+        assert "exact_default" not in json.loads((folder.path / "manifest.json").read_text())["inputs"]
 
 
 # ------------------------------------------------------------------------ issue 58: decided once, at composition
