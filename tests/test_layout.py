@@ -321,6 +321,16 @@ def test_the_engine_reach_check_can_fail():
     assert sorted(_engine_reaches(bad)) == ["2 .llm", "3 .device", "3 .layer_layout", "3 .ll"]
 
 
+def _loads_a_backend(value: ast.AST) -> bool:
+    """`be`, or a call that returns a loaded backend (`load_model(c)`, `kvstore.load_backend(...)`)."""
+    if isinstance(value, ast.Name):
+        return value.id == "be"
+    if isinstance(value, ast.Call):
+        f = value.func
+        return (f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")) in ("load_model", "load_backend")
+    return False
+
+
 def _backend_names(text: str) -> list[str]:
     """Where a module holds a backend under a name other than `be`: a parameter or variable annotated `Backend` (or
     `Backend | None`), a `self.<attr>: Backend`, and any name `fm` (the FrozenModel's old name for the backend)."""
@@ -339,6 +349,15 @@ def _backend_names(text: str) -> list[str]:
             name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "?")
             if name != "be":
                 found.append(f"{node.lineno} holds a Backend as {name}")
+        elif isinstance(node, ast.Assign):  # x = be / load_model(c) / load_backend(), also a, b = be, 1
+            for target in node.targets:
+                pairs = (zip(target.elts, node.value.elts, strict=False)
+                         if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                         else [(target, node.value)])
+                for t, value in pairs:
+                    name = t.id if isinstance(t, ast.Name) else getattr(t, "attr", "be")
+                    if _loads_a_backend(value) and name != "be":
+                        found.append(f"{node.lineno} holds a Backend as {name}")
         elif (isinstance(node, ast.Name) and node.id == "fm") or (isinstance(node, ast.arg) and node.arg == "fm") \
                 or (isinstance(node, ast.Attribute) and node.attr == "fm") or \
                 (isinstance(node, ast.keyword) and node.arg == "fm"):
@@ -357,7 +376,8 @@ def test_the_harness_names_a_backend_one_way():
 
 def test_the_backend_name_check_can_fail():
     bad = ("def f(fm: Backend, backend: Backend | None = None):\n    model: Backend = fm\n    run(cfg, fm=model)\n"
-           "class C:\n    def __init__(self, be: Backend):\n        self.backend: Backend = be\n")
-    hits = _backend_names(bad)
-    assert {h.split(" ", 1)[1] for h in hits} >= {"parameter fm", "parameter backend", "holds a Backend as model",
-                                                   "holds a Backend as backend", "fm"}, hits
+           "class C:\n    def __init__(self, be: Backend):\n        self.backend: Backend = be\n"
+           "        self.engine, self.n = be, 1\n        self.model = load_model(c)\n")
+    hits = sorted(h.split(" ", 1)[1] for h in _backend_names(bad))
+    assert hits == ["fm", "fm", "holds a Backend as backend", "holds a Backend as engine",
+                    "holds a Backend as model", "holds a Backend as model", "parameter backend", "parameter fm"], hits

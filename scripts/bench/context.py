@@ -125,7 +125,7 @@ class Filler:
     POOL_MIN = 5000  # below this many missing artifacts, starting worker processes costs more than it saves
 
     def __init__(self, be: Backend, store: LocalStore, lengths: np.ndarray, workers: int) -> None:
-        self.backend, self.store, self.lengths, self.workers = be, store, lengths, workers
+        self.be, self.store, self.lengths, self.workers = be, store, lengths, workers
         self.pool = None
         self.fill_s = 0.0
         self.deposited = 0
@@ -137,14 +137,14 @@ class Filler:
             if self.pool is None:
                 ctx = multiprocessing.get_context("spawn")
                 self.pool = ctx.Pool(self.workers, _worker_init,
-                                     (self.backend.model_name, self.backend.settings(), str(self.store.root)))
+                                     (self.be.model_name, self.be.settings(), str(self.store.root)))
             for fingerprint, n in self.pool.imap(_worker_batch, jobs):
-                if fingerprint != self.backend.fingerprint:
+                if fingerprint != self.be.fingerprint:
                     raise RuntimeError("a worker built a different model (fingerprints differ); use --workers 1")
                 yield n  # stored by the worker
         else:
             for job in jobs:
-                yield deposit_batch(self.backend, *job)
+                yield deposit_batch(self.be, *job)
 
     def fill(self, indices: list[int], bar: tqdm) -> None:
         q: queue.Queue = queue.Queue(maxsize=2)

@@ -1,4 +1,4 @@
-"""A run handed a loaded model (`fm=`: the compare job's, a Ray actor's, a caller's) refuses one whose settings are
+"""A run handed a loaded model (`be=`: the compare job's, a Ray actor's, a caller's) refuses one whose settings are
 not the ones its config records, before anything is written: the manifest, comparable and resume keys would
 otherwise name a computation that did not happen (a config in the exact default, rows computed without the mode).
 Found when the default flipped (issue 52): 25 tests handed a default-mode model to a config in the mode."""
