@@ -1,7 +1,7 @@
 """The one graft admission: before a byte of an artifact reaches any engine, compare every fact it recorded with the
 backend that would take it, and refuse the first difference in one line naming it (kvstore/FORMAT.md section 5).
 
-    admit(snapshot, backend, token_ids)     # raises IncompatibleError, or returns and the backend restores
+    admit(snapshot, be, token_ids)          # raises IncompatibleError, or returns and the backend restores
     admission_differences(snapshot, facts)  # the same checks as a list (vLLM's connector logs them all)
 
 In order: the backend that made it, the model fingerprint, the tokenizer fingerprint, the dtype, the layer layout
@@ -59,13 +59,13 @@ def settings_differences(recorded: Any, current: dict[str, Any]) -> list[str]:
     return out
 
 
-def artifact_differences(snapshot: Snapshot, backend: Backend) -> list[str]:
+def artifact_differences(snapshot: Snapshot, be: Backend) -> list[str]:
     """Every recorded setting and environment fact that differs, named (settings first)."""
     env = snapshot.environment if isinstance(snapshot.environment, dict) else {}
-    settings = backend.settings()
+    settings = be.settings()
     return settings_differences(snapshot.determinism, settings) + environment_differences(
-        env, backend.environment(), both_invariant(snapshot.determinism, settings, measured_numerics(
-            snapshot.numerics, backend.numerics(), backend.former_numerics())))
+        env, be.environment(), both_invariant(snapshot.determinism, settings, measured_numerics(
+            snapshot.numerics, be.numerics(), be.former_numerics())))
 
 
 def measured_numerics(record: NumericsRecord | None, current: str | None,
@@ -99,10 +99,10 @@ class Facts:
     former_numerics: tuple[str, ...] = ()  # its fingerprints under earlier battery formats (Backend.former_numerics)
 
     @classmethod
-    def of(cls, backend: Backend) -> Facts:
-        return cls(backend.name, backend.model_name, backend.fingerprint, backend.tokenizer_fingerprint,
-                   backend.dtype, backend.settings(), backend.environment(), backend.vocab_size(),
-                   numerics=backend.numerics(), former_numerics=backend.former_numerics())
+    def of(cls, be: Backend) -> Facts:
+        return cls(be.name, be.model_name, be.fingerprint, be.tokenizer_fingerprint,
+                   be.dtype, be.settings(), be.environment(), be.vocab_size(),
+                   numerics=be.numerics(), former_numerics=be.former_numerics())
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,13 @@ class Difference:
             self.message)
 
 
-def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
+def admission_differences(snapshot: Snapshot, be: Backend | Facts,
                           token_ids: list[int] | None = None) -> list[Difference]:
-    """Every reason `snapshot` may not graft into `backend` (a Backend, or the Facts of an engine), in the order of the
+    """Every reason `snapshot` may not graft into `be` (a Backend, or the Facts of an engine), in the order of the
     module docstring; empty = admitted. `admit` raises the first. A snapshot made by another backend is only that
     difference; the format's invariants, the vocabulary and the token prefix are checked once every recorded fact
     agrees (a snapshot that breaks the format ends the list: nothing after it can be read safely)."""
-    me = backend if isinstance(backend, Facts) else Facts.of(backend)
+    me = be if isinstance(be, Facts) else Facts.of(be)
     name = snapshot.model_name or "artifact"
     made_by = artifact_backend(snapshot)
     if made_by != me.backend:
@@ -195,17 +195,17 @@ def admission_differences(snapshot: Snapshot, backend: Backend | Facts,
     return out
 
 
-def admit(snapshot: Snapshot, backend: Backend, token_ids: list[int] | None = None, *,
+def admit(snapshot: Snapshot, be: Backend, token_ids: list[int] | None = None, *,
           allow_environment_mismatch: bool = False) -> None:
     """Raise the first of `admission_differences(snapshot, backend, token_ids)` (an IncompatibleError naming it; the
     compute environment an EnvironmentMismatchError); return when the artifact may be restored into it. With
     `allow_environment_mismatch` an environment difference is a RuntimeWarning instead (not guaranteed exact)."""
-    for d in admission_differences(snapshot, backend, token_ids):
+    for d in admission_differences(snapshot, be, token_ids):
         if d.fact == "environment" and allow_environment_mismatch:
             env = environment_differences(snapshot.environment if isinstance(snapshot.environment, dict) else {},
-                                          backend.environment(), both_invariant(
-                                              snapshot.determinism, backend.settings(), measured_numerics(
-                                                  snapshot.numerics, backend.numerics(), backend.former_numerics())))
+                                          be.environment(), both_invariant(
+                                              snapshot.determinism, be.settings(), measured_numerics(
+                                                  snapshot.numerics, be.numerics(), be.former_numerics())))
             warnings.warn(f"{snapshot.model_name or 'artifact'}: grafted across compute environments (not guaranteed "
                           f"exact): {'; '.join(env)}", RuntimeWarning, stacklevel=2)
             continue
@@ -260,7 +260,7 @@ def numerics_evidence_problem(record: NumericsRecord | None, current: str | None
     return ""
 
 
-def check_numerics(tags: Any, backend: Backend, name: str = "artifact", *,
+def check_numerics(tags: Any, be: Backend, name: str = "artifact", *,
                    allow_environment_mismatch: bool = False, source: str = "the store") -> None:
     """Refuse (EnvironmentMismatchError, one line) an artifact whose store tags (`numerics:<sha256>`) do not show it
     was computed under this backend's numerics fingerprint: `numerics_evidence_problem` of the record they make.
@@ -271,7 +271,7 @@ def check_numerics(tags: Any, backend: Backend, name: str = "artifact", *,
     identities and resume keys of the default path do not move (kvstore/FORMAT.md section 8)."""
     record = (NumericsRecord((), source, "the lookup failed") if tags is None else
               NumericsRecord(tuple(numerics_of_tags(tags)), source))
-    problem = numerics_evidence_problem(record, backend.numerics(), name, backend.former_numerics())
+    problem = numerics_evidence_problem(record, be.numerics(), name, be.former_numerics())
     if not problem:
         return
     if not allow_environment_mismatch:
