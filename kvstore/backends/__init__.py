@@ -132,17 +132,22 @@ def load_backend(name: str = DEFAULT, **settings: Any) -> Backend:
     """The backend `name` with its model loaded under `settings` (its Settings dataclass's fields: transformers
     source, determinism, device, seed; llamacpp gguf, n_ctx, ...; fake script, margin): its class's `load`."""
     backend = backend_class(name)
-    cls = backend.settings_class
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(settings) - known)
     det = settings.get("determinism")
     refusal = backend.batch_invariant_refusal()
     if refusal and (getattr(det, "batch_invariant", False) or settings.get("batch_invariant")):
         raise SettingsError(refusal)
+    return backend.load(_settings(name, backend, settings))
+
+
+def _settings(name: str, backend: type[Backend], settings: dict[str, Any]) -> BackendSettings:
+    """`backend`'s Settings built from keywords; one it does not have is a SettingsError naming it and its settings."""
+    cls = backend.settings_class
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(settings) - known)
     if unknown:
         raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}; its settings are "
                             f"{sorted(known)} ({cls.__module__}.{cls.__name__})")
-    return backend.load(cls(**settings))
+    return cls(**settings)
 
 
 def load_text_model(name: str, **settings: Any) -> Any:
@@ -150,8 +155,4 @@ def load_text_model(name: str, **settings: Any) -> Any:
     model_name): what a front end that composes the engine's prompts in another process needs (the library-aware
     server, harness.serve). Its class's `load_text` (vLLM's; the base's refuses: a ModelLoadError)."""
     backend = backend_class(name)
-    cls = backend.settings_class
-    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise SettingsError(f"backend {name!r}: no setting named {', '.join(unknown)}")
-    return backend.load_text(cls(**settings))
+    return backend.load_text(_settings(name, backend, settings))
